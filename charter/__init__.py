@@ -1,0 +1,1 @@
+"""Charter: the control plane for AI-agent fan-out."""

@@ -1,0 +1,71 @@
+"""Shared CLI plumbing: the context object, output (data on stdout, people on stderr),
+and the single place where Charter errors become exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import click
+
+from charter.ledger.errors import CharterError, RefusedError, TamperedError
+
+__all__ = ["Ctx", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_TAMPERED", "exit_code_for", "run_guarded"]
+
+EXIT_ERROR = 1
+EXIT_TAMPERED = 3
+EXIT_REFUSED = 4
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Global options, available to every command as ``ctx.obj``."""
+
+    db: str | None
+    as_json: bool
+    quiet: bool
+
+    def emit(self, data: Any, text: str | Callable[[], None]) -> None:
+        """Write the result: JSON on stdout with --json, else the human rendering."""
+        if self.as_json:
+            click.echo(json.dumps(data, sort_keys=True, default=str))
+        elif callable(text):
+            text()
+        else:
+            click.echo(text)
+
+    def status(self, message: str) -> None:
+        """A line for people, on stderr; silenced by --quiet or when stderr is no TTY."""
+        if not self.quiet:
+            click.echo(message, err=True)
+
+    def fail(self, error: CharterError) -> NoReturn:
+        raise error
+
+
+def exit_code_for(error: CharterError) -> int:
+    if isinstance(error, TamperedError):
+        return EXIT_TAMPERED
+    if isinstance(error, RefusedError):
+        return EXIT_REFUSED
+    return EXIT_ERROR
+
+
+def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
+    """Run ``command``; a CharterError becomes one line on stderr and its exit code."""
+    try:
+        return command.main(args=argv, standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(EXIT_ERROR)
+    except CharterError as e:
+        click.echo(f"charter: error: {e}", err=True)
+        sys.exit(exit_code_for(e))

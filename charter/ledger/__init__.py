@@ -1,0 +1,3 @@
+"""charter.ledger"""
+
+__all__: list[str] = []

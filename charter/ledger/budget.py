@@ -1,0 +1,122 @@
+"""The budget vector: five axes every grant, lease and sandbox is measured in.
+
+Written for people as ``tokens=200k,wall=10m,cpu=60s,mem=512MiB,egress=20MB`` and in
+JSON as integers (``tokens``, ``wall_ms``, ``cpu_ms``, ``mem_bytes``, ``egress_bytes``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from charter.ledger.errors import BadInputError
+
+__all__ = ["Budget", "BudgetSyntaxError"]
+
+
+class BudgetSyntaxError(BadInputError):
+    """A budget vector string could not be parsed."""
+
+
+_NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+_TOKEN_UNITS = {"": 1, "k": 1_000, "K": 1_000, "M": 1_000_000}
+_TIME_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
+_BYTE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+}
+
+_AXES: dict[str, tuple[str, dict[str, int]]] = {
+    "tokens": ("tokens", _TOKEN_UNITS),
+    "wall": ("wall_ms", _TIME_UNITS_MS),
+    "cpu": ("cpu_ms", _TIME_UNITS_MS),
+    "mem": ("mem_bytes", _BYTE_UNITS),
+    "egress": ("egress_bytes", _BYTE_UNITS),
+}
+
+
+def _parse_quantity(axis: str, text: str, units: dict[str, int]) -> int:
+    match = _NUMBER.match(text)
+    if match is None or match.group(2) not in units:
+        allowed = ", ".join(u for u in units if u) or "none"
+        raise BudgetSyntaxError(
+            f"budget axis {axis!r}: cannot read {text!r}; write a number with one of the "
+            f"units {allowed} (for example tokens=200k,wall=10m,cpu=60s,mem=512MiB,egress=20MB)"
+        )
+    value = float(match.group(1)) * units[match.group(2)]
+    if value != int(value):
+        raise BudgetSyntaxError(f"budget axis {axis!r}: {text!r} is not a whole number")
+    return int(value)
+
+
+class Budget(BaseModel):
+    """A non-negative amount on each of the five axes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    AXES: ClassVar[tuple[str, ...]] = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
+
+    tokens: int = Field(ge=0)
+    wall_ms: int = Field(ge=0)
+    cpu_ms: int = Field(ge=0)
+    mem_bytes: int = Field(ge=0)
+    egress_bytes: int = Field(ge=0)
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        """Read ``tokens=…,wall=…,cpu=…,mem=…,egress=…`` (all five axes, any order)."""
+        values: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, sep, quantity = part.partition("=")
+            name = name.strip()
+            if not sep or name not in _AXES:
+                raise BudgetSyntaxError(
+                    f"budget part {part!r}: expected NAME=QUANTITY with NAME one of "
+                    f"{', '.join(_AXES)}"
+                )
+            field, units = _AXES[name]
+            if field in values:
+                raise BudgetSyntaxError(f"budget axis {name!r} is given twice")
+            values[field] = _parse_quantity(name, quantity, units)
+        missing = [name for name, (field, _) in _AXES.items() if field not in values]
+        if missing:
+            raise BudgetSyntaxError(
+                f"budget is missing {', '.join(missing)}: give all five axes, for example "
+                "tokens=200k,wall=10m,cpu=60s,mem=512MiB,egress=20MB"
+            )
+        return cls(**values)
+
+    @classmethod
+    def zero(cls) -> Budget:
+        return cls(tokens=0, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0)
+
+    def fits_within(self, other: Budget) -> bool:
+        """True when no axis of ``self`` exceeds the same axis of ``other``."""
+        return all(getattr(self, a) <= getattr(other, a) for a in self.AXES)
+
+    def minimum(self, other: Budget) -> Budget:
+        """Axis-wise minimum: the narrower of two budgets."""
+        return Budget(**{a: min(getattr(self, a), getattr(other, a)) for a in self.AXES})
+
+    def __add__(self, other: Budget) -> Budget:
+        return Budget(**{a: getattr(self, a) + getattr(other, a) for a in self.AXES})
+
+    def saturating_sub(self, other: Budget) -> Budget:
+        """Axis-wise ``self - other``, floored at zero."""
+        return Budget(**{a: max(0, getattr(self, a) - getattr(other, a)) for a in self.AXES})
+
+    def render(self) -> str:
+        """The human form, exact (no rounding): ``tokens=…,wall=…ms,…``."""
+        return (
+            f"tokens={self.tokens},wall={self.wall_ms}ms,cpu={self.cpu_ms}ms,"
+            f"mem={self.mem_bytes}B,egress={self.egress_bytes}B"
+        )

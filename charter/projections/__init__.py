@@ -1,0 +1,3 @@
+"""charter.projections"""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""charter.runner"""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""charter.sandbox"""
+
+__all__: list[str] = []
