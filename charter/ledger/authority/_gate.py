@@ -1,0 +1,200 @@
+"""The net-potential-gain gate: asked once per fan-out decision, never per worker.
+
+A policy answers a :class:`GateQuestion` with a :class:`GateDecision`. Positive and
+neutral let the fan-out go (neutral is journaled as such); negative and unknown refuse.
+A policy that raises, or returns anything but a decision, counts as unknown: the gate
+fails closed.
+
+The default policy, :class:`CostBenefitPolicy`, judges from the inputs alone:
+
+1. No estimate (zero on every axis) → unknown: gain cannot be weighed against nothing.
+2. An objective of fewer than ``min_objective_words`` words → unknown: too vague to judge.
+3. The estimate, plus a fixed coordination overhead per worker, exceeds the actor's
+   budget ceiling on any axis → negative: the fan-out cannot pay for itself.
+4. Overhead share: per-worker work is ``tokens / width``; efficiency is
+   ``work / (work + overhead_tokens)``. Below ``min_efficiency`` → negative (more is
+   spent starting workers than working); below ``good_efficiency`` → neutral.
+5. The estimate uses more than ``big_bet_share`` of the actor's ceiling on any axis →
+   neutral: a large bet, allowed but logged.
+6. Otherwise positive. The most severe verdict of all checks wins, with every reason.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from charter.ledger.authority._lineage import Lineage
+from charter.ledger.budget import Budget
+
+__all__ = [
+    "Verdict",
+    "GateQuestion",
+    "GateDecision",
+    "GatePolicy",
+    "CostBenefitPolicy",
+    "FixedPolicy",
+    "ask_gate",
+]
+
+
+class Verdict(StrEnum):
+    POSITIVE = "positive"
+    NEUTRAL = "neutral"
+    NEGATIVE = "negative"
+    UNKNOWN = "unknown"
+
+    @property
+    def allows(self) -> bool:
+        return self in {Verdict.POSITIVE, Verdict.NEUTRAL}
+
+
+# Most severe first: a negative finding outweighs an unknown, which outweighs neutral.
+_SEVERITY = {Verdict.NEGATIVE: 3, Verdict.UNKNOWN: 2, Verdict.NEUTRAL: 1, Verdict.POSITIVE: 0}
+
+
+class GateQuestion(BaseModel):
+    """Everything the gate is told about one fan-out."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    actor: Lineage
+    affected: tuple[Lineage, ...] = Field(
+        description="Those the fan-out touches: the actor's ancestors (whose budgets and "
+        "fan-out it draws on) and the prospective children."
+    )
+    width: int = Field(ge=1)
+    objective: str
+    estimated_cost: Budget
+    actor_ceiling: Budget
+
+
+class GateDecision(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    verdict: Verdict
+    reason: str
+    policy: str = ""
+
+
+class GatePolicy(Protocol):
+    """A pluggable judgement; ``name`` is journaled with each decision."""
+
+    name: str
+
+    def judge(self, question: GateQuestion) -> GateDecision: ...
+
+
+class CostBenefitPolicy:
+    """The documented default: weighs estimated cost and per-worker overhead against the
+    actor's ceiling (see the module docstring for the rules)."""
+
+    name = "cost-benefit/v1"
+
+    def __init__(
+        self,
+        *,
+        overhead_tokens: int = 2_000,
+        min_efficiency: float = 0.5,
+        good_efficiency: float = 0.8,
+        big_bet_share: float = 0.5,
+        min_objective_words: int = 3,
+    ) -> None:
+        self.overhead_tokens = overhead_tokens
+        self.min_efficiency = min_efficiency
+        self.good_efficiency = good_efficiency
+        self.big_bet_share = big_bet_share
+        self.min_objective_words = min_objective_words
+
+    def judge(self, question: GateQuestion) -> GateDecision:
+        findings: list[tuple[Verdict, str]] = []
+        cost, ceiling, width = question.estimated_cost, question.actor_ceiling, question.width
+        if cost == Budget.zero():
+            findings.append((Verdict.UNKNOWN, "no cost estimate: gain cannot be weighed"))
+        if len(question.objective.split()) < self.min_objective_words:
+            findings.append(
+                (Verdict.UNKNOWN, f"objective {question.objective!r} is too vague to judge")
+            )
+        overhead = Budget(
+            tokens=self.overhead_tokens * width, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0
+        )
+        over = [a for a in Budget.AXES if getattr(cost + overhead, a) > getattr(ceiling, a)]
+        if over:
+            findings.append(
+                (
+                    Verdict.NEGATIVE,
+                    f"estimated cost plus overhead exceeds the actor's ceiling on "
+                    f"{', '.join(over)}",
+                )
+            )
+        if cost.tokens > 0:
+            work = cost.tokens / width
+            efficiency = work / (work + self.overhead_tokens)
+            if efficiency < self.min_efficiency:
+                findings.append(
+                    (
+                        Verdict.NEGATIVE,
+                        f"{work:.0f} tokens of work per worker against {self.overhead_tokens} "
+                        f"of overhead: efficiency {efficiency:.2f} is below "
+                        f"{self.min_efficiency}",
+                    )
+                )
+            elif efficiency < self.good_efficiency:
+                findings.append(
+                    (Verdict.NEUTRAL, f"overhead is a large share (efficiency {efficiency:.2f})")
+                )
+        big = [
+            a
+            for a in Budget.AXES
+            if getattr(ceiling, a) > 0
+            and getattr(cost, a) > self.big_bet_share * getattr(ceiling, a)
+        ]
+        if big:
+            findings.append(
+                (Verdict.NEUTRAL, f"a large bet: over half the actor's ceiling on {', '.join(big)}")
+            )
+        if not findings:
+            return GateDecision(
+                verdict=Verdict.POSITIVE,
+                reason=f"{width} worker(s) within the ceiling at good efficiency",
+                policy=self.name,
+            )
+        worst = max(findings, key=lambda f: _SEVERITY[f[0]])[0]
+        return GateDecision(
+            verdict=worst, reason="; ".join(r for _, r in findings), policy=self.name
+        )
+
+
+class FixedPolicy:
+    """Always the same verdict (for operators who gate elsewhere, and for tests)."""
+
+    def __init__(self, verdict: Verdict, reason: str = "fixed policy") -> None:
+        self.verdict, self.reason = verdict, reason
+        self.name = f"fixed/{verdict.value}"
+
+    def judge(self, question: GateQuestion) -> GateDecision:
+        del question
+        return GateDecision(verdict=self.verdict, reason=self.reason, policy=self.name)
+
+
+def ask_gate(policy: GatePolicy, question: GateQuestion) -> GateDecision:
+    """Ask ``policy`` once. A policy that raises or answers with anything but a
+    :class:`GateDecision` yields ``unknown`` (fail closed), with the failure as reason."""
+    name = str(getattr(policy, "name", type(policy).__name__))
+    try:
+        decision = policy.judge(question)
+    except Exception as e:  # noqa: BLE001 - any policy failure means "unknown", fail closed
+        return GateDecision(
+            verdict=Verdict.UNKNOWN,
+            reason=f"policy {name} failed: {type(e).__name__}: {e}"[:500],
+            policy=name,
+        )
+    if not isinstance(decision, GateDecision):
+        return GateDecision(
+            verdict=Verdict.UNKNOWN,
+            reason=f"policy {name} answered {type(decision).__name__}, not a decision",
+            policy=name,
+        )
+    return decision if decision.policy else decision.model_copy(update={"policy": name})
