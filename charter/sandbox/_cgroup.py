@@ -1,0 +1,184 @@
+"""Per-sandbox cgroups (v1 hierarchies or v2), nested under this process's own cgroup."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from charter.sandbox._host import CGROUP_ROOT, own_cgroups
+from charter.sandbox.errors import SandboxUnavailableError
+from charter.sandbox.render import render_cgroup
+from charter.sandbox.spec import CgroupMode, SandboxSpec
+
+__all__ = ["Cgroup", "CgroupUsage", "reap_stale"]
+
+_V1_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
+_PARENT = "charter"
+
+
+class CgroupUsage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu_ms: int
+    memory_peak_bytes: int
+    oom_kills: int
+    pids_limit_hits: int
+
+
+def _parent_dirs(mode: CgroupMode) -> list[Path]:
+    own = own_cgroups()
+    match mode:
+        case CgroupMode.V1:
+            return [
+                CGROUP_ROOT / c / own.get(c, "/").lstrip("/") / _PARENT for c in _V1_CONTROLLERS
+            ]
+        case CgroupMode.V2:
+            return [CGROUP_ROOT / own.get("", "/").lstrip("/") / _PARENT]
+
+
+def _read(path: Path) -> str:
+    """One read of a small kernel file (cheaper than pathlib's buffered text I/O)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode()
+    finally:
+        os.close(fd)
+
+
+def _read_int(path: Path, key: str | None = None) -> int:
+    try:
+        text = _read(path)
+    except OSError:
+        return 0
+    if key is None:
+        return int(text.split()[0]) if text.split() else 0
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
+
+
+class Cgroup:
+    """One sandbox's cgroup directories. ``join_fds`` are opened ``cgroup.procs`` files
+    the launched child writes ``0`` to (joining itself) before it drops privileges."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.mode = spec.cgroup_mode
+        self.dirs = [p / spec.cgroup_name for p in _parent_dirs(self.mode)]
+        self.join_fds: list[int] = []
+        self._procs = self.dirs[0] / "cgroup.procs"
+        try:
+            for d in self.dirs:
+                d.parent.mkdir(exist_ok=True)
+                d.mkdir()
+            for key, value in render_cgroup(spec).items():
+                fd = os.open(self._path(key), os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, value.encode())
+                finally:
+                    os.close(fd)
+            for d in self.dirs:
+                self.join_fds.append(os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+        except OSError as e:
+            self.remove()
+            raise SandboxUnavailableError(f"cannot set up the sandbox cgroup: {e}") from e
+
+    def _path(self, key: str) -> Path:
+        match self.mode:
+            case CgroupMode.V1:
+                controller, _, name = key.partition("/")
+                return self.dirs[_V1_CONTROLLERS.index(controller)] / name
+            case CgroupMode.V2:
+                return self.dirs[0] / key
+
+    def close_join_fds(self) -> None:
+        for fd in self.join_fds:
+            os.close(fd)
+        self.join_fds = []
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(x) for x in _read(self._procs).split()]
+        except OSError:
+            return []
+
+    def usage(self) -> CgroupUsage:
+        match self.mode:
+            case CgroupMode.V1:
+                pids, memory, _, cpuacct = self.dirs
+                return CgroupUsage(
+                    cpu_ms=_read_int(cpuacct / "cpuacct.usage") // 1_000_000,
+                    memory_peak_bytes=_read_int(memory / "memory.max_usage_in_bytes"),
+                    oom_kills=_read_int(memory / "memory.oom_control", "oom_kill"),
+                    pids_limit_hits=_read_int(pids / "pids.events", "max"),
+                )
+            case CgroupMode.V2:
+                d = self.dirs[0]
+                return CgroupUsage(
+                    cpu_ms=_read_int(d / "cpu.stat", "usage_usec") // 1000,
+                    memory_peak_bytes=_read_int(d / "memory.peak"),
+                    oom_kills=_read_int(d / "memory.events", "oom_kill"),
+                    pids_limit_hits=_read_int(d / "pids.events", "max"),
+                )
+
+    def wait_empty(self, timeout: float = 0.5) -> bool:
+        """Wait (briefly) for members to leave by themselves: bwrap reports the exit code
+        a moment before its pid 1 is gone. True when the cgroup emptied in time."""
+        deadline = time.monotonic() + timeout
+        while self.pids():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0001)
+        return True
+
+    def kill_all(self, timeout: float = 5.0) -> bool:
+        """SIGKILL every member until the cgroup is empty; True when it emptied in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            members = self.pids()
+            if not members:
+                return True
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.001)  # killed tasks leave the cgroup once the kernel reaps them
+        return not self.pids()
+
+    def remove(self) -> None:
+        """Remove the directories (retrying while the last members are being reaped)."""
+        self.close_join_fds()
+        deadline = time.monotonic() + 5.0
+        for d in reversed(self.dirs):
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise SandboxUnavailableError(f"cannot remove cgroup {d}: {e}") from e
+                    self.kill_all(timeout=0.05)
+                    time.sleep(0.0005)
+
+
+def reap_stale(mode: CgroupMode) -> int:
+    """Remove empty cgroups left by launchers that were SIGKILLed; returns how many."""
+    removed = 0
+    for parent in _parent_dirs(mode):
+        if not parent.is_dir():
+            continue
+        for d in parent.iterdir():
+            # Only old ones: a fresh, still-empty cgroup may belong to a launch in progress.
+            if d.name.startswith("charter-sbx-") and time.time() - d.stat().st_mtime > 60:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+                    removed += 1
+    return removed

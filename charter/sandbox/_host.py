@@ -1,0 +1,125 @@
+"""Host discovery and allocation: the impure side that produces :class:`HostFacts` inputs."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+import shutil
+import threading
+from pathlib import Path
+
+from charter.sandbox.errors import SandboxUnavailableError, UidPoolExhaustedError
+from charter.sandbox.spec import FIRST_SANDBOX_UID, CgroupMode
+
+__all__ = [
+    "CGROUP_ROOT",
+    "UidLease",
+    "allocate_uid",
+    "cgroup_mode",
+    "default_state_dir",
+    "find_bwrap",
+    "own_cgroups",
+]
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+UID_RANGE = 1000
+"""Host uids FIRST_SANDBOX_UID .. FIRST_SANDBOX_UID+UID_RANGE-1 are reserved for sandboxes."""
+
+
+def default_state_dir() -> Path:
+    """Where uid locks, slot mount points and broker sockets live (root-owned)."""
+    return Path(os.environ.get("CHARTER_SANDBOX_STATE", "/run/charter-sandbox"))
+
+
+def find_bwrap() -> str:
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailableError(
+            "bubblewrap is not installed: run scripts/setup (apt-get install bubblewrap)"
+        )
+    return path
+
+
+def cgroup_mode(mounts: str | None = None) -> CgroupMode:
+    """v2 when /sys/fs/cgroup itself is a cgroup2 mount; else v1 (``unified`` is ignored)."""
+    text = mounts if mounts is not None else Path("/proc/self/mounts").read_text()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[1] == str(CGROUP_ROOT):
+            return CgroupMode.V2 if fields[2] == "cgroup2" else CgroupMode.V1
+    raise SandboxUnavailableError("no cgroup file system is mounted at /sys/fs/cgroup")
+
+
+def own_cgroups(text: str | None = None) -> dict[str, str]:
+    """This process's cgroup path per v1 controller (key ``""`` for the v2 path)."""
+    text = text if text is not None else Path("/proc/self/cgroup").read_text()
+    paths: dict[str, str] = {}
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            paths[controller] = path
+    return paths
+
+
+class UidLease:
+    """An unprivileged host uid held (by an flock) for one live sandbox."""
+
+    def __init__(self, uid: int, fd: int) -> None:
+        self.uid = uid
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> UidLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+_cursor = secrets.randbelow(UID_RANGE)
+_cursor_lock = threading.Lock()
+
+
+def allocate_uid(state_dir: Path) -> UidLease:
+    """Hold the first free sandbox uid. The flock is released by :meth:`UidLease.release`
+    or when the holding process dies, so uids never leak past their holder."""
+    locks = state_dir / "uids"
+    locks.mkdir(parents=True, exist_ok=True, mode=0o700)
+    global _cursor  # noqa: PLW0603 (one cursor per process, guarded by the lock)
+    with _cursor_lock:
+        start = _cursor
+        _cursor = (_cursor + 1) % UID_RANGE
+    # Round-robin from a per-process random start: a uid just released is not handed out
+    # again at once, so the last zombies of its previous sandbox (reaped by the host's
+    # init) never count against the next sandbox's RLIMIT_NPROC.
+    for offset in range(UID_RANGE):
+        uid = FIRST_SANDBOX_UID + (start + offset) % UID_RANGE
+        fd = os.open(locks / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        with _cursor_lock:
+            _cursor = (uid - FIRST_SANDBOX_UID + 1) % UID_RANGE
+        return UidLease(uid, fd)
+    raise UidPoolExhaustedError(
+        f"all {UID_RANGE} sandbox host uids are held by live sandboxes; wait for one to end"
+    )
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory tree the launcher made; missing is fine."""
+    try:
+        path.rmdir()  # the common case: the sandbox left nothing behind
+    except FileNotFoundError:
+        return
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(path)

@@ -1,0 +1,193 @@
+"""One sandboxed process: cgroup, child set-up (join cgroup, overlay, rlimits, uid drop),
+bwrap, the wall clock, kill and clean-up. Shared by the cold launcher and the warm pool."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from charter.sandbox._cgroup import Cgroup, CgroupUsage
+from charter.sandbox.errors import SandboxUnavailableError
+from charter.sandbox.render import BwrapFds, render_bwrap, render_seccomp
+from charter.sandbox.spec import SandboxSpec
+
+__all__ = ["EXIT_WALL_CLOCK", "Overlay", "SandboxProcess", "exit_code_of"]
+
+EXIT_WALL_CLOCK = 124
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+_libc = ctypes.CDLL(None, use_errno=True)
+_cstr = ctypes.c_char_p
+_libc.mount.argtypes = [_cstr, _cstr, _cstr, ctypes.c_ulong, _cstr]
+_libc.unshare.argtypes = [ctypes.c_int]
+
+Stdio = int | IO[Any] | None
+How = Literal["exited", "signalled", "wall_clock"]
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen's code as a shell reports it: 128+N for a death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Overlay:
+    """A slot's workspace: an overlay whose upper layer lives on a size-capped tmpfs in a
+    private mount namespace, so it vanishes with the slot's last process."""
+
+    def __init__(self, template: Path, slot_dir: Path, size_bytes: int) -> None:
+        for path in (template, slot_dir):
+            if any(c in str(path) for c in ",:\\"):
+                raise SandboxUnavailableError(f"path {path} cannot be an overlay layer")
+        self.template = template
+        self.slot_dir = slot_dir
+        self.size_bytes = size_bytes
+
+    @property
+    def merged(self) -> Path:
+        return self.slot_dir / "merged"
+
+    def mount_in_child(self, uid: int, gid: int) -> None:
+        """Runs in the forked child, as root, before the uid drop."""
+
+        def check(rc: int, what: str) -> None:
+            if rc != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"{what}: {os.strerror(err)}")
+
+        check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        # Private propagation: nothing mounted here is seen by the host, and back.
+        check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
+        slot = bytes(self.slot_dir)
+        opts = f"size={self.size_bytes},mode=0755".encode()
+        check(_libc.mount(b"tmpfs", slot, b"tmpfs", _MS_NOSUID | _MS_NODEV, opts), "tmpfs")
+        for name in ("upper", "work", "merged"):
+            os.mkdir(self.slot_dir / name, 0o755)
+        os.chown(self.slot_dir / "upper", uid, gid)
+        layers = (
+            f"lowerdir={self.template},upperdir={self.slot_dir}/upper,workdir={self.slot_dir}/work"
+        ).encode()
+        check(
+            _libc.mount(b"overlay", bytes(self.merged), b"overlay", _MS_NOSUID | _MS_NODEV, layers),
+            "overlay",
+        )
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+class SandboxProcess:
+    """bwrap started with the spec's caps; ``wait`` enforces the wall clock."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        command: list[str],
+        *,
+        bwrap: str,
+        overlay: Overlay | None = None,
+        extra_fds: tuple[int, ...] = (),
+        stdin: Stdio = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+    ) -> None:
+        self.spec = spec
+        self.cgroup = Cgroup(spec)
+        fds: list[int] = []
+        try:
+            seccomp = _memfd("seccomp", render_seccomp(spec))
+            fds.append(seccomp)
+            files = tuple(_memfd("file", content.encode()) for _, content in spec.files)
+            fds += files
+            argv = render_bwrap(spec, command, BwrapFds(seccomp, files), bwrap=bwrap)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=(*fds, *extra_fds),
+                close_fds=True,
+                preexec_fn=self._child_setup(overlay),  # noqa: PLW1509 (no threads fork here)
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            self.cgroup.remove()
+            raise SandboxUnavailableError(f"cannot start the sandbox: {e}") from e
+        finally:
+            for fd in fds:
+                os.close(fd)
+            self.cgroup.close_join_fds()
+        self.started_at = time.monotonic()
+        self._pidfd = os.pidfd_open(self.proc.pid)
+
+    def _child_setup(self, overlay: Overlay | None) -> Callable[[], None]:
+        spec, join = self.spec, tuple(self.cgroup.join_fds)
+        limits = (
+            (resource.RLIMIT_NPROC, spec.nproc),  # a second fork-bomb guard on the unique uid
+            (resource.RLIMIT_NOFILE, spec.nofile),
+            (resource.RLIMIT_CORE, 0),  # no core dumps of sandbox memory onto the host
+        )
+
+        def setup() -> None:
+            for fd in join:
+                os.write(fd, b"0")  # join every cap before anything else runs
+            if overlay is not None:
+                overlay.mount_in_child(spec.host_uid, spec.host_gid)
+            for which, value in limits:
+                resource.setrlimit(which, (value, value))
+            # The unique unprivileged host uid: bwrap launched by root would map the
+            # sandbox to host root, and root-only host files would be readable.
+            os.setgroups([])
+            os.setresgid(spec.host_gid, spec.host_gid, spec.host_gid)
+            os.setresuid(spec.host_uid, spec.host_uid, spec.host_uid)
+
+        return setup
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait(self, deadline: float | None = None) -> tuple[int, How]:
+        """Wait for the end; at the deadline (monotonic) kill everything: exit 124."""
+        if deadline is None:
+            deadline = self.started_at + self.spec.wall_ms / 1000
+        # A pidfd wakes exactly at the exit (Popen.wait(timeout) polls with sleeps).
+        poller = select.poll()
+        poller.register(self._pidfd, select.POLLIN)
+        remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        if not poller.poll(remaining_ms) and self.proc.poll() is None:
+            self.kill()
+            return EXIT_WALL_CLOCK, "wall_clock"
+        rc = self.proc.wait()
+        return exit_code_of(rc), ("signalled" if rc < 0 or rc > 128 else "exited")
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGKILL)
+        self.cgroup.kill_all()
+        self.proc.wait()
+
+    def usage(self) -> CgroupUsage:
+        return self.cgroup.usage()
+
+    def destroy(self) -> None:
+        """Kill whatever is left and remove the cgroup."""
+        if self.proc.poll() is None:
+            self.kill()
+        if not self.cgroup.wait_empty():
+            self.cgroup.kill_all()
+        self.cgroup.remove()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1

@@ -1,0 +1,100 @@
+"""A small seccomp-BPF compiler for one deny-list policy (no libseccomp needed).
+
+The program checks the architecture (anything else is killed), refuses the x32 ABI,
+answers EPERM for every denied system call, ENOSYS for ``clone3`` (its flags live behind
+a pointer BPF cannot read, and libc falls back to ``clone``), and EPERM for ``clone``
+with any namespace flag. Everything else is allowed.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+
+__all__ = ["DENIED_SYSCALLS", "SUPPORTED_ARCHES", "compile_bpf", "syscall_numbers"]
+
+# What each denial protects: mounting and namespaces (escape the filesystem view),
+# ptrace and process_vm_* (reach another process's memory), modules/kexec/bpf/perf
+# (kernel attack surface), keyrings (shared with the host user), io_uring (bypasses this
+# filter), userfaultfd (race amplifier), handle-based opens (escape bind mounts), clock
+# and swap and reboot (host state).
+DENIED_SYSCALLS: tuple[str, ...] = (
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns",
+    "fsopen", "fsconfig", "fsmount", "move_mount", "open_tree", "fspick", "mount_setattr",
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "bpf", "perf_event_open", "keyctl", "add_key", "request_key",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd",
+    "open_by_handle_at", "name_to_handle_at", "lookup_dcookie",
+    "swapon", "swapoff", "reboot", "acct", "settimeofday", "clock_settime",
+    "clock_adjtime", "adjtimex", "syslog", "quotactl", "ioperm", "iopl", "vhangup",
+)  # fmt: skip
+
+_X86_64: dict[str, int] = {
+    "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272,
+    "setns": 308, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "move_mount": 429,
+    "open_tree": 428, "fspick": 433, "mount_setattr": 442, "ptrace": 101,
+    "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438,
+    "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313,
+    "delete_module": 176, "bpf": 321, "perf_event_open": 298, "keyctl": 250,
+    "add_key": 248, "request_key": 249, "io_uring_setup": 425, "io_uring_enter": 426,
+    "io_uring_register": 427, "userfaultfd": 323, "open_by_handle_at": 304,
+    "name_to_handle_at": 303, "lookup_dcookie": 212, "swapon": 167, "swapoff": 168,
+    "reboot": 169, "acct": 163, "settimeofday": 164, "clock_settime": 227,
+    "clock_adjtime": 305, "adjtimex": 159, "syslog": 103, "quotactl": 179, "ioperm": 173,
+    "iopl": 172, "vhangup": 153, "clone": 56, "clone3": 435,
+}  # fmt: skip
+
+_ARCHES: dict[str, tuple[int, dict[str, int]]] = {"x86_64": (0xC000003E, _X86_64)}
+SUPPORTED_ARCHES: tuple[str, ...] = tuple(_ARCHES)
+
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_JSET_K = 0x45
+_RET_K = 0x06
+_RET_KILL_PROCESS = 0x80000000
+_RET_ERRNO = 0x00050000
+_RET_ALLOW = 0x7FFF0000
+_X32_SYSCALL_BIT = 0x40000000
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+_CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
+_CLONE_NS_FLAGS |= 0x20000000 | 0x40000000
+_OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16
+
+
+def syscall_numbers(arch: str) -> dict[str, int]:
+    return dict(_ARCHES[arch][1])
+
+
+def compile_bpf(arch: str, denied: tuple[str, ...]) -> bytes:
+    """The filter as the ``struct sock_filter`` array bwrap's ``--seccomp FD`` reads."""
+    audit_arch, table = _ARCHES[arch]
+    # (code, jump-true label, jump-false label, k); labels are resolved below.
+    prog: list[tuple[int, str | None, str | None, int]] = [
+        (_LD_W_ABS, None, None, _OFF_ARCH),
+        (_JEQ_K, None, "kill", audit_arch),
+        (_LD_W_ABS, None, None, _OFF_NR),
+        (_JGE_K, "eperm", None, _X32_SYSCALL_BIT),
+    ]
+    prog += [(_JEQ_K, "eperm", None, table[name]) for name in denied]
+    prog += [
+        (_JEQ_K, "enosys", None, table["clone3"]),
+        (_JEQ_K, None, "allow", table["clone"]),
+        (_LD_W_ABS, None, None, _OFF_ARG0),
+        (_JSET_K, "eperm", "allow", _CLONE_NS_FLAGS),
+    ]
+    labels = {"allow": len(prog), "eperm": len(prog) + 1, "enosys": len(prog) + 2}
+    labels["kill"] = len(prog) + 3
+    prog += [
+        (_RET_K, None, None, _RET_ALLOW),
+        (_RET_K, None, None, _RET_ERRNO | errno.EPERM),
+        (_RET_K, None, None, _RET_ERRNO | errno.ENOSYS),
+        (_RET_K, None, None, _RET_KILL_PROCESS),
+    ]
+    out = bytearray()
+    for i, (code, jt, jf, k) in enumerate(prog):
+        t = 0 if jt is None else labels[jt] - i - 1
+        f = 0 if jf is None else labels[jf] - i - 1
+        out += struct.pack("<HBBI", code, t, f, k)
+    return bytes(out)

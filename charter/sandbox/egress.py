@@ -1,0 +1,274 @@
+"""The egress broker: the only way out of a sandbox is this unix socket.
+
+Programs inside speak HTTP proxy protocol to it (``CONNECT host:port`` for TLS, or an
+absolute-form ``GET http://host/...``), e.g. ``curl --unix-socket $CHARTER_EGRESS_SOCKET
+-x http://egress https://host/``. The broker identifies the sandbox by the peer's host uid
+(``SO_PEERCRED``: unique per live sandbox, so no token can be stolen), checks the
+destination against the grant, counts bytes in both directions against the egress byte
+budget, and records every attempt, allowed or denied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import socket
+import struct
+import threading
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from charter.sandbox.events import EgressAttempted
+
+__all__ = ["EgressBroker", "EgressGrant"]
+
+_HEAD_LIMIT = 8192
+_CONNECT_TIMEOUT = 10.0
+
+
+class EgressGrant(BaseModel):
+    """Where a sandbox may connect (``host`` or ``host:port``) and how many bytes it may move."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    destinations: tuple[str, ...] = ()
+    byte_budget: int = Field(ge=0, default=0)
+
+    @classmethod
+    def none(cls) -> EgressGrant:
+        return cls()
+
+    def allows(self, host: str, port: int) -> bool:
+        host = host.lower().rstrip(".")
+        for entry in self.destinations:
+            name, sep, p = entry.lower().rpartition(":")
+            if sep and p.isdigit():
+                if name == host and int(p) == port:
+                    return True
+            elif entry.lower() == host and port in (80, 443):
+                return True
+        return False
+
+
+class _Registration:
+    def __init__(self, sandbox_id: str, grant: EgressGrant) -> None:
+        self.sandbox_id = sandbox_id
+        self.grant = grant
+        self.used = 0
+        self.attempts: list[EgressAttempted] = []
+        self.conns: set[socket.socket] = set()
+
+
+class EgressBroker:
+    """A threaded HTTP-proxy server on a unix socket, bound into every sandbox."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._regs: dict[int, _Registration] = {}
+        self.unknown_attempts: list[tuple[int, str]] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        # Sandbox uids must connect; identity is SO_PEERCRED, not file permissions.
+        os.chmod(path, 0o666)  # noqa: S103
+        self._server.listen(64)
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True, name="egress")
+        self._closed = False
+        self._thread.start()
+
+    # registration -----------------------------------------------------------------
+    def register(self, host_uid: int, sandbox_id: str, grant: EgressGrant) -> None:
+        with self._lock:
+            self._regs[host_uid] = _Registration(sandbox_id, grant)
+
+    def unregister(self, host_uid: int) -> list[EgressAttempted]:
+        """Forget a sandbox, cut its open connections and return its recorded attempts."""
+        with self._lock:
+            reg = self._regs.pop(host_uid, None)
+        if reg is None:
+            return []
+        for conn in list(reg.conns):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        return list(reg.attempts)
+
+    def used(self, host_uid: int) -> int:
+        with self._lock:
+            reg = self._regs.get(host_uid)
+            return reg.used if reg else 0
+
+    def attempts(self, host_uid: int) -> list[EgressAttempted]:
+        with self._lock:
+            reg = self._regs.get(host_uid)
+            return list(reg.attempts) if reg else []
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def __enter__(self) -> EgressBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # serving ------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _record(self, uid: int, reg: _Registration, dest: str, allowed: bool, reason: str,
+                *, out: int = 0, inn: int = 0) -> None:  # fmt: skip
+        event = EgressAttempted(
+            sandbox_id=reg.sandbox_id, host_uid=uid, destination=dest, allowed=allowed,
+            reason=reason, bytes_out=out, bytes_in=inn,
+        )  # fmt: skip
+        with self._lock:
+            reg.attempts.append(event)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _, uid, _ = struct.unpack("3i", creds)
+            with self._lock:
+                reg = self._regs.get(uid)
+            head = _read_head(conn)
+            parsed = _parse_head(head) if head is not None else None
+            dest = f"{parsed[0]}:{parsed[1]}" if parsed else "?"
+            if reg is None:
+                with self._lock:
+                    self.unknown_attempts.append((uid, dest))
+                _reply(conn, 403, "unknown sandbox")
+                return
+            if parsed is None:
+                self._record(uid, reg, dest, False, "malformed proxy request")
+                _reply(conn, 400, "malformed proxy request")
+                return
+            host, port, forward = parsed
+            if not reg.grant.allows(host, port):
+                self._record(uid, reg, dest, False, "destination not in the grant")
+                _reply(conn, 403, "destination not in the grant")
+                return
+            if reg.used >= reg.grant.byte_budget:
+                self._record(uid, reg, dest, False, "egress byte budget exhausted")
+                _reply(conn, 403, "egress byte budget exhausted")
+                return
+            try:
+                upstream = socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT)
+            except OSError as e:
+                self._record(uid, reg, dest, False, f"cannot connect: {e.strerror or e}")
+                _reply(conn, 502, "cannot connect")
+                return
+            with upstream:
+                upstream.settimeout(None)
+                if forward is None:
+                    conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                else:
+                    upstream.sendall(forward)
+                with self._lock:
+                    reg.conns.add(conn)
+                out, inn, cut = self._relay(conn, upstream, reg, len(forward or b""))
+                with self._lock:
+                    reg.conns.discard(conn)
+            reason = "egress byte budget exhausted" if cut else "closed"
+            self._record(uid, reg, dest, not cut, reason, out=out, inn=inn)
+
+    def _relay(self, conn: socket.socket, upstream: socket.socket, reg: _Registration,
+               already: int) -> tuple[int, int, bool]:  # fmt: skip
+        """Copy both ways until either side closes or the byte budget is spent."""
+        counts = {conn: already, upstream: 0}
+        peer = {conn: upstream, upstream: conn}
+        self._charge(reg, already)
+        with selectors.DefaultSelector() as sel:
+            sel.register(conn, selectors.EVENT_READ)
+            sel.register(upstream, selectors.EVENT_READ)
+            while True:
+                for key, _ in sel.select():
+                    src: socket.socket = key.fileobj  # type: ignore[assignment]
+                    try:
+                        data = src.recv(65536)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        return counts[conn], counts[upstream], False
+                    allowed = self._charge(reg, len(data))
+                    if allowed < len(data):
+                        with contextlib.suppress(OSError):
+                            peer[src].sendall(data[:allowed])
+                        counts[src] += allowed
+                        return counts[conn], counts[upstream], True
+                    counts[src] += len(data)
+                    try:
+                        peer[src].sendall(data)
+                    except OSError:
+                        return counts[conn], counts[upstream], False
+
+    def _charge(self, reg: _Registration, n: int) -> int:
+        """Take up to ``n`` bytes from the budget; returns how many were granted."""
+        with self._lock:
+            granted = max(0, min(n, reg.grant.byte_budget - reg.used))
+            reg.used += granted
+            return granted
+
+
+def _read_head(conn: socket.socket) -> bytes | None:
+    conn.settimeout(_CONNECT_TIMEOUT)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return None
+            data += chunk
+            if len(data) > _HEAD_LIMIT:
+                return None
+    except OSError:
+        return None
+    finally:
+        conn.settimeout(None)
+    return data
+
+
+def _parse_head(data: bytes) -> tuple[str, int, bytes | None] | None:
+    """(host, port, bytes to forward or None for CONNECT)."""
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].decode("latin-1").split()
+    if len(parts) != 3:
+        return None
+    method, target, version = parts
+    if method == "CONNECT":
+        host, _, port = target.rpartition(":")
+        return (host.strip("[]"), int(port), None) if port.isdigit() and host else None
+    if not target.startswith("http://"):
+        return None
+    authority, slash, path = target[len("http://") :].partition("/")
+    host, sep, port = authority.rpartition(":")
+    if not sep or not port.isdigit():
+        host, port = authority, "80"
+    request = f"{method} {slash}{path} {version}".encode("latin-1")
+    kept = [ln for ln in lines[1:] if not ln.lower().startswith(b"proxy-")]
+    return host, int(port), b"\r\n".join([request, *kept]) + b"\r\n\r\n" + rest
+
+
+def _reply(conn: socket.socket, code: int, reason: str) -> None:
+    body = (reason + "\n").encode()
+    with contextlib.suppress(OSError):
+        conn.sendall(
+            f"HTTP/1.1 {code} {reason}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+            + body
+        )

@@ -1,0 +1,227 @@
+"""The cold launcher: one budget, one command, one fresh sandbox, journaled end to end.
+
+The order is the design's rule: the lease is appended to the journal, and only after the
+append returns is anything started. If the append fails, nothing runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from charter.ledger.budget import Budget
+from charter.ledger.events import Event
+from charter.sandbox._host import (
+    allocate_uid,
+    cgroup_mode,
+    default_state_dir,
+    find_bwrap,
+    remove_tree,
+)
+from charter.sandbox._proc import How, SandboxProcess, Stdio
+from charter.sandbox.egress import EgressBroker, EgressGrant
+from charter.sandbox.events import (
+    SandboxDiscarded,
+    SandboxExited,
+    SandboxLeased,
+    SandboxStarted,
+    SandboxUsage,
+)
+from charter.sandbox.spec import HostFacts, SandboxSpec, compile_spec
+
+__all__ = ["EventSink", "Launcher", "MemorySink", "Outcome", "leased_event", "new_sandbox_id"]
+
+
+class EventSink(Protocol):
+    """What the launcher needs of the journal: ``Journal.append`` fits."""
+
+    def append(self, events: Sequence[Event]) -> object: ...
+
+
+class MemorySink:
+    """An in-memory sink with the journal's append interface (for tests without a DB)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def append(self, events: Sequence[Event]) -> object:
+        self.events.extend(events)
+        return tuple(events)
+
+
+class Outcome(BaseModel):
+    """How a sandboxed command ended and what it used."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sandbox_id: str
+    exit_code: int
+    how: How
+    usage: SandboxUsage
+    stdout: bytes | None = None
+    stderr: bytes | None = None
+
+
+def new_sandbox_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def leased_event(
+    spec: SandboxSpec, budget: Budget, pool: str | None, grant: EgressGrant | None
+) -> SandboxLeased:
+    return SandboxLeased(
+        sandbox_id=spec.sandbox_id,
+        host_uid=spec.host_uid,
+        pool=pool,
+        budget=budget.model_dump(),
+        pids_max=spec.pids_max,
+        memory_bytes=spec.memory_bytes,
+        cpu_quota_us=spec.cpu_quota_us,
+        cpu_period_us=spec.cpu_period_us,
+        wall_ms=spec.wall_ms,
+        egress=grant.destinations if grant is not None else (),
+    )
+
+
+def read_memfd(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+class Launcher:
+    """Runs commands in fresh (cold) sandboxes."""
+
+    def __init__(
+        self,
+        sink: EventSink | None = None,
+        *,
+        state_dir: Path | None = None,
+        egress: EgressBroker | None = None,
+        bwrap: str | None = None,
+        host_cpus: int | None = None,
+    ) -> None:
+        self.sink = sink
+        self.state_dir = state_dir or default_state_dir()
+        self.egress = egress
+        self.bwrap = bwrap or find_bwrap()
+        self.mode = cgroup_mode()
+        self.host_cpus = host_cpus or os.cpu_count() or 1
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+
+    def _journal(self, *events: Event) -> None:
+        if self.sink is not None:
+            self.sink.append(list(events))
+
+    def run(
+        self,
+        budget: Budget,
+        command: list[str],
+        *,
+        workspace: Path | None = None,
+        grant: EgressGrant | None = None,
+        stdin: Stdio = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+        capture: bool = False,
+    ) -> Outcome:
+        """Run ``command`` in a new sandbox and return its outcome (never raises for the
+        command's own failure; raises a CharterError when the sandbox cannot be made)."""
+        sandbox_id = new_sandbox_id()
+        with allocate_uid(self.state_dir) as uid:
+            own_ws = workspace is None
+            ws = self.state_dir / "ws" / sandbox_id if workspace is None else workspace
+            if own_ws:
+                ws.mkdir(parents=True, mode=0o700)
+                os.chown(ws, uid.uid, uid.uid)
+            try:
+                spec = compile_spec(
+                    budget,
+                    HostFacts(
+                        sandbox_id=sandbox_id,
+                        host_uid=uid.uid,
+                        host_gid=uid.uid,
+                        workspace=str(ws.resolve()),
+                        egress_socket=str(self.egress.path) if self.egress else None,
+                        cgroup_mode=self.mode,
+                        host_cpus=self.host_cpus,
+                    ),
+                )
+                # The lease is committed before anything starts.
+                self._journal(leased_event(spec, budget, None, grant))
+                return self._run_spec(
+                    spec, command, grant=grant, stdio=(stdin, stdout, stderr), capture=capture
+                )
+            finally:
+                if own_ws:
+                    remove_tree(ws)
+
+    def _run_spec(
+        self,
+        spec: SandboxSpec,
+        command: list[str],
+        *,
+        grant: EgressGrant | None,
+        stdio: tuple[Stdio, Stdio, Stdio],
+        capture: bool,
+    ) -> Outcome:
+        stdin, stdout, stderr = stdio
+        out_fd = os.memfd_create("stdout") if capture else None
+        err_fd = os.memfd_create("stderr") if capture else None
+        if self.egress is not None:
+            self.egress.register(spec.host_uid, spec.sandbox_id, grant or EgressGrant.none())
+        proc: SandboxProcess | None = None
+        try:
+            start = time.monotonic()
+            proc = SandboxProcess(
+                spec,
+                command,
+                bwrap=self.bwrap,
+                stdin=stdin,
+                stdout=out_fd if out_fd is not None else stdout,
+                stderr=err_fd if err_fd is not None else stderr,
+            )
+            try:
+                started = SandboxStarted(
+                    sandbox_id=spec.sandbox_id, pid=proc.pid, command=tuple(command)
+                )
+                self._journal(started)
+            except BaseException:
+                proc.destroy()
+                raise
+            code, how = proc.wait()
+            wall_ms = int((time.monotonic() - start) * 1000)
+            cg = proc.usage()
+            proc.destroy()
+            egress_used, attempts = 0, []
+            if self.egress is not None:
+                egress_used = self.egress.used(spec.host_uid)
+                attempts = self.egress.unregister(spec.host_uid)
+            usage = SandboxUsage(wall_ms=wall_ms, egress_bytes=egress_used, **cg.model_dump())
+            self._journal(
+                *attempts,
+                SandboxExited(sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage),
+                SandboxDiscarded(sandbox_id=spec.sandbox_id),
+            )
+            return Outcome(
+                sandbox_id=spec.sandbox_id,
+                exit_code=code,
+                how=how,
+                usage=usage,
+                stdout=read_memfd(out_fd) if out_fd is not None else None,
+                stderr=read_memfd(err_fd) if err_fd is not None else None,
+            )
+        finally:
+            if proc is not None and proc.proc.poll() is None:
+                proc.destroy()
+            if self.egress is not None:
+                self.egress.unregister(spec.host_uid)

@@ -1,0 +1,249 @@
+"""Pure renderers of a :class:`SandboxSpec`: bubblewrap argv, cgroup files, OCI config.
+
+Each renderer reads only the spec (and the fd numbers the launcher chose), so each has
+golden tests. Every isolation flag says what breaks without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, assert_never
+
+from charter.sandbox._seccomp import compile_bpf
+from charter.sandbox.spec import SHM, TMP, CgroupMode, Namespace, SandboxSpec
+
+__all__ = ["BwrapFds", "render_bwrap", "render_cgroup", "render_oci", "render_seccomp"]
+
+
+class BwrapFds:
+    """The fd numbers the launcher passes to bwrap: the BPF program and one per file."""
+
+    __slots__ = ("files", "seccomp")
+
+    def __init__(self, seccomp: int, files: tuple[int, ...]) -> None:
+        self.seccomp = seccomp
+        self.files = files
+
+
+def _bwrap_namespace(ns: Namespace) -> list[str]:  # noqa: PLR0911 (one return per namespace)
+    match ns:
+        case Namespace.USER:
+            # Without it bwrap started by a real uid keeps that uid's view; with
+            # --disable-userns (below) the sandbox cannot make a nested user namespace,
+            # which would give it a fresh set of capabilities over new namespaces.
+            return ["--unshare-user", "--disable-userns"]
+        case Namespace.MOUNT:
+            return []  # bwrap always makes a new mount namespace; it cannot be turned off
+        case Namespace.PID:
+            # Without it the sandbox sees, signals and ptraces host processes.
+            return ["--unshare-pid"]
+        case Namespace.NETWORK:
+            # Without it the sandbox reaches the host's network and loopback listeners;
+            # with it there is only a down 'lo' and the broker socket.
+            return ["--unshare-net"]
+        case Namespace.IPC:
+            # Without it SysV shared memory and message queues are shared with the host.
+            return ["--unshare-ipc"]
+        case Namespace.UTS:
+            # Without it the sandbox could set the host's hostname.
+            return ["--unshare-uts"]
+        case Namespace.CGROUP:
+            # Without it /proc/self/cgroup reveals the host's cgroup layout.
+            # (--unshare-all only *tries* this one, so it is named explicitly.)
+            return ["--unshare-cgroup"]
+        case _ as unreachable:
+            assert_never(unreachable)
+
+
+def render_bwrap(
+    spec: SandboxSpec, command: list[str], fds: BwrapFds, *, bwrap: str = "bwrap"
+) -> list[str]:
+    """The bwrap argv (a list, never a shell string). Order matters: bwrap applies
+    options in sequence, so every bind precedes ``--remount-ro /``."""
+    if len(fds.files) != len(spec.files):
+        raise ValueError("one fd per spec file is required")
+    argv = [bwrap]
+    for ns in spec.namespaces:
+        argv += _bwrap_namespace(ns)
+    argv += [
+        # Inside uid/gid; the *host* uid is set by the launcher, because bwrap started
+        # by root maps the inside uid to host root (a root-only 0600 file is readable).
+        "--uid", str(spec.inside_uid),
+        "--gid", str(spec.inside_gid),
+        "--hostname", spec.hostname,
+        # Without it the caller's whole environment (tokens, HOME, SSH_AUTH_SOCK) leaks in.
+        "--clearenv",
+    ]  # fmt: skip
+    for name, value in spec.env:
+        argv += ["--setenv", name, value]
+    if spec.die_with_parent:
+        # Without it a sandbox outlives a SIGKILLed launcher and runs unsupervised.
+        argv += ["--die-with-parent"]
+    if spec.new_session:
+        # Without it the sandbox shares the caller's terminal session and can push
+        # keystrokes into it with the TIOCSTI ioctl.
+        argv += ["--new-session"]
+    # Without it bwrap (root in its namespace) would keep capabilities; the child gets
+    # none, and bwrap sets PR_SET_NO_NEW_PRIVS before exec so none can be regained.
+    argv += ["--cap-drop", "ALL"]
+    for src, dest in spec.ro_binds:
+        argv += ["--ro-bind", src, dest]
+    for target, link in spec.symlinks:
+        argv += ["--symlink", target, link]
+    for (path, _), fd in zip(spec.files, fds.files, strict=True):
+        # Made-up passwd/group/hosts: the host's accounts are not visible.
+        argv += ["--ro-bind-data", str(fd), path]
+    # A private /proc for the new pid namespace: host processes are not listed.
+    argv += ["--proc", "/proc"]
+    argv += [
+        # bwrap's /dev is a tmpfs writable by the sandbox user: a second writable place.
+        # It is remounted read-only after a size-capped /dev/shm is put in it.
+        "--dev", "/dev",
+        "--size", str(spec.shm_bytes), "--tmpfs", SHM,
+        "--remount-ro", "/dev",
+        # Without --size a tmpfs grows until the memory cgroup kills the sandbox.
+        "--size", str(spec.tmp_bytes), "--tmpfs", TMP,
+        # The one writable host directory.
+        "--bind", spec.workspace_src, spec.workspace_dest,
+    ]  # fmt: skip
+    if spec.egress_socket_src is not None:
+        # The only route outward: no network device but 'lo' exists inside.
+        argv += ["--ro-bind", spec.egress_socket_src, spec.egress_socket_dest]
+    if spec.key_socket_src is not None:
+        argv += ["--ro-bind", spec.key_socket_src, spec.key_socket_dest]
+    argv += [
+        "--chdir", spec.workspace_dest,
+        # Without it the sandbox's root (a tmpfs bwrap made) is writable.
+        "--remount-ro", "/",
+        # Without it every system call of the kernel is reachable (mount, ptrace, bpf ...).
+        "--seccomp", str(fds.seccomp),
+        "--",
+    ]  # fmt: skip
+    return argv + list(command)
+
+
+def render_cgroup(spec: SandboxSpec, mode: CgroupMode | None = None) -> dict[str, str]:
+    """Limit files and values: v1 keys are ``controller/file``; v2 keys are file names."""
+    chosen = spec.cgroup_mode if mode is None else mode
+    match chosen:
+        case CgroupMode.V1:
+            # pids.max is the fork-bomb guard (bwrap's own two processes count in it);
+            # memory includes tmpfs pages; memsw = memory means no swap escape.
+            return {
+                "pids/pids.max": str(spec.pids_max),
+                "memory/memory.limit_in_bytes": str(spec.memory_bytes),
+                "memory/memory.memsw.limit_in_bytes": str(spec.memsw_bytes),
+                "cpu/cpu.cfs_period_us": str(spec.cpu_period_us),
+                "cpu/cpu.cfs_quota_us": str(spec.cpu_quota_us),
+            }
+        case CgroupMode.V2:
+            return {
+                "pids.max": str(spec.pids_max),
+                "memory.max": str(spec.memory_bytes),
+                "memory.swap.max": str(spec.memsw_bytes - spec.memory_bytes),
+                "cpu.max": f"{spec.cpu_quota_us} {spec.cpu_period_us}",
+            }
+        case _ as unreachable:
+            assert_never(unreachable)
+
+
+def render_seccomp(spec: SandboxSpec) -> bytes:
+    """The compiled BPF program for bwrap's ``--seccomp FD``."""
+    return compile_bpf(spec.arch, spec.seccomp_denied)
+
+
+def _oci_namespace(ns: Namespace) -> str:  # noqa: PLR0911 (one return per namespace)
+    match ns:
+        case Namespace.USER:
+            return "user"
+        case Namespace.MOUNT:
+            return "mount"
+        case Namespace.PID:
+            return "pid"
+        case Namespace.NETWORK:
+            return "network"
+        case Namespace.IPC:
+            return "ipc"
+        case Namespace.UTS:
+            return "uts"
+        case Namespace.CGROUP:
+            return "cgroup"
+        case _ as unreachable:
+            assert_never(unreachable)
+
+
+def render_oci(spec: SandboxSpec, command: list[str], *, rootfs: str = "rootfs") -> dict[str, Any]:
+    """An OCI runtime ``config.json`` (crun/runc) with the same properties."""
+    ro = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536"]},
+        {"destination": SHM, "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "noexec", "nodev", f"size={spec.shm_bytes}"]},
+        {"destination": TMP, "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "nodev", f"size={spec.tmp_bytes}"]},
+    ]  # fmt: skip
+    mounts += [
+        {"destination": d, "type": "bind", "source": s, "options": ro} for s, d in spec.ro_binds
+    ]
+    mounts.append(
+        {
+            "destination": spec.workspace_dest,
+            "type": "bind",
+            "source": spec.workspace_src,
+            "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"],
+        }
+    )
+    if spec.egress_socket_src is not None:
+        mounts.append(
+            {"destination": spec.egress_socket_dest, "type": "bind",
+             "source": spec.egress_socket_src, "options": ro}
+        )  # fmt: skip
+    if spec.key_socket_src is not None:
+        mounts.append(
+            {"destination": spec.key_socket_dest, "type": "bind",
+             "source": spec.key_socket_src, "options": ro}
+        )  # fmt: skip
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": spec.inside_uid, "gid": spec.inside_gid},
+            "args": list(command),
+            "env": [f"{k}={v}" for k, v in spec.env],
+            "cwd": spec.workspace_dest,
+            "capabilities": {
+                k: list(spec.capabilities)
+                for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
+            },
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": spec.nofile, "soft": spec.nofile},
+                {"type": "RLIMIT_NPROC", "hard": spec.nproc, "soft": spec.nproc},
+                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
+            ],
+            "noNewPrivileges": spec.no_new_privs,
+        },
+        "root": {"path": rootfs, "readonly": True},
+        "hostname": spec.hostname,
+        "mounts": mounts,
+        "linux": {
+            "uidMappings": [{"containerID": spec.inside_uid, "hostID": spec.host_uid, "size": 1}],
+            "gidMappings": [{"containerID": spec.inside_gid, "hostID": spec.host_gid, "size": 1}],
+            "namespaces": [{"type": _oci_namespace(ns)} for ns in spec.namespaces],
+            "resources": {
+                "pids": {"limit": spec.pids_max},
+                "memory": {"limit": spec.memory_bytes, "swap": spec.memsw_bytes},
+                "cpu": {"quota": spec.cpu_quota_us, "period": spec.cpu_period_us},
+            },
+            "readonlyPaths": ["/dev", "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
+            "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
+            "seccomp": {
+                "defaultAction": "SCMP_ACT_ALLOW",
+                "architectures": ["SCMP_ARCH_X86_64"],
+                "syscalls": [
+                    {"names": list(spec.seccomp_denied), "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
+                    {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+                ],
+            },
+        },
+    }
