@@ -41,6 +41,7 @@ __all__ = [
     "set_meet",
     "egress_within",
     "egress_meet",
+    "minimal",
 ]
 
 
@@ -179,7 +180,7 @@ def egress_within(child: frozenset[str], parent: frozenset[str]) -> bool:
     return all(any(covers(p, c) for p in parent) for c in child)
 
 
-def _minimal(entries: Iterable[str]) -> frozenset[str]:
+def minimal(entries: Iterable[str]) -> frozenset[str]:
     """Drop entries covered by another entry, so each host is admitted by one rule."""
     pool = set(entries)
     return frozenset(e for e in pool if not any(o != e and covers(o, e) for o in pool))
@@ -199,4 +200,4 @@ def egress_meet(requested: frozenset[str], parent: frozenset[str]) -> frozenset[
                 out.append(r)
             elif covers(r, p):
                 out.append(p)
-    return _minimal(out)
+    return minimal(out)

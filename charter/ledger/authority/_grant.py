@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -28,6 +29,7 @@ from charter.ledger.authority._axes import (
     ToolName,
     egress_meet,
     egress_within,
+    minimal,
     set_meet,
     set_within,
 )
@@ -64,6 +66,13 @@ class GrantTerms(BaseModel):
     fanout: int = Field(ge=0, le=MAX_FANOUT)
     budget: Budget
     expires_at_ms: int = Field(ge=0)
+
+    @field_validator("egress")
+    @classmethod
+    def _minimal_egress(cls, value: frozenset[str]) -> frozenset[str]:
+        """One rule per host: entries covered by another entry are dropped, so equal
+        authority has one spelling (``{"*.d", "a.d"}`` is stored as ``{"*.d"}``)."""
+        return minimal(value)
 
     @cached_property
     def canonical(self) -> dict[str, Any]:

@@ -187,10 +187,10 @@ def register_root(
         )
         committed = journal.append(events, expect={str(lineage): 0})
     except AppendConflictError as e:
-        keystore.directory.joinpath(f"{key_name}.key").unlink(missing_ok=True)
+        keystore.remove(key_name)
         raise AgentExistsError(f"agent {name!r} was registered concurrently") from e
     except BaseException:
-        keystore.directory.joinpath(f"{key_name}.key").unlink(missing_ok=True)
+        keystore.remove(key_name)  # no custody key without its directory entry
         raise
     return AgentRecord(name, lineage, public, committed[0].position, sealed)
 
