@@ -57,7 +57,7 @@ def exit_code_for(error: CharterError) -> int:
 def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
     """Run ``command``; a CharterError becomes one line on stderr and its exit code."""
     try:
-        return command.main(args=argv, standalone_mode=False)
+        result = command.main(args=argv, standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
@@ -69,3 +69,7 @@ def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
     except CharterError as e:
         click.echo(f"charter: error: {e}", err=True)
         sys.exit(exit_code_for(e))
+    # click returns the code of a ctx.exit(N) / Exit(N) instead of raising it here.
+    if isinstance(result, int) and result != 0:
+        sys.exit(result)
+    return result

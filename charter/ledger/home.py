@@ -62,12 +62,15 @@ class KeyStore:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             raise StateError(
-                f"key {name!r} already exists at {path}; remove it first if you mean "
-                "to replace it"
+                f"key {name!r} already exists at {path}; remove it first if you mean to replace it"
             ) from None
         with os.fdopen(fd, "w") as f:
             f.write(bytes(key).hex() + "\n")
         return key
+
+    def remove(self, name: str) -> None:
+        """Delete a key file (used to undo a key made by a step that then failed)."""
+        self._path(name).unlink(missing_ok=True)
 
     def load(self, name: str) -> SigningKey:
         path = self._path(name)
@@ -75,8 +78,7 @@ class KeyStore:
             mode = path.stat().st_mode
         except FileNotFoundError:
             raise KeyNotFoundError(
-                f"no key {name!r} in {self.directory}; set CHARTER_HOME to the home "
-                "that holds it"
+                f"no key {name!r} in {self.directory}; set CHARTER_HOME to the home that holds it"
             ) from None
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise KeyPermissionsError(

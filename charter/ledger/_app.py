@@ -1,0 +1,94 @@
+"""The eventsourcing side of the journal: envelope events, the canonical mapper and the
+application. Domain code never sees these; it appends :class:`~charter.ledger.events.Event`
+payloads through :class:`~charter.ledger.journal.Journal`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID, uuid4, uuid5
+
+from eventsourcing.application import Application
+from eventsourcing.persistence import Mapper, StoredEvent
+
+from charter.ledger.events import Event, canonical_json, event_class
+
+__all__ = ["Envelope", "CanonicalMapper", "JournalApplication", "stream_uuid", "decode_state"]
+
+# Streams are named by strings ("agent:root", "sandbox:ab12"); their eventsourcing
+# originator id is a name-based UUID so every process derives the same one.
+_STREAM_NAMESPACE = UUID("5d1c6c2e-4b5e-4a55-9a43-2b8f6e1c0c11")
+
+
+def stream_uuid(stream: str | None) -> UUID:
+    return uuid4() if stream is None else uuid5(_STREAM_NAMESPACE, stream)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A domain event as eventsourcing sees it: identity, version, time, payload."""
+
+    originator_id: UUID
+    originator_version: int
+    timestamp: datetime
+    event: Event
+
+
+def encode_state(envelope: Envelope) -> bytes:
+    return canonical_json(
+        {
+            "at": envelope.timestamp.isoformat(timespec="microseconds"),
+            "payload": envelope.event.payload(),
+        }
+    )
+
+
+def decode_state(topic: str, state: bytes) -> tuple[datetime, Event]:
+    """Stored bytes back to (recorded_at, event); the bytes themselves never change."""
+    data: dict[str, Any] = json.loads(state)
+    return datetime.fromisoformat(data["at"]), event_class(topic).model_validate(data["payload"])
+
+
+class CanonicalMapper(Mapper[UUID]):
+    """Stores an envelope as ``Type/vN`` plus canonical JSON; no transcoder, no cipher.
+
+    The stored bytes are exactly what the chain hashes, so they must be one canonical
+    encoding with no optional layers that would differ between writers.
+    """
+
+    def to_stored_event(self, domain_event: Any) -> StoredEvent:
+        envelope: Envelope = domain_event
+        return StoredEvent(
+            originator_id=envelope.originator_id,
+            originator_version=envelope.originator_version,
+            topic=type(envelope.event).topic(),
+            state=encode_state(envelope),
+        )
+
+    def to_domain_event(self, stored_event: StoredEvent) -> Any:
+        at, event = decode_state(stored_event.topic, stored_event.state)
+        oid = stored_event.originator_id
+        return Envelope(
+            originator_id=oid if isinstance(oid, UUID) else UUID(str(oid)),
+            originator_version=stored_event.originator_version,
+            timestamp=at,
+            event=event,
+        )
+
+
+class JournalApplication(Application[UUID]):
+    """The library's Application, configured for the chained journal."""
+
+    name = "charter"
+    log_section_size = 1000
+    is_snapshotting_enabled = False
+
+    def construct_mapper(self) -> Mapper[UUID]:
+        return CanonicalMapper(transcoder=self.construct_transcoder())
+
+
+def now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,343 @@
+"""The PostgreSQL journal adapter: chained eventsourcing recorders, schema, raw reads.
+
+Writers are serialised by the library's own ``LOCK TABLE … IN EXCLUSIVE MODE``; under
+that lock the recorder reads the head, takes the next notification ids from the
+sequence, computes the chain and inserts. Sequence values can be lost to a rollback,
+so positions may have gaps: the chain links each entry to its predecessor row, never
+to ``id - 1``. The library's plpgsql insert function is never created (it would skip
+the lock and the chain), and ``POSTGRES_ENABLE_DB_FUNCTIONS`` is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from eventsourcing.persistence import (
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+    StoredEvent,
+)
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresProcessRecorder
+from eventsourcing.utils import retry
+from psycopg.rows import DictRow
+from psycopg.sql import SQL, Composed, Identifier
+
+from charter.ledger._chain import GENESIS, entry_hash
+from charter.ledger._rows import ChainRow, JournalMeta, LastCommit
+from charter.ledger.errors import StateError, UnavailableError
+
+__all__ = [
+    "ChainedPostgresApplicationRecorder",
+    "ChainedPostgresProcessRecorder",
+    "PostgresJournalStore",
+]
+
+EVENTS_TABLE = "charter_events"
+TRACKING_TABLE = "charter_tracking"
+_last_commit = threading.local()
+
+
+def last_commit() -> LastCommit | None:
+    value: LastCommit | None = getattr(_last_commit, "value", None)
+    return value
+
+
+def _schema_statements(schema: str, table: str) -> list[Composed]:
+    ids = {"schema": Identifier(schema), "table": Identifier(table)}
+    fn = Identifier(f"{table}_append_only")
+    return [
+        SQL(
+            "CREATE TABLE IF NOT EXISTS {schema}.{table} ("
+            "originator_id uuid NOT NULL, "
+            "originator_version bigint NOT NULL, "
+            "topic text NOT NULL, "
+            "state bytea NOT NULL, "
+            "notification_id bigserial, "
+            # a unique predecessor makes a fork impossible
+            "prev_hash bytea NOT NULL UNIQUE CHECK (length(prev_hash) = 32), "
+            "chain_hash bytea NOT NULL CHECK (length(chain_hash) = 32), "
+            "PRIMARY KEY (originator_id, originator_version))"
+        ).format(**ids),
+        SQL(
+            "CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {schema}.{table} (notification_id)"
+        ).format(index=Identifier(f"{table}_notification_id_idx"), **ids),
+        SQL(
+            "CREATE OR REPLACE FUNCTION {schema}.{fn}() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$BEGIN RAISE EXCEPTION 'charter journal is append-only: % refused', TG_OP; END$$"
+        ).format(fn=fn, **ids),
+        SQL(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE OR DELETE ON {schema}.{table} "
+            "FOR EACH ROW EXECUTE FUNCTION {schema}.{fn}()"
+        ).format(name=Identifier(f"{table}_no_change"), fn=fn, **ids),
+        SQL(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE TRUNCATE ON {schema}.{table} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {schema}.{fn}()"
+        ).format(name=Identifier(f"{table}_no_truncate"), fn=fn, **ids),
+        # The library's single-row tracking table, already "migrated" (its marker row).
+        SQL(
+            "CREATE TABLE IF NOT EXISTS {schema}.{tracking} "
+            "(application_name text PRIMARY KEY, notification_id bigint)"
+        ).format(tracking=Identifier(TRACKING_TABLE), **ids),
+        SQL("INSERT INTO {schema}.{tracking} VALUES ('__migration__', 1)").format(
+            tracking=Identifier(TRACKING_TABLE), **ids
+        ),
+        SQL(
+            "CREATE TABLE IF NOT EXISTS {schema}.charter_meta "
+            "(key text PRIMARY KEY, value text NOT NULL)"
+        ).format(**ids),
+        SQL(
+            "CREATE OR REPLACE TRIGGER charter_meta_write_once BEFORE UPDATE OR DELETE "
+            "ON {schema}.charter_meta FOR EACH ROW EXECUTE FUNCTION {schema}.{fn}()"
+        ).format(fn=fn, **ids),
+    ]
+
+
+class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
+    """Stock recorder plus the hash chain, computed under the library's table lock."""
+
+    def __init__(self, datastore: Any, *, events_table_name: str = EVENTS_TABLE) -> None:
+        super().__init__(datastore, events_table_name=events_table_name)
+        if self.datastore.enable_db_functions:
+            raise StateError(
+                "POSTGRES_ENABLE_DB_FUNCTIONS is set: that insert path skips the table "
+                "lock and the hash chain; unset it"
+            )
+        schema = self.datastore.schema
+        table = self.events_table_name
+        # Keep the library's composite type (its adapters expect it); replace the table
+        # with the chained one and drop the plpgsql insert function.
+        kept = [s for s in self.sql_create_statements if "CREATE TYPE" in s.as_string()]
+        self.sql_create_statements = [*kept, *_schema_statements(schema, table)]
+        self._insert_chained = SQL(
+            "INSERT INTO {schema}.{table} (notification_id, originator_id, "
+            "originator_version, topic, state, prev_hash, chain_hash) "
+            "SELECT * FROM unnest(%s::bigint[], %s::uuid[], %s::bigint[], %s::text[], "
+            "%s::bytea[], %s::bytea[], %s::bytea[]) RETURNING notification_id"
+        ).format(schema=Identifier(schema), table=Identifier(table))
+        self._head_and_ids = SQL(
+            "SELECT (SELECT chain_hash FROM {schema}.{table} "
+            "ORDER BY notification_id DESC LIMIT 1) AS head, "
+            "ARRAY(SELECT nextval(pg_get_serial_sequence(%s, 'notification_id')) "
+            "FROM generate_series(1, %s)) AS ids"
+        ).format(schema=Identifier(schema), table=Identifier(table))
+        self._qualified = f"{schema}.{table}"
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
+        """The library's pipelined insert, except that *any* failure rolls back.
+
+        The stock method stores an exception raised inside its transaction block and
+        re-raises it after the block has exited, which commits whatever was already
+        executed. Here the exception leaves through ``psycopg.Rollback``, so a failure
+        anywhere in the batch leaves nothing (shown by the mid-batch fault test).
+        """
+        exc: Exception | None = None
+        ids: Sequence[int] | None = None
+        with self.datastore.get_connection() as conn:
+            with conn.pipeline() as pipeline, conn.transaction():
+                with conn.cursor() as curs:
+                    self._insert_events(curs, stored_events, **kwargs)  # tracking, if any
+                if stored_events:
+                    with conn.cursor() as curs:
+                        try:
+                            self._insert_stored_events(curs, stored_events, **kwargs)
+                            pipeline.sync()
+                            ids = self._fetch_ids_after_insert_events(curs, stored_events)
+                        except Exception as e:  # noqa: BLE001 - re-raised below, after rollback
+                            exc = e
+                            raise psycopg.Rollback from None
+            if exc is not None:
+                raise exc
+        return ids
+
+    def _insert_stored_events(
+        self,
+        curs: psycopg.Cursor[DictRow],
+        stored_events: Sequence[StoredEvent],
+        **kwargs: Any,
+    ) -> None:
+        del kwargs
+        _last_commit.value = None
+        self._lock_table(curs)
+        self._notify_channel(curs)
+        curs.execute(self._head_and_ids, (self._qualified, len(stored_events)))
+        row = curs.fetchone()
+        if row is None:
+            raise ProgrammingError("could not read the journal head")
+        prev = bytes(row["head"]) if row["head"] is not None else GENESIS
+        positions = sorted(row["ids"])
+        oids, versions, topics, states, prevs, hashes = [], [], [], [], [], []
+        for position, s in zip(positions, stored_events, strict=True):
+            oid = (
+                s.originator_id if isinstance(s.originator_id, UUID) else UUID(str(s.originator_id))
+            )
+            h = entry_hash(
+                prev, position, oid.bytes, s.originator_version, s.topic.encode(), s.state
+            )
+            oids.append(oid)
+            versions.append(s.originator_version)
+            topics.append(s.topic)
+            states.append(s.state)
+            prevs.append(prev)
+            hashes.append(h)
+            prev = h
+        curs.execute(
+            self._insert_chained, (positions, oids, versions, topics, states, prevs, hashes)
+        )
+        _last_commit.value = LastCommit(tuple(positions), tuple(hashes))
+
+    def _fetch_ids_after_insert_events(
+        self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        del curs, stored_events, kwargs
+        commit = last_commit()
+        return None if commit is None else list(commit.positions)
+
+
+class ChainedPostgresProcessRecorder(PostgresProcessRecorder, ChainedPostgresApplicationRecorder):
+    """Tracking position, new events and their chain in one transaction (followers)."""
+
+    def __init__(
+        self,
+        datastore: Any,
+        *,
+        events_table_name: str = EVENTS_TABLE,
+        tracking_table_name: str = TRACKING_TABLE,
+    ) -> None:
+        super().__init__(
+            datastore, events_table_name=events_table_name, tracking_table_name=tracking_table_name
+        )
+
+
+class PostgresJournalStore:
+    """Raw reads and schema set-up for a PostgreSQL journal (no eventsourcing here)."""
+
+    def __init__(self, conninfo: dict[str, Any], schema: str = "public") -> None:
+        self.conninfo = conninfo
+        self.schema = schema
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def connect(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = psycopg.connect(**self.conninfo, connect_timeout=5, autocommit=True)
+            except psycopg.OperationalError as e:
+                where = f"{self.conninfo.get('host')}:{self.conninfo.get('port')}"
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise UnavailableError(
+                    f"cannot reach PostgreSQL at {where}/{self.conninfo.get('dbname')}: "
+                    f"{first}; check that the server is running and the URL is right"
+                ) from None
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _q(self, sql: str) -> Composed:
+        return SQL(sql).format(schema=Identifier(self.schema), table=Identifier(EVENTS_TABLE))
+
+    def read_meta(self) -> JournalMeta:
+        conn = self.connect()
+        where = f"PostgreSQL database {self.conninfo.get('dbname')!r}"
+        try:
+            rows = conn.execute(self._q("SELECT key, value FROM {schema}.charter_meta")).fetchall()
+        except psycopg.errors.UndefinedTable:
+            raise StateError(
+                f"no Charter journal in {where}; run `charter init` to create one"
+            ) from None
+        return JournalMeta.from_rows(dict(rows), where=where)
+
+    def is_journal(self) -> bool:
+        try:
+            self.read_meta()
+        except StateError:
+            return False
+        return True
+
+    def create_schema(self, meta: JournalMeta) -> None:
+        """Tables, triggers and metadata in one transaction: all of it or none."""
+        conn = self.connect()
+        with conn.transaction():
+            for statement in _schema_statements(self.schema, EVENTS_TABLE):
+                conn.execute(statement)
+            for key, value in meta.to_rows().items():
+                conn.execute(
+                    self._q("INSERT INTO {schema}.charter_meta (key, value) VALUES (%s, %s)"),
+                    (key, value),
+                )
+
+    def _select(self, where: str, params: tuple[Any, ...]) -> Composed:
+        del params
+        return self._q(
+            "SELECT notification_id, originator_id, originator_version, topic, state, "
+            f"prev_hash, chain_hash FROM {{schema}}.{{table}} {where}"
+        )
+
+    @staticmethod
+    def _row(r: Sequence[Any]) -> ChainRow:
+        pos, oid, ver, topic, state, prev, chain = r
+        return ChainRow(pos, oid.bytes, ver, topic, bytes(state), bytes(prev), bytes(chain))
+
+    @staticmethod
+    def originator_bytes(value: UUID) -> bytes:
+        """Converts the stored originator column to its 16 raw bytes."""
+        return value.bytes
+
+    def batches(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
+        """Raw row tuples in position order, in batches (see the SQLite store)."""
+        conn = psycopg.connect(**self.conninfo, connect_timeout=5)
+        try:
+            with conn.transaction(), conn.cursor(name="charter_rows") as cur:
+                params = (start or 0, stop if stop is not None else 2**63 - 1)
+                where = "WHERE notification_id >= %s AND notification_id <= %s "
+                cur.execute(self._select(where + "ORDER BY notification_id", params), params)
+                while batch := cur.fetchmany(10_000):
+                    yield [
+                        (p, o, v, t, bytes(s), bytes(pr), bytes(c))
+                        for p, o, v, t, s, pr, c in batch
+                    ]
+        finally:
+            conn.close()
+
+    def find(self, originator: bytes, version: int) -> ChainRow | None:
+        """The entry of one stream version, if it is in the journal."""
+        where = "WHERE originator_id = %s AND originator_version = %s"
+        params = (UUID(bytes=originator), version)
+        r = self.connect().execute(self._select(where, params), params).fetchone()
+        return None if r is None else self._row(r)
+
+    def predecessor(self, position: int) -> ChainRow | None:
+        where = "WHERE notification_id < %s ORDER BY notification_id DESC LIMIT 1"
+        r = self.connect().execute(self._select(where, (position,)), (position,)).fetchone()
+        return None if r is None else self._row(r)
+
+    def position_of_hash(self, chain_hash: bytes) -> int | None:
+        r = (
+            self.connect()
+            .execute(
+                self._q("SELECT notification_id FROM {schema}.{table} WHERE chain_hash = %s"),
+                (chain_hash,),
+            )
+            .fetchone()
+        )
+        return None if r is None else int(r[0])
+
+    def head(self) -> tuple[int, bytes] | None:
+        r = (
+            self.connect()
+            .execute(
+                self._q(
+                    "SELECT notification_id, chain_hash FROM {schema}.{table} "
+                    "ORDER BY notification_id DESC LIMIT 1"
+                )
+            )
+            .fetchone()
+        )
+        return None if r is None else (int(r[0]), bytes(r[1]))

@@ -1,0 +1,62 @@
+"""Plain records shared by the journal adapters (no driver imports here)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from charter.ledger.errors import StateError
+
+__all__ = ["FORMAT", "SCHEMA_VERSION", "ChainRow", "JournalMeta", "LastCommit"]
+
+FORMAT = "charter-journal"
+SCHEMA_VERSION = 1
+
+
+class ChainRow(NamedTuple):
+    """One stored entry exactly as the database holds it."""
+
+    position: int
+    originator: bytes
+    version: int
+    topic: str
+    state: bytes
+    prev_hash: bytes
+    chain_hash: bytes
+
+
+class LastCommit(NamedTuple):
+    """Positions and hashes assigned by the recorder in the last committed insert."""
+
+    positions: tuple[int, ...]
+    hashes: tuple[bytes, ...]
+
+
+class JournalMeta(BaseModel):
+    """Write-once facts about a journal, stored beside its events."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: str = FORMAT
+    schema_version: int = SCHEMA_VERSION
+    created_at: str
+    journal_key: str  # hex Ed25519 public key that signs this journal's checkpoints
+
+    def to_rows(self) -> dict[str, str]:
+        return {k: str(v) for k, v in self.model_dump().items()}
+
+    @classmethod
+    def from_rows(cls, rows: dict[str, str], *, where: str) -> JournalMeta:
+        try:
+            meta = cls.model_validate(rows)
+        except ValidationError as e:
+            raise StateError(f"{where} is not a Charter journal (bad metadata: {e})") from None
+        if meta.format != FORMAT:
+            raise StateError(f"{where} is not a Charter journal (format {meta.format!r})")
+        if meta.schema_version != SCHEMA_VERSION:
+            raise StateError(
+                f"{where} has journal schema v{meta.schema_version}; this Charter reads "
+                f"v{SCHEMA_VERSION}"
+            )
+        return meta

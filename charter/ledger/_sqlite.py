@@ -1,0 +1,285 @@
+"""The SQLite journal adapter: chained eventsourcing recorders, schema, raw reads.
+
+The only module (with ``_postgres``) that imports a database driver. The chain is
+computed inside the write transaction, which starts with ``BEGIN IMMEDIATE``: the
+library's deferred ``BEGIN`` upgrades to a write lock only at the first INSERT and fails
+across processes with "database is locked" after reading the head.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import OperationalError, StoredEvent
+from eventsourcing.sqlite import (
+    SQLiteApplicationRecorder,
+    SQLiteConnection,
+    SQLiteCursor,
+    SQLiteProcessRecorder,
+    SQLiteTransaction,
+)
+
+from charter.ledger._chain import GENESIS, entry_hash
+from charter.ledger._rows import ChainRow, JournalMeta, LastCommit
+from charter.ledger.errors import StateError, UnavailableError
+
+__all__ = [
+    "ChainedSQLiteApplicationRecorder",
+    "ChainedSQLiteProcessRecorder",
+    "SQLiteJournalStore",
+]
+
+TABLE = "stored_events"  # the library's fixed name for SQLite
+
+_CREATE_EVENTS = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    originator_id TEXT NOT NULL,
+    originator_version INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    state BLOB NOT NULL,
+    -- a unique predecessor makes a fork impossible: two entries cannot follow one head
+    prev_hash BLOB NOT NULL UNIQUE CHECK (length(prev_hash) = 32),
+    chain_hash BLOB NOT NULL CHECK (length(chain_hash) = 32),
+    PRIMARY KEY (originator_id, originator_version)
+)
+"""
+
+_APPEND_ONLY = [
+    f"""CREATE TRIGGER IF NOT EXISTS {TABLE}_no_update BEFORE UPDATE ON {TABLE}
+        BEGIN SELECT RAISE(ABORT, 'charter journal is append-only: UPDATE refused'); END""",
+    f"""CREATE TRIGGER IF NOT EXISTS {TABLE}_no_delete BEFORE DELETE ON {TABLE}
+        BEGIN SELECT RAISE(ABORT, 'charter journal is append-only: DELETE refused'); END""",
+    # The database itself checks the link, so a writer that bypasses the recorder
+    # still cannot append an entry that does not follow the current head.
+    f"""CREATE TRIGGER IF NOT EXISTS {TABLE}_linked BEFORE INSERT ON {TABLE}
+        WHEN NEW.prev_hash IS NOT coalesce(
+            (SELECT chain_hash FROM {TABLE} ORDER BY rowid DESC LIMIT 1), zeroblob(32))
+        BEGIN SELECT RAISE(ABORT, 'charter journal: entry does not link to the head'); END""",
+    """CREATE TABLE IF NOT EXISTS charter_meta (
+        key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID""",
+    """CREATE TRIGGER IF NOT EXISTS charter_meta_no_update BEFORE UPDATE ON charter_meta
+        BEGIN SELECT RAISE(ABORT, 'charter_meta is write-once'); END""",
+    """CREATE TRIGGER IF NOT EXISTS charter_meta_no_delete BEFORE DELETE ON charter_meta
+        BEGIN SELECT RAISE(ABORT, 'charter_meta is write-once'); END""",
+]
+
+_INSERT = (
+    f"INSERT INTO {TABLE} (rowid, originator_id, originator_version, topic, state, "
+    "prev_hash, chain_hash) VALUES (?,?,?,?,?,?,?)"
+)
+_HEAD = f"SELECT rowid, chain_hash FROM {TABLE} ORDER BY rowid DESC LIMIT 1"
+
+# The hashes of the last commit made by this thread, read by the Journal after save().
+_last_commit = threading.local()
+
+
+def last_commit() -> LastCommit | None:
+    value: LastCommit | None = getattr(_last_commit, "value", None)
+    return value
+
+
+# The library's single-row tracking table, already "migrated" (its marker row), so a
+# follower's tracking position commits in the same transaction as its events.
+_TRACKING = [
+    """CREATE TABLE IF NOT EXISTS tracking (application_name TEXT, notification_id INTEGER,
+        PRIMARY KEY (application_name)) WITHOUT ROWID""",
+    "INSERT INTO tracking VALUES ('__migration__', 1)",
+]
+
+
+def schema_statements() -> list[str]:
+    """Every statement that makes a SQLite journal (events, triggers, tracking, meta)."""
+    return [_CREATE_EVENTS, *_APPEND_ONLY, *_TRACKING]
+
+
+class _ImmediateTransaction(SQLiteTransaction):
+    """The library's transaction, opened with ``BEGIN IMMEDIATE`` (write lock first)."""
+
+    def __enter__(self) -> SQLiteCursor:
+        cursor = self.connection.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            raise OperationalError(e) from e
+        return cursor
+
+
+class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
+    """Stock recorder plus the hash chain, computed under the write lock."""
+
+    def construct_create_table_statements(self) -> list[str]:
+        return [_CREATE_EVENTS, *_APPEND_ONLY]
+
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
+        _last_commit.value = None
+        conn: SQLiteConnection
+        with (
+            self.datastore.get_connection(commit=True) as conn,
+            _ImmediateTransaction(conn, commit=True) as c,
+            c,
+        ):
+            return self._insert_events(c, stored_events, **kwargs)
+
+    def _insert_events(
+        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        del kwargs
+        c.execute(_HEAD)
+        row = c.fetchone()
+        position, prev = (row[0], bytes(row[1])) if row else (0, GENESIS)
+        params = []
+        positions = []
+        hashes = []
+        for s in stored_events:
+            position += 1
+            oid = s.originator_id
+            oid_bytes = oid.bytes if isinstance(oid, UUID) else UUID(str(oid)).bytes
+            h = entry_hash(
+                prev, position, oid_bytes, s.originator_version, s.topic.encode(), s.state
+            )
+            params.append(
+                (position, oid_bytes.hex(), s.originator_version, s.topic, s.state, prev, h)
+            )
+            positions.append(position)
+            hashes.append(h)
+            prev = h
+        c.executemany(_INSERT, params)
+        _last_commit.value = LastCommit(tuple(positions), tuple(hashes))
+        return positions
+
+
+class ChainedSQLiteProcessRecorder(SQLiteProcessRecorder, ChainedSQLiteApplicationRecorder):
+    """Tracking position, new events and their chain in one transaction (followers)."""
+
+
+class SQLiteJournalStore:
+    """Raw reads and schema set-up for a SQLite journal file (no eventsourcing here)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _connect(self, *, readonly: bool) -> sqlite3.Connection:
+        # Readers open read-write but query-only: a mode=ro connection cannot remove the
+        # WAL index files when it closes, and would leave them behind after every read.
+        # mode=rw (not rwc) never creates a missing file.
+        mode = "rw" if readonly else "rwc"
+        try:
+            conn = sqlite3.connect(
+                f"file:{self.path}?mode={mode}", uri=True, isolation_level=None, timeout=30
+            )
+            if readonly:
+                conn.execute("PRAGMA query_only = 1")
+        except sqlite3.Error as e:
+            raise UnavailableError(f"cannot open SQLite journal {self.path}: {e}") from e
+        return conn
+
+    def close(self) -> None:
+        """Nothing is held open between reads."""
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def read_meta(self) -> JournalMeta:
+        """The journal's metadata; raises StateError if this is not a Charter journal."""
+        if not self.path.is_file():
+            raise StateError(f"no Charter journal at {self.path}; run `charter init` to create one")
+        conn = self._connect(readonly=True)
+        try:
+            rows = conn.execute("SELECT key, value FROM charter_meta").fetchall()
+        except sqlite3.DatabaseError as e:
+            raise StateError(
+                f"{self.path} is not a Charter journal ({e}); point --db at a journal "
+                "made by `charter init`"
+            ) from None
+        finally:
+            conn.close()
+        return JournalMeta.from_rows(dict(rows), where=str(self.path))
+
+    def is_journal(self) -> bool:
+        try:
+            self.read_meta()
+        except StateError:
+            return False
+        return True
+
+    def create_schema(self, meta: JournalMeta, recorder_statements: Sequence[str]) -> None:
+        """Create every table (events, tracking, meta) in one transaction."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = self._connect(readonly=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in recorder_statements:
+                conn.execute(statement)
+            conn.executemany(
+                "INSERT INTO charter_meta (key, value) VALUES (?, ?)", meta.to_rows().items()
+            )
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    #: converts the stored originator column to its 16 raw bytes
+    originator_bytes = staticmethod(bytes.fromhex)
+
+    def batches(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
+        """Raw row tuples in position order, in batches: (position, originator as stored,
+        version, topic, state, prev_hash, chain_hash). The fast path for verification."""
+        conn = self._connect(readonly=True)
+        try:
+            cur = conn.execute(
+                "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
+                f"chain_hash FROM {TABLE} WHERE rowid >= ? AND rowid <= ? ORDER BY rowid",
+                (start or 0, stop if stop is not None else 2**63 - 1),
+            )
+            while batch := cur.fetchmany(10_000):
+                yield batch
+        finally:
+            conn.close()
+
+    def find(self, originator: bytes, version: int) -> ChainRow | None:
+        """The entry of one stream version, if it is in the journal."""
+        return self._one(
+            "WHERE originator_id = ? AND originator_version = ?", (originator.hex(), version)
+        )
+
+    def _one(self, where: str, params: tuple[Any, ...]) -> ChainRow | None:
+        conn = self._connect(readonly=True)
+        try:
+            row = conn.execute(
+                "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
+                f"chain_hash FROM {TABLE} {where}",
+                params,
+            ).fetchone()
+        finally:
+            conn.close()
+        if row is None:
+            return None
+        pos, oid, ver, topic, state, prev, chain = row
+        return ChainRow(pos, bytes.fromhex(oid), ver, topic, state, prev, chain)
+
+    def predecessor(self, position: int) -> ChainRow | None:
+        """The entry just before ``position`` (for a range that starts mid-journal)."""
+        return self._one("WHERE rowid < ? ORDER BY rowid DESC LIMIT 1", (position,))
+
+    def position_of_hash(self, chain_hash: bytes) -> int | None:
+        conn = self._connect(readonly=True)
+        try:
+            row = conn.execute(
+                f"SELECT rowid FROM {TABLE} WHERE chain_hash = ?", (chain_hash,)
+            ).fetchone()
+        finally:
+            conn.close()
+        return None if row is None else int(row[0])
+
+    def head(self) -> tuple[int, bytes] | None:
+        conn = self._connect(readonly=True)
+        try:
+            row = conn.execute(_HEAD).fetchone()
+        finally:
+            conn.close()
+        return None if row is None else (int(row[0]), bytes(row[1]))

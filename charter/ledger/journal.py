@@ -1,0 +1,492 @@
+"""The journal: a durable, hash-chained, append-only event log.
+
+The rule it serves: nothing takes effect until the event that describes it is committed.
+:meth:`Journal.append` writes a batch in one transaction and returns only after the
+commit, with each entry's position and hash; callers act after it returns. A failed
+append raises :class:`~charter.ledger.errors.AppendFailedError` and leaves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NamedTuple
+from urllib.parse import unquote, urlparse
+from uuid import UUID
+
+from eventsourcing.persistence import IntegrityError, PersistenceError, ProcessRecorder, Tracking
+
+from charter.ledger import _postgres, _sqlite
+from charter.ledger._app import (
+    Envelope,
+    JournalApplication,
+    decode_state,
+    encode_state,
+    now,
+    stream_uuid,
+)
+from charter.ledger._rows import ChainRow, JournalMeta, LastCommit
+from charter.ledger.errors import AppendFailedError, BadInputError, StateError, UnavailableError
+from charter.ledger.events import Event
+from charter.ledger.home import charter_home
+
+__all__ = [
+    "AlreadyTrackedError",
+    "AppendConflictError",
+    "Committed",
+    "Entry",
+    "Journal",
+    "Location",
+    "UnknownSchemeError",
+    "resolve_location",
+]
+
+_MAX_RETRIES = 8
+
+
+class UnknownSchemeError(BadInputError):
+    """The journal URL has a scheme Charter does not speak."""
+
+
+class AppendConflictError(StateError):
+    """Another writer appended to a stream since the version the caller decided on."""
+
+
+class AlreadyTrackedError(StateError):
+    """A follower tried to record a position it (or another copy of it) already did."""
+
+
+class Committed(NamedTuple):
+    """One committed entry: where it landed and its chain hash."""
+
+    position: int
+    hash: bytes
+    event: Event
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One journal entry as read back: stored bytes decoded, chain columns as stored."""
+
+    position: int
+    topic: str
+    event: Event
+    recorded_at: datetime
+    stream: UUID
+    stream_version: int
+    hash: bytes
+    prev_hash: bytes
+
+    @property
+    def type_name(self) -> str:
+        return type(self.event).type_name
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "type": self.type_name,
+            "hash": self.hash.hex(),
+            "prev_hash": self.prev_hash.hex(),
+            "recorded_at": self.recorded_at.isoformat(),
+            "payload": self.event.payload(),
+        }
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a journal lives, parsed from a URL (or the embedded default)."""
+
+    kind: str  # "sqlite" | "postgresql"
+    display: str
+    path: Path | None = None
+    conninfo: Mapping[str, Any] | None = None
+
+    def app_env(self, *, process: bool = False) -> dict[str, str]:
+        """eventsourcing environment for this location (schema is never created here)."""
+        del process
+        if self.kind == "sqlite":
+            env = {
+                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                "SQLITE_DBNAME": str(self.path),
+                "SQLITE_LOCK_TIMEOUT": "30",
+                # The process variant: the same chained insert, plus tracking positions.
+                "APPLICATION_RECORDER_TOPIC": (
+                    "charter.ledger._sqlite:ChainedSQLiteProcessRecorder"
+                ),
+                "PROCESS_RECORDER_TOPIC": "charter.ledger._sqlite:ChainedSQLiteProcessRecorder",
+            }
+        else:
+            info = dict(self.conninfo or {})
+            env = {
+                "PERSISTENCE_MODULE": "eventsourcing.postgres",
+                "POSTGRES_DBNAME": str(info["dbname"]),
+                "POSTGRES_HOST": str(info["host"]),
+                "POSTGRES_PORT": str(info["port"]),
+                "POSTGRES_USER": str(info["user"]),
+                "POSTGRES_PASSWORD": str(info.get("password") or ""),
+                "POSTGRES_POOL_SIZE": "1",
+                "POSTGRES_MAX_OVERFLOW": "2",
+                "POSTGRES_CONNECT_TIMEOUT": "5",
+                "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
+                "APPLICATION_RECORDER_TOPIC": (
+                    "charter.ledger._postgres:ChainedPostgresProcessRecorder"
+                ),
+                "PROCESS_RECORDER_TOPIC": (
+                    "charter.ledger._postgres:ChainedPostgresProcessRecorder"
+                ),
+            }
+        env["CREATE_TABLE"] = "no"
+        # The library looks up CHARTER_<KEY> before <KEY>; pin both so a stray
+        # variable in the caller's environment cannot redirect the journal.
+        return env | {f"{JournalApplication.name.upper()}_{k}": v for k, v in env.items()}
+
+
+def resolve_location(url: str | None = None) -> Location:
+    """``--db``, else ``CHARTER_DB``, else ``$CHARTER_HOME/journal.db``."""
+    url = url or os.environ.get("CHARTER_DB") or None
+    if url is None:
+        path = charter_home() / "journal.db"
+        return Location("sqlite", f"sqlite:///{path}", path=path)
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        raw = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
+        if not raw:
+            raise BadInputError(
+                f"journal URL {url!r} has no path; write sqlite:///relative/path.db or "
+                "sqlite:////absolute/path.db"
+            )
+        path = Path(unquote(raw)).absolute()
+        return Location("sqlite", f"sqlite:///{path}", path=path)
+    if parsed.scheme in ("postgresql", "postgres"):
+        dbname = parsed.path.lstrip("/")
+        if not dbname or not parsed.hostname:
+            raise BadInputError(
+                f"journal URL {url!r} needs a host and a database: "
+                "postgresql://USER@HOST:PORT/DBNAME"
+            )
+        info = {
+            "host": parsed.hostname,
+            "port": parsed.port or 5432,
+            "user": unquote(parsed.username or os.environ.get("USER") or "postgres"),
+            "password": unquote(parsed.password or ""),
+            "dbname": dbname,
+        }
+        shown = f"postgresql://{info['user']}@{info['host']}:{info['port']}/{dbname}"
+        return Location("postgresql", shown, conninfo=info)
+    raise UnknownSchemeError(
+        f"unknown journal URL scheme {parsed.scheme or url!r}; use sqlite:///PATH or "
+        "postgresql://USER@HOST:PORT/DBNAME"
+    )
+
+
+Store = _sqlite.SQLiteJournalStore | _postgres.PostgresJournalStore
+
+
+def _store_for(location: Location) -> Store:
+    if location.kind == "sqlite":
+        if location.path is None:  # constructed only by resolve_location
+            raise BadInputError("SQLite location without a path")
+        return _sqlite.SQLiteJournalStore(location.path)
+    return _postgres.PostgresJournalStore(dict(location.conninfo or {}))
+
+
+def _last_commit(location: Location) -> LastCommit | None:
+    if location.kind == "sqlite":
+        return _sqlite.last_commit()
+    return _postgres.last_commit()
+
+
+class Journal:
+    """An open journal. Use :meth:`create` once, then :meth:`open` everywhere else."""
+
+    def __init__(
+        self,
+        location: Location,
+        store: Store,
+        meta: JournalMeta,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.location = location
+        self.meta = meta
+        self._store = store
+        app_env = location.app_env()
+        for key, value in (env or {}).items():
+            app_env[key] = app_env[f"CHARTER_{key}"] = value
+        try:
+            self._app = JournalApplication(env=app_env)
+        except PersistenceError as e:
+            raise UnavailableError(f"cannot open journal {location.display}: {e}") from e
+        recorder = self._app.recorder
+        if not isinstance(recorder, ProcessRecorder):  # pinned by Location.app_env
+            raise StateError(f"journal recorder {type(recorder).__name__} cannot track positions")
+        self._recorder: ProcessRecorder = recorder
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @classmethod
+    def create(cls, url: str | None = None, *, journal_key: str = "") -> Journal:
+        """Create the schema (events, append-only triggers, metadata) in one transaction.
+
+        Refuses when a journal, or any other file, is already there: nothing is written.
+        """
+        location = resolve_location(url)
+        store = _store_for(location)
+        cls._refuse_existing(location, store)
+        meta = JournalMeta(created_at=datetime.now(UTC).isoformat(), journal_key=journal_key)
+        if isinstance(store, _sqlite.SQLiteJournalStore):
+            store.create_schema(meta, _sqlite.schema_statements())
+        else:
+            store.create_schema(meta)
+        return cls(location, store, meta)
+
+    @staticmethod
+    def refuse_existing(url: str | None = None) -> None:
+        """Raise StateError if ``url`` already holds a journal (or any other file)."""
+        location = resolve_location(url)
+        store = _store_for(location)
+        try:
+            Journal._refuse_existing(location, store)
+        finally:
+            store.close()
+
+    @staticmethod
+    def _refuse_existing(location: Location, store: Store) -> None:
+        if isinstance(store, _sqlite.SQLiteJournalStore) and store.exists():
+            what = "a Charter journal" if store.is_journal() else "a file that is not a journal"
+            raise StateError(
+                f"{location.display} already holds {what}; refusing to initialise it again "
+                "(choose another --db or CHARTER_HOME)"
+            )
+        if isinstance(store, _postgres.PostgresJournalStore) and store.is_journal():
+            raise StateError(
+                f"{location.display} already holds a Charter journal; refusing to "
+                "initialise it again"
+            )
+
+    @classmethod
+    def open(cls, url: str | None = None, *, env: Mapping[str, str] | None = None) -> Journal:
+        """Open an existing journal; never creates or changes anything.
+
+        ``env`` adds eventsourcing settings (tests select fault-injecting subclasses of
+        the chained recorders this way); the chained recorders refuse unsafe settings.
+        """
+        location = resolve_location(url)
+        store = _store_for(location)
+        meta = store.read_meta()
+        return cls(location, store, meta, env)
+
+    def close(self) -> None:
+        self._app.close()
+        self._store.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def application(self) -> JournalApplication:
+        """The underlying eventsourcing Application (notification log, followers)."""
+        return self._app
+
+    # -- writing -------------------------------------------------------------------
+
+    def tracked_position(self, follower: str) -> int:
+        """The last journal position ``follower`` recorded (0 if none)."""
+        return int(self._recorder.max_tracking_id(follower) or 0)
+
+    def stream_version(self, stream: str) -> int:
+        """The version of ``stream`` now (0 when it has no events)."""
+        last = self._recorder.select_events(stream_uuid(stream), desc=True, limit=1)
+        return last[0].originator_version if last else 0
+
+    def _envelopes(
+        self, events: Sequence[Event], expect: Mapping[str, int], at: datetime
+    ) -> list[Envelope]:
+        versions: dict[str, int] = {}
+        envelopes = []
+        for event in events:
+            stream = event.stream()
+            if stream is None:
+                envelopes.append(Envelope(stream_uuid(None), 1, at, event))
+                continue
+            if stream not in versions:
+                versions[stream] = (
+                    expect[stream] if stream in expect else self.stream_version(stream)
+                )
+            versions[stream] += 1
+            envelopes.append(Envelope(stream_uuid(stream), versions[stream], at, event))
+        return envelopes
+
+    def append(
+        self,
+        events: Iterable[Event],
+        *,
+        expect: Mapping[str, int] | None = None,
+        tracking: tuple[str, int] | None = None,
+    ) -> tuple[Committed, ...]:
+        """Append ``events`` atomically; return their positions and hashes after commit.
+
+        ``expect`` pins stream versions the caller decided on; if another writer has
+        appended to one of them since, :class:`AppendConflictError` is raised and
+        nothing is written. Streams not pinned are versioned automatically (retrying a
+        lost race). ``tracking=(follower, position)`` commits a follower's position in
+        the same transaction (exactly once: a position already recorded raises
+        :class:`AlreadyTrackedError`). Any other failure raises :class:`AppendFailedError`.
+        """
+        batch = tuple(events)
+        if not batch:
+            raise BadInputError("append needs at least one event")
+        for event in batch:
+            if not isinstance(event, Event) or not type(event).type_name:
+                raise BadInputError(f"{event!r} is not a registered Charter event")
+        pinned = dict(expect or {})
+        for _ in range(_MAX_RETRIES):
+            envelopes = self._envelopes(batch, pinned, now())
+            try:
+                if tracking is None:
+                    self._app.save(*envelopes)
+                else:
+                    self._app.events.put(envelopes, tracking=Tracking(*tracking))
+            except IntegrityError as e:
+                landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
+                if landed is None:
+                    continue  # lost a race on an unpinned stream: re-version and retry
+                return landed
+            except PersistenceError as e:
+                raise AppendFailedError(
+                    f"journal append failed, nothing written: {e}; check the journal at "
+                    f"{self.location.display} and retry"
+                ) from e
+            commit = _last_commit(self.location)
+            if commit is None or len(commit.positions) != len(batch):
+                raise AppendFailedError("journal recorder did not report the committed chain")
+            return tuple(
+                Committed(p, h, ev)
+                for p, h, ev in zip(commit.positions, commit.hashes, batch, strict=True)
+            )
+        raise AppendConflictError(
+            f"journal append lost {_MAX_RETRIES} races in a row for the same streams; retry"
+        )
+
+    def _resolve_integrity_error(
+        self,
+        error: IntegrityError,
+        envelopes: Sequence[Envelope],
+        pinned: Mapping[str, int],
+        tracking: tuple[str, int] | None,
+    ) -> tuple[Committed, ...] | None:
+        """Decide what an integrity error meant, by re-reading (never by guessing).
+
+        Returns the committed entries if this very batch did land (a retried commit
+        whose acknowledgement was lost), None if the caller should retry, and raises
+        for everything else.
+        """
+        landed = self._landed(envelopes)
+        if landed is not None:
+            return tuple(
+                Committed(r.position, r.chain_hash, env.event)
+                for r, env in zip(landed, envelopes, strict=True)
+            )
+        if tracking is not None and self.tracked_position(tracking[0]) >= tracking[1]:
+            raise AlreadyTrackedError(
+                f"{tracking[0]} has already recorded position {tracking[1]}"
+            ) from error
+        if not self._stale(envelopes):
+            raise AppendFailedError(
+                f"journal append refused by the database, nothing written: {error}"
+            ) from error
+        if any(env.event.stream() in pinned for env in envelopes):
+            raise AppendConflictError(
+                "another writer appended to a stream this decision was based on; "
+                "re-read the state and decide again"
+            ) from error
+        return None
+
+    def _stale(self, envelopes: Sequence[Envelope]) -> bool:
+        """True if some stream moved past the version this batch was built on."""
+        firsts: dict[UUID, int] = {}
+        for env in envelopes:
+            if env.event.stream() is not None:
+                firsts.setdefault(env.originator_id, env.originator_version)
+        for oid, first in firsts.items():
+            last = self._recorder.select_events(oid, desc=True, limit=1)
+            if last and last[0].originator_version >= first:
+                return True
+        return False
+
+    def _landed(self, envelopes: Sequence[Envelope]) -> list[ChainRow] | None:
+        """After an integrity error, re-read: did this exact batch commit (lost ack)?"""
+        rows = []
+        for env in envelopes:
+            found = self._recorder.select_events(
+                env.originator_id,
+                gt=env.originator_version - 1,
+                lte=env.originator_version,
+            )
+            if not found or found[0].state != encode_state(env):
+                return None
+            row = self._store.find(env.originator_id.bytes, env.originator_version)
+            if row is None:
+                return None
+            rows.append(row)
+        return rows
+
+    # -- reading -------------------------------------------------------------------
+
+    def batches(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
+        """Raw stored row tuples in position order, in batches (what verification reads)."""
+        return self._store.batches(start, stop)
+
+    def originator_bytes(self, stored: Any) -> bytes:
+        return self._store.originator_bytes(stored)
+
+    def rows(self, start: int | None = None, stop: int | None = None) -> Iterator[ChainRow]:
+        """Stored entries in position order, as :class:`ChainRow`."""
+        conv = self._store.originator_bytes
+        for batch in self._store.batches(start, stop):
+            for pos, oid, ver, topic, state, prev, chain in batch:
+                yield ChainRow(pos, conv(oid), ver, topic, state, prev, chain)
+
+    def predecessor(self, position: int) -> ChainRow | None:
+        return self._store.predecessor(position)
+
+    def position_of_hash(self, chain_hash: bytes) -> int | None:
+        return self._store.position_of_hash(chain_hash)
+
+    def head(self) -> tuple[int, bytes] | None:
+        """(position, hash) of the last entry, or None for an empty journal."""
+        return self._store.head()
+
+    def entries(
+        self,
+        start: int | None = None,
+        stop: int | None = None,
+        types: Sequence[str] = (),
+    ) -> Iterator[Entry]:
+        """Decoded entries in position order, optionally only of the given type names."""
+        wanted = set(types)
+        for row in self.rows(start, stop):
+            if wanted and row.topic.partition("/v")[0] not in wanted:
+                continue
+            at, event = decode_state(row.topic, row.state)
+            yield Entry(
+                position=row.position,
+                topic=row.topic,
+                event=event,
+                recorded_at=at,
+                stream=UUID(bytes=row.originator),
+                stream_version=row.version,
+                hash=row.chain_hash,
+                prev_hash=row.prev_hash,
+            )
