@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -92,6 +93,12 @@ class GrantTerms(BaseModel):
     @cached_property
     def canonical_bytes(self) -> bytes:
         return canonical_json(self.canonical)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A validated copy; the cached encodings are never carried over (they would
+        describe the original, and a signature over them would sign the wrong terms)."""
+        values = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self)(**(values | dict(update or {})))
 
 
 class Grant(BaseModel):

@@ -13,9 +13,9 @@ import hashlib
 import hmac
 import itertools
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, Self
 
 from nacl.bindings import crypto_sign, crypto_sign_seed_keypair
 from nacl.exceptions import BadSignatureError, CryptoError
@@ -72,6 +72,11 @@ class SealedGrant(BaseModel):
     @property
     def grant(self) -> Grant:
         return self._grant
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A re-validated copy: the parsed grant and digest are never carried over."""
+        values = {"body": self.body, "signature": self.signature} | dict(update or {})
+        return type(self)(**values)
 
     @cached_property
     def digest(self) -> bytes:

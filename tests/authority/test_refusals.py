@@ -1,0 +1,317 @@
+"""Every named invariant error and every refusal reason: raised by a real spawn, then
+found in the journal with its reason code. Each attack sits beside a positive control."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from nacl.signing import SigningKey
+
+from charter.ledger.authority import (
+    AgentRecord,
+    AuthorityService,
+    Caller,
+    Clearance,
+    FanoutCommand,
+    FixedPolicy,
+    Grant,
+    GrantTerms,
+    Lineage,
+    ParentState,
+    PermissionMode,
+    RequestedGrant,
+    SealedGrant,
+    Signer,
+    Verdict,
+    attenuate,
+    decide,
+    errors,
+    seal,
+)
+from charter.ledger.home import KeyStore
+from charter.ledger.journal import Journal
+from tests.authority._support import intent, refusals
+
+
+def broken_attenuator(**widen: object) -> Callable[..., GrantTerms]:
+    """An attenuation step with a bug: it widens the child after intersecting."""
+
+    def attenuate_badly(parent: GrantTerms, requested: RequestedGrant, **kw: int) -> GrantTerms:
+        child = attenuate(parent, requested, **kw)
+        values = {k: (v(parent) if callable(v) else v) for k, v in widen.items()}
+        return child.model_copy(update=values)
+
+    return attenuate_badly
+
+
+INVARIANT_BUGS: dict[type[errors.InvariantViolationError], dict[str, object]] = {
+    errors.DepthNotDecreasingError: {"depth": lambda p: p.depth},
+    errors.AxisWidenedError: {"tools": lambda p: p.tools | {"Shell"}},
+    errors.ClearanceRaisedError: {"clearance": Clearance.SECRET},
+    errors.PermissionModeRaisedError: {"mode": PermissionMode.BYPASS},
+    errors.FanoutNotDecreasingError: {"fanout": lambda p: p.fanout},
+}
+
+
+def _service(journal: Journal, keystore: KeyStore, **kw: object) -> AuthorityService:
+    kw.setdefault("policy", FixedPolicy(Verdict.POSITIVE))
+    return AuthorityService(journal, keystore=keystore, **kw)  # type: ignore[arg-type]
+
+
+def _assert_journaled(journal: Journal, error: type[errors.AuthorityRefusedError]) -> None:
+    found = [r for r in refusals(journal) if r.error == error.__name__]
+    assert found, f"no SpawnRefused for {error.__name__} in the journal"
+    assert found[-1].reason == error.reason
+    assert found[-1].message
+
+
+@pytest.mark.parametrize("error", list(INVARIANT_BUGS), ids=lambda e: e.__name__)
+def test_each_invariant_catches_a_broken_attenuator_and_is_journaled(
+    journal: Journal,
+    keystore: KeyStore,
+    root: AgentRecord,
+    error: type[errors.AuthorityRefusedError],
+) -> None:
+    del root
+    honest = _service(journal, keystore)
+    honest.spawn(honest.durable_caller("root"), intent(2))  # positive control
+    buggy = _service(journal, keystore, attenuate_fn=broken_attenuator(**INVARIANT_BUGS[error]))
+    before = len(list(journal.entries(types=("GrantMinted",))))
+    with pytest.raises(error):
+        buggy.spawn(buggy.durable_caller("root"), intent(2))
+    _assert_journaled(journal, error)
+    assert len(list(journal.entries(types=("GrantMinted",)))) == before  # nothing minted
+
+
+def test_other_widened_axes_are_caught_too(
+    journal: Journal, keystore: KeyStore, root: AgentRecord
+) -> None:
+    del root
+    for widen in (
+        {"egress": frozenset({"evil.net"})},
+        {"secrets": frozenset({"GITHUB_TOKEN", "ROOT_PASSWORD"})},
+        {"budget": lambda p: p.budget + p.budget},
+        {"expires_at_ms": lambda p: p.expires_at_ms + 1},
+    ):
+        svc = _service(journal, keystore, attenuate_fn=broken_attenuator(**widen))
+        with pytest.raises(
+            errors.AxisWidenedError, match=next(iter(widen)).replace("expires_at_ms", "expiry")
+        ):
+            svc.spawn(svc.durable_caller("root"), intent(1))
+
+
+# -- refusals of what may be spawned ------------------------------------------------
+
+
+def test_depth_exhausted(service: AuthorityService, journal: Journal) -> None:
+    root = service.durable_caller("root")
+    leaf = root.child(service.spawn(root, intent(1, depth=0)).children[0])
+    assert leaf.chain[-1].grant.terms.depth == 0
+    deeper = root.child(service.spawn(root, intent(1, depth=1)).children[0])
+    service.spawn(deeper, intent(1))  # positive control: depth 1 may spawn
+    with pytest.raises(errors.DepthExhaustedError):
+        service.spawn(leaf, intent(1))
+    _assert_journaled(journal, errors.DepthExhaustedError)
+
+
+def test_fanout_exhausted_and_width_counts_against_the_parent(
+    service: AuthorityService, journal: Journal
+) -> None:
+    root = service.durable_caller("root")
+    worker = root.child(service.spawn(root, intent(1, fanout=5)).children[0])
+    assert worker.chain[-1].grant.terms.fanout == 5
+    first = service.spawn(worker, intent(3))
+    assert [str(c.lineage).rsplit("/", 1)[1] for c in first.children] == ["sa-1", "sa-2", "sa-3"]
+    # Each child may spawn at most what its parent had left after this fan-out.
+    assert {c.grant.terms.fanout for c in first.children} == {2}
+    with pytest.raises(errors.FanoutExhaustedError, match="wider than the 2"):
+        service.spawn(worker, intent(3))
+    _assert_journaled(journal, errors.FanoutExhaustedError)
+    service.spawn(worker, intent(2))  # exactly what remains is allowed
+    with pytest.raises(errors.FanoutExhaustedError, match="wider than the 0"):
+        service.spawn(worker, intent(1))
+
+
+def test_expired_grant_cannot_spawn(
+    journal: Journal, keystore: KeyStore, root: AgentRecord
+) -> None:
+    del root
+    clock = [1_800_000_000_000]
+    svc = _service(journal, keystore, clock=lambda: clock[0])
+    caller = svc.durable_caller("root")
+    worker = caller.child(svc.spawn(caller, intent(1, ttl_s=60)).children[0])
+    svc.spawn(worker, intent(1))  # positive control, within the minute
+    clock[0] += 61_000
+    with pytest.raises(errors.GrantExpiredError):
+        svc.spawn(worker, intent(1))
+    _assert_journaled(journal, errors.GrantExpiredError)
+
+
+# -- refusals by the gate -------------------------------------------------------------
+
+
+class Raising:
+    name = "raising"
+
+    def judge(self, question: object) -> object:
+        raise RuntimeError("model endpoint down")
+
+
+@pytest.mark.parametrize(
+    ("policy", "error"),
+    [
+        (FixedPolicy(Verdict.NEGATIVE), errors.GateRefusedError),
+        (FixedPolicy(Verdict.UNKNOWN), errors.GateUnknownError),
+        (Raising(), errors.GateUnknownError),
+    ],
+    ids=["negative", "unknown", "raising"],
+)
+def test_gate_refusals_are_journaled_with_the_gate_decision(
+    journal: Journal,
+    keystore: KeyStore,
+    root: AgentRecord,
+    policy: object,
+    error: type[errors.AuthorityRefusedError],
+) -> None:
+    del root
+    svc = _service(journal, keystore, policy=policy)
+    with pytest.raises(error):
+        svc.spawn(svc.durable_caller("root"), intent(4))
+    _assert_journaled(journal, error)
+    gate = [e.event for e in journal.entries(types=("GateDecided",))]
+    assert len(gate) == 1
+    assert gate[0].verdict in (Verdict.NEGATIVE, Verdict.UNKNOWN)  # type: ignore[attr-defined]
+    assert list(journal.entries(types=("GrantMinted",)))[1:] == []  # only the root's
+
+
+# -- refusals of who is asking ----------------------------------------------------------
+
+
+def _tamper(sealed: SealedGrant, **terms: object) -> Grant:
+    grant = sealed.grant
+    return grant.model_copy(update={"terms": grant.terms.model_copy(update=terms)})
+
+
+def test_forged_grant_is_refused(service: AuthorityService, journal: Journal) -> None:
+    root = service.durable_caller("root")
+    worker = root.child(service.spawn(root, intent(1, tools=["Read"])).children[0])
+    service.spawn(worker, intent(1))  # positive control
+    widened = _tamper(worker.chain[-1], tools=frozenset({"Read", "Bash"}))
+    forged = SealedGrant(body=widened.canonical_body(), signature=worker.chain[-1].signature)
+    with pytest.raises(errors.GrantSignatureInvalidError):
+        service.spawn(Caller((*worker.chain[:-1], forged), worker.custody_key), intent(1))
+    _assert_journaled(journal, errors.GrantSignatureInvalidError)
+
+
+def test_resigned_grant_is_refused(service: AuthorityService, journal: Journal) -> None:
+    """The holder widens its own grant and signs it with its own key."""
+    root = service.durable_caller("root")
+    worker = root.child(service.spawn(root, intent(1, tools=["Read"])).children[0])
+    widened = _tamper(worker.chain[-1], tools=frozenset({"Read", "Bash"}))
+    resigned = seal(widened, worker.custody_key)
+    with pytest.raises(errors.GrantSignatureInvalidError):
+        service.spawn(Caller((*worker.chain[:-1], resigned), worker.custody_key), intent(1))
+    _assert_journaled(journal, errors.GrantSignatureInvalidError)
+
+
+def test_grant_from_another_root_is_refused(service: AuthorityService, journal: Journal) -> None:
+    """An outsider's key signs a root grant for agent:root and a child under it."""
+    outsider = SigningKey.generate()
+    fake_root = seal(
+        Grant(
+            lineage=Lineage("agent:root"),
+            issuer=Lineage("agent:root"),
+            subject_key=bytes(outsider.verify_key).hex(),
+            parent_digest=None,
+            issued_at_ms=0,
+            terms=service.durable_caller("root").chain[0].grant.terms,
+        ),
+        outsider,
+    )
+    seed = bytes(outsider)
+    made = decide(
+        ParentState(fake_root, Signer(seed), seed, minted=0, version=2),
+        FanoutCommand("f", intent(1), service.clock()),
+        policy=FixedPolicy(Verdict.POSITIVE),
+    )
+    caller = Caller((fake_root,), outsider).child(made.children[0])
+    with pytest.raises(errors.ForeignRootError):
+        service.spawn(caller, intent(1))
+    _assert_journaled(journal, errors.ForeignRootError)
+
+
+def test_chain_that_does_not_link_is_refused(service: AuthorityService, journal: Journal) -> None:
+    root = service.durable_caller("root")
+    result = service.spawn(root, intent(2))
+    a, b = (root.child(c) for c in result.children)
+    grandchild = a.child(service.spawn(a, intent(1)).children[0])
+    # b's grant spliced in as the middle link of a's grandchild's chain.
+    spliced = Caller((root.chain[0], b.chain[-1], grandchild.chain[-1]), grandchild.custody_key)
+    with pytest.raises(errors.GrantChainBrokenError):
+        service.spawn(spliced, intent(1))
+    _assert_journaled(journal, errors.GrantChainBrokenError)
+    with pytest.raises(errors.GrantChainBrokenError):
+        service.spawn(Caller((), root.custody_key), intent(1))
+
+
+def test_grant_never_journaled_is_refused(service: AuthorityService, journal: Journal) -> None:
+    """A correctly signed child that was decided but never committed carries nothing."""
+    root = service.durable_caller("root")
+    seed = bytes(root.custody_key)
+    uncommitted = decide(
+        ParentState(root.chain[0], Signer(seed), seed, minted=99, version=2),
+        FanoutCommand("f", intent(1), service.clock()),
+        policy=FixedPolicy(Verdict.POSITIVE),
+    )
+    with pytest.raises(errors.GrantNotJournaledError):
+        service.spawn(root.child(uncommitted.children[0]), intent(1))
+    _assert_journaled(journal, errors.GrantNotJournaledError)
+
+
+def test_custody_key_not_the_grants_key_is_refused(
+    service: AuthorityService, journal: Journal
+) -> None:
+    root = service.durable_caller("root")
+    worker = root.child(service.spawn(root, intent(1)).children[0])
+    with pytest.raises(errors.CustodyKeyMismatchError):
+        service.spawn(Caller(worker.chain, SigningKey.generate()), intent(1))
+    with pytest.raises(errors.CustodyKeyMismatchError):
+        service.spawn(Caller(root.chain, SigningKey.generate()), intent(1))
+    _assert_journaled(journal, errors.CustodyKeyMismatchError)
+
+
+def test_unknown_parent_is_refused(service: AuthorityService, journal: Journal) -> None:
+    ghost_key = SigningKey.generate()
+    ghost = seal(
+        Grant(
+            lineage=Lineage("agent:ghost"),
+            issuer=Lineage("agent:ghost"),
+            subject_key=bytes(ghost_key.verify_key).hex(),
+            parent_digest=None,
+            issued_at_ms=0,
+            terms=service.durable_caller("root").chain[0].grant.terms,
+        ),
+        ghost_key,
+    )
+    with pytest.raises(errors.UnknownParentError):
+        service.spawn(Caller((ghost,), ghost_key), intent(1))
+    _assert_journaled(journal, errors.UnknownParentError)
+
+
+def test_every_refusal_class_is_exercised_here() -> None:
+    """A new refusal class must get a test in this module."""
+    concrete = {
+        cls
+        for cls in vars(errors).values()
+        if isinstance(cls, type)
+        and issubclass(cls, errors.AuthorityRefusedError)
+        and cls not in (errors.AuthorityRefusedError, errors.InvariantViolationError)
+    }
+    with open(__file__, encoding="utf-8") as f:
+        source = f.read()
+    # Each is named either in a pytest.raises here or in a table a test is driven by.
+    missing = {c.__name__ for c in concrete if f"errors.{c.__name__}" not in source}
+    assert missing == set()
+    reasons = [c.reason for c in concrete]
+    assert len(reasons) == len(set(reasons))  # each reason code means one thing
