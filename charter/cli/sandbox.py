@@ -1,12 +1,199 @@
-"""Placeholder: the `sandbox` commands are registered here by their issue's work."""
+"""``charter sandbox probe|run|spec``: thin wrappers over charter.sandbox."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import click
+
+from charter.cli._common import Ctx
+from charter.ledger.budget import Budget
+from charter.ledger.errors import StateError
+
+# Imported eagerly so that `charter journal show` can decode sandbox lifecycle events.
+from charter.sandbox import events as _events  # noqa: F401
+
+if TYPE_CHECKING:
+    from charter.ledger.journal import Journal
 
 __all__ = ["register"]
 
+DEFAULT_BUDGET = "tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=0MB"
+
+
+@contextlib.contextmanager
+def _journal(ctx: Ctx, *, required: bool) -> Iterator[Journal | None]:
+    """The journal at --db, or None when there is none and it is not required."""
+    from charter.ledger.journal import Journal
+
+    try:
+        journal = Journal.open(ctx.db)
+    except StateError:
+        if required:
+            raise
+        yield None
+        return
+    with journal:
+        yield journal
+
+
+@click.group("sandbox")
+def sandbox_group() -> None:
+    """Probe the host, run a command in a sandbox, or print a compiled spec."""
+
+
+@sandbox_group.command("probe")
+@click.pass_obj
+def probe_cmd(ctx: Ctx) -> None:
+    """Run the live canary; exit 0 with every property checked, or 4 naming what fails."""
+    from charter.sandbox.errors import HostCannotIsolateError
+    from charter.sandbox.events import SandboxProbeRefused
+    from charter.sandbox.probe import probe
+
+    report = probe()
+
+    def text() -> None:
+        for check in report.checks:
+            click.echo(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
+
+    ctx.emit(report.model_dump(mode="json"), text)
+    if report.ok:
+        return
+    detail = "; ".join(f"{c.name}: {c.detail}" for c in report.checks if not c.ok)
+    with _journal(ctx, required=False) as journal:
+        if journal is not None:
+            journal.append([SandboxProbeRefused(failed=report.failed, detail=detail[:2000])])
+        else:
+            ctx.status("no journal at --db: this refusal is not journaled")
+    raise HostCannotIsolateError(
+        f"this host cannot isolate sandboxes ({', '.join(report.failed)}); spawning is refused"
+    )
+
+
+@sandbox_group.command("run", context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--budget",
+    "budget_text",
+    default=DEFAULT_BUDGET,
+    show_default=True,
+    metavar="VECTOR",
+    help="Budget vector the caps are compiled from.",
+)
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Directory bound read-write at /workspace (default: a fresh empty one).",
+)
+@click.option(
+    "--egress",
+    "egress",
+    default="",
+    metavar="HOST,…",
+    help="Destinations the egress broker allows (host or host:port).",
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+def run_cmd(
+    ctx: Ctx, budget_text: str, workspace: Path | None, egress: str, command: tuple[str, ...]
+) -> None:  # fmt: skip
+    """Compile the spec from the budget and run COMMAND in a real sandbox.
+
+    Exits with COMMAND's own code; 124 past the wall clock; 128+N on signal N; 4 when
+    the host cannot isolate. Requires an initialised journal (the lifecycle is journaled).
+    """
+    from charter.sandbox._gate import ensure_isolation
+    from charter.sandbox._host import default_state_dir
+    from charter.sandbox.egress import EgressBroker, EgressGrant
+    from charter.sandbox.launcher import Launcher
+
+    budget = Budget.parse(budget_text)
+    destinations = tuple(d.strip() for d in egress.split(",") if d.strip())
+    state = default_state_dir()
+    with _journal(ctx, required=True) as journal, contextlib.ExitStack() as stack:
+        ensure_isolation(journal, state_dir=state)
+        broker = None
+        if destinations:
+            broker = stack.enter_context(EgressBroker(state / f"egress-{os.getpid()}.sock"))
+        grant = EgressGrant(destinations=destinations, byte_budget=budget.egress_bytes)
+        launcher = Launcher(journal, state_dir=state, egress=broker)
+        # With --json stdout carries only the result document; the command's output
+        # goes to stderr.
+        outcome = launcher.run(
+            budget, list(command), workspace=workspace, grant=grant,
+            stdout=sys.stderr.fileno() if ctx.as_json else None,
+        )  # fmt: skip
+    result = outcome.model_dump(mode="json", exclude={"stdout", "stderr"})
+    if ctx.as_json:
+        ctx.emit(result, "")
+    else:
+        ctx.status(f"sandbox {outcome.sandbox_id}: {outcome.how}, exit {outcome.exit_code}")
+    raise click.exceptions.Exit(outcome.exit_code)
+
+
+@sandbox_group.command("spec")
+@click.option(
+    "--budget", "budget_text", default=DEFAULT_BUDGET, show_default=True, metavar="VECTOR"
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["bwrap", "oci", "json"]),
+    default="json",
+    show_default=True,
+)
+@click.option(
+    "--workspace",
+    default="/path/to/workspace",
+    show_default=True,
+    help="Host workspace path to render (nothing is created).",
+)
+@click.option(
+    "--cgroup", "cgroup", type=click.Choice(["v1", "v2"]), default="v1", show_default=True
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def spec_cmd(
+    ctx: Ctx, budget_text: str, fmt: str, workspace: str, cgroup: str, command: tuple[str, ...]
+) -> None:  # fmt: skip
+    """Print the compiled spec or its rendering, without running anything."""
+    from charter.sandbox.render import (
+        BwrapFds,
+        render_bwrap,
+        render_cgroup,
+        render_oci,
+        render_seccomp,
+    )
+    from charter.sandbox.spec import FIRST_SANDBOX_UID, CgroupMode, HostFacts, compile_spec
+
+    facts = HostFacts(
+        sandbox_id="spec", host_uid=FIRST_SANDBOX_UID, host_gid=FIRST_SANDBOX_UID,
+        workspace=workspace, cgroup_mode=CgroupMode(cgroup), host_cpus=os.cpu_count() or 1,
+    )  # fmt: skip
+    spec = compile_spec(Budget.parse(budget_text), facts)
+    argv = list(command) or ["/bin/sh"]
+    if fmt == "bwrap":
+        # Placeholder fd numbers: the launcher passes the BPF program and files as fds.
+        rendered = render_bwrap(spec, argv, BwrapFds(3, tuple(range(4, 4 + len(spec.files)))))
+        ctx.emit(rendered, shlex.join(rendered))
+    elif fmt == "oci":
+        config = render_oci(spec, argv)
+        ctx.emit(config, json.dumps(config, indent=2, sort_keys=True))
+    else:
+        data = {
+            "spec": spec.model_dump(mode="json"),
+            "cgroup": render_cgroup(spec),
+            "seccomp_bpf_bytes": len(render_seccomp(spec)),
+        }
+        ctx.emit(data, json.dumps(data, indent=2, sort_keys=True))
+
 
 def register(group: click.Group) -> None:
-    """Add this module's commands to the root group (none yet)."""
-    del group
+    """Add the ``sandbox`` group to the root group."""
+    group.add_command(sandbox_group)

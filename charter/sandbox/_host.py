@@ -34,7 +34,7 @@ def default_state_dir() -> Path:
 
 
 def find_bwrap() -> str:
-    path = shutil.which("bwrap")
+    path = os.environ.get("CHARTER_BWRAP") or shutil.which("bwrap")
     if path is None:
         raise SandboxUnavailableError(
             "bubblewrap is not installed: run scripts/setup (apt-get install bubblewrap)"

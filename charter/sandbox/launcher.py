@@ -33,6 +33,7 @@ from charter.sandbox.events import (
     SandboxStarted,
     SandboxUsage,
 )
+from charter.sandbox.keys import KeyBroker
 from charter.sandbox.spec import HostFacts, SandboxSpec, compile_spec
 
 __all__ = ["EventSink", "Launcher", "MemorySink", "Outcome", "leased_event", "new_sandbox_id"]
@@ -107,10 +108,12 @@ class Launcher:
         *,
         state_dir: Path | None = None,
         egress: EgressBroker | None = None,
+        keys: KeyBroker | None = None,
         bwrap: str | None = None,
         host_cpus: int | None = None,
     ) -> None:
         self.sink = sink
+        self.keys = keys
         self.state_dir = state_dir or default_state_dir()
         self.egress = egress
         self.bwrap = bwrap or find_bwrap()
@@ -152,6 +155,7 @@ class Launcher:
                         host_gid=uid.uid,
                         workspace=str(ws.resolve()),
                         egress_socket=str(self.egress.path) if self.egress else None,
+                        key_socket=str(self.keys.path) if self.keys and self.keys.path else None,
                         cgroup_mode=self.mode,
                         host_cpus=self.host_cpus,
                     ),

@@ -1,0 +1,72 @@
+# ruff: noqa: E501  (the canary is a program in a string; its lines are kept whole)
+"""The canary program run inside the probe's sandbox (by the host's /usr/bin/python3).
+
+It tries what a sandbox must not be able to do and prints one JSON object of findings.
+argv: host_port, canary_env_name, host_sid, pids_max, memory_bytes, then name=inode pairs
+of the host's namespaces.
+"""
+
+CANARY = r"""
+import ctypes, errno, json, os, socket, subprocess, sys
+port, env_name, host_sid, pids_max, memory = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+host_ns = dict(a.split("=", 1) for a in sys.argv[6:])
+out = {}
+def attempt(fn):
+    try:
+        fn()
+        return "allowed"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+def write(path):
+    with open(path, "w") as f:
+        f.write("x")
+out["uid"] = os.getuid()
+out["write"] = {p: attempt(lambda p=p: write(p)) for p in ("/x", "/usr/x", "/etc/x", "/dev/x", "/proc/x", "/workspace/canary", "/tmp/x", "/dev/shm/x")}
+vfs = os.statvfs("/tmp"); out["tmp_bytes"] = vfs.f_blocks * vfs.f_frsize
+vfs = os.statvfs("/dev/shm"); out["shm_bytes"] = vfs.f_blocks * vfs.f_frsize
+out["read_secret"] = attempt(lambda: open("/workspace/secret").read())
+out["read_public"] = attempt(lambda: open("/workspace/public").read())
+out["env"] = sorted(os.environ)
+out["env_canary"] = env_name in os.environ
+out["home_visible"] = [p for p in ("/root", "/home", "/var", "/run/user", "/sys") if os.path.exists(p)]
+def tcp():
+    s = socket.create_connection(("127.0.0.1", int(port)), timeout=2); s.close()
+out["tcp_host_loopback"] = attempt(tcp)
+out["interfaces"] = [name for _, name in socket.if_nameindex()]
+def resolve():
+    try:
+        socket.getaddrinfo("pypi.org", 443)
+    except socket.gaierror as e:
+        raise OSError(errno.EHOSTUNREACH, str(e))
+out["resolve"] = attempt(resolve)
+libc = ctypes.CDLL(None, use_errno=True)
+def call(rc):
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), "")
+out["unshare_user"] = attempt(lambda: call(libc.unshare(0x10000000)))
+out["mount"] = attempt(lambda: call(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
+out["ptrace_traceme"] = attempt(lambda: call(libc.ptrace(0, 0, None, None)))
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+out["no_new_privs"] = status["NoNewPrivs"].strip()
+out["seccomp"] = status["Seccomp"].strip()
+out["cap_eff"] = status["CapEff"].strip()
+out["cap_bnd"] = status["CapBnd"].strip()
+out["ns_shared"] = [n for n, ino in host_ns.items() if str(os.stat(f"/proc/self/ns/{n}").st_ino) == ino]
+out["sid_differs"] = os.getsid(0) != host_sid
+kids = []
+try:
+    for _ in range(pids_max + 8):
+        pid = os.fork()
+        if pid == 0:
+            __import__("time").sleep(30)
+            os._exit(0)
+        kids.append(pid)
+    out["fork_stopped_at"] = None
+except OSError as e:
+    out["fork_stopped_at"] = len(kids)
+for pid in kids:
+    os.kill(pid, 9); os.waitpid(pid, 0)
+hog = subprocess.run(["/usr/bin/python3", "-c", f"b=[b'\\1' * {memory // 8} for _ in range(16)]"])
+out["memory_hog_rc"] = hog.returncode
+print(json.dumps(out))
+"""
