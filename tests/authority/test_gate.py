@@ -77,7 +77,8 @@ def test_default_policy_judges_from_its_inputs(q: GateQuestion, verdict: Verdict
 
 def test_negative_outweighs_unknown_and_neutral() -> None:
     q = question(6000, "tokens=0,wall=0s,cpu=0s,mem=0,egress=0", objective="x")
-    # Zero tokens: unknown, vague objective: unknown; 6000 workers of overhead exceed the ceiling: negative.
+    # Zero tokens and a vague objective: unknown; 6000 workers of overhead exceed the
+    # ceiling: negative, which wins.
     assert CostBenefitPolicy().judge(q).verdict is Verdict.NEGATIVE
 
 
