@@ -18,6 +18,7 @@ from charter.ledger.authority import (
     ParentState,
     Signer,
     Verdict,
+    decide,
     errors,
     register_root,
     verify_chain,
