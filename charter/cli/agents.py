@@ -1,12 +1,242 @@
-"""Placeholder: the `agents` commands are registered here by their issue's work."""
+"""``charter agent add|list``, ``charter spawn`` and ``charter spawn-schema``.
+
+``grant_options`` is shared with ``charter init``: it adds the ceiling-grant options
+and hands the command one parsed :class:`~charter.ledger.authority.Ceiling` as
+``ceiling``.
+"""
 
 from __future__ import annotations
 
-import click
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
-__all__ = ["register"]
+import click
+from pydantic import ValidationError
+
+from charter.cli._common import EXIT_REFUSED, Ctx
+from charter.ledger.authority import (
+    AgentRecord,
+    AuthorityService,
+    Ceiling,
+    Clearance,
+    Lineage,
+    PermissionMode,
+    RequestedGrant,
+    SpawnIntent,
+    register_root,
+    spawn_tool_definition,
+)
+from charter.ledger.authority.errors import AuthorityRefusedError
+from charter.ledger.budget import Budget
+from charter.ledger.errors import BadInputError, CharterError
+from charter.ledger.home import KeyStore, charter_home
+from charter.ledger.journal import Journal
+
+__all__ = ["register", "grant_options", "DEFAULT_CEILING_BUDGET"]
+
+DEFAULT_CEILING_BUDGET = "tokens=10M,wall=8h,cpu=8h,mem=16GiB,egress=10GB"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _names(value: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in value.split(",") if part.strip())
+
+
+def grant_options(command: F) -> F:
+    """Add --budget/--clearance/--mode/--depth/--fanout/--tools/--egress/--secrets/--ttl
+    and pass the command a validated ``ceiling: Ceiling`` instead of them."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        raw = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("grant_")}
+        try:
+            ceiling = Ceiling(
+                budget=Budget.parse(raw["grant_budget"]),
+                clearance=Clearance(raw["grant_clearance"]),
+                mode=PermissionMode(raw["grant_mode"]),
+                depth=raw["grant_depth"],
+                fanout=raw["grant_fanout"],
+                tools=_names(raw["grant_tools"]),
+                egress=_names(raw["grant_egress"]),
+                secrets=_names(raw["grant_secrets"]),
+                ttl_s=raw["grant_ttl"],
+            )
+        except (ValidationError, CharterError) as e:
+            raise click.BadParameter(str(e)) from e
+        return command(*args, ceiling=ceiling, **kwargs)
+
+    options = [
+        click.option(
+            "--budget",
+            "grant_budget",
+            default=DEFAULT_CEILING_BUDGET,
+            show_default=True,
+            metavar="VECTOR",
+            help="Budget ceiling: tokens=…,wall=…,cpu=…,mem=…,egress=… (all five axes).",
+        ),
+        click.option(
+            "--clearance",
+            "grant_clearance",
+            type=click.Choice([c.value for c in Clearance]),
+            default=Clearance.INTERNAL.value,
+            show_default=True,
+            help="Highest data clearance (ordered, lowest first).",
+        ),
+        click.option(
+            "--mode",
+            "grant_mode",
+            type=click.Choice([m.value for m in PermissionMode]),
+            default=PermissionMode.DEFAULT.value,
+            show_default=True,
+            help="Permission mode (ordered, least permissive first).",
+        ),
+        click.option(
+            "--depth",
+            "grant_depth",
+            type=click.IntRange(0, 32),
+            default=3,
+            show_default=True,
+            help="Levels of spawning below this agent.",
+        ),
+        click.option(
+            "--fanout",
+            "grant_fanout",
+            type=click.IntRange(0, 1_000_000),
+            default=1000,
+            show_default=True,
+            help="Children this agent may spawn in all.",
+        ),
+        click.option("--tools", "grant_tools", default="", metavar="A,B", help="Tool names."),
+        click.option(
+            "--egress",
+            "grant_egress",
+            default="",
+            metavar="HOST,…",
+            help="Egress destinations: exact hosts or *.domain patterns.",
+        ),
+        click.option("--secrets", "grant_secrets", default="", metavar="A,B", help="Secret names."),
+        click.option(
+            "--ttl",
+            "grant_ttl",
+            type=click.IntRange(1),
+            default=365 * 86_400,
+            show_default=True,
+            metavar="SECONDS",
+            help="Seconds until the ceiling grant expires.",
+        ),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper  # type: ignore[return-value]
+
+
+def _describe(record: AgentRecord) -> str:
+    return f"{record.lineage}  trust root {record.trust_root.hex()}"
+
+
+@click.group("agent")
+def agent_group() -> None:
+    """The directory of durable agents."""
+
+
+@agent_group.command("add")
+@click.argument("name")
+@grant_options
+@click.pass_obj
+def agent_add(ctx: Ctx, name: str, ceiling: Ceiling) -> None:
+    """Register durable agent NAME: a custody key in the Charter home, a directory entry
+    with its trust root, and its ceiling grant, journaled together."""
+    with Journal.open(ctx.db) as journal:
+        record = register_root(journal, KeyStore(charter_home()), name, ceiling)
+    ctx.status(f"registered {record.lineage}")
+    ctx.emit(record.to_json(), _describe(record))
+
+
+@agent_group.command("list")
+@click.pass_obj
+def agent_list(ctx: Ctx) -> None:
+    """List the durable agents in the directory."""
+    with Journal.open(ctx.db) as journal:
+        records = AuthorityService(journal).agents()
+    ctx.emit(
+        [r.to_json() for r in records],
+        "\n".join(_describe(r) for r in records) if records else "(no agents)",
+    )
+
+
+def _read_grant(value: str | None) -> RequestedGrant:
+    if value is None:
+        return RequestedGrant()
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise click.BadParameter(f"cannot read {value[1:]}: {e}") from e
+    try:
+        return RequestedGrant.model_validate_json(text)
+    except ValidationError as e:
+        raise click.BadParameter(f"not a requested grant: {e}") from e
+
+
+@click.command("spawn")
+@click.option("--parent", required=True, metavar="LINEAGE", help="A durable agent: agent:NAME.")
+@click.option("--width", required=True, type=click.IntRange(1), help="Workers to start.")
+@click.option("--objective", required=True, help="What the workers are for.")
+@click.option("--est-cost", "est_cost", required=True, metavar="VECTOR", help="Total estimate.")
+@click.option("--grant", "grant", metavar="JSON|@FILE", help="Requested grant per worker.")
+@click.pass_obj
+def spawn(
+    ctx: Ctx, parent: str, width: int, objective: str, est_cost: str, grant: str | None
+) -> None:
+    """Fan out WIDTH workers under a durable agent; print the minted lineages.
+
+    Exit 4 with the journaled reason when refused.
+    """
+    lineage = Lineage(parent)
+    if not lineage.is_root:
+        raise BadInputError(
+            f"{lineage} is a worker: workers spawn through their key broker, not the CLI; "
+            "give a durable agent (agent:NAME)"
+        )
+    try:
+        intent = SpawnIntent(
+            width=width,
+            objective=objective,
+            grant=_read_grant(grant),
+            estimated_cost=Budget.parse(est_cost),
+        )
+    except ValidationError as e:
+        raise click.BadParameter(str(e)) from e
+    with Journal.open(ctx.db) as journal:
+        service = AuthorityService(journal, keystore=KeyStore(charter_home()))
+        try:
+            result = service.spawn(service.durable_caller(lineage.root_name), intent)
+        except AuthorityRefusedError as e:
+            ctx.emit(
+                {"refused": True, "reason": e.reason, "error": type(e).__name__, "message": str(e)},
+                lambda: None,
+            )
+            click.echo(f"charter: refused ({e.reason}): {e}", err=True)
+            raise click.exceptions.Exit(EXIT_REFUSED) from e
+    ctx.status(
+        f"gate {result.gate.verdict}: {result.gate.reason}; minted {len(result.children)} "
+        f"at positions {result.positions[0]}-{result.positions[1]}"
+    )
+    ctx.emit(result.to_json(), "\n".join(str(c.lineage) for c in result.children))
+
+
+@click.command("spawn-schema")
+def spawn_schema() -> None:
+    """Print the JSON Schema of the spawn intent, as a model tool definition."""
+    click.echo(json.dumps(spawn_tool_definition(), indent=2, sort_keys=True))
 
 
 def register(group: click.Group) -> None:
-    """Add this module's commands to the root group (none yet)."""
-    del group
+    """Add ``agent add|list``, ``spawn`` and ``spawn-schema`` to the root group."""
+    group.add_command(agent_group)
+    group.add_command(spawn)
+    group.add_command(spawn_schema)
