@@ -134,7 +134,7 @@ class SandboxProcess:
     def _child_setup(self, overlay: Overlay | None) -> Callable[[], None]:
         spec, join = self.spec, tuple(self.cgroup.join_fds)
         limits = (
-            (resource.RLIMIT_NPROC, spec.nproc),  # a second fork-bomb guard on the unique uid
+            (resource.RLIMIT_NPROC, spec.nproc),  # a backstop to pids.max on the unique uid
             (resource.RLIMIT_NOFILE, spec.nofile),
             (resource.RLIMIT_CORE, 0),  # no core dumps of sandbox memory onto the host
         )

@@ -223,7 +223,9 @@ def compile_spec(budget: Budget, host: HostFacts) -> SandboxSpec:
         cpu_ms=budget.cpu_ms,
         egress_bytes=budget.egress_bytes,
         nofile=NOFILE,
-        nproc=pids,
+        # A backstop only: RLIMIT_NPROC is counted per user namespace level (bwrap nests
+        # two), so set equal to pids.max it trips early and hides the cgroup cap.
+        nproc=pids * 4 + 16,
         cgroup_mode=host.cgroup_mode,
         cgroup_name=f"charter-sbx-{host.sandbox_id}",
         arch=host.arch,

@@ -1,0 +1,269 @@
+"""Attacks on a real sandbox, each beside a positive control that shows the test can pass.
+
+Every test here runs real bubblewrap with the launcher's caps; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from charter.ledger.budget import Budget
+from charter.sandbox import Launcher, MemorySink, Outcome, SandboxLeased, SandboxStarted
+
+from ._support import on_host, out, sandboxed
+
+pytestmark = pytest.mark.sandbox
+
+B = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=128MiB,egress=0MB")
+
+WRITE = """
+import sys
+for path in sys.argv[1:]:
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        print(path, "written")
+    except OSError as e:
+        print(path, type(e).__name__, e.errno)
+"""
+
+
+def _results(text: str) -> dict[str, str]:
+    return {line.split()[0]: " ".join(line.split()[1:]) for line in text.splitlines()}
+
+
+def test_writes_outside_the_workspace_fail(launcher: Launcher) -> None:
+    o = sandboxed(launcher, B, WRITE, "/x", "/usr/x", "/etc/x", "/dev/x", "/dev/null.x",
+                  "/workspace/ok", "/tmp/ok", "/dev/shm/ok")  # fmt: skip
+    r = _results(out(o))
+    for path in ("/x", "/usr/x", "/etc/x", "/dev/x", "/dev/null.x"):
+        assert r[path].startswith("OSError 30"), (path, r[path])  # EROFS
+    # Positive control: the workspace and the two capped tmpfs mounts are writable.
+    assert r["/workspace/ok"] == r["/tmp/ok"] == r["/dev/shm/ok"] == "written"
+
+
+def test_tmp_is_capped_at_its_size(launcher: Launcher) -> None:
+    fill = """
+import errno, os, sys
+limit = int(sys.argv[1]); n = 0
+try:
+    with open("/tmp/fill", "wb") as f:
+        while n < 2 * limit:
+            f.write(b"x" * 65536); f.flush(); n += 65536
+    print("no-limit", n)
+except OSError as e:
+    print(errno.errorcode[e.errno], n)
+"""
+    tmp_bytes = 32 * 1024**2  # compile_spec: mem/4 for a 128 MiB budget
+    o = sandboxed(launcher, B, fill, str(tmp_bytes))
+    code, written = out(o).split()
+    assert code == "ENOSPC" and int(written) <= tmp_bytes
+    # Control: under the cap the same write succeeds.
+    o = sandboxed(launcher, B, fill.replace("2 * limit", "limit // 2"), str(tmp_bytes))
+    assert out(o).split()[0] == "no-limit"
+
+
+def test_root_only_host_file_is_unreadable(launcher: Launcher, scratch: Path) -> None:
+    (scratch / "secret").write_text("root only\n")
+    (scratch / "secret").chmod(0o600)
+    (scratch / "public").write_text("anyone\n")
+    (scratch / "public").chmod(0o644)
+    read = "import sys\nfor p in sys.argv[1:]:\n    try: print(p, open(p).read().strip())\n    except OSError as e: print(p, e.errno)"  # fmt: skip
+    o = sandboxed(launcher, B, read, "/workspace/secret", "/workspace/public", workspace=scratch)
+    r = _results(out(o))
+    assert r["/workspace/secret"] == "13"  # EACCES: the sandbox is not host root
+    assert r["/workspace/public"] == "anyone"  # control: same bind, a readable file
+    assert on_host(read, str(scratch / "secret")).stdout.split()[1:] == ["root", "only"]
+
+
+def test_host_environment_and_home_are_invisible(launcher: Launcher) -> None:
+    os.environ["CHARTER_TEST_SECRET"] = "hunter2"
+    try:
+        probe = "import os, json; print(json.dumps([sorted(os.environ), [p for p in ('/root', '/home', '/var', '/sys') if os.path.exists(p)]]))"  # fmt: skip
+        o = sandboxed(launcher, B, probe)
+        control = on_host(probe)
+    finally:
+        del os.environ["CHARTER_TEST_SECRET"]
+    env, visible = __import__("json").loads(out(o))
+    assert "CHARTER_TEST_SECRET" not in env and set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "PWD"}  # fmt: skip
+    assert visible == []
+    # Control: the same program on the host sees both.
+    host_env, host_visible = __import__("json").loads(control.stdout)
+    assert "CHARTER_TEST_SECRET" in host_env and "/root" in host_visible
+
+
+def test_host_loopback_listener_is_unreachable(launcher: Launcher) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = str(server.getsockname()[1])
+        connect = "import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3); print('connected')\nexcept OSError as e: print(type(e).__name__)"  # fmt: skip
+        o = sandboxed(launcher, B, connect, port)
+        assert out(o).strip() in ("ConnectionRefusedError", "OSError")
+        assert on_host(connect, port).stdout.strip() == "connected"  # control
+
+
+def test_names_do_not_resolve(launcher: Launcher) -> None:
+    resolve = "import socket, sys\ntry:\n    socket.getaddrinfo(sys.argv[1], 443); print('resolved')\nexcept OSError as e: print('failed')"  # fmt: skip
+    assert out(sandboxed(launcher, B, resolve, "pypi.org")).strip() == "failed"
+    # Control: the resolver itself works inside (the made-up /etc/hosts name resolves).
+    assert out(sandboxed(launcher, B, resolve, "localhost")).strip() == "resolved"
+
+
+NS_AND_MOUNT = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+what = sys.argv[1]
+if what == "userns":
+    rc = libc.unshare(0x10000000)
+elif what == "mount":
+    rc = libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)
+print(rc, ctypes.get_errno())
+"""
+
+
+@pytest.mark.parametrize("what", ["userns", "mount"])
+def test_no_user_namespace_and_no_mount(launcher: Launcher, what: str) -> None:
+    rc, err = out(sandboxed(launcher, B, NS_AND_MOUNT, what)).split()
+    assert rc == "-1" and err == "1"  # EPERM
+    # Control: an unprivileged host process can do it (unshare first, for mount).
+    if what == "userns":
+        control = on_host(NS_AND_MOUNT, what, user=60998)
+        assert control.stdout.split()[0] == "0"
+    else:
+        r = subprocess.run(["setpriv", "--reuid=60998", "--regid=60998", "--clear-groups",
+                            "unshare", "-Urm", "mount", "-t", "tmpfs", "none", "/mnt"],
+                           capture_output=True, timeout=30, check=False)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+
+
+def test_unshare_command_is_refused(launcher: Launcher) -> None:
+    o = launcher.run(B, ["/usr/bin/unshare", "-U", "true"], capture=True)
+    assert o.exit_code != 0
+    assert launcher.run(B, ["/usr/bin/true"]).exit_code == 0  # control
+
+
+PTRACE_KILL = """
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+target = int(sys.argv[1])
+try:
+    os.kill(target, signal.SIGKILL); print("killed")
+except OSError as e:
+    print("kill", e.errno)
+child = os.fork()
+if child == 0:
+    import time; time.sleep(5); os._exit(0)
+rc = libc.ptrace(16, child, None, None)  # PTRACE_ATTACH to its own child
+print("ptrace", rc, ctypes.get_errno())
+os.kill(child, signal.SIGKILL); os.waitpid(child, 0)
+"""
+
+
+def test_no_ptrace_and_no_kill_of_host_processes(launcher: Launcher) -> None:
+    victim = subprocess.Popen(["sleep", "60"], user=60997, group=60997, extra_groups=[])
+    try:
+        text = out(sandboxed(launcher, B, PTRACE_KILL, str(victim.pid)))
+        assert "kill 3" in text  # ESRCH: the host's pids do not exist in the sandbox
+        assert "ptrace -1 1" in text  # EPERM from seccomp, even on its own child
+        assert victim.poll() is None  # still alive
+        # Control: on the host an unprivileged process may ptrace its own child...
+        assert "ptrace 0" in on_host(PTRACE_KILL.replace("os.kill(target, signal.SIGKILL)", "os.kill(target, 0)"), str(victim.pid), user=60997).stdout  # fmt: skip
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def _pids_file(sandbox_id: str, name: str) -> int:
+    """A value of the sandbox's pids cgroup, read from the kernel (0 once it is gone)."""
+    for path in Path("/sys/fs/cgroup/pids").rglob(f"charter-sbx-{sandbox_id}"):
+        try:
+            text = (path / name).read_text()
+        except OSError:
+            return 0
+        if name == "pids.events":
+            return int(text.split()[1])
+        return int(text.split()[0])
+    return 0
+
+
+def _wait_for(condition: object, timeout: float, what: str) -> None:
+    """Poll a real condition with a bounded timeout (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_fork_bomb_is_held_at_the_pids_cap(launcher: Launcher, sink: MemorySink) -> None:
+    bomb_budget = Budget.parse("tokens=0,wall=4s,cpu=4s,mem=64MiB,egress=0MB")  # pids.max 16
+    box: list[Outcome] = []
+    t = threading.Thread(target=lambda: box.append(
+        launcher.run(bomb_budget, ["/bin/sh", "-c", "b(){ b | b & }; b; exec sleep 60"],
+                     capture=True)))  # fmt: skip
+    t.start()
+    try:
+        _wait_for(lambda: any(isinstance(e, SandboxStarted) for e in sink.events), 10, "start")
+        sid = next(e.sandbox_id for e in sink.events if isinstance(e, SandboxLeased))
+        _wait_for(lambda: _pids_file(sid, "pids.events") > 0, 10, "the bomb to hit the cap")
+        # Held at the cap (pids.max 16 counts bwrap's two processes) ...
+        assert _pids_file(sid, "pids.max") == 16
+        assert _pids_file(sid, "pids.current") <= 16
+        # ... while the host still runs programs promptly.
+        start = time.monotonic()
+        subprocess.run(["/bin/true"], check=True, timeout=5)
+        assert time.monotonic() - start < 1.0
+        assert _pids_file(sid, "pids.current") <= 16
+    finally:
+        t.join(timeout=30)
+    outcome = box[0]
+    assert outcome.exit_code == 124 and outcome.usage.pids_limit_hits > 0
+    # Control: a few processes under the cap are fine.
+    ok = launcher.run(bomb_budget, ["/bin/sh", "-c", "for i in 1 2 3 4; do /bin/true & done; wait"])
+    assert ok.exit_code == 0 and ok.usage.pids_limit_hits == 0
+
+
+HOG = "import sys\nchunks = []\nfor _ in range(int(sys.argv[1])):\n    chunks.append(b'\\1' * (8 * 1024 * 1024))\nprint('survived', len(chunks))"  # fmt: skip
+
+
+def test_memory_hog_is_killed_at_its_cap(launcher: Launcher) -> None:
+    small = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=0MB")
+    o = sandboxed(launcher, small, HOG, "32")  # 256 MiB under a 64 MiB cap
+    assert o.exit_code == 137 and o.usage.oom_kills >= 1
+    assert o.usage.memory_peak_bytes <= 64 * 1024**2
+    ok = sandboxed(launcher, small, HOG, "3")  # control: 24 MiB fits
+    assert ok.exit_code == 0 and "survived 3" in out(ok)
+
+
+BUSY = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: pass"
+
+
+def test_cpu_hog_is_held_to_its_quota(launcher: Launcher) -> None:
+    slow = Budget.parse("tokens=0,wall=10s,cpu=1s,mem=64MiB,egress=0MB")  # 0.1 core
+    o = sandboxed(launcher, slow, BUSY)
+    assert o.exit_code == 0
+    assert o.usage.cpu_ms <= 0.1 * o.usage.wall_ms + 150  # held to 10 % of a core
+    fast = Budget.parse("tokens=0,wall=10s,cpu=10s,mem=64MiB,egress=0MB")  # 1 core
+    ok = sandboxed(launcher, fast, BUSY)
+    assert ok.usage.cpu_ms >= 0.3 * ok.usage.wall_ms  # control: the same loop burns CPU
+
+
+def test_wall_clock_kills_with_124(launcher: Launcher) -> None:
+    short = Budget.parse("tokens=0,wall=1s,cpu=1s,mem=64MiB,egress=0MB")
+    t = time.monotonic()
+    o = launcher.run(short, ["/bin/sleep", "60"])
+    assert o.exit_code == 124 and o.how == "wall_clock"
+    assert time.monotonic() - t < 10
+    assert launcher.run(short, ["/bin/sleep", "0.1"]).exit_code == 0  # control
+
+
+def test_exit_codes_and_signals_pass_through(launcher: Launcher) -> None:
+    assert launcher.run(B, ["/bin/sh", "-c", "exit 7"]).exit_code == 7
+    o = launcher.run(B, ["/bin/sh", "-c", "kill -TERM $$"])
+    assert o.exit_code == 128 + 15 and o.how == "signalled"

@@ -1,0 +1,123 @@
+"""Golden renderings (argv, cgroup files, OCI config, seccomp BPF) and their invariants.
+
+Regenerate the golden files after an intended change with CHARTER_UPDATE_GOLDEN=1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from charter.ledger.budget import Budget
+from charter.sandbox import (
+    BwrapFds,
+    CgroupMode,
+    HostFacts,
+    compile_spec,
+    render_bwrap,
+    render_cgroup,
+    render_oci,
+    render_seccomp,
+)
+from charter.sandbox._seccomp import DENIED_SYSCALLS, syscall_numbers
+
+GOLDEN = Path(__file__).with_name("golden")
+BUDGET = Budget.parse("tokens=200k,wall=10m,cpu=60s,mem=512MiB,egress=20MB")
+FACTS = HostFacts(
+    sandbox_id="golden",
+    host_uid=60001,
+    host_gid=60001,
+    workspace="/srv/ws",
+    egress_socket="/run/charter-sandbox/egress.sock",
+    host_cpus=2,
+)
+SPEC = compile_spec(BUDGET, FACTS)
+FDS = BwrapFds(3, (4, 5, 6))
+
+
+def _golden(name: str, value: Any) -> None:
+    path = GOLDEN / name
+    text = json.dumps(value, indent=1, sort_keys=True) + "\n"
+    if os.environ.get("CHARTER_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert json.loads(path.read_text()) == json.loads(text), f"{name} differs from its golden file"
+
+
+def test_bwrap_golden() -> None:
+    _golden("bwrap.json", render_bwrap(SPEC, ["/bin/sh", "-c", "echo hi"], FDS))
+
+
+def test_cgroup_golden() -> None:
+    _golden("cgroup_v1.json", render_cgroup(SPEC, CgroupMode.V1))
+    _golden("cgroup_v2.json", render_cgroup(SPEC, CgroupMode.V2))
+
+
+def test_oci_golden() -> None:
+    _golden("oci.json", render_oci(SPEC, ["/bin/sh"]))
+
+
+def test_seccomp_golden() -> None:
+    bpf = render_seccomp(SPEC)
+    _golden("seccomp.json", {"instructions": len(bpf) // 8, "sha256": hashlib.sha256(bpf).hexdigest()})  # fmt: skip
+
+
+def test_bwrap_invariants() -> None:
+    argv = render_bwrap(SPEC, ["cmd"], FDS)
+    head = argv[: argv.index("--")]
+    for flag in ("--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net",
+                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup", "--clearenv",
+                 "--die-with-parent", "--new-session"):  # fmt: skip
+        assert flag in head
+    assert head[head.index("--cap-drop") + 1] == "ALL"
+    # Exactly one writable host bind: the workspace.
+    binds = [head[i + 1 : i + 3] for i, a in enumerate(head) if a == "--bind"]
+    assert binds == [["/srv/ws", "/workspace"]]
+    # bwrap applies options in order: the root is made read-only after every mount.
+    last_mount = max(i for i, a in enumerate(head) if a in ("--bind", "--ro-bind", "--tmpfs", "--ro-bind-data"))  # fmt: skip
+    assert head.index("--remount-ro") < last_mount  # /dev, right after /dev/shm
+    assert len(head) - 1 - head[::-1].index("--remount-ro") > last_mount  # then /
+    assert head[head.index("--seccomp") + 1] == "3"
+    # Every tmpfs is size-capped.
+    for i, a in enumerate(head):
+        if a == "--tmpfs":
+            assert head[i - 2] == "--size"
+
+
+def test_oci_invariants() -> None:
+    config = render_oci(SPEC, ["cmd"])
+    linux = config["linux"]
+    assert {n["type"] for n in linux["namespaces"]} == {"user", "mount", "pid", "network", "ipc", "uts", "cgroup"}  # fmt: skip
+    assert linux["uidMappings"] == [{"containerID": 1000, "hostID": 60001, "size": 1}]
+    assert config["root"]["readonly"] is True
+    assert config["process"]["noNewPrivileges"] is True
+    assert all(v == [] for v in config["process"]["capabilities"].values())
+    assert "/dev" in linux["readonlyPaths"]
+    rw = [m for m in config["mounts"] if m["type"] == "bind" and "rw" in m.get("options", [])]
+    assert [m["destination"] for m in rw] == ["/workspace"]
+    assert config["process"]["env"] == [f"{k}={v}" for k, v in SPEC.env]
+
+
+def test_seccomp_program_shape() -> None:
+    """Decode the BPF: arch check first, then every denied number answers EPERM."""
+    bpf = render_seccomp(SPEC)
+    insns = [struct.unpack("<HBBI", bpf[i : i + 8]) for i in range(0, len(bpf), 8)]
+    assert insns[0] == (0x20, 0, 0, 4)  # load arch
+    assert insns[1][3] == 0xC000003E  # x86_64, else kill
+    assert insns[-1] == (0x06, 0, 0, 0x80000000)  # kill process
+    table = syscall_numbers("x86_64")
+    checked = {k for code, _, _, k in insns if code == 0x15}
+    assert {table[n] for n in DENIED_SYSCALLS} <= checked
+    assert (0x06, 0, 0, 0x00050000 | 1) in insns  # ERRNO(EPERM)
+
+
+@pytest.mark.parametrize("mode", list(CgroupMode))
+def test_cgroup_values_match_spec(mode: CgroupMode) -> None:
+    files = render_cgroup(SPEC, mode)
+    assert str(SPEC.pids_max) in files.values()
+    assert str(SPEC.memory_bytes) in files.values()
