@@ -13,16 +13,26 @@ PY = "/usr/bin/python3"  # Debian's, visible inside through the read-only /usr
 
 
 def sandboxed(launcher: Launcher, budget: Budget, code: str, *args: str, **kw: Any) -> Outcome:
-    return launcher.run(budget, [PY, "-I", "-c", code, *args], capture=True,
-                        stdin=subprocess.DEVNULL, **kw)  # fmt: skip
+    return launcher.run(
+        budget, [PY, "-I", "-c", code, *args], capture=True, stdin=subprocess.DEVNULL, **kw
+    )
 
 
-def on_host(code: str, *args: str, user: int | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def on_host(
+    code: str, *args: str, user: int | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """The same program outside any sandbox: the positive control."""
     return subprocess.run(
-        [PY, "-I", "-c", code, *args], capture_output=True, text=True, timeout=30,
-        user=user, group=user, extra_groups=[] if user is not None else None, cwd=cwd,
-    )  # fmt: skip
+        [PY, "-I", "-c", code, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        user=user,
+        group=user,
+        extra_groups=[] if user is not None else None,
+        cwd=cwd,
+    )
 
 
 def out(outcome: Outcome) -> str:

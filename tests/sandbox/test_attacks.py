@@ -40,8 +40,19 @@ def _results(text: str) -> dict[str, str]:
 
 
 def test_writes_outside_the_workspace_fail(launcher: Launcher) -> None:
-    o = sandboxed(launcher, B, WRITE, "/x", "/usr/x", "/etc/x", "/dev/x", "/dev/null.x",
-                  "/workspace/ok", "/tmp/ok", "/dev/shm/ok")  # fmt: skip
+    o = sandboxed(
+        launcher,
+        B,
+        WRITE,
+        "/x",
+        "/usr/x",
+        "/etc/x",
+        "/dev/x",
+        "/dev/null.x",
+        "/workspace/ok",
+        "/tmp/ok",
+        "/dev/shm/ok",
+    )
     r = _results(out(o))
     for path in ("/x", "/usr/x", "/etc/x", "/dev/x", "/dev/null.x"):
         assert r[path].startswith("OSError 30"), (path, r[path])  # EROFS
@@ -64,7 +75,8 @@ except OSError as e:
     tmp_bytes = 32 * 1024**2  # compile_spec: mem/4 for a 128 MiB budget
     o = sandboxed(launcher, B, fill, str(tmp_bytes))
     code, written = out(o).split()
-    assert code == "ENOSPC" and int(written) <= tmp_bytes
+    assert code == "ENOSPC"
+    assert int(written) <= tmp_bytes
     # Control: under the cap the same write succeeds.
     o = sandboxed(launcher, B, fill.replace("2 * limit", "limit // 2"), str(tmp_bytes))
     assert out(o).split()[0] == "no-limit"
@@ -75,7 +87,14 @@ def test_root_only_host_file_is_unreadable(launcher: Launcher, scratch: Path) ->
     (scratch / "secret").chmod(0o600)
     (scratch / "public").write_text("anyone\n")
     (scratch / "public").chmod(0o644)
-    read = "import sys\nfor p in sys.argv[1:]:\n    try: print(p, open(p).read().strip())\n    except OSError as e: print(p, e.errno)"  # fmt: skip
+    read = """
+import sys
+for p in sys.argv[1:]:
+    try:
+        print(p, open(p).read().strip())
+    except OSError as e:
+        print(p, e.errno)
+"""
     o = sandboxed(launcher, B, read, "/workspace/secret", "/workspace/public", workspace=scratch)
     r = _results(out(o))
     assert r["/workspace/secret"] == "13"  # EACCES: the sandbox is not host root
@@ -86,30 +105,50 @@ def test_root_only_host_file_is_unreadable(launcher: Launcher, scratch: Path) ->
 def test_host_environment_and_home_are_invisible(launcher: Launcher) -> None:
     os.environ["CHARTER_TEST_SECRET"] = "hunter2"
     try:
-        probe = "import os, json; print(json.dumps([sorted(os.environ), [p for p in ('/root', '/home', '/var', '/sys') if os.path.exists(p)]]))"  # fmt: skip
+        probe = """
+import os, json
+seen = [p for p in ("/root", "/home", "/var", "/sys") if os.path.exists(p)]
+print(json.dumps([sorted(os.environ), seen]))
+"""
         o = sandboxed(launcher, B, probe)
         control = on_host(probe)
     finally:
         del os.environ["CHARTER_TEST_SECRET"]
     env, visible = __import__("json").loads(out(o))
-    assert "CHARTER_TEST_SECRET" not in env and set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "PWD"}  # fmt: skip
+    assert "CHARTER_TEST_SECRET" not in env
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "PWD"}
     assert visible == []
     # Control: the same program on the host sees both.
     host_env, host_visible = __import__("json").loads(control.stdout)
-    assert "CHARTER_TEST_SECRET" in host_env and "/root" in host_visible
+    assert "CHARTER_TEST_SECRET" in host_env
+    assert "/root" in host_visible
 
 
 def test_host_loopback_listener_is_unreachable(launcher: Launcher) -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = str(server.getsockname()[1])
-        connect = "import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3); print('connected')\nexcept OSError as e: print(type(e).__name__)"  # fmt: skip
+        connect = """
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3)
+    print("connected")
+except OSError as e:
+    print(type(e).__name__)
+"""
         o = sandboxed(launcher, B, connect, port)
         assert out(o).strip() in ("ConnectionRefusedError", "OSError")
         assert on_host(connect, port).stdout.strip() == "connected"  # control
 
 
 def test_names_do_not_resolve(launcher: Launcher) -> None:
-    resolve = "import socket, sys\ntry:\n    socket.getaddrinfo(sys.argv[1], 443); print('resolved')\nexcept OSError as e: print('failed')"  # fmt: skip
+    resolve = """
+import socket, sys
+try:
+    socket.getaddrinfo(sys.argv[1], 443)
+    print("resolved")
+except OSError:
+    print("failed")
+"""
     assert out(sandboxed(launcher, B, resolve, "pypi.org")).strip() == "failed"
     # Control: the resolver itself works inside (the made-up /etc/hosts name resolves).
     assert out(sandboxed(launcher, B, resolve, "localhost")).strip() == "resolved"
@@ -130,15 +169,31 @@ print(rc, ctypes.get_errno())
 @pytest.mark.parametrize("what", ["userns", "mount"])
 def test_no_user_namespace_and_no_mount(launcher: Launcher, what: str) -> None:
     rc, err = out(sandboxed(launcher, B, NS_AND_MOUNT, what)).split()
-    assert rc == "-1" and err == "1"  # EPERM
+    assert rc == "-1"
+    assert err == "1"
     # Control: an unprivileged host process can do it (unshare first, for mount).
     if what == "userns":
         control = on_host(NS_AND_MOUNT, what, user=60998)
         assert control.stdout.split()[0] == "0"
     else:
-        r = subprocess.run(["setpriv", "--reuid=60998", "--regid=60998", "--clear-groups",
-                            "unshare", "-Urm", "mount", "-t", "tmpfs", "none", "/mnt"],
-                           capture_output=True, timeout=30, check=False)  # fmt: skip
+        r = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=60998",
+                "--regid=60998",
+                "--clear-groups",
+                "unshare",
+                "-Urm",
+                "mount",
+                "-t",
+                "tmpfs",
+                "none",
+                "/mnt",
+            ],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
         assert r.returncode == 0, r.stderr
 
 
@@ -173,7 +228,14 @@ def test_no_ptrace_and_no_kill_of_host_processes(launcher: Launcher) -> None:
         assert "ptrace -1 1" in text  # EPERM from seccomp, even on its own child
         assert victim.poll() is None  # still alive
         # Control: on the host an unprivileged process may ptrace its own child...
-        assert "ptrace 0" in on_host(PTRACE_KILL.replace("os.kill(target, signal.SIGKILL)", "os.kill(target, 0)"), str(victim.pid), user=60997).stdout  # fmt: skip
+        assert (
+            "ptrace 0"
+            in on_host(
+                PTRACE_KILL.replace("os.kill(target, signal.SIGKILL)", "os.kill(target, 0)"),
+                str(victim.pid),
+                user=60997,
+            ).stdout
+        )
     finally:
         victim.kill()
         victim.wait()
@@ -204,9 +266,13 @@ def _wait_for(condition: object, timeout: float, what: str) -> None:
 def test_fork_bomb_is_held_at_the_pids_cap(launcher: Launcher, sink: MemorySink) -> None:
     bomb_budget = Budget.parse("tokens=0,wall=4s,cpu=4s,mem=64MiB,egress=0MB")  # pids.max 16
     box: list[Outcome] = []
-    t = threading.Thread(target=lambda: box.append(
-        launcher.run(bomb_budget, ["/bin/sh", "-c", "b(){ b | b & }; b; exec sleep 60"],
-                     capture=True)))  # fmt: skip
+    t = threading.Thread(
+        target=lambda: box.append(
+            launcher.run(
+                bomb_budget, ["/bin/sh", "-c", "b(){ b | b & }; b; exec sleep 60"], capture=True
+            )
+        )
+    )
     t.start()
     try:
         _wait_for(lambda: any(isinstance(e, SandboxStarted) for e in sink.events), 10, "start")
@@ -223,22 +289,32 @@ def test_fork_bomb_is_held_at_the_pids_cap(launcher: Launcher, sink: MemorySink)
     finally:
         t.join(timeout=30)
     outcome = box[0]
-    assert outcome.exit_code == 124 and outcome.usage.pids_limit_hits > 0
+    assert outcome.exit_code == 124
+    assert outcome.usage.pids_limit_hits > 0
     # Control: a few processes under the cap are fine.
     ok = launcher.run(bomb_budget, ["/bin/sh", "-c", "for i in 1 2 3 4; do /bin/true & done; wait"])
-    assert ok.exit_code == 0 and ok.usage.pids_limit_hits == 0
+    assert ok.exit_code == 0
+    assert ok.usage.pids_limit_hits == 0
 
 
-HOG = "import sys\nchunks = []\nfor _ in range(int(sys.argv[1])):\n    chunks.append(b'\\1' * (8 * 1024 * 1024))\nprint('survived', len(chunks))"  # fmt: skip
+HOG = """
+import sys
+chunks = []
+for _ in range(int(sys.argv[1])):
+    chunks.append(b"\\1" * (8 * 1024 * 1024))
+print("survived", len(chunks))
+"""
 
 
 def test_memory_hog_is_killed_at_its_cap(launcher: Launcher) -> None:
     small = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=0MB")
     o = sandboxed(launcher, small, HOG, "32")  # 256 MiB under a 64 MiB cap
-    assert o.exit_code == 137 and o.usage.oom_kills >= 1
+    assert o.exit_code == 137
+    assert o.usage.oom_kills >= 1
     assert o.usage.memory_peak_bytes <= 64 * 1024**2
     ok = sandboxed(launcher, small, HOG, "3")  # control: 24 MiB fits
-    assert ok.exit_code == 0 and "survived 3" in out(ok)
+    assert ok.exit_code == 0
+    assert "survived 3" in out(ok)
 
 
 BUSY = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: pass"
@@ -258,7 +334,8 @@ def test_wall_clock_kills_with_124(launcher: Launcher) -> None:
     short = Budget.parse("tokens=0,wall=1s,cpu=1s,mem=64MiB,egress=0MB")
     t = time.monotonic()
     o = launcher.run(short, ["/bin/sleep", "60"])
-    assert o.exit_code == 124 and o.how == "wall_clock"
+    assert o.exit_code == 124
+    assert o.how == "wall_clock"
     assert time.monotonic() - t < 10
     assert launcher.run(short, ["/bin/sleep", "0.1"]).exit_code == 0  # control
 
@@ -266,4 +343,5 @@ def test_wall_clock_kills_with_124(launcher: Launcher) -> None:
 def test_exit_codes_and_signals_pass_through(launcher: Launcher) -> None:
     assert launcher.run(B, ["/bin/sh", "-c", "exit 7"]).exit_code == 7
     o = launcher.run(B, ["/bin/sh", "-c", "kill -TERM $$"])
-    assert o.exit_code == 128 + 15 and o.how == "signalled"
+    assert o.exit_code == 128 + 15
+    assert o.how == "signalled"

@@ -64,22 +64,35 @@ def test_oci_golden() -> None:
 
 def test_seccomp_golden() -> None:
     bpf = render_seccomp(SPEC)
-    _golden("seccomp.json", {"instructions": len(bpf) // 8, "sha256": hashlib.sha256(bpf).hexdigest()})  # fmt: skip
+    _golden(
+        "seccomp.json", {"instructions": len(bpf) // 8, "sha256": hashlib.sha256(bpf).hexdigest()}
+    )
 
 
 def test_bwrap_invariants() -> None:
     argv = render_bwrap(SPEC, ["cmd"], FDS)
     head = argv[: argv.index("--")]
-    for flag in ("--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net",
-                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup", "--clearenv",
-                 "--die-with-parent", "--new-session"):  # fmt: skip
+    for flag in (
+        "--unshare-user",
+        "--disable-userns",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup",
+        "--clearenv",
+        "--die-with-parent",
+        "--new-session",
+    ):
         assert flag in head
     assert head[head.index("--cap-drop") + 1] == "ALL"
     # Exactly one writable host bind: the workspace.
     binds = [head[i + 1 : i + 3] for i, a in enumerate(head) if a == "--bind"]
     assert binds == [["/srv/ws", "/workspace"]]
     # bwrap applies options in order: the root is made read-only after every mount.
-    last_mount = max(i for i, a in enumerate(head) if a in ("--bind", "--ro-bind", "--tmpfs", "--ro-bind-data"))  # fmt: skip
+    last_mount = max(
+        i for i, a in enumerate(head) if a in ("--bind", "--ro-bind", "--tmpfs", "--ro-bind-data")
+    )
     assert head.index("--remount-ro") < last_mount  # /dev, right after /dev/shm
     assert len(head) - 1 - head[::-1].index("--remount-ro") > last_mount  # then /
     assert head[head.index("--seccomp") + 1] == "3"
@@ -92,7 +105,15 @@ def test_bwrap_invariants() -> None:
 def test_oci_invariants() -> None:
     config = render_oci(SPEC, ["cmd"])
     linux = config["linux"]
-    assert {n["type"] for n in linux["namespaces"]} == {"user", "mount", "pid", "network", "ipc", "uts", "cgroup"}  # fmt: skip
+    assert {n["type"] for n in linux["namespaces"]} == {
+        "user",
+        "mount",
+        "pid",
+        "network",
+        "ipc",
+        "uts",
+        "cgroup",
+    }
     assert linux["uidMappings"] == [{"containerID": 1000, "hostID": 60001, "size": 1}]
     assert config["root"]["readonly"] is True
     assert config["process"]["noNewPrivileges"] is True

@@ -19,10 +19,14 @@ def test_exact_values_from_the_budget() -> None:
     assert spec.pids_max == 64  # 256 MiB / 4 MiB
     assert spec.nproc == 4 * 64 + 16  # a backstop above the cgroup cap
     assert (spec.cpu_quota_us, spec.cpu_period_us) == (50_000, 100_000)  # 5 s over 10 s
-    assert spec.tmp_bytes == 64 * 1024**2 and spec.shm_bytes == 16 * 1024**2
-    assert spec.wall_ms == 10_000 and spec.egress_bytes == 1_000_000
+    assert spec.tmp_bytes == 64 * 1024**2
+    assert spec.shm_bytes == 16 * 1024**2
+    assert spec.wall_ms == 10_000
+    assert spec.egress_bytes == 1_000_000
     assert set(spec.namespaces) == set(Namespace)
-    assert spec.capabilities == () and spec.no_new_privs and spec.die_with_parent
+    assert spec.capabilities == ()
+    assert spec.no_new_privs
+    assert spec.die_with_parent
     assert dict(spec.env).keys() == {"PATH", "HOME", "TMPDIR", "LANG"}
 
 
@@ -61,8 +65,11 @@ def test_host_facts_are_validated() -> None:
 )
 def test_caps_stay_inside_the_budget(wall: int, cpu: int, mem: int, cpus: int) -> None:
     facts = FACTS.model_copy(update={"host_cpus": cpus})
-    spec = compile_spec(Budget(tokens=0, wall_ms=wall, cpu_ms=cpu, mem_bytes=mem, egress_bytes=0), facts)
-    assert spec.memory_bytes <= mem and spec.memory_bytes % 4096 == 0
+    spec = compile_spec(
+        Budget(tokens=0, wall_ms=wall, cpu_ms=cpu, mem_bytes=mem, egress_bytes=0), facts
+    )
+    assert spec.memory_bytes <= mem
+    assert spec.memory_bytes % 4096 == 0
     assert spec.tmp_bytes + spec.shm_bytes < spec.memory_bytes
     assert 16 <= spec.pids_max <= 4096
     assert 1000 <= spec.cpu_quota_us <= CPU_PERIOD_US * cpus
