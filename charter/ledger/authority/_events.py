@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints
 
+from charter.ledger.authority._fast import construct
 from charter.ledger.authority._gate import Verdict
 from charter.ledger.authority._grant import Hex32
 from charter.ledger.authority._lineage import Lineage
@@ -64,13 +65,14 @@ class GrantMinted(Event):
     @classmethod
     def of(cls, fanout: str, sealed: SealedGrant) -> GrantMinted:
         grant = sealed.grant
-        return cls.model_construct(
-            fanout=fanout,
-            lineage=grant.lineage,
-            issuer=grant.issuer,
-            body=sealed.body.decode("utf-8"),
-            signature=sealed.signature.hex(),
-        )
+        values = {
+            "fanout": fanout,
+            "lineage": grant.lineage,
+            "issuer": grant.issuer,
+            "body": sealed.body.decode("utf-8"),
+            "signature": sealed.signature.hex(),
+        }
+        return construct(cls, values)
 
 
 class GateDecided(Event):

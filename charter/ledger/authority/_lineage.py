@@ -72,8 +72,19 @@ class Lineage(str):
         return None if cut < 0 else _trusted(self[:cut])
 
     def child(self, worker_id: str) -> Lineage:
-        """The lineage of this agent's child ``sa-<worker_id>``."""
-        return Lineage(f"{self}/sa-{worker_id}")
+        """The lineage of this agent's child ``sa-<worker_id>``.
+
+        Only the new segment and the limits are checked: this path is valid already.
+        """
+        segment = f"sa-{worker_id}"
+        text = f"{self}/{segment}"
+        if (
+            not _WORKER.fullmatch(segment)
+            or len(text) > MAX_LINEAGE_CHARS
+            or self.depth + 1 > MAX_LINEAGE_DEPTH
+        ):
+            return Lineage(text)  # raises the full, specific error
+        return _trusted(text)
 
     def ancestors(self) -> tuple[Lineage, ...]:
         """Every proper ancestor, nearest first, ending at the root."""
@@ -97,14 +108,14 @@ class Lineage(str):
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
         del source, handler
-        return core_schema.no_info_after_validator_function(
+        return core_schema.no_info_plain_validator_function(
             cls._validate,
-            core_schema.str_schema(),
+            json_schema_input_schema=core_schema.str_schema(),
             serialization=core_schema.plain_serializer_function_ser_schema(str),
         )
 
     @classmethod
-    def _validate(cls, value: str) -> Lineage:
+    def _validate(cls, value: object) -> Lineage:
         try:
             return cls(value)
         except LineageError as e:

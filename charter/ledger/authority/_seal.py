@@ -22,6 +22,7 @@ from nacl.exceptions import BadSignatureError, CryptoError
 from nacl.signing import SigningKey, VerifyKey
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from charter.ledger.authority._fast import construct
 from charter.ledger.authority._grant import Grant, check_invariants
 from charter.ledger.authority._lineage import Lineage
 from charter.ledger.authority.errors import (
@@ -65,9 +66,7 @@ class SealedGrant(BaseModel):
     @classmethod
     def _trusted(cls, grant: Grant, body: bytes, signature: bytes) -> SealedGrant:
         """Built from a grant this process just encoded and signed (no re-parse)."""
-        sealed = cls.model_construct(body=body, signature=signature)
-        sealed._grant = grant
-        return sealed
+        return construct(cls, {"body": body, "signature": signature}, {"_grant": grant})
 
     @property
     def grant(self) -> Grant:

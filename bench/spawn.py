@@ -1,0 +1,135 @@
+"""Benchmark: one 1000-wide fan-out (gate, 1000 mints with checks and signatures, one
+commit) on SQLite, beside a plain eventsourcing ``Application.save`` of the same number
+of events measured in the same run.
+
+    python3 bench/spawn.py [--width 1000] [--runs 30] [--target-ms 150]
+
+Prints p50/p90 of both and their ratio; exits 1 if the fan-out p50 misses the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate
+
+from charter.ledger.authority import (
+    AuthorityService,
+    Ceiling,
+    CostBenefitPolicy,
+    FanoutCommand,
+    ParentState,
+    Signer,
+    SpawnIntent,
+    Verdict,
+    decide,
+    register_root,
+)
+from charter.ledger.budget import Budget
+from charter.ledger.home import KeyStore
+from charter.ledger.journal import Journal
+
+
+class Plain(Aggregate):
+    """A plain aggregate whose created event carries a payload like a sealed grant."""
+
+    def __init__(self, body: str, signature: str) -> None:
+        self.body = body
+        self.signature = signature
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def bench_spawn(tmp: Path, width: int, runs: int) -> tuple[list[float], list[float], int]:
+    journal = Journal.create(f"sqlite:///{tmp / 'journal.db'}")
+    keystore = KeyStore(tmp / "home")
+    ceiling = Ceiling(
+        budget=Budget.parse("tokens=10000M,wall=1000h,cpu=1000h,mem=1000GB,egress=1000GB"),
+        fanout=(runs + 3) * width,
+        tools=frozenset({"Read", "Grep", "Bash"}),
+        egress=frozenset({"*.example.com", "pypi.org"}),
+        depth=4,
+    )
+    register_root(journal, keystore, "bench", ceiling)
+    service = AuthorityService(journal, keystore=keystore, policy=CostBenefitPolicy())
+    caller = service.durable_caller("bench")
+    intent = SpawnIntent(
+        width=width,
+        objective="summarise each document of the corpus in one page",
+        estimated_cost=Budget.parse(f"tokens={20_000 * width},wall=1h,cpu=1h,mem=1GB,egress=1GB"),
+    )
+    totals, decides = [], []
+    body_len = 0
+    for i in range(runs + 2):  # two warm-up runs
+        start = time.perf_counter()
+        result = service.spawn(caller, intent)
+        elapsed = (time.perf_counter() - start) * 1000
+        if result.gate.verdict is not Verdict.POSITIVE or len(result.children) != width:
+            raise SystemExit(f"unexpected fan-out outcome: {result.gate}")
+        body_len = len(result.children[0].sealed.body)
+        # The pure decision alone (no journal), for the breakdown.
+        seed = bytes(caller.custody_key)
+        state = ParentState(caller.chain[0], Signer(seed), seed, minted=0, version=0)
+        t0 = time.perf_counter()
+        decide(state, FanoutCommand("b", intent, service.clock()), policy=service.policy)
+        decide_ms = (time.perf_counter() - t0) * 1000
+        if i >= 2:
+            totals.append(elapsed)
+            decides.append(decide_ms)
+    journal.close()
+    return totals, decides, body_len
+
+
+def bench_plain(tmp: Path, events: int, runs: int, body_len: int) -> list[float]:
+    env = {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(tmp / "plain.db")}
+    samples = []
+    with Application[object](env=env) as app:
+        body, signature = "x" * body_len, "0" * 128
+        for i in range(runs + 2):
+            aggregates = [Plain(body, signature) for _ in range(events)]
+            start = time.perf_counter()
+            app.save(*aggregates)
+            elapsed = (time.perf_counter() - start) * 1000
+            if i >= 2:
+                samples.append(elapsed)
+    return samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--target-ms", type=float, default=150.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        totals, decides, body_len = bench_spawn(tmp, args.width, args.runs)
+        plain = bench_plain(tmp, args.width + 1, args.runs, body_len)
+    p50, p90 = statistics.median(totals), percentile(totals, 0.9)
+    plain_p50 = statistics.median(plain)
+    print(f"fan-out of {args.width} on SQLite ({args.runs} runs, after 2 warm-ups):")
+    print(
+        f"  charter spawn (gate + {args.width} mints + 1 commit): p50 {p50:.1f} ms, "
+        f"p90 {p90:.1f} ms   [pure decide p50 {statistics.median(decides):.1f} ms]"
+    )
+    print(
+        f"  plain eventsourcing save of {args.width + 1} events:   p50 {plain_p50:.1f} ms, "
+        f"p90 {percentile(plain, 0.9):.1f} ms"
+    )
+    print(f"  ratio (charter p50 / plain p50): {p50 / plain_p50:.2f}x")
+    ok = p50 <= args.target_ms
+    print(f"  target p50 <= {args.target_ms:.0f} ms: {'met' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
