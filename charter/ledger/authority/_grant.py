@@ -8,8 +8,8 @@ invariant is an explicit comparison with its own named error.
 from __future__ import annotations
 
 import json
-from functools import cached_property
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
