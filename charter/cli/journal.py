@@ -11,7 +11,7 @@ import click
 from charter.cli._common import Ctx
 from charter.ledger.errors import CharterError, StateError
 from charter.ledger.home import KeyStore, charter_home
-from charter.ledger.journal import Entry, Journal, resolve_location
+from charter.ledger.journal import Entry, Journal, JournalCreated, resolve_location
 from charter.ledger.verify import ChainBrokenError, audit_chain, parse_head
 
 __all__ = ["register"]
@@ -33,16 +33,25 @@ def init(ctx: Ctx) -> None:
             "existing journal (use that one, or set CHARTER_HOME to a new directory)"
         )
     key = keys.create(JOURNAL_KEY)
+    public = bytes(key.verify_key).hex()
     try:
-        journal = Journal.create(location.display, journal_key=bytes(key.verify_key).hex())
+        journal = Journal.create(location.display, journal_key=public)
     except CharterError:
         keys.remove(JOURNAL_KEY)  # nothing half-made: no key without its journal
         raise
+    try:
+        journal.append([JournalCreated(journal_key=public, created_at=journal.meta.created_at)])
+    except CharterError:
+        journal.discard_new()
+        keys.remove(JOURNAL_KEY)
+        raise
     with journal:
+        head = journal.head()
         result = {
             "journal": location.display,
             "home": str(keys.home),
-            "journal_key": journal.meta.journal_key,
+            "journal_key": public,
+            "head": {"position": head[0], "hash": head[1].hex()} if head else None,
         }
     ctx.status(f"initialised journal {location.display}")
     ctx.emit(result, f"journal: {location.display}\nhome:    {keys.home}")
@@ -93,7 +102,8 @@ def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | Non
         head_text = (
             f"head {report.head.position}:{report.head.hash}" if report.head else "empty journal"
         )
-        ctx.emit(report.to_json(), f"ok: {report.checked} entries verify; {head_text}")
+        noun = "entry verifies" if report.checked == 1 else "entries verify"
+        ctx.emit(report.to_json(), f"ok: {report.checked} {noun}; {head_text}")
         return
     if ctx.as_json:
         click.echo(json.dumps(report.to_json(), sort_keys=True))

@@ -113,19 +113,27 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         # with the chained one and drop the plpgsql insert function.
         kept = [s for s in self.sql_create_statements if "CREATE TYPE" in s.as_string()]
         self.sql_create_statements = [*kept, *_schema_statements(schema, table)]
-        self._insert_chained = SQL(
+        ids = {"schema": Identifier(schema), "table": Identifier(table)}
+        insert = (
             "INSERT INTO {schema}.{table} (notification_id, originator_id, "
             "originator_version, topic, state, prev_hash, chain_hash) "
             "SELECT * FROM unnest(%s::bigint[], %s::uuid[], %s::bigint[], %s::text[], "
-            "%s::bytea[], %s::bytea[], %s::bytea[]) RETURNING notification_id"
-        ).format(schema=Identifier(schema), table=Identifier(table))
-        self._head_and_ids = SQL(
-            "SELECT (SELECT chain_hash FROM {schema}.{table} "
-            "ORDER BY notification_id DESC LIMIT 1) AS head, "
-            "ARRAY(SELECT nextval(pg_get_serial_sequence(%s, 'notification_id')) "
-            "FROM generate_series(1, %s)) AS ids"
-        ).format(schema=Identifier(schema), table=Identifier(table))
-        self._qualified = f"{schema}.{table}"
+            "%s::bytea[], %s::bytea[], %s::bytea[]) "
+        )
+        self._insert_chained = SQL(insert + "RETURNING notification_id").format(**ids)
+        # Inserts only if the head is still the one this process saw last: one round
+        # trip per commit, like the stock recorder, when there is no other writer.
+        self._insert_if_head = SQL(
+            insert + "WHERE (SELECT chain_hash FROM {schema}.{table} "
+            "ORDER BY notification_id DESC LIMIT 1) = %s RETURNING notification_id"
+        ).format(**ids)
+        self._select_head = SQL(
+            "SELECT notification_id, chain_hash FROM {schema}.{table} "
+            "ORDER BY notification_id DESC LIMIT 1"
+        ).format(**ids)
+        # (position, hash) of the head as last written or read by this process; only a
+        # hint: every use is checked by the database under the table lock.
+        self._head_hint: tuple[int, bytes] | None = None
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
@@ -161,24 +169,47 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         stored_events: Sequence[StoredEvent],
         **kwargs: Any,
     ) -> None:
+        """Under the library's table lock: chain the batch onto the head and insert it.
+
+        Positions are assigned here (head + 1, …) rather than drawn from the sequence,
+        so they are contiguous. With a head hint the insert is guarded by the actual
+        head and the result is checked in :meth:`_fetch_ids_after_insert_events`.
+        """
         del kwargs
         _last_commit.value = None
         self._lock_table(curs)
         self._notify_channel(curs)
-        curs.execute(self._head_and_ids, (self._qualified, len(stored_events)))
+        hint = self._head_hint
+        if hint is None:
+            self._insert_after(curs, self._read_head(curs), stored_events, guarded=False)
+        else:
+            self._insert_after(curs, hint, stored_events, guarded=True)
+
+    def _read_head(self, curs: psycopg.Cursor[DictRow]) -> tuple[int, bytes]:
+        curs.execute(self._select_head)
         row = curs.fetchone()
-        if row is None:
-            raise ProgrammingError("could not read the journal head")
-        prev = bytes(row["head"]) if row["head"] is not None else GENESIS
-        positions = sorted(row["ids"])
-        oids, versions, topics, states, prevs, hashes = [], [], [], [], [], []
-        for position, s in zip(positions, stored_events, strict=True):
+        return (0, GENESIS) if row is None else (row["notification_id"], bytes(row["chain_hash"]))
+
+    def _insert_after(
+        self,
+        curs: psycopg.Cursor[DictRow],
+        head: tuple[int, bytes],
+        stored_events: Sequence[StoredEvent],
+        *,
+        guarded: bool,
+    ) -> None:
+        position, prev = head
+        guard = prev
+        positions, oids, versions, topics, states, prevs, hashes = [], [], [], [], [], [], []
+        for s in stored_events:
+            position += 1
             oid = (
                 s.originator_id if isinstance(s.originator_id, UUID) else UUID(str(s.originator_id))
             )
             h = entry_hash(
                 prev, position, oid.bytes, s.originator_version, s.topic.encode(), s.state
             )
+            positions.append(position)
             oids.append(oid)
             versions.append(s.originator_version)
             topics.append(s.topic)
@@ -186,17 +217,28 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             prevs.append(prev)
             hashes.append(h)
             prev = h
-        curs.execute(
-            self._insert_chained, (positions, oids, versions, topics, states, prevs, hashes)
-        )
+        columns = (positions, oids, versions, topics, states, prevs, hashes)
+        if guarded:
+            curs.execute(self._insert_if_head, (*columns, guard))
+        else:
+            curs.execute(self._insert_chained, columns)
+        self._head_hint = (position, prev)
         _last_commit.value = LastCommit(tuple(positions), tuple(hashes))
 
     def _fetch_ids_after_insert_events(
         self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        del curs, stored_events, kwargs
+        del kwargs
+        inserted = curs.fetchall()
+        if len(inserted) != len(stored_events):
+            # The hint was stale (another writer appended): still under the lock, chain
+            # onto the real head, in the same transaction.
+            self._insert_after(curs, self._read_head(curs), stored_events, guarded=False)
+            inserted = curs.fetchall()
         commit = last_commit()
-        return None if commit is None else list(commit.positions)
+        if commit is None or [r["notification_id"] for r in inserted] != list(commit.positions):
+            raise ProgrammingError("journal insert did not return the positions it chained")
+        return list(commit.positions)
 
 
 class ChainedPostgresProcessRecorder(PostgresProcessRecorder, ChainedPostgresApplicationRecorder):

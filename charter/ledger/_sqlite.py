@@ -54,12 +54,6 @@ _APPEND_ONLY = [
         BEGIN SELECT RAISE(ABORT, 'charter journal is append-only: UPDATE refused'); END""",
     f"""CREATE TRIGGER IF NOT EXISTS {TABLE}_no_delete BEFORE DELETE ON {TABLE}
         BEGIN SELECT RAISE(ABORT, 'charter journal is append-only: DELETE refused'); END""",
-    # The database itself checks the link, so a writer that bypasses the recorder
-    # still cannot append an entry that does not follow the current head.
-    f"""CREATE TRIGGER IF NOT EXISTS {TABLE}_linked BEFORE INSERT ON {TABLE}
-        WHEN NEW.prev_hash IS NOT coalesce(
-            (SELECT chain_hash FROM {TABLE} ORDER BY rowid DESC LIMIT 1), zeroblob(32))
-        BEGIN SELECT RAISE(ABORT, 'charter journal: entry does not link to the head'); END""",
     """CREATE TABLE IF NOT EXISTS charter_meta (
         key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID""",
     """CREATE TRIGGER IF NOT EXISTS charter_meta_no_update BEFORE UPDATE ON charter_meta

@@ -40,12 +40,21 @@ __all__ = [
     "Committed",
     "Entry",
     "Journal",
+    "JournalCreated",
     "Location",
     "UnknownSchemeError",
     "resolve_location",
 ]
 
 _MAX_RETRIES = 8
+
+
+class JournalCreated(Event):
+    """The first entry ``charter init`` writes: which key signs this journal's heads."""
+
+    type_name = "JournalCreated"
+    journal_key: str
+    created_at: str
 
 
 class UnknownSchemeError(BadInputError):
@@ -242,6 +251,14 @@ class Journal:
         else:
             store.create_schema(meta)
         return cls(location, store, meta)
+
+    def discard_new(self) -> None:
+        """Undo :meth:`create` after a later step of initialisation failed (SQLite only:
+        a PostgreSQL database is the operator's and is left to them, with a message)."""
+        self.close()
+        if self.location.path is not None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{self.location.path}{suffix}").unlink(missing_ok=True)
 
     @staticmethod
     def refuse_existing(url: str | None = None) -> None:

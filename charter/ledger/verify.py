@@ -142,7 +142,7 @@ def audit_chain(
             head=head,
             first_bad_position=position,
             fault=fault,
-            reason=f"entry {position}: {why}",
+            reason=why,
         )
 
     # The hot loop (a million entries in a few seconds): locals and a topic cache keep

@@ -87,7 +87,7 @@ def test_show_prints_json_lines_with_the_contract_keys(tmp_path: Path) -> None:
         "j = Journal.open();"
         "j.append([Ping(writer='x', batch=0, n=i) for i in range(3)]);"
         "j.close();"
-        "sys.argv = ['charter', '--json', 'journal', 'show', '--from', '2']; main()"
+        "sys.argv = ['charter', '--json', 'journal', 'show', '--from', '3']; main()"
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(ROOT), str(ROOT)],
@@ -99,7 +99,7 @@ def test_show_prints_json_lines_with_the_contract_keys(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [d["position"] for d in lines] == [2, 3]
+    assert [d["position"] for d in lines] == [3, 4]
     assert set(lines[0]) == {"position", "type", "hash", "prev_hash", "recorded_at", "payload"}
     assert lines[1]["prev_hash"] == lines[0]["hash"]
     assert lines[0]["payload"] == {"writer": "x", "batch": 0, "n": 1, "pad": ""}

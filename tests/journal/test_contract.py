@@ -216,7 +216,7 @@ class _Raw:
     def drop_guards(self) -> None:
         """What an attacker with database access does first."""
         if self.sqlite:
-            for name in ("no_update", "no_delete", "linked"):
+            for name in ("no_update", "no_delete"):
                 self.execute(f"DROP TRIGGER IF EXISTS stored_events_{name}")
         else:
             self.execute("DROP TRIGGER IF EXISTS charter_events_no_change ON charter_events")

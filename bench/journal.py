@@ -1,0 +1,279 @@
+"""Journal benchmarks: chained appends against the stock eventsourcing recorder, raw
+drivers as the physical reference, and full-chain verification of 1,000,000 entries.
+
+Every ratio is measured in this run on this machine. Targets (issue 2):
+  chained / stock >= 0.85 for single-event and 1000-event appends, SQLite and PostgreSQL;
+  verify 1,000,000 SQLite entries in <= 5 s.
+Run: python3 bench/journal.py [--pg URL] [--skip-pg] [--rounds N] [--verify-n N]
+Exit status 1 if a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from charter.ledger._app import Envelope, JournalApplication, now
+from charter.ledger.events import Event
+from charter.ledger.journal import Journal, resolve_location
+from charter.ledger.verify import audit_chain
+
+SINGLE = 1500  # single-event commits per round
+BATCHES = 20  # 1000-event commits per round
+
+
+class BenchEvent(Event):
+    type_name = "BenchEvent"
+    worker: str
+    n: int
+    note: str
+
+
+def _event(i: int) -> BenchEvent:
+    # ~240 B of canonical JSON, like a grant or lease event
+    return BenchEvent(worker=f"agent:root/sa-{i:06d}", n=i, note="x" * 150)
+
+
+def _rate(n: int, fn: Callable[[], None]) -> float:
+    t = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - t)
+
+
+def _round(
+    chained: Journal,
+    stock: JournalApplication,
+    raw_one: Callable[[], None],
+    raw_batch: Callable[[], None],
+) -> dict[str, float]:
+    """One round of all six paths; every path writes the same events."""
+
+    def one_chained() -> None:
+        for i in range(SINGLE):
+            chained.append([_event(i)])
+
+    def one_stock() -> None:
+        for i in range(SINGLE):
+            stock.save(Envelope(uuid.uuid4(), 1, now(), _event(i)))
+
+    def one_raw() -> None:
+        for _ in range(SINGLE):
+            raw_one()
+
+    def batch_chained() -> None:
+        for b in range(BATCHES):
+            chained.append([_event(b * 1000 + i) for i in range(1000)])
+
+    def batch_stock() -> None:
+        for b in range(BATCHES):
+            at = now()
+            stock.save(*(Envelope(uuid.uuid4(), 1, at, _event(b * 1000 + i)) for i in range(1000)))
+
+    def batch_raw() -> None:
+        for _ in range(BATCHES):
+            raw_batch()
+
+    return {
+        name: _rate(n, fn)
+        for name, n, fn in (
+            ("single stock", SINGLE, one_stock),
+            ("single chained", SINGLE, one_chained),
+            ("single raw", SINGLE, one_raw),
+            ("batch stock", BATCHES * 1000, batch_stock),
+            ("batch chained", BATCHES * 1000, batch_chained),
+            ("batch raw", BATCHES * 1000, batch_raw),
+        )
+    }
+
+
+_STATE = _event(0).model_dump_json().encode()
+_RAW_TABLE = (
+    "CREATE TABLE e ({} , originator_version bigint, topic text, state {}, "
+    "PRIMARY KEY (originator_id, originator_version))"
+)
+
+
+def bench_sqlite(tmp: Path, rounds: int) -> list[dict[str, float]]:
+    """Chained vs the library's stock SQLite recorder vs raw sqlite3 (WAL, FULL)."""
+    results = []
+    for r in range(rounds):
+        chained = Journal.create(f"sqlite:///{tmp / f'chained{r}.db'}")
+        stock = JournalApplication(
+            env={
+                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                "SQLITE_DBNAME": str(tmp / f"stock{r}.db"),
+                "CREATE_TABLE": "yes",
+            }
+        )
+        raw = sqlite3.connect(tmp / f"raw{r}.db", isolation_level=None)
+        raw.execute("PRAGMA journal_mode=WAL")
+        raw.execute("PRAGMA synchronous=FULL")
+        raw.execute(_RAW_TABLE.format("originator_id text", "blob"))
+        insert = "INSERT INTO e VALUES (?,?,?,?)"
+
+        def raw_one(raw: sqlite3.Connection = raw, insert: str = insert) -> None:
+            raw.execute("BEGIN")
+            raw.execute(insert, (uuid.uuid4().hex, 1, "BenchEvent/v1", _STATE))
+            raw.execute("COMMIT")
+
+        def raw_batch(raw: sqlite3.Connection = raw, insert: str = insert) -> None:
+            raw.execute("BEGIN")
+            raw.executemany(
+                insert, [(uuid.uuid4().hex, 1, "BenchEvent/v1", _STATE) for _ in range(1000)]
+            )
+            raw.execute("COMMIT")
+
+        results.append(_round(chained, stock, raw_one, raw_batch))
+        chained.close()
+        stock.close()
+        raw.close()
+    return results
+
+
+def _admin(admin_url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(**dict(resolve_location(admin_url).conninfo or {}), autocommit=True)
+
+
+def bench_postgres(admin_url: str, rounds: int) -> list[dict[str, float]]:
+    """Chained vs the library's stock PostgreSQL recorder vs raw psycopg."""
+    results = []
+    for r in range(rounds):
+        name = f"charter_bench_{r}"
+        with _admin(admin_url) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{name}"')
+        info = {**dict(resolve_location(admin_url).conninfo or {}), "dbname": name}
+        chained = Journal.create(
+            f"postgresql://{info['user']}@{info['host']}:{info['port']}/{name}"
+        )
+
+        class Stock(JournalApplication):
+            name = "stock"  # its own table, stock_events, in the same database
+
+        stock = Stock(
+            env={
+                "PERSISTENCE_MODULE": "eventsourcing.postgres",
+                "POSTGRES_DBNAME": name,
+                "POSTGRES_HOST": str(info["host"]),
+                "POSTGRES_PORT": str(info["port"]),
+                "POSTGRES_USER": str(info["user"]),
+                "POSTGRES_PASSWORD": str(info.get("password") or ""),
+                "POSTGRES_POOL_SIZE": "1",
+                "CREATE_TABLE": "yes",
+            }
+        )
+        raw = psycopg.connect(**info)
+        raw.execute(_RAW_TABLE.format("originator_id uuid", "bytea"))
+        raw.commit()
+        insert = "INSERT INTO e VALUES (%s,%s,%s,%s)"
+
+        def raw_one(raw: psycopg.Connection[Any] = raw, insert: str = insert) -> None:
+            raw.execute(insert, (uuid.uuid4(), 1, "BenchEvent/v1", _STATE))
+            raw.commit()
+
+        def raw_batch(raw: psycopg.Connection[Any] = raw, insert: str = insert) -> None:
+            with raw.cursor() as cur:
+                cur.executemany(
+                    insert, [(uuid.uuid4(), 1, "BenchEvent/v1", _STATE) for _ in range(1000)]
+                )
+            raw.commit()
+
+        results.append(_round(chained, stock, raw_one, raw_batch))
+        chained.close()
+        stock.close()
+        raw.close()
+        with _admin(admin_url) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return results
+
+
+# -- verification ----------------------------------------------------------------
+
+
+def bench_verify(tmp: Path, n: int) -> tuple[float, float, int]:
+    """Seconds to verify ``n`` entries, seconds of sha256 over the same stored bytes."""
+    url = f"sqlite:///{tmp / 'verify.db'}"
+    with Journal.create(url) as j:
+        t = time.perf_counter()
+        for b in range(n // 1000):
+            j.append([_event(b * 1000 + i) for i in range(1000)])
+        print(f"  (populated {n:,} entries in {time.perf_counter() - t:.1f} s)", file=sys.stderr)
+    with Journal.open(url) as j:
+        t = time.perf_counter()
+        report = audit_chain(j)
+        verify_s = time.perf_counter() - t
+        if not report.ok or report.checked != n:
+            raise SystemExit(f"verification failed: {report}")
+        blobs: list[bytes] = []
+        for batch in j.batches():
+            for _pos, oid, _ver, topic, state, prev, chain in batch:
+                blobs.append(b"".join((oid.encode(), topic.encode(), state, prev, chain)))
+        total = sum(map(len, blobs))
+        t = time.perf_counter()
+        h = hashlib.sha256()
+        for blob in blobs:
+            h.update(blob)
+        sha_s = time.perf_counter() - t
+    return verify_s, sha_s, total
+
+
+def _report(backend: str, rounds: list[dict[str, float]], failures: list[str]) -> None:
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    print(f"\n{backend}: events/s (median of {len(rounds)} rounds)")
+    for kind in ("single", "batch"):
+        stock, chained, raw = (med[f"{kind} {x}"] for x in ("stock", "chained", "raw"))
+        ratio = chained / stock
+        ok = ratio >= 0.85
+        label = "single-event commits" if kind == "single" else "1000-event commits"
+        print(
+            f"  {label:<21} chained {chained:>9,.0f}  stock {stock:>9,.0f}  "
+            f"raw {raw:>9,.0f}   chained/stock {ratio:.2f} (target >= 0.85) "
+            f"{'PASS' if ok else 'FAIL'}   chained/raw {chained / raw:.2f}"
+        )
+        if not ok:
+            failures.append(f"{backend} {label}: chained/stock {ratio:.2f} < 0.85")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--skip-pg", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--verify-n", type=int, default=1_000_000)
+    args = parser.parse_args()
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="charter-bench-") as d:
+        tmp = Path(d)
+        _report("SQLite", bench_sqlite(tmp, args.rounds), failures)
+        if not args.skip_pg:
+            _report("PostgreSQL", bench_postgres(args.pg, args.rounds), failures)
+        verify_s, sha_s, total = bench_verify(tmp, args.verify_n)
+    ok = verify_s <= 5.0
+    print(
+        f"\nverify {args.verify_n:,} SQLite entries: {verify_s:.2f} s "
+        f"({args.verify_n / verify_s:,.0f} entries/s; target <= 5 s) {'PASS' if ok else 'FAIL'}"
+        f"\n  sha256 over the same {total / 1e6:.0f} MB of stored bytes: {sha_s:.2f} s; "
+        f"verify/sha256 = {verify_s / sha_s:.1f}x"
+    )
+    if not ok:
+        failures.append(f"verify took {verify_s:.2f} s > 5 s")
+    for f in failures:
+        print(f"MISSED: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+_unused: Any = None
