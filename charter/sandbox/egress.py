@@ -1,8 +1,14 @@
 """The egress broker: the only way out of a sandbox is this unix socket.
 
-Programs inside speak HTTP proxy protocol to it (``CONNECT host:port`` for TLS, or an
-absolute-form ``GET http://host/...``), e.g. ``curl --unix-socket $CHARTER_EGRESS_SOCKET
--x http://egress https://host/``. The broker identifies the sandbox by the peer's host uid
+Programs inside reach it as an HTTP(S) proxy on that socket. It accepts:
+
+* ``CONNECT host:port`` (a proxy tunnel, for any TLS client that can use a unix socket);
+* absolute-form ``GET http://host/...`` (a forward proxy request);
+* origin-form ``GET /path`` with a ``Host`` header, and a raw TLS ClientHello, whose SNI
+  names the destination (port 443). These two are what ``curl --unix-socket
+  $CHARTER_EGRESS_SOCKET http://host/`` and ``https://host/`` send.
+
+The broker identifies the sandbox by the peer's host uid
 (``SO_PEERCRED``: unique per live sandbox, so no token can be stolen), checks the
 destination against the grant, counts bytes in both directions against the egress byte
 budget, and records every attempt, allowed or denied.
@@ -176,6 +182,9 @@ class EgressBroker:
                 upstream.settimeout(None)
                 if forward is None:
                     conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                elif self._charge(reg, len(forward)) < len(forward):
+                    self._record(uid, reg, dest, False, "egress byte budget exhausted")
+                    return
                 else:
                     upstream.sendall(forward)
                 with self._lock:
@@ -189,9 +198,8 @@ class EgressBroker:
     def _relay(self, conn: socket.socket, upstream: socket.socket, reg: _Registration,
                already: int) -> tuple[int, int, bool]:  # fmt: skip
         """Copy both ways until either side closes or the byte budget is spent."""
-        counts = {conn: already, upstream: 0}
+        counts = {conn: already, upstream: 0}  # ``already`` was charged by the caller
         peer = {conn: upstream, upstream: conn}
-        self._charge(reg, already)
         with selectors.DefaultSelector() as sel:
             sel.register(conn, selectors.EVENT_READ)
             sel.register(upstream, selectors.EVENT_READ)
@@ -225,10 +233,11 @@ class EgressBroker:
 
 
 def _read_head(conn: socket.socket) -> bytes | None:
+    """The HTTP head (through the blank line) or a whole first TLS record."""
     conn.settimeout(_CONNECT_TIMEOUT)
     data = b""
     try:
-        while b"\r\n\r\n" not in data:
+        while not _head_complete(data):
             chunk = conn.recv(4096)
             if not chunk:
                 return None
@@ -242,26 +251,71 @@ def _read_head(conn: socket.socket) -> bytes | None:
     return data
 
 
+def _head_complete(data: bytes) -> bool:
+    if data[:1] == b"\x16":  # a TLS handshake record: wait for the whole record
+        return len(data) >= 5 and len(data) >= 5 + int.from_bytes(data[3:5], "big")
+    return b"\r\n\r\n" in data
+
+
+def _sni(record: bytes) -> str | None:
+    """The server name of a TLS ClientHello record, or None."""
+    try:
+        p = 5 + 4 + 2 + 32  # record header, handshake header, version, random
+        if record[5] != 1:
+            return None
+        p += 1 + record[p]  # session id
+        p += 2 + int.from_bytes(record[p : p + 2], "big")  # cipher suites
+        p += 1 + record[p]  # compression methods
+        end = p + 2 + int.from_bytes(record[p : p + 2], "big")
+        p += 2
+        while p + 4 <= end:
+            kind, size = (
+                int.from_bytes(record[p : p + 2], "big"),
+                int.from_bytes(record[p + 2 : p + 4], "big"),
+            )
+            if kind == 0:  # server_name: list length, name type, name length, name
+                name_len = int.from_bytes(record[p + 7 : p + 9], "big")
+                return record[p + 9 : p + 9 + name_len].decode("ascii")
+            p += 4 + size
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _authority(text: str, default_port: int) -> tuple[str, int] | None:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        host, port = text, str(default_port)
+    host = host.strip("[]")
+    return (host, int(port)) if host else None
+
+
 def _parse_head(data: bytes) -> tuple[str, int, bytes | None] | None:
-    """(host, port, bytes to forward or None for CONNECT)."""
+    """(host, port, bytes to forward, or None for CONNECT); None when unreadable."""
+    if data[:1] == b"\x16":
+        name = _sni(data)
+        return (name, 443, data) if name else None
     head, _, rest = data.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     parts = lines[0].decode("latin-1").split()
     if len(parts) != 3:
         return None
     method, target, version = parts
+    forward: bytes | None = data
     if method == "CONNECT":
-        host, _, port = target.rpartition(":")
-        return (host.strip("[]"), int(port), None) if port.isdigit() and host else None
-    if not target.startswith("http://"):
-        return None
-    authority, slash, path = target[len("http://") :].partition("/")
-    host, sep, port = authority.rpartition(":")
-    if not sep or not port.isdigit():
-        host, port = authority, "80"
-    request = f"{method} {slash}{path} {version}".encode("latin-1")
-    kept = [ln for ln in lines[1:] if not ln.lower().startswith(b"proxy-")]
-    return host, int(port), b"\r\n".join([request, *kept]) + b"\r\n\r\n" + rest
+        where, forward = _authority(target, 443), None
+    elif target.startswith("/"):  # origin form: the Host header names the destination
+        hosts = [ln[5:].strip().decode("latin-1") for ln in lines[1:] if ln[:5].lower() == b"host:"]
+        where = _authority(hosts[0], 80) if len(hosts) == 1 else None
+    elif target.startswith("http://"):
+        authority, slash, path = target[len("http://") :].partition("/")
+        where = _authority(authority, 80)
+        request = f"{method} {slash}{path} {version}".encode("latin-1")
+        kept = [ln for ln in lines[1:] if not ln.lower().startswith(b"proxy-")]
+        forward = b"\r\n".join([request, *kept]) + b"\r\n\r\n" + rest
+    else:
+        where = None
+    return None if where is None else (where[0], where[1], forward)
 
 
 def _reply(conn: socket.socket, code: int, reason: str) -> None:

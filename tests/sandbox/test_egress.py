@@ -1,0 +1,189 @@
+"""The egress broker: the only way out; grant destinations and byte budget enforced,
+identity by host uid, every attempt recorded."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from charter.ledger.budget import Budget
+from charter.sandbox import EgressAttempted, EgressBroker, EgressGrant, Launcher, MemorySink
+from charter.sandbox.egress import _parse_head
+
+from ._support import on_host, out, sandboxed
+
+pytestmark = pytest.mark.sandbox
+
+B = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=10MB")
+PAYLOAD = 1024 * 1024
+
+# Inside the sandbox: a CONNECT tunnel through the broker socket, then read to EOF.
+CLIENT = """
+import os, socket, sys
+port = sys.argv[1]
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["CHARTER_EGRESS_SOCKET"])
+s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\n\\r\\n".encode())
+head = b""
+while b"\\r\\n\\r\\n" not in head:
+    chunk = s.recv(1)
+    if not chunk:
+        break
+    head += chunk
+status = head.split(b" ")[1].decode() if head else "none"
+n = 0
+try:
+    if status == "200":
+        s.sendall(b"go\\n")
+        while data := s.recv(65536):
+            n += len(data)
+except OSError:
+    pass
+print(status, n)
+"""
+
+
+class _Server:
+    """A host TCP server on loopback that sends PAYLOAD bytes after reading a line."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(16)
+                    conn.sendall(b"x" * PAYLOAD)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    s = _Server()
+    yield s
+    s.sock.close()
+
+
+@pytest.fixture
+def broker(state_dir: Path) -> Iterator[EgressBroker]:
+    with EgressBroker(state_dir / "egress.sock") as b:
+        yield b
+
+
+@pytest.fixture
+def egress_launcher(state_dir: Path, sink: MemorySink, broker: EgressBroker) -> Launcher:
+    return Launcher(sink, state_dir=state_dir, egress=broker)
+
+
+def _attempts(sink: MemorySink) -> list[EgressAttempted]:
+    return [e for e in sink.events if isinstance(e, EgressAttempted)]
+
+
+def test_destination_outside_the_grant_is_refused(
+    egress_launcher: Launcher, sink: MemorySink, server: _Server
+) -> None:
+    other = _Server()
+    try:
+        grant = EgressGrant(destinations=(f"127.0.0.1:{server.port}",), byte_budget=10 * PAYLOAD)
+        denied = sandboxed(egress_launcher, B, CLIENT, str(other.port), grant=grant)
+        assert out(denied).split() == ["403", "0"]
+        # Control: the granted destination is reached through the same broker.
+        allowed = sandboxed(egress_launcher, B, CLIENT, str(server.port), grant=grant)
+        assert out(allowed).split() == ["200", str(PAYLOAD)]
+    finally:
+        other.sock.close()
+    first, second = _attempts(sink)
+    assert (first.destination, first.allowed) == (f"127.0.0.1:{other.port}", False)
+    assert first.reason == "destination not in the grant"
+    assert (second.destination, second.allowed) == (f"127.0.0.1:{server.port}", True)
+    assert second.bytes_in == PAYLOAD
+    # Identified by host uid: the attempt names the uid the lease was journaled with.
+    leases = [e for e in sink.events if type(e).__name__ == "SandboxLeased"]
+    assert first.host_uid == leases[0].host_uid  # type: ignore[attr-defined]
+
+
+def test_egress_beyond_the_byte_budget_is_cut(
+    egress_launcher: Launcher, sink: MemorySink, server: _Server
+) -> None:
+    dest = (f"127.0.0.1:{server.port}",)
+    small = sandboxed(egress_launcher, B, CLIENT, str(server.port),
+                      grant=EgressGrant(destinations=dest, byte_budget=64 * 1024))  # fmt: skip
+    status, received = out(small).split()
+    assert status == "200"
+    assert int(received) < 64 * 1024
+    assert small.usage.egress_bytes == 64 * 1024
+    cut = _attempts(sink)[-1]
+    assert not cut.allowed
+    assert cut.reason == "egress byte budget exhausted"
+    # Control: with budget to spare the same transfer completes.
+    big = sandboxed(egress_launcher, B, CLIENT, str(server.port),
+                    grant=EgressGrant(destinations=dest, byte_budget=4 * PAYLOAD))  # fmt: skip
+    assert out(big).split() == ["200", str(PAYLOAD)]
+
+
+def test_no_grant_means_no_egress(egress_launcher: Launcher, server: _Server) -> None:
+    o = sandboxed(egress_launcher, B, CLIENT, str(server.port))
+    assert out(o).split() == ["403", "0"]
+
+
+def test_an_unregistered_peer_is_refused(broker: EgressBroker, server: _Server) -> None:
+    """Identity is the peer's host uid: a process whose uid holds no lease gets nothing."""
+    code = CLIENT.replace('os.environ["CHARTER_EGRESS_SOCKET"]', repr(str(broker.path)))
+    r = on_host(code, str(server.port), user=60995)
+    assert r.stdout.split() == ["403", "0"]
+    assert (60995, f"127.0.0.1:{server.port}") in broker.unknown_attempts
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_reaches_the_broker_as_an_http_proxy(egress_launcher: Launcher) -> None:
+    import http.server
+    import socketserver
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"hello from the host\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with socketserver.TCPServer(("127.0.0.1", 0), Hello) as httpd:
+        port = httpd.server_address[1]
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        curl = f"curl -sS --unix-socket $CHARTER_EGRESS_SOCKET http://127.0.0.1:{port}/"
+        grant = EgressGrant(destinations=(f"127.0.0.1:{port}",), byte_budget=10_000)
+        o = egress_launcher.run(B, ["/bin/sh", "-c", curl], capture=True, grant=grant,
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+        httpd.shutdown()
+    assert o.stdout == b"hello from the host\n"
+
+
+def test_parse_forms() -> None:
+    assert _parse_head(b"CONNECT example.com:443 HTTP/1.1\r\n\r\n") == ("example.com", 443, None)
+    host, port, fwd = _parse_head(b"GET http://a.b:8080/x HTTP/1.1\r\nHost: a.b\r\n\r\n")  # type: ignore[misc]
+    assert (host, port) == ("a.b", 8080)
+    assert fwd.startswith(b"GET /x HTTP/1.1")  # type: ignore[union-attr]
+    assert _parse_head(b"GET /x HTTP/1.1\r\nHost: a.b\r\n\r\n")[:2] == ("a.b", 80)  # type: ignore[index]
+    assert _parse_head(b"nonsense\r\n\r\n") is None
+    grant = EgressGrant(destinations=("Example.com", "10.0.0.1:8443"))
+    assert grant.allows("example.com", 443)
+    assert not grant.allows("example.com", 22)
+    assert grant.allows("10.0.0.1", 8443)
+    assert not grant.allows("evil.example.com", 443)
