@@ -45,7 +45,16 @@ def call(rc):
         raise OSError(ctypes.get_errno(), "")
 out["unshare_user"] = attempt(lambda: call(libc.unshare(0x10000000)))
 out["mount"] = attempt(lambda: call(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
-out["ptrace_traceme"] = attempt(lambda: call(libc.ptrace(0, 0, None, None)))
+def ptrace_child():
+    child = os.fork()
+    if child == 0:
+        __import__("time").sleep(30)
+        os._exit(0)
+    try:
+        call(libc.ptrace(16, child, None, None))  # PTRACE_ATTACH to its own child
+    finally:
+        os.kill(child, 9); os.waitpid(child, 0)
+out["ptrace_attach"] = attempt(ptrace_child)
 status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
 out["no_new_privs"] = status["NoNewPrivs"].strip()
 out["seccomp"] = status["Seccomp"].strip()

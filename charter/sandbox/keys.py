@@ -119,17 +119,13 @@ class KeyBroker:
             self._keys[handle] = key
         return handle
 
-    def _key(self, handle: str, host_uid: int | None) -> _Key:
+    def public_key(self, handle: str) -> bytes:
+        """The handle's public key (not secret: the parent uses it to verify)."""
         with self._lock:
             key = self._keys.get(handle)
         if key is None:
             raise KeyHandleError("unknown or released key handle")
-        if key.host_uid is not None and host_uid != key.host_uid:
-            raise KeyHandleError("this key handle was issued to another sandbox")
-        return key
-
-    def public_key(self, handle: str) -> bytes:
-        return bytes(self._key(handle, None).public)
+        return bytes(key.public)
 
     def sign(self, handle: str, tag: str, message: bytes, *, host_uid: int | None = None) -> bytes:
         """Sign ``framed(tag, message)``; ``host_uid`` is the asking peer (None: in-process)."""

@@ -1,0 +1,92 @@
+"""The key broker: keys stay in the parent, handles are opaque and bound to a host uid,
+signatures are domain-separated, keys are wiped on release."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nacl.exceptions import BadSignatureError
+from nacl.signing import VerifyKey
+
+from charter.ledger.budget import Budget
+from charter.sandbox import KeyBroker, KeyHandleError, WarmPool, framed, verify_signature
+
+B = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=0MB")
+
+
+def test_sign_verify_and_domain_separation() -> None:
+    with KeyBroker() as broker:
+        seed = bytearray(secrets.token_bytes(32))
+        handle = broker.issue(seed)
+        assert seed == bytearray(32)  # the caller's copy is wiped once taken
+        pk = broker.public_key(handle)
+        sig = broker.sign(handle, "worker/report", b"hello")
+        assert verify_signature(pk, "worker/report", b"hello", sig)
+        # The same bytes under another tag, or as a bare Ed25519 message, do not verify.
+        assert not verify_signature(pk, "worker/other", b"hello", sig)
+        with pytest.raises(BadSignatureError):
+            VerifyKey(pk).verify(b"hello", sig)
+        # Length prefixes: moving bytes between tag and message changes the signed bytes.
+        assert framed("ab", b"c") != framed("a", b"bc")
+        with pytest.raises(KeyHandleError):
+            broker.sign(handle, "Not A Tag!", b"x")
+
+
+def test_release_wipes_the_key_and_kills_the_handle() -> None:
+    broker = KeyBroker()
+    handle = broker.issue(bytearray(secrets.token_bytes(32)))
+    key = broker._keys[handle]  # the broker's own buffer, inspected from outside
+    assert any(key.secret)  # control: a live key is not all zeros
+    broker.release(handle)
+    assert key.secret == bytearray(64)
+    with pytest.raises(KeyHandleError):
+        broker.sign(handle, "worker/report", b"x")
+    with pytest.raises(KeyHandleError):
+        broker.issue(bytearray(31))
+
+
+SIGN = """
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["CHARTER_KEY_SOCKET"])
+s.sendall(json.dumps({"handle": sys.argv[1], "tag": "worker/report",
+                      "message_hex": b"result".hex()}).encode() + b"\\n")
+print(s.makefile().readline().strip())
+"""
+
+
+@pytest.fixture
+def keyed_pool(scratch: Path, state_dir: Path) -> Iterator[tuple[WarmPool, KeyBroker]]:
+    template = scratch / "t"
+    template.mkdir(mode=0o755)
+    with (
+        KeyBroker(state_dir / "keys.sock") as keys,
+        WarmPool(template, B, capacity=2, keys=keys, state_dir=state_dir) as pool,
+    ):
+        yield pool, keys
+
+
+@pytest.mark.sandbox
+def test_a_sandbox_signs_only_with_its_own_handle(keyed_pool: tuple[WarmPool, KeyBroker]) -> None:
+    import json
+
+    pool, keys = keyed_pool
+    mine, other = pool.lease(), pool.lease()
+    handle = keys.issue(bytearray(secrets.token_bytes(32)), host_uid=mine.spec.host_uid)
+    try:
+        # The attack: another sandbox presents the handle.
+        stolen = json.loads(
+            other.run(["/usr/bin/python3", "-I", "-c", SIGN, handle]).stdout or b"{}"
+        )
+        assert stolen == {"error": "this key handle was issued to another sandbox"}
+        # Control: the sandbox it was issued to gets a signature that verifies.
+        ok = json.loads(mine.run(["/usr/bin/python3", "-I", "-c", SIGN, handle]).stdout or b"{}")
+        sig = bytes.fromhex(ok["signature_hex"])
+        assert verify_signature(keys.public_key(handle), "worker/report", b"result", sig)
+    finally:
+        keys.release(handle)
+        pool.release(mine, refill=False)
+        pool.release(other, refill=False)
