@@ -1,3 +1,31 @@
-"""charter.projections"""
+"""The read side: folds over the journal into SQL tables in the journal's database
+(budgets, the lineage tree, slot occupancy), rebuildable from zero, kept current
+incrementally with the tracking position in the same transaction, and queryable as of
+any journal position. See docs/projections.md.
+"""
 
-__all__: list[str] = []
+from charter.projections._answers import (
+    BudgetLine,
+    BudgetReport,
+    CellSlots,
+    SlotsReport,
+    TreeNode,
+    TreeReport,
+)
+from charter.projections._fold import iso_to_ms
+from charter.projections.errors import PositionBeyondHeadError, ProjectionConflictError
+from charter.projections.projector import DEFAULT_NAME, Projector
+
+__all__ = [
+    "Projector",
+    "DEFAULT_NAME",
+    "BudgetLine",
+    "BudgetReport",
+    "TreeNode",
+    "TreeReport",
+    "CellSlots",
+    "SlotsReport",
+    "iso_to_ms",
+    "PositionBeyondHeadError",
+    "ProjectionConflictError",
+]

@@ -1,0 +1,277 @@
+"""What the projections answer, computed from the rows as of one position.
+
+Remaining budget depends on time (a lease that has expired is charged only what its
+subtree spent), so it is computed here, at query time, from the ledger rows as of
+position ``p`` and the commit time of entry ``p``: the same formula as
+:meth:`charter.ledger.leases.LeaseBook.remaining`, over the same state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from charter.ledger.budget import Budget
+from charter.projections._fold import (
+    AXES,
+    L_ALLOC,
+    L_EXHAUSTED,
+    L_EXPIRES,
+    L_FROM,
+    L_LINEAGE,
+    L_PARENT,
+    L_RELEASED,
+    L_SPENT,
+)
+
+__all__ = ["BudgetLine", "BudgetReport", "CellSlots", "SlotsReport", "TreeNode", "TreeReport"]
+
+Vec = tuple[int, int, int, int, int]
+_ZERO: Vec = (0, 0, 0, 0, 0)
+
+
+def _vec(row: Sequence[Any], start: int) -> Vec:
+    return (row[start], row[start + 1], row[start + 2], row[start + 3], row[start + 4])
+
+
+def _add(a: Vec, b: Vec) -> Vec:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
+
+
+def _min(a: Vec, b: Vec) -> Vec:
+    return (min(a[0], b[0]), min(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3]), min(a[4], b[4]))
+
+
+def _sat_sub(a: Vec, b: Vec) -> Vec:
+    return (
+        max(0, a[0] - b[0]),
+        max(0, a[1] - b[1]),
+        max(0, a[2] - b[2]),
+        max(0, a[3] - b[3]),
+        max(0, a[4] - b[4]),
+    )
+
+
+def _budget(v: Vec) -> Budget:
+    return Budget(**dict(zip(AXES, v, strict=True)))
+
+
+def _active(row: Sequence[Any], at_ms: int) -> bool:
+    released = row[L_RELEASED]
+    if released is not None and released <= at_ms:
+        return False
+    expires = row[L_EXPIRES]
+    return expires is None or at_ms < expires
+
+
+def _status(row: Sequence[Any], at_ms: int) -> str:
+    if _active(row, at_ms):
+        return "active"
+    released = row[L_RELEASED]
+    return "released" if released is not None and released <= at_ms else "expired"
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """One budget ledger as of a position, evaluated at that position's commit time."""
+
+    lineage: str
+    parent: str | None
+    status: str  # active | released | expired
+    allocation: Budget
+    spent: Budget
+    subtree_spent: Budget
+    outstanding: Budget
+    remaining: Budget
+    expires_at_ms: int | None
+    released_at_ms: int | None
+    exhausted: bool
+    since: int  # position of the version this answer was read from
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lineage": self.lineage,
+            "parent": self.parent,
+            "status": self.status,
+            "allocation": self.allocation.model_dump(),
+            "spent": self.spent.model_dump(),
+            "subtree_spent": self.subtree_spent.model_dump(),
+            "outstanding": self.outstanding.model_dump(),
+            "remaining": self.remaining.model_dump(),
+            "expires_at_ms": self.expires_at_ms,
+            "released_at_ms": self.released_at_ms,
+            "exhausted": self.exhausted,
+            "since": self.since,
+        }
+
+
+@dataclass(frozen=True)
+class BudgetReport:
+    as_of: int
+    at_ms: int
+    ledgers: tuple[BudgetLine, ...]
+
+    def get(self, lineage: str) -> BudgetLine:
+        for line in self.ledgers:
+            if line.lineage == lineage:
+                return line
+        raise KeyError(lineage)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "as_of": self.as_of,
+            "at_ms": self.at_ms,
+            "ledgers": [line.to_json() for line in self.ledgers],
+        }
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Sequence[Any]], as_of: int, at_ms: int) -> BudgetReport:
+        by_lineage = {row[L_LINEAGE]: row for row in rows}
+        children: dict[str, list[str]] = {}
+        for row in sorted(by_lineage.values(), key=lambda r: r[L_FROM]):
+            if row[L_PARENT] is not None:
+                children.setdefault(row[L_PARENT], []).append(row[L_LINEAGE])
+        subtree: dict[str, Vec] = {}
+
+        def subtree_spent(lineage: str) -> Vec:
+            # Iterative post-order: trees may be deeper than Python's recursion limit.
+            stack = [(lineage, False)]
+            while stack:
+                node, done = stack.pop()
+                if node in subtree:
+                    continue
+                kids = [k for k in children.get(node, ()) if k in by_lineage]
+                if done:
+                    total = _vec(by_lineage[node], L_SPENT)
+                    for kid in kids:
+                        total = _add(total, subtree[kid])
+                    subtree[node] = total
+                else:
+                    stack.append((node, True))
+                    stack.extend((k, False) for k in kids)
+            return subtree[lineage]
+
+        lines = []
+        for lineage, row in sorted(by_lineage.items()):
+            outstanding = _ZERO
+            for kid in children.get(lineage, ()):
+                kid_row = by_lineage[kid]
+                alloc = _vec(kid_row, L_ALLOC)
+                charge = alloc if _active(kid_row, at_ms) else _min(subtree_spent(kid), alloc)
+                outstanding = _add(outstanding, charge)
+            allocation = _vec(row, L_ALLOC)
+            spent = _vec(row, L_SPENT)
+            remaining = (
+                _sat_sub(allocation, _add(spent, outstanding)) if _active(row, at_ms) else _ZERO
+            )
+            lines.append(
+                BudgetLine(
+                    lineage=lineage,
+                    parent=row[L_PARENT],
+                    status=_status(row, at_ms),
+                    allocation=_budget(allocation),
+                    spent=_budget(spent),
+                    subtree_spent=_budget(subtree_spent(lineage)),
+                    outstanding=_budget(outstanding),
+                    remaining=_budget(remaining),
+                    expires_at_ms=row[L_EXPIRES],
+                    released_at_ms=row[L_RELEASED],
+                    exhausted=bool(row[L_EXHAUSTED]),
+                    since=row[L_FROM],
+                )
+            )
+        return cls(as_of, at_ms, tuple(lines))
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    lineage: str
+    parent: str | None
+    depth: int
+    kind: str  # agent | worker
+    position: int  # where it first appeared
+    fanout: str | None
+    status: str  # active | released | expired | no-ledger
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lineage": self.lineage,
+            "parent": self.parent,
+            "depth": self.depth,
+            "kind": self.kind,
+            "position": self.position,
+            "fanout": self.fanout,
+            "status": self.status,
+        }
+
+
+@dataclass(frozen=True)
+class TreeReport:
+    as_of: int
+    nodes: tuple[TreeNode, ...]  # sorted by lineage: every parent before its children
+
+    def to_json(self) -> dict[str, Any]:
+        return {"as_of": self.as_of, "nodes": [n.to_json() for n in self.nodes]}
+
+
+@dataclass(frozen=True)
+class CellSlots:
+    cell: str
+    caps: dict[str, int]
+    cores: int
+    failover_reserve: int
+    since: int
+    holders: dict[str, tuple[str, ...]]  # resource class → lineages, sorted
+
+    def occupancy(self, resource: str) -> int:
+        return len(self.holders.get(resource, ()))
+
+    def to_json(self) -> dict[str, Any]:
+        resources = sorted(set(self.caps) | set(self.holders))
+        return {
+            "cell": self.cell,
+            "cores": self.cores,
+            "failover_reserve": self.failover_reserve,
+            "since": self.since,
+            "slots": {
+                r: {
+                    "cap": self.caps.get(r),
+                    "occupancy": self.occupancy(r),
+                    "holders": list(self.holders.get(r, ())),
+                }
+                for r in resources
+            },
+        }
+
+
+@dataclass(frozen=True)
+class SlotsReport:
+    as_of: int
+    cells: tuple[CellSlots, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"as_of": self.as_of, "cells": [c.to_json() for c in self.cells]}
+
+    @classmethod
+    def from_rows(
+        cls, cells: Iterable[Sequence[Any]], slots: Iterable[Sequence[Any]], as_of: int
+    ) -> SlotsReport:
+        holders: dict[str, dict[str, list[str]]] = {}
+        for cell, resource, lineage, _, _ in slots:
+            holders.setdefault(cell, {}).setdefault(resource, []).append(lineage)
+        out = []
+        for cell, valid_from, _, caps, cores, reserve in sorted(cells, key=lambda r: str(r[0])):
+            held = holders.get(cell, {})
+            out.append(
+                CellSlots(
+                    cell=cell,
+                    caps={str(k): int(v) for k, v in json.loads(caps).items()},
+                    cores=int(cores),
+                    failover_reserve=int(reserve),
+                    since=int(valid_from),
+                    holders={r: tuple(sorted(ls)) for r, ls in sorted(held.items())},
+                )
+            )
+        return cls(as_of, tuple(out))

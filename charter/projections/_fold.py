@@ -1,0 +1,294 @@
+"""The projection fold: raw journal rows in, versioned SQL rows out (no database here).
+
+Every projected value is a *versioned row*: ``valid_from`` is the position of the entry
+that made it, ``valid_to`` the position of the entry that replaced it (NULL while it is
+current). A query as of position ``p`` is then ``valid_from <= p AND (valid_to IS NULL
+OR valid_to > p)``. The fold keeps only the current rows in memory and computes each
+closed row completely before it is written, so a rebuild is insert-only; a row that was
+already written open is closed with one UPDATE.
+
+Only the event types projected here are decoded (``json.loads`` of the stored state),
+the others are only counted. The fold mirrors :class:`charter.ledger.leases.LeaseBook`
+and :class:`charter.ledger.admission.Cells`; the tests replay both and compare.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+__all__ = ["AXES", "Changes", "Fold", "at_ms_of_state", "iso_to_ms"]
+
+AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+# Ledger row layout (the order of the columns of the ledgers table).
+L_LINEAGE, L_FROM, L_TO, L_PARENT = 0, 1, 2, 3
+L_ALLOC = 4  # 5 axes: 4..8
+L_EXPIRES, L_RELEASED = 9, 10
+L_SPENT = 11  # 5 axes: 11..15
+L_EXHAUSTED = 16
+LEDGER_COLUMNS = (
+    "lineage",
+    "valid_from",
+    "valid_to",
+    "parent",
+    *(f"alloc_{a}" for a in AXES),
+    "expires_at_ms",
+    "released_at_ms",
+    *(f"spent_{a}" for a in AXES),
+    "exhausted",
+)
+CELL_COLUMNS = ("cell", "valid_from", "valid_to", "caps", "cores", "failover_reserve")
+SLOT_COLUMNS = ("cell", "resource", "lineage", "valid_from", "valid_to")
+NODE_COLUMNS = ("lineage", "parent", "depth", "kind", "position", "fanout")
+
+
+def iso_to_ms(text: str) -> int:
+    """A recorded_at timestamp as whole milliseconds since the epoch (floor, exact:
+    integer arithmetic on the datetime, never a float)."""
+    return (datetime.fromisoformat(text) - _EPOCH) // _MS
+
+
+def at_ms_of_state(state: bytes) -> int:
+    """The commit time (ms) stored in an entry's state (``{"at": iso, …}``)."""
+    return iso_to_ms(json.loads(state)["at"])
+
+
+def _budget(value: dict[str, int]) -> list[int]:
+    return [int(value[a]) for a in AXES]
+
+
+@dataclass
+class Changes:
+    """Rows to write, gathered since the last flush."""
+
+    ledger_inserts: list[tuple[Any, ...]] = field(default_factory=list)
+    ledger_closes: list[tuple[int, str]] = field(default_factory=list)
+    cell_inserts: list[tuple[Any, ...]] = field(default_factory=list)
+    cell_closes: list[tuple[int, str]] = field(default_factory=list)
+    slot_inserts: list[tuple[Any, ...]] = field(default_factory=list)
+    slot_closes: list[tuple[int, str, str, str]] = field(default_factory=list)
+    node_inserts: list[tuple[Any, ...]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return (
+            len(self.ledger_inserts)
+            + len(self.ledger_closes)
+            + len(self.cell_inserts)
+            + len(self.slot_inserts)
+            + len(self.slot_closes)
+            + len(self.node_inserts)
+        )
+
+
+class Fold:
+    """The current rows of every projection, and the changes not yet written."""
+
+    def __init__(self, position: int = 0) -> None:
+        self.position = position
+        self.ledgers: dict[str, list[Any]] = {}
+        self.children: dict[str, list[str]] = {}
+        self.cells: dict[str, list[Any]] = {}
+        self.slots: dict[tuple[str, str, str], int] = {}  # open slot → valid_from
+        # Current rows that are already in the database (closing them is an UPDATE).
+        self.persisted_ledgers: set[str] = set()
+        self.persisted_cells: set[str] = set()
+        self.persisted_slots: set[tuple[str, str, str]] = set()
+        self.changes = Changes()
+
+    # -- loading the current rows of an existing projection --------------------------
+
+    def load(
+        self,
+        ledgers: Iterable[Sequence[Any]],
+        cells: Iterable[Sequence[Any]],
+        slots: Iterable[Sequence[Any]],
+    ) -> None:
+        for row in ledgers:
+            lineage = row[L_LINEAGE]
+            self.ledgers[lineage] = list(row)
+            self.persisted_ledgers.add(lineage)
+        for row in sorted(self.ledgers.values(), key=lambda r: r[L_FROM]):
+            if row[L_PARENT] is not None:
+                self.children.setdefault(row[L_PARENT], []).append(row[L_LINEAGE])
+        for row in cells:
+            self.cells[row[0]] = list(row)
+            self.persisted_cells.add(row[0])
+        for cell, resource, lineage, valid_from, _ in slots:
+            self.slots[cell, resource, lineage] = valid_from
+            self.persisted_slots.add((cell, resource, lineage))
+
+    # -- versioning ----------------------------------------------------------------
+
+    def _next_ledger(self, lineage: str, position: int) -> list[Any]:
+        """Close the current version of ``lineage`` at ``position``; return the new one."""
+        old = self.ledgers[lineage]
+        if lineage in self.persisted_ledgers:
+            self.persisted_ledgers.discard(lineage)
+            self.changes.ledger_closes.append((position, lineage))
+        else:
+            old[L_TO] = position
+            self.changes.ledger_inserts.append(tuple(old))
+        new = old.copy()
+        new[L_FROM] = position
+        new[L_TO] = None
+        self.ledgers[lineage] = new
+        return new
+
+    def _replace_ledger(self, row: list[Any], position: int) -> None:
+        lineage = row[L_LINEAGE]
+        if lineage in self.ledgers:
+            self._next_ledger(lineage, position)
+        self.ledgers[lineage] = row
+        parent = row[L_PARENT]
+        if parent is not None:
+            siblings = self.children.setdefault(parent, [])
+            if lineage not in siblings:
+                siblings.append(lineage)
+
+    def _close_slot(self, key: tuple[str, str, str], position: int) -> None:
+        valid_from = self.slots.pop(key)
+        if key in self.persisted_slots:
+            self.persisted_slots.discard(key)
+            self.changes.slot_closes.append((position, *key))
+        else:
+            self.changes.slot_inserts.append((*key, valid_from, position))
+
+    def _node(self, lineage: str, position: int, fanout: str | None) -> None:
+        cut = lineage.rfind("/")
+        parent = lineage[:cut] if cut >= 0 else None
+        kind = "agent" if parent is None else "worker"
+        self.changes.node_inserts.append(
+            (lineage, parent, lineage.count("/"), kind, position, fanout)
+        )
+
+    # -- the fold --------------------------------------------------------------------
+
+    def apply_rows(self, rows: Iterable[Sequence[Any]]) -> None:
+        """Fold raw journal rows ``(position, originator, version, topic, state, …)``."""
+        counts = self.changes.counts
+        loads = json.loads
+        for row in rows:
+            position, topic, state = row[0], row[3], row[4]
+            name = topic[: topic.index("/")]
+            counts[name] = counts.get(name, 0) + 1
+            handler = _HANDLERS.get(name)
+            if handler is not None:
+                data = loads(state)
+                handler(self, position, data["payload"], data["at"])
+            self.position = position
+
+    def _ledger_opened(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        row = [p["lineage"], position, None, None, *_budget(p["allocation"]), None, None]
+        row += [0, 0, 0, 0, 0, 0]
+        self._replace_ledger(row, position)
+
+    def _lease_granted(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        row = [p["lineage"], position, None, p["parent"], *_budget(p["allocation"])]
+        row += [int(p["expires_at_ms"]), None, 0, 0, 0, 0, 0, 0]
+        self._replace_ledger(row, position)
+
+    def _usage(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        row = self._next_ledger(p["lineage"], position)
+        amount = p["amount"]
+        for i, axis in enumerate(AXES):
+            row[L_SPENT + i] += int(amount[axis])
+        if p["exhausted"]:
+            row[L_EXHAUSTED] = 1
+
+    def _released(self, position: int, p: dict[str, Any], at: str) -> None:
+        at_ms = iso_to_ms(at)
+        stack = [p["lineage"]]
+        while stack:
+            lineage = stack.pop()
+            if self.ledgers[lineage][L_RELEASED] is None:
+                self._next_ledger(lineage, position)[L_RELEASED] = at_ms
+            stack.extend(self.children.get(lineage, ()))
+
+    def _renewed(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        self._next_ledger(p["lineage"], position)[L_EXPIRES] = int(p["expires_at_ms"])
+
+    def _cell_configured(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        cell = p["cell"]
+        if cell in self.cells:
+            # A reconfigured cell starts with no holders (as Cells.apply does).
+            for key in [k for k in self.slots if k[0] == cell]:
+                self._close_slot(key, position)
+            old = self.cells[cell]
+            if cell in self.persisted_cells:
+                self.persisted_cells.discard(cell)
+                self.changes.cell_closes.append((position, cell))
+            else:
+                old[2] = position
+                self.changes.cell_inserts.append(tuple(old))
+        caps = json.dumps(p["caps"], sort_keys=True, separators=(",", ":"))
+        self.cells[cell] = [cell, position, None, caps, p["cores"], p["failover_reserve"]]
+
+    def _slot_admitted(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        key = (p["cell"], p["resource"], p["lineage"])
+        if key not in self.slots:
+            self.slots[key] = position
+
+    def _slot_released(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        key = (p["cell"], p["resource"], p["lineage"])
+        if key in self.slots:
+            self._close_slot(key, position)
+
+    def _agent_registered(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        self._node(p["lineage"], position, None)
+
+    def _grant_minted(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        if p["lineage"] != p["issuer"]:  # a root's ceiling grant is self-issued
+            self._node(p["lineage"], position, p["fanout"])
+
+    # -- handing over what to write --------------------------------------------------
+
+    def take(self, *, final: bool) -> Changes:
+        """The changes to write now; with ``final`` also every current row not yet in
+        the database (so that a commit leaves the tables complete)."""
+        changes = self.changes
+        self.changes = Changes()
+        if final:
+            for lineage, row in self.ledgers.items():
+                if lineage not in self.persisted_ledgers:
+                    changes.ledger_inserts.append(tuple(row))
+                    self.persisted_ledgers.add(lineage)
+            for cell, row in self.cells.items():
+                if cell not in self.persisted_cells:
+                    changes.cell_inserts.append(tuple(row))
+                    self.persisted_cells.add(cell)
+            for key, valid_from in self.slots.items():
+                if key not in self.persisted_slots:
+                    changes.slot_inserts.append((*key, valid_from, None))
+                    self.persisted_slots.add(key)
+        return changes
+
+
+_HANDLERS = {
+    "BudgetLedgerOpened": Fold._ledger_opened,
+    "LeaseGranted": Fold._lease_granted,
+    "UsageRecorded": Fold._usage,
+    "LeaseReleased": Fold._released,
+    "LeaseRenewed": Fold._renewed,
+    "CellConfigured": Fold._cell_configured,
+    "SlotAdmitted": Fold._slot_admitted,
+    "SlotReleased": Fold._slot_released,
+    "AgentRegistered": Fold._agent_registered,
+    "GrantMinted": Fold._grant_minted,
+}

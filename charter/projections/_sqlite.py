@@ -1,0 +1,75 @@
+"""SQLite driver code for the projection tables (in the journal's own file).
+
+Why a driver import outside ``charter/ledger``: the design keeps the projections as SQL
+tables in the same database as the journal, committed together with the follower's
+tracking row; that transaction needs a connection of its own. Only the two private
+store modules of this package import a driver, and only for that.
+
+Writers take ``BEGIN IMMEDIATE`` (the write lock first; a deferred ``BEGIN`` would fail
+across processes with "database is locked" when it upgrades). Readers see one WAL
+snapshot for the statements of a read.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from charter.ledger.errors import UnavailableError
+from charter.projections._store import ProjectionStore
+
+__all__ = ["SQLiteProjectionStore"]
+
+
+class SQLiteProjectionStore(ProjectionStore):
+    tracking_table = "tracking"
+
+    def __init__(self, path: Path, prefix: str, tracking_name: str) -> None:
+        super().__init__(prefix, tracking_name)
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            try:
+                conn = sqlite3.connect(
+                    f"file:{self.path}?mode=rw", uri=True, isolation_level=None, timeout=30
+                )
+                # The journal keeps synchronous=FULL for its own commits; projection
+                # rows are derived data, but their tracking row shares the commit, so
+                # the same durability keeps "exactly once" true across power loss.
+                conn.execute("PRAGMA synchronous=FULL")
+            except sqlite3.Error as e:
+                raise UnavailableError(f"cannot open SQLite journal {self.path}: {e}") from e
+            self._conn = conn
+        return self._conn
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Cursor]:
+        cur = self._connection().cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            raise UnavailableError(f"cannot lock {self.path} for projection: {e}") from e
+        try:
+            yield cur
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Cursor]:
+        cur = self._connection().cursor()
+        cur.execute("BEGIN")
+        try:
+            yield cur
+        finally:
+            cur.execute("COMMIT")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

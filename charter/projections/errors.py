@@ -1,0 +1,15 @@
+"""Errors of the projections (each a kind of the ledger's error groups, for the CLI)."""
+
+from __future__ import annotations
+
+from charter.ledger.errors import BadInputError, StateError
+
+__all__ = ["PositionBeyondHeadError", "ProjectionConflictError"]
+
+
+class PositionBeyondHeadError(BadInputError):
+    """An ``--as-of`` position the journal has not reached."""
+
+
+class ProjectionConflictError(StateError):
+    """The tracking row refused a position (another copy already recorded it)."""
