@@ -145,13 +145,14 @@ class Projector:
         poll_s: float = 0.005,
         until: Callable[[], bool] = lambda: False,
         on_step: Callable[[int], None] | None = None,
+        chunk: int = _CHUNK,
     ) -> int:
         """Catch up, then keep polling the journal head until ``until()`` is true."""
-        position = self.catch_up()
+        position = self.catch_up(chunk=chunk)
         while not until():
             head = self.journal.head()
             if head is not None and head[0] > position:
-                position = self.catch_up()
+                position = self.catch_up(chunk=chunk)
                 if on_step is not None:
                     on_step(position)
             else:

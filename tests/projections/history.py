@@ -85,7 +85,7 @@ class History:
         )[0]
         try:
             return self._apply(getattr(self, f"_{kind}")())
-        except CharterError:
+        except (CharterError, IndexError):  # refused, or nothing to choose from
             return []
 
     def batches(self, count: int) -> Iterator[list[Event]]:
