@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
+import select
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from charter.sandbox.errors import SandboxUnavailableError
 from charter.sandbox.render import render_cgroup
 from charter.sandbox.spec import CgroupMode, SandboxSpec
 
-__all__ = ["Cgroup", "CgroupUsage", "reap_stale"]
+__all__ = ["Cgroup", "CgroupUsage", "home_fds", "reap_stale"]
 
 _V1_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
 _PARENT = "charter"
@@ -31,7 +34,10 @@ class CgroupUsage(BaseModel):
     pids_limit_hits: int
 
 
+@functools.lru_cache(maxsize=2)
 def _parent_dirs(mode: CgroupMode) -> list[Path]:
+    """Where sandbox cgroups go: ``charter/`` under this process's own cgroups (read
+    once: a launcher is not expected to be moved between cgroups while it runs)."""
     own = own_cgroups()
     match mode:
         case CgroupMode.V1:
@@ -40,6 +46,33 @@ def _parent_dirs(mode: CgroupMode) -> list[Path]:
             ]
         case CgroupMode.V2:
             return [CGROUP_ROOT / own.get("", "/").lstrip("/") / _PARENT]
+
+
+def _join_file(mode: CgroupMode) -> str:
+    match mode:
+        case CgroupMode.V1:
+            return "tasks"
+        case CgroupMode.V2:
+            return "cgroup.procs"
+
+
+_made_parents: set[str] = set()
+_home_lock = threading.Lock()
+_home: dict[str, int] = {}
+
+
+def home_fds() -> list[int]:
+    """Join files of the calling thread's current v1 cgroups: call it *before* moving
+    the thread, then write ``0`` to each to move it back. (Opened files are cached.)"""
+    own = own_cgroups(Path("/proc/thread-self/cgroup").read_text())
+    fds = []
+    with _home_lock:
+        for c in _V1_CONTROLLERS:
+            path = str(CGROUP_ROOT / c / own.get(c, "/").lstrip("/") / "tasks")
+            if path not in _home:
+                _home[path] = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            fds.append(_home[path])
+    return fds
 
 
 def _read(path: Path) -> str:
@@ -66,8 +99,13 @@ def _read_int(path: Path, key: str | None = None) -> int:
 
 
 class Cgroup:
-    """One sandbox's cgroup directories. ``join_fds`` are opened ``cgroup.procs`` files
-    the launched child writes ``0`` to (joining itself) before it drops privileges."""
+    """One sandbox's cgroup directories.
+
+    ``join_fds`` are the opened files a task writes ``0`` to, to join. On v1 that is
+    ``tasks``, which moves only the writing thread: the kernel then skips the global
+    ``cgroup_threadgroup_rwsem`` write lock, whose RCU grace period cost 5-10 ms per
+    launch here. A single-threaded child, or one thread of the launcher about to fork,
+    is exactly what must move, so nothing is lost."""
 
     def __init__(self, spec: SandboxSpec) -> None:
         self.mode = spec.cgroup_mode
@@ -76,7 +114,9 @@ class Cgroup:
         self._procs = self.dirs[0] / "cgroup.procs"
         try:
             for d in self.dirs:
-                d.parent.mkdir(exist_ok=True)
+                if str(d.parent) not in _made_parents:
+                    d.parent.mkdir(exist_ok=True)
+                    _made_parents.add(str(d.parent))
                 d.mkdir()
             for key, value in render_cgroup(spec).items():
                 fd = os.open(self._path(key), os.O_WRONLY | os.O_CLOEXEC)
@@ -85,7 +125,7 @@ class Cgroup:
                 finally:
                     os.close(fd)
             for d in self.dirs:
-                self.join_fds.append(os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+                self.join_fds.append(os.open(d / _join_file(self.mode), os.O_WRONLY | os.O_CLOEXEC))
         except OSError as e:
             self.remove()
             raise SandboxUnavailableError(f"cannot set up the sandbox cgroup: {e}") from e
@@ -130,12 +170,26 @@ class Cgroup:
 
     def wait_empty(self, timeout: float = 0.5) -> bool:
         """Wait (briefly) for members to leave by themselves: bwrap reports the exit code
-        a moment before its pid 1 is gone. True when the cgroup emptied in time."""
+        a moment before its pid 1 is gone. Waits on pidfds, so it wakes at the exit.
+        True when the cgroup emptied in time."""
         deadline = time.monotonic() + timeout
-        while self.pids():
-            if time.monotonic() > deadline:
+        while members := self.pids():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return False
-            time.sleep(0.0001)
+            fds = []
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError):
+                    fds.append(os.pidfd_open(pid))
+            try:
+                poller = select.poll()
+                for fd in fds:
+                    poller.register(fd, select.POLLIN)
+                # A pid may be reused by then; the timeout bounds that rare case.
+                poller.poll(max(1, int(min(remaining, 0.05) * 1000)))
+            finally:
+                for fd in fds:
+                    os.close(fd)
         return True
 
     def kill_all(self, timeout: float = 5.0) -> bool:

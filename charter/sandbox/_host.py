@@ -84,13 +84,16 @@ class UidLease:
 
 _cursor = secrets.randbelow(UID_RANGE)
 _cursor_lock = threading.Lock()
+_lock_dirs: set[str] = set()
 
 
 def allocate_uid(state_dir: Path) -> UidLease:
     """Hold the first free sandbox uid. The flock is released by :meth:`UidLease.release`
     or when the holding process dies, so uids never leak past their holder."""
     locks = state_dir / "uids"
-    locks.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if str(locks) not in _lock_dirs:
+        locks.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _lock_dirs.add(str(locks))
     global _cursor  # noqa: PLW0603 (one cursor per process, guarded by the lock)
     with _cursor_lock:
         start = _cursor
@@ -100,7 +103,7 @@ def allocate_uid(state_dir: Path) -> UidLease:
     # init) never count against the next sandbox's RLIMIT_NPROC.
     for offset in range(UID_RANGE):
         uid = FIRST_SANDBOX_UID + (start + offset) % UID_RANGE
-        fd = os.open(locks / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(f"{locks}/{uid}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -10,19 +10,22 @@ import resource
 import select
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from charter.sandbox._cgroup import Cgroup, CgroupUsage
+from charter.sandbox import _janitor as janitor
+from charter.sandbox._cgroup import Cgroup, CgroupUsage, home_fds
 from charter.sandbox.errors import SandboxUnavailableError
 from charter.sandbox.render import BwrapFds, render_bwrap, render_seccomp
-from charter.sandbox.spec import SandboxSpec
+from charter.sandbox.spec import CgroupMode, SandboxSpec
 
 __all__ = ["EXIT_WALL_CLOCK", "Overlay", "SandboxProcess", "exit_code_of"]
 
 EXIT_WALL_CLOCK = 124
+_spawn_lock = threading.Lock()  # the thread-migrating spawn changes process-wide rlimits
 _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -112,15 +115,18 @@ class SandboxProcess:
             files = tuple(_memfd("file", content.encode()) for _, content in spec.files)
             fds += files
             argv = render_bwrap(spec, command, BwrapFds(seccomp, files), bwrap=bwrap)
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                pass_fds=(*fds, *extra_fds),
-                close_fds=True,
-                preexec_fn=self._child_setup(overlay),  # noqa: PLW1509 (no threads fork here)
-            )
+            if overlay is None and spec.cgroup_mode is CgroupMode.V1:
+                self.proc = self._spawn_from_thread(argv, (*fds, *extra_fds), stdin, stdout, stderr)
+            else:
+                self.proc = subprocess.Popen(
+                    argv,
+                    stdin=stdin,
+                    stdout=stdout,
+                    stderr=stderr,
+                    pass_fds=(*fds, *extra_fds),
+                    close_fds=True,
+                    preexec_fn=self._child_setup(overlay),  # noqa: PLW1509 (see _child_setup)
+                )
         except (OSError, subprocess.SubprocessError) as e:
             self.cgroup.remove()
             raise SandboxUnavailableError(f"cannot start the sandbox: {e}") from e
@@ -131,13 +137,45 @@ class SandboxProcess:
         self.started_at = time.monotonic()
         self._pidfd = os.pidfd_open(self.proc.pid)
 
-    def _child_setup(self, overlay: Overlay | None) -> Callable[[], None]:
-        spec, join = self.spec, tuple(self.cgroup.join_fds)
-        limits = (
-            (resource.RLIMIT_NPROC, spec.nproc),  # a backstop to pids.max on the unique uid
-            (resource.RLIMIT_NOFILE, spec.nofile),
+    def _limits(self) -> tuple[tuple[int, int], ...]:
+        return (
+            (resource.RLIMIT_NPROC, self.spec.nproc),  # a backstop to pids.max (unique uid)
+            (resource.RLIMIT_NOFILE, self.spec.nofile),
             (resource.RLIMIT_CORE, 0),  # no core dumps of sandbox memory onto the host
         )
+
+    def _spawn_from_thread(
+        self, argv: list[str], fds: tuple[int, ...], stdin: Stdio, stdout: Stdio, stderr: Stdio
+    ) -> subprocess.Popen[bytes]:
+        """The cold path without Python in the child: this thread joins the sandbox's
+        cgroups (v1 ``tasks`` moves one thread, no global lock), forks with the rlimits
+        in force (set process-wide for the instant of the fork: root is exempt from
+        RLIMIT_NPROC, and the limits are restored at once), and moves back home. The
+        child inherits both at fork, before it runs a single instruction of its own."""
+        spec = self.spec
+        with _spawn_lock:
+            saved = [(which, resource.getrlimit(which)) for which, _ in self._limits()]
+            home = home_fds()
+            try:
+                # Soft limits only: lowering a hard limit could not be undone without
+                # CAP_SYS_RESOURCE (which root lacks on some hosts, this one included).
+                for (which, value), (_, (_, hard)) in zip(self._limits(), saved, strict=True):
+                    soft = min(value, hard) if hard >= 0 else value
+                    resource.setrlimit(which, (soft, hard))
+                for fd in self.cgroup.join_fds:
+                    os.write(fd, b"0")
+                return subprocess.Popen(
+                    argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=fds,
+                    close_fds=True, user=spec.host_uid, group=spec.host_gid, extra_groups=[],
+                )  # fmt: skip
+            finally:
+                for fd in home:
+                    os.write(fd, b"0")
+                for which, limits in saved:
+                    resource.setrlimit(which, limits)
+
+    def _child_setup(self, overlay: Overlay | None) -> Callable[[], None]:
+        spec, join, limits = self.spec, tuple(self.cgroup.join_fds), self._limits()
 
         def setup() -> None:
             for fd in join:
@@ -181,13 +219,17 @@ class SandboxProcess:
     def usage(self) -> CgroupUsage:
         return self.cgroup.usage()
 
-    def destroy(self) -> None:
-        """Kill whatever is left and remove the cgroup."""
+    def destroy(self, *, defer_removal: bool = False) -> None:
+        """Kill whatever is left, wait until no process of the sandbox remains, and
+        remove its (then empty) cgroup, on the janitor thread if ``defer_removal``."""
         if self.proc.poll() is None:
             self.kill()
         if not self.cgroup.wait_empty():
             self.cgroup.kill_all()
-        self.cgroup.remove()
+        if defer_removal:
+            janitor.defer(self.cgroup.remove)
+        else:
+            self.cgroup.remove()
         if self._pidfd >= 0:
             os.close(self._pidfd)
             self._pidfd = -1

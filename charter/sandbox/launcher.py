@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from charter.ledger.budget import Budget
 from charter.ledger.events import Event
+from charter.sandbox import _janitor as janitor
 from charter.sandbox._host import (
     allocate_uid,
     cgroup_mode,
@@ -120,10 +121,13 @@ class Launcher:
         self.mode = cgroup_mode()
         self.host_cpus = host_cpus or os.cpu_count() or 1
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self.state_dir = self.state_dir.resolve()
+        (self.state_dir / "ws").mkdir(exist_ok=True, mode=0o755)
 
-    def _journal(self, *events: Event) -> None:
+    def _journal(self, make: Callable[[], Sequence[Event]]) -> None:
+        """Append the events ``make`` builds (built only when there is a journal)."""
         if self.sink is not None:
-            self.sink.append(list(events))
+            self.sink.append(list(make()))
 
     def run(
         self,
@@ -144,7 +148,7 @@ class Launcher:
             own_ws = workspace is None
             ws = self.state_dir / "ws" / sandbox_id if workspace is None else workspace
             if own_ws:
-                ws.mkdir(parents=True, mode=0o700)
+                os.mkdir(ws, 0o700)
                 os.chown(ws, uid.uid, uid.uid)
             try:
                 spec = compile_spec(
@@ -153,7 +157,7 @@ class Launcher:
                         sandbox_id=sandbox_id,
                         host_uid=uid.uid,
                         host_gid=uid.uid,
-                        workspace=str(ws.resolve()),
+                        workspace=str(ws if own_ws else ws.resolve()),
                         egress_socket=str(self.egress.path) if self.egress else None,
                         key_socket=str(self.keys.path) if self.keys and self.keys.path else None,
                         cgroup_mode=self.mode,
@@ -161,13 +165,13 @@ class Launcher:
                     ),
                 )
                 # The lease is committed before anything starts.
-                self._journal(leased_event(spec, budget, None, grant))
+                self._journal(lambda: [leased_event(spec, budget, None, grant)])
                 return self._run_spec(
                     spec, command, grant=grant, stdio=(stdin, stdout, stderr), capture=capture
                 )
             finally:
                 if own_ws:
-                    remove_tree(ws)
+                    janitor.defer(lambda: remove_tree(ws))
 
     def _run_spec(
         self,
@@ -195,26 +199,30 @@ class Launcher:
                 stderr=err_fd if err_fd is not None else stderr,
             )
             try:
-                started = SandboxStarted(
-                    sandbox_id=spec.sandbox_id, pid=proc.pid, command=tuple(command)
+                pid = proc.pid
+                self._journal(
+                    lambda: [
+                        SandboxStarted(sandbox_id=spec.sandbox_id, pid=pid, command=tuple(command))
+                    ]
                 )
-                self._journal(started)
             except BaseException:
                 proc.destroy()
                 raise
             code, how = proc.wait()
             wall_ms = int((time.monotonic() - start) * 1000)
             cg = proc.usage()
-            proc.destroy()
+            proc.destroy(defer_removal=True)
             egress_used, attempts = 0, []
             if self.egress is not None:
                 egress_used = self.egress.used(spec.host_uid)
                 attempts = self.egress.unregister(spec.host_uid)
             usage = SandboxUsage(wall_ms=wall_ms, egress_bytes=egress_used, **cg.model_dump())
             self._journal(
-                *attempts,
-                SandboxExited(sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage),
-                SandboxDiscarded(sandbox_id=spec.sandbox_id),
+                lambda: [
+                    *attempts,
+                    SandboxExited(sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage),
+                    SandboxDiscarded(sandbox_id=spec.sandbox_id),
+                ]
             )
             return Outcome(
                 sandbox_id=spec.sandbox_id,

@@ -6,6 +6,7 @@ golden tests. Every isolation flag says what breaks without it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, assert_never
 
 from charter.sandbox._seccomp import compile_bpf
@@ -148,7 +149,12 @@ def render_cgroup(spec: SandboxSpec, mode: CgroupMode | None = None) -> dict[str
 
 def render_seccomp(spec: SandboxSpec) -> bytes:
     """The compiled BPF program for bwrap's ``--seccomp FD``."""
-    return compile_bpf(spec.arch, spec.seccomp_denied)
+    return _compiled(spec.arch, spec.seccomp_denied)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(arch: str, denied: tuple[str, ...]) -> bytes:
+    return compile_bpf(arch, denied)
 
 
 def _oci_namespace(ns: Namespace) -> str:  # noqa: PLR0911 (one return per namespace)
