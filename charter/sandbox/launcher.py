@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from charter.ledger.budget import Budget
 from charter.ledger.events import Event
 from charter.sandbox import _janitor as janitor
+from charter.sandbox._cgroup import reap_stale
 from charter.sandbox._host import (
     allocate_uid,
     cgroup_mode,
@@ -122,6 +123,7 @@ class Launcher:
         self.host_cpus = host_cpus or os.cpu_count() or 1
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.state_dir = self.state_dir.resolve()
+        reap_stale(self.mode)  # empty cgroups left by launchers that were SIGKILLed
         (self.state_dir / "ws").mkdir(exist_ok=True, mode=0o755)
 
     def _journal(self, make: Callable[[], Sequence[Event]]) -> None:
