@@ -100,21 +100,18 @@ class Projector:
                     fold = Fold(tracked)
                     fold.load(*self.store.current(cur))
                 self._fold = None  # until this transaction commits
-                end = self._fold_range(cur, fold, tracked + 1, target, chunk)
+                end = min(target, tracked + chunk)
+                self._fold_range(cur, fold, tracked + 1, end)
                 self._commit(cur, fold, end)
             self._fold = fold
 
-    def _fold_range(self, cur: object, fold: Fold, start: int, stop: int, chunk: int) -> int:
-        done = 0
+    def _fold_range(self, cur: object, fold: Fold, start: int, stop: int) -> None:
         for batch in self.journal.batches(start, stop):
             fold.apply_rows(batch)
             self.store.apply(cur, fold.take(final=False))
-            done += len(batch)
-            if done >= chunk:
-                break
-        return fold.position if done else stop
 
     def _commit(self, cur: object, fold: Fold, end: int) -> None:
+        # The end of the range, even where PostgreSQL left a gap in the positions.
         fold.position = end
         self.store.apply(cur, fold.take(final=True))
         if not self.store.set_tracked(cur, end):
@@ -134,7 +131,7 @@ class Projector:
             self.store.reset(cur)
             fold = Fold(0)
             if target > 0:
-                self._fold_range(cur, fold, 1, target, chunk=2**62)
+                self._fold_range(cur, fold, 1, target)
                 self._commit(cur, fold, target)
         self._fold = fold if target > 0 else None
         return target
