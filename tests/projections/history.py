@@ -64,7 +64,7 @@ class History:
         for root in self.roots:
             events.append(AgentRegistered(name=root[6:], lineage=root, trust_root="cd" * 32))
             events.append(BudgetLedgerOpened(lineage=root, allocation=big))
-        caps = {r: 30 for r in ResourceClass}
+        caps = dict.fromkeys(ResourceClass, 30)
         for cell in ("c1", "c2"):
             events.append(CellConfigured(cell=cell, caps=caps, cores=64, failover_reserve=2))
         return self._apply(events)
@@ -98,9 +98,7 @@ class History:
                 yield batch
 
     def _spawn(self) -> list[Event]:
-        parents = [
-            lin for lin in self._ledgers(active=True) if lin.count("/") < self.max_depth
-        ]
+        parents = [lin for lin in self._ledgers(active=True) if lin.count("/") < self.max_depth]
         parent = self.rng.choice(parents)
         at = now_ms()
         remaining = self.book.remaining(parent, at)

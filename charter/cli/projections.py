@@ -1,0 +1,163 @@
+"""``charter budgets``, ``charter tree``, ``charter slots`` and ``charter project``.
+
+Every read command first brings the projection up to the journal head (incrementally,
+exactly once), so an answer is never stale; ``--as-of POS`` answers for any position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+import click
+
+from charter.cli._common import Ctx
+from charter.ledger.budget import Budget
+from charter.ledger.journal import Journal
+from charter.projections import BudgetReport, Projector, SlotsReport, TreeReport
+
+__all__ = ["register"]
+
+_AS_OF = click.option(
+    "--as-of",
+    "as_of",
+    type=click.IntRange(min=0),
+    metavar="POS",
+    help="Answer as of this journal position (default: the head).",
+)
+
+
+@contextmanager
+def _projector(ctx: Ctx) -> Iterator[Projector]:
+    with Journal.open(ctx.db) as journal, Projector(journal) as projector:
+        projector.catch_up()
+        yield projector
+
+
+def _ms(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+
+
+def _short(b: Budget) -> str:
+    return (
+        f"tok={b.tokens} wall={b.wall_ms}ms cpu={b.cpu_ms}ms mem={b.mem_bytes} eg={b.egress_bytes}"
+    )
+
+
+def _render_budgets(report: BudgetReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"budgets as of position {report.as_of} ({_ms(report.at_ms)})")
+    for column in ("lineage", "status", "remaining", "spent (own)", "expires"):
+        table.add_column(column)
+    for line in report.ledgers:
+        table.add_row(
+            line.lineage,
+            line.status + (" exhausted" if line.exhausted else ""),
+            _short(line.remaining),
+            _short(line.spent),
+            _ms(line.expires_at_ms),
+        )
+    Console().print(table)
+
+
+def _render_tree(report: TreeReport) -> None:
+    from rich.console import Console
+    from rich.tree import Tree
+
+    top = Tree(f"lineage as of position {report.as_of}")
+    branches: dict[str, Tree] = {}
+    for node in report.nodes:  # sorted by path: a parent comes before its children
+        label = f"{node.lineage.rsplit('/', 1)[-1]}  [{node.status}] @{node.position}"
+        if node.fanout:
+            label += f" fan-out {node.fanout}"
+        parent = branches.get(node.parent) if node.parent else None
+        if parent is None:  # a root, or the top of the subtree asked for
+            label = f"{node.lineage}  [{node.status}] @{node.position}"
+        branches[node.lineage] = (parent or top).add(label)
+    Console().print(top)
+
+
+def _render_slots(report: SlotsReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"slots as of position {report.as_of}")
+    for column in ("cell", "class", "occupancy", "cap", "holders"):
+        table.add_column(column)
+    for cell in report.cells:
+        for resource, info in cell.to_json()["slots"].items():
+            holders = info["holders"]
+            shown = ", ".join(holders[:3]) + (f" (+{len(holders) - 3})" if len(holders) > 3 else "")
+            table.add_row(cell.cell, resource, str(info["occupancy"]), str(info["cap"]), shown)
+    Console().print(table)
+
+
+@click.command()
+@click.argument("lineage", required=False)
+@_AS_OF
+@click.pass_obj
+def budgets(ctx: Ctx, lineage: str | None, as_of: int | None) -> None:
+    """Budget ledgers (remaining, spent, status) of LINEAGE and below, or of all."""
+    with _projector(ctx) as projector:
+        report = projector.budgets(lineage, as_of)
+    ctx.emit(report.to_json(), lambda: _render_budgets(report))
+
+
+@click.command()
+@click.argument("lineage", required=False)
+@_AS_OF
+@click.pass_obj
+def tree(ctx: Ctx, lineage: str | None, as_of: int | None) -> None:
+    """The lineage tree (derived from the paths) under LINEAGE, or every root."""
+    with _projector(ctx) as projector:
+        report = projector.tree(lineage, as_of)
+    ctx.emit(report.to_json(), lambda: _render_tree(report))
+
+
+@click.command()
+@_AS_OF
+@click.pass_obj
+def slots(ctx: Ctx, as_of: int | None) -> None:
+    """Slot occupancy per cell and resource class."""
+    with _projector(ctx) as projector:
+        report = projector.slots(as_of)
+    ctx.emit(report.to_json(), lambda: _render_slots(report))
+
+
+@click.command()
+@click.option("--rebuild", is_flag=True, help="Drop the projection rows and replay from zero.")
+@click.option("--follow", is_flag=True, help="Keep projecting new entries until interrupted.")
+@click.pass_obj
+def project(ctx: Ctx, rebuild: bool, follow: bool) -> None:
+    """Bring the projections up to the journal head (exactly once, resumable)."""
+    with Journal.open(ctx.db) as journal, Projector(journal) as projector:
+        before = projector.position()
+        position = projector.rebuild() if rebuild else projector.catch_up()
+        ctx.status(f"projected to position {position}")
+        if follow:
+            ctx.status("following the journal; Ctrl-C to stop")
+            try:
+                position = projector.follow(
+                    on_step=lambda p: ctx.status(f"projected to position {p}")
+                )
+            except KeyboardInterrupt:
+                position = projector.position()
+        counts = projector.counts()
+    data = {
+        "position": position,
+        "previous": before,
+        "rebuilt": rebuild,
+        "entries": sum(counts.values()),
+        "counts": counts,
+    }
+    ctx.emit(data, f"projected to position {position} ({data['entries']} entries)")
+
+
+def register(group: click.Group) -> None:
+    for command in (budgets, tree, slots, project):
+        group.add_command(command)
