@@ -1,0 +1,298 @@
+"""Benchmark: projection rebuild rate and incremental lag, beside the library's own
+aggregate replay measured in the same run.
+
+    python3 bench/projections.py [--events 200000] [--runs 3] [--lag-commits 400]
+                                 [--pg postgresql://postgres@127.0.0.1:5432/test]
+
+1. Populates a SQLite journal with a fan-out workload (grants, leases, admissions,
+   usage, renewals, releases, slot releases; depth 2).
+2. Rebuild from zero (``Projector.rebuild``): events/s, best of --runs.
+3. Library replay, same journal: the eventsourcing notification log read in sections
+   of 1000, ``mapper.to_domain_event`` (decode) and a fold into LeaseBook + Cells
+   (mutate): events/s.
+4. Incremental lag: a follower process (``Projector.follow``) while single-entry
+   commits arrive every ~10 ms; lag = follower's commit of position p minus the
+   append's return for p (CLOCK_MONOTONIC, shared by both processes); p50/p99.
+
+Exits 1 if rebuild < 150k events/s on SQLite or lag p99 > 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from charter.ledger.admission import (
+    CellConfigured,
+    Cells,
+    ResourceClass,
+    SlotAdmitted,
+    SlotReleased,
+)
+from charter.ledger.authority import AgentRegistered, GrantMinted
+from charter.ledger.budget import Budget
+from charter.ledger.events import Event
+from charter.ledger.journal import Journal
+from charter.ledger.leases import (
+    BudgetLedgerOpened,
+    LeaseBook,
+    LeaseGranted,
+    LeaseReleased,
+    LeaseRenewed,
+    UsageRecorded,
+)
+from charter.projections import Projector, iso_to_ms
+
+REBUILD_TARGET = 150_000
+LAG_TARGET_MS = 50.0
+_BODY = "x" * 420
+_SIG = "ab" * 64
+
+
+def _b(n: int) -> Budget:
+    return Budget(tokens=n, wall_ms=n, cpu_ms=n, mem_bytes=n, egress_bytes=n)
+
+
+def workload(events: int) -> list[list[Event]]:
+    """Batches (one append each): every fan-out of 10 is spawned, used, partly
+    re-spawned one level deeper, renewed, released and its slots given back."""
+    root = "agent:root"
+    batches: list[list[Event]] = [
+        [
+            AgentRegistered(name="root", lineage=root, trust_root="cd" * 32),
+            BudgetLedgerOpened(lineage=root, allocation=_b(10**15)),
+            CellConfigured(
+                cell="c1", caps=dict.fromkeys(ResourceClass, 10**6), cores=64, failover_reserve=2
+            ),
+        ]
+    ]
+    count, n, far = 3, 0, 4_102_444_800_000
+    while count < events:
+        n += 1
+        kids = [f"{root}/sa-{n:x}x{i}" for i in range(10)]
+        grand = [f"{kids[0]}/sa-{n:x}g{i}" for i in range(3)]
+        spawn: list[Event] = []
+        for parent, lineages in ((root, kids), (kids[0], grand)):
+            spawn += [
+                GrantMinted(fanout=f"f{n}", lineage=c, issuer=parent, body=_BODY, signature=_SIG)
+                for c in lineages
+            ]
+            spawn += [
+                LeaseGranted(lineage=c, parent=parent, allocation=_b(1000), expires_at_ms=far)
+                for c in lineages
+            ]
+            spawn += [
+                SlotAdmitted(
+                    cell="c1", lineage=c, resource=ResourceClass.PROCESSING, cap=10**6, occupancy=1
+                )
+                for c in lineages
+            ]
+        end: list[Event] = []
+        for c in [*grand, *kids]:
+            end.append(UsageRecorded(lineage=c, amount=_b(7), refused=_b(0), exhausted=False))
+            end.append(UsageRecorded(lineage=c, amount=_b(5), refused=_b(0), exhausted=False))
+        end.append(LeaseRenewed(lineage=kids[1], parent=root, expires_at_ms=far + 1))
+        end += [LeaseReleased(lineage=c) for c in kids]
+        end += [
+            SlotReleased(cell="c1", lineage=c, resource=ResourceClass.PROCESSING)
+            for c in [*kids, *grand]
+        ]
+        batches += [spawn, end]
+        count += len(spawn) + len(end)
+    return batches
+
+
+def library_replay(journal: Journal) -> tuple[int, float]:
+    """Read + decode + mutate through eventsourcing (notification log, mapper, folds)."""
+    app = journal.application
+    book, cells = LeaseBook(), Cells()
+    t0 = time.perf_counter()
+    start, done = 1, 0
+    while True:
+        notifications = app.recorder.select_notifications(start=start, limit=1000)
+        if not notifications:
+            break
+        for notification in notifications:
+            envelope = app.mapper.to_domain_event(notification)
+            at_ms = iso_to_ms(envelope.timestamp.isoformat())
+            book.apply(envelope.event, at_ms)
+            cells.apply(envelope.event)
+        done += len(notifications)
+        start = notifications[-1].id + 1
+    return done, time.perf_counter() - t0
+
+
+_FOLLOWER = """
+import sys, time
+from charter.ledger.journal import Journal
+from charter.projections import Projector
+with Journal.open(sys.argv[1]) as journal, Projector(journal, "lag") as projector:
+    projector.catch_up()
+    print("ready", flush=True)
+    projector.follow(poll_s=0.001, on_step=lambda p: print(p, time.monotonic(), flush=True))
+"""
+
+
+def lag(url: str, commits: int) -> list[float]:
+    follower = subprocess.Popen(
+        [sys.executable, "-c", _FOLLOWER, url], stdout=subprocess.PIPE, text=True
+    )
+    assert follower.stdout is not None
+    if follower.stdout.readline().strip() != "ready":
+        raise SystemExit("follower did not start")
+    committed: list[tuple[int, float]] = []
+    with Journal.open(url) as journal:
+        for i in range(commits):
+            (c,) = journal.append(
+                [UsageRecorded(lineage="agent:root", amount=_b(1), refused=_b(0), exhausted=False)]
+            )
+            committed.append((c.position, time.monotonic()))
+            time.sleep(0.005 + (i % 7) * 0.001)
+        last = committed[-1][0]
+        reports: list[tuple[int, float]] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = follower.stdout.readline()
+            position, at = line.split()
+            reports.append((int(position), float(at)))
+            if int(position) >= last:
+                break
+    follower.kill()
+    follower.wait()
+    lags, j = [], 0
+    for position, at in committed:
+        while reports[j][0] < position:
+            j += 1
+        lags.append((reports[j][1] - at) * 1000)
+    return lags
+
+
+def rebuild_rate(url: str, runs: int) -> tuple[int, float]:
+    with Journal.open(url) as journal, Projector(journal, "bench") as projector:
+        rows = sum(len(b) for b in journal.batches())
+        best = min(_timed(projector.rebuild) for _ in range(runs))
+    return rows, best
+
+
+def _timed(fn: object) -> float:
+    t0 = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - t0
+
+
+def populate(url: str, events: int) -> int:
+    Journal.create(url).close()
+    with Journal.open(url) as journal:
+        for batch in workload(events):
+            journal.append(batch)
+        head = journal.head()
+    return 0 if head is None else head[0]
+
+
+def _pg_database(admin_url: str) -> tuple[str, str]:
+    import psycopg
+
+    u = urlparse(admin_url)
+    name = f"charter_bench_{uuid.uuid4().hex[:8]}"
+    conninfo = {
+        "host": u.hostname,
+        "port": u.port or 5432,
+        "user": u.username or "postgres",
+        "dbname": u.path.lstrip("/"),
+        "autocommit": True,
+    }
+    with psycopg.connect(**conninfo) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return name, f"postgresql://{conninfo['user']}@{u.hostname}:{u.port or 5432}/{name}"
+
+
+def _pg_drop(admin_url: str, name: str) -> None:
+    import psycopg
+
+    u = urlparse(admin_url)
+    with psycopg.connect(
+        host=u.hostname,
+        port=u.port or 5432,
+        user=u.username or "postgres",
+        dbname=u.path.lstrip("/"),
+        autocommit=True,
+    ) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--lag-commits", type=int, default=400)
+    parser.add_argument("--pg", default=None, help="also measure on PostgreSQL (admin URL)")
+    args = parser.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'journal.db'}"
+        t0 = time.perf_counter()
+        head = populate(url, args.events)
+        print(f"sqlite: populated {head} events in {time.perf_counter() - t0:.1f}s")
+        rows, secs = rebuild_rate(url, args.runs)
+        rate = rows / secs
+        with Journal.open(url) as journal:
+            done, lib_secs = library_replay(journal)
+        lib_rate = done / lib_secs
+        print(
+            f"sqlite: rebuild from zero      {rate:>10,.0f} events/s  ({rows} in {secs:.2f}s, "
+            f"best of {args.runs}; target >= {REBUILD_TARGET:,})"
+        )
+        print(
+            f"sqlite: library replay         {lib_rate:>10,.0f} events/s  ({done} in "
+            f"{lib_secs:.2f}s: notification log + mapper + LeaseBook/Cells)"
+        )
+        print(f"sqlite: ratio rebuild/library  {rate / lib_rate:>10.2f}x")
+        ok &= rate >= REBUILD_TARGET
+        lags = lag(url, args.lag_commits)
+        p50, p99 = statistics.median(lags), _pct(lags, 0.99)
+        print(
+            f"sqlite: incremental lag        p50 {p50:.1f} ms  p99 {p99:.1f} ms  max "
+            f"{max(lags):.1f} ms  ({len(lags)} commits; target p99 <= {LAG_TARGET_MS:.0f} ms)"
+        )
+        ok &= p99 <= LAG_TARGET_MS
+    if args.pg:
+        name, url = _pg_database(args.pg)
+        try:
+            head = populate(url, args.events)
+            rows, secs = rebuild_rate(url, args.runs)
+            with Journal.open(url) as journal:
+                done, lib_secs = library_replay(journal)
+            print(
+                f"postgres: rebuild from zero    {rows / secs:>10,.0f} events/s  "
+                f"(library replay {done / lib_secs:,.0f}/s; ratio "
+                f"{(rows / secs) / (done / lib_secs):.2f}x)"
+            )
+            lags = lag(url, args.lag_commits)
+            p99 = _pct(lags, 0.99)
+            print(
+                f"postgres: incremental lag      p50 {statistics.median(lags):.1f} ms  "
+                f"p99 {p99:.1f} ms  max {max(lags):.1f} ms"
+            )
+            ok &= p99 <= LAG_TARGET_MS
+        finally:
+            _pg_drop(args.pg, name)
+    print("PASS" if ok else "FAIL: a target was missed")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
