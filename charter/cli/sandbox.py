@@ -117,7 +117,7 @@ def run_cmd(
     destinations = tuple(d.strip() for d in egress.split(",") if d.strip())
     state = default_state_dir()
     with _journal(ctx, required=True) as journal, contextlib.ExitStack() as stack:
-        ensure_isolation(journal, state_dir=state)
+        ensure_isolation(journal, state_dir=state)  # (the Launcher checks too; this is first)
         broker = None
         if destinations:
             broker = stack.enter_context(EgressBroker(state / f"egress-{os.getpid()}.sock"))

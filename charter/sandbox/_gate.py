@@ -23,21 +23,22 @@ def _fingerprint(bwrap: str) -> str:
 
 
 def ensure_isolation(
-    sink: EventSink | None = None, *, state_dir: Path | None = None
+    sink: EventSink | None = None, *, state_dir: Path | None = None, bwrap: str | None = None
 ) -> ProbeReport | None:
     """Probe unless a pass for this boot, bwrap and renderer is on record. Refuses (raises
     HostCannotIsolateError, journaled through ``sink``) when the host cannot isolate.
     Returns the fresh report, or None when a remembered pass was used."""
     state = state_dir or default_state_dir()
-    bwrap = find_bwrap()
+    bwrap = bwrap or find_bwrap()
     marker = state / "probe-pass"
-    fingerprint = _fingerprint(bwrap)
     try:
+        fingerprint: str | None = _fingerprint(bwrap)
         if marker.read_text() == fingerprint:
             return None
     except OSError:
-        pass
+        fingerprint = None  # nothing remembered applies: probe (which will say why)
     report = require_isolation(sink, state_dir=state, bwrap=bwrap)
-    state.mkdir(parents=True, exist_ok=True)
-    marker.write_text(fingerprint)
+    if fingerprint is not None:
+        state.mkdir(parents=True, exist_ok=True)
+        marker.write_text(fingerprint)
     return report

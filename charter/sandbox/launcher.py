@@ -113,7 +113,11 @@ class Launcher:
         keys: KeyBroker | None = None,
         bwrap: str | None = None,
         host_cpus: int | None = None,
+        unsafe_skip_isolation_probe: bool = False,
     ) -> None:
+        """Refuses (HostCannotIsolateError, journaled through ``sink``) unless the live
+        probe passes on this host; a pass is remembered per boot, bwrap and renderer.
+        ``unsafe_skip_isolation_probe`` is for the probe itself, which is that check."""
         self.sink = sink
         self.keys = keys
         self.state_dir = state_dir or default_state_dir()
@@ -124,6 +128,10 @@ class Launcher:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.state_dir = self.state_dir.resolve()
         reap_stale(self.mode)  # empty cgroups left by launchers that were SIGKILLed
+        if not unsafe_skip_isolation_probe:
+            from charter.sandbox._gate import ensure_isolation  # the gate runs a Launcher
+
+            ensure_isolation(sink, state_dir=self.state_dir, bwrap=self.bwrap)
         (self.state_dir / "ws").mkdir(exist_ok=True, mode=0o755)
 
     def _journal(self, make: Callable[[], Sequence[Event]]) -> None:

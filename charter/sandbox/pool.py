@@ -213,6 +213,9 @@ class WarmPool:
         self.bwrap = bwrap or find_bwrap()
         self.mode = cgroup_mode()
         self.host_cpus = os.cpu_count() or 1
+        from charter.sandbox._gate import ensure_isolation
+
+        ensure_isolation(sink, state_dir=self.state_dir, bwrap=self.bwrap)  # fail closed
         self._parked: list[Slot] = []
         self._leased: set[Slot] = set()
         self._cond = threading.Condition()

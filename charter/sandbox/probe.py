@@ -174,7 +174,10 @@ def probe(*, state_dir: Path | None = None, bwrap: str | None = None) -> ProbeRe
     try:
         path = bwrap or find_bwrap()
         checks += _static_checks(path)
-        checks += _live_checks(Launcher(state_dir=state_dir or default_state_dir(), bwrap=path))
+        launcher = Launcher(
+            state_dir=state_dir or default_state_dir(), bwrap=path, unsafe_skip_isolation_probe=True
+        )
+        checks += _live_checks(launcher)
     except Exception as e:  # noqa: BLE001 (fail closed: any error at all is a refusal)
         failure = f"{type(e).__name__}: {e}"
         checks.append(ProbeCheck(name="probe_completed", ok=False, detail=failure))

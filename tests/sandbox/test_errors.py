@@ -9,6 +9,7 @@ import pytest
 from charter.ledger.budget import Budget
 from charter.ledger.errors import RefusedError, UnavailableError
 from charter.sandbox import (
+    HostCannotIsolateError,
     Launcher,
     SandboxUnavailableError,
     UidPoolExhaustedError,
@@ -35,9 +36,15 @@ def test_uid_pool_exhaustion_is_a_refusal(tmp_path: Path) -> None:
 
 
 def test_a_missing_backend_is_unavailable(state_dir: Path, scratch: Path) -> None:
+    missing = str(scratch / "no-such-bwrap")
     with pytest.raises(SandboxUnavailableError) as err:
-        Launcher(state_dir=state_dir, bwrap=str(scratch / "no-such-bwrap")).run(B, ["/bin/true"])
+        Launcher(state_dir=state_dir, bwrap=missing, unsafe_skip_isolation_probe=True).run(
+            B, ["/bin/true"]
+        )
     assert isinstance(err.value, UnavailableError)
+    # Without the (unsafe) skip, the launcher is refused before it could try.
+    with pytest.raises(HostCannotIsolateError):
+        Launcher(state_dir=state_dir, bwrap=missing)
     with pytest.raises(SandboxUnavailableError):
         WarmPool(scratch / "no-such-template", B, 1, state_dir=state_dir)
     # Control: the real bwrap runs the same command.

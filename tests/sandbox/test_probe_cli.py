@@ -70,6 +70,21 @@ def test_probe_refuses_a_weakened_sandbox(
     assert caught_by in refused[0].failed
 
 
+def test_launcher_and_pool_refuse_to_spawn_on_a_weak_host(state_dir: Path, scratch: Path) -> None:
+    from charter.ledger.budget import Budget
+    from charter.sandbox import Launcher, WarmPool
+
+    weak = _weak_bwrap(scratch, "--clearenv", 0)
+    sink = MemorySink()
+    with pytest.raises(HostCannotIsolateError):
+        Launcher(sink, state_dir=state_dir, bwrap=weak)
+    with pytest.raises(HostCannotIsolateError):
+        WarmPool(scratch, Budget.parse("tokens=0,wall=5s,cpu=5s,mem=64MiB,egress=0MB"), 1,
+                 sink=sink, state_dir=state_dir, bwrap=weak)  # fmt: skip
+    assert [type(e) for e in sink.events] == [SandboxProbeRefused, SandboxProbeRefused]
+    assert not any(type(e).__name__ == "SandboxLeased" for e in sink.events)
+
+
 def _charter(
     *args: str, env: dict[str, str], check_rc: int | None = None
 ) -> subprocess.CompletedProcess[str]:
