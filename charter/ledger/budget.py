@@ -114,6 +114,12 @@ class Budget(BaseModel):
         """Axis-wise ``self - other``, floored at zero."""
         return Budget(**{a: max(0, getattr(self, a) - getattr(other, a)) for a in self.AXES})
 
+    def split(self, parts: int) -> Budget:
+        """Axis-wise ``self // parts``: one of ``parts`` equal shares (rounded down)."""
+        if parts < 1:
+            raise BudgetSyntaxError(f"cannot split a budget into {parts} parts")
+        return Budget(**{a: getattr(self, a) // parts for a in self.AXES})
+
     def render(self) -> str:
         """The human form, exact (no rounding): ``tokens=…,wall=…ms,…``."""
         return (

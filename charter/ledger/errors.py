@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "CharterError",
     "BadInputError",
@@ -34,7 +36,12 @@ class TamperedError(CharterError):
 
 
 class RefusedError(CharterError):
-    """Refused by policy: gate, invariant, admission, budget, or an unisolating host (exit 4)."""
+    """Refused by policy: gate, invariant, admission, budget, or an unisolating host (exit 4).
+
+    ``reason`` is a stable code: what the journal records with the refusal.
+    """
+
+    reason: ClassVar[str] = "refused"
 
 
 class AppendFailedError(UnavailableError):

@@ -371,10 +371,10 @@ class Journal:
         for _ in range(_MAX_RETRIES):
             envelopes = self._envelopes(batch, pinned, now())
             try:
-                if tracking is None:
-                    self._app.save(*envelopes)
-                else:
-                    self._app.events.put(envelopes, tracking=Tracking(*tracking))
+                # The application's event store: one recorder insert, one transaction
+                # (what Application.save does, minus a per-event runtime Protocol
+                # isinstance check that costs ~20 ms per 1000 events on Python 3.11).
+                self._app.events.put(envelopes, tracking=Tracking(*tracking) if tracking else None)
             except IntegrityError as e:
                 landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
                 if landed is None:

@@ -27,6 +27,7 @@ NOW_MS = 1_700_000_000_000
 
 BIG = Budget.parse("tokens=100M,wall=10h,cpu=10h,mem=64GiB,egress=10GB")
 COST = Budget.parse("tokens=2M,wall=10m,cpu=10m,mem=1GiB,egress=10MB")
+SMALL_COST = COST.split(64)  # a fan-out's default estimate: leaves each lease room to nest
 
 
 def terms(**over: object) -> GrantTerms:
@@ -59,13 +60,16 @@ def root_grant(key: SigningKey, name: str = "root", t: GrantTerms | None = None)
 
 
 def intent(
-    width: int = 3, objective: str = "review every module of the codebase", **grant: object
+    width: int = 3,
+    objective: str = "review every module of the codebase",
+    cost: Budget = SMALL_COST,
+    **grant: object,
 ) -> SpawnIntent:
     return SpawnIntent(
         width=width,
         objective=objective,
         grant=RequestedGrant(**grant),  # type: ignore[arg-type]
-        estimated_cost=COST,
+        estimated_cost=cost,
     )
 
 

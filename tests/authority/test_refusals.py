@@ -31,7 +31,7 @@ from charter.ledger.authority import (
 )
 from charter.ledger.home import KeyStore
 from charter.ledger.journal import Journal
-from tests.authority._support import intent, refusals
+from tests.authority._support import COST, intent, refusals
 
 
 def broken_attenuator(**widen: object) -> Callable[..., GrantTerms]:
@@ -121,16 +121,17 @@ def test_fanout_exhausted_and_width_counts_against_the_parent(
     root = service.durable_caller("root")
     worker = root.child(service.spawn(root, intent(1, fanout=5)).children[0])
     assert worker.chain[-1].grant.terms.fanout == 5
-    first = service.spawn(worker, intent(3))
+    small = COST.split(64 * 4)  # within the worker's lease (COST / 64), for each fan-out
+    first = service.spawn(worker, intent(3, cost=small))
     assert [str(c.lineage).rsplit("/", 1)[1] for c in first.children] == ["sa-1", "sa-2", "sa-3"]
     # Each child may spawn at most what its parent had left after this fan-out.
     assert {c.grant.terms.fanout for c in first.children} == {2}
     with pytest.raises(errors.FanoutExhaustedError, match="wider than the 2"):
-        service.spawn(worker, intent(3))
+        service.spawn(worker, intent(3, cost=small))
     _assert_journaled(journal, errors.FanoutExhaustedError)
-    service.spawn(worker, intent(2))  # exactly what remains is allowed
+    service.spawn(worker, intent(2, cost=small))  # exactly what remains is allowed
     with pytest.raises(errors.FanoutExhaustedError, match="wider than the 0"):
-        service.spawn(worker, intent(1))
+        service.spawn(worker, intent(1, cost=small))
 
 
 def test_expired_grant_cannot_spawn(
@@ -245,7 +246,7 @@ def test_chain_that_does_not_link_is_refused(service: AuthorityService, journal:
     root = service.durable_caller("root")
     result = service.spawn(root, intent(2))
     a, b = (root.child(c) for c in result.children)
-    grandchild = a.child(service.spawn(a, intent(1)).children[0])
+    grandchild = a.child(service.spawn(a, intent(1, cost=COST.split(64 * 4))).children[0])
     # b's grant spliced in as the middle link of a's grandchild's chain.
     spliced = Caller((root.chain[0], b.chain[-1], grandchild.chain[-1]), grandchild.custody_key)
     with pytest.raises(errors.GrantChainBrokenError):

@@ -27,7 +27,7 @@ from charter.ledger.errors import AppendFailedError
 from charter.ledger.events import Event
 from charter.ledger.home import KeyStore
 from charter.ledger.journal import AppendConflictError, Committed, Journal
-from tests.authority._support import BIG, intent
+from tests.authority._support import BIG, COST, intent
 from tests.authority.conftest import CEILING
 
 
@@ -39,7 +39,7 @@ def test_register_root_makes_a_0600_custody_key_and_journals_the_directory_entry
     assert stat.S_IMODE(keystore.directory.stat().st_mode) == 0o700
     assert bytes(keystore.load("agent-root").verify_key) == root.trust_root
     types = [e.type_name for e in journal.entries()]
-    assert types == ["AgentRegistered", "GrantMinted"]
+    assert types == ["AgentRegistered", "GrantMinted", "BudgetLedgerOpened"]
     assert root.ceiling is not None
     assert verify_chain([root.ceiling], root.trust_root).terms == CEILING.terms(
         root.ceiling.grant.issued_at_ms
@@ -67,7 +67,7 @@ def test_ephemeral_workers_are_never_in_the_directory(
 ) -> None:
     root = service.durable_caller("root")
     workers = service.spawn(root, intent(5)).children
-    service.spawn(root.child(workers[0]), intent(2))
+    service.spawn(root.child(workers[0]), intent(2, cost=COST.split(64 * 5 * 2)))
     assert [a.name for a in service.agents()] == ["root"]
     assert len(list(journal.entries(types=("AgentRegistered",)))) == 1
     assert len(list(journal.entries(types=("GrantMinted",)))) == 1 + 5 + 2
@@ -80,10 +80,12 @@ def test_one_fan_out_is_one_contiguous_append_gate_first(
     assert before is not None
     result = service.spawn(service.durable_caller("root"), intent(50))
     entries = list(journal.entries(start=before[0] + 1))
-    assert [e.type_name for e in entries] == ["GateDecided"] + ["GrantMinted"] * 50
+    # the gate, the mints, and (the budget stage) a lease for each child: one append
+    types = ["GateDecided"] + ["GrantMinted"] * 50 + ["LeaseGranted"] * 50
+    assert [e.type_name for e in entries] == types
     assert result.positions == (entries[0].position, entries[-1].position)
     assert {e.recorded_at for e in entries} == {entries[0].recorded_at}  # one commit
-    minted = [e.event for e in entries[1:]]
+    minted = [e.event for e in entries[1:51]]
     assert [m.lineage for m in minted] == [c.lineage for c in result.children]  # type: ignore[attr-defined]
     assert {m.fanout for m in minted} == {result.fanout_id}  # type: ignore[attr-defined]
     # Each journaled grant is exactly what was handed out, and it verifies.

@@ -28,6 +28,7 @@ from charter.ledger.authority.errors import (
     GateUnknownError,
     GrantExpiredError,
 )
+from charter.ledger.errors import RefusedError
 from charter.ledger.events import Event
 
 __all__ = [
@@ -112,23 +113,37 @@ class FanoutDecision:
     expect: dict[str, int]
     gate: GateDecision | None = None
     children: tuple[MintedChild, ...] = ()
-    refusal: AuthorityRefusedError | None = None
+    refusal: RefusedError | None = None
 
-    def joined(self, more: tuple[Event, ...]) -> FanoutDecision:
-        """The same decision with more events in the same append (leases, admission)."""
+    def joined(
+        self, more: tuple[Event, ...], expect: dict[str, int] | None = None
+    ) -> FanoutDecision:
+        """The same decision with more events in the same append (leases, admission),
+        pinned to the extra stream versions they were decided on."""
         return FanoutDecision(
             self.fanout_id,
             self.parent,
             self.events + more,
-            self.expect,
+            {**self.expect, **(expect or {})},
             self.gate,
             self.children,
             self.refusal,
         )
 
+    def refused(self, error: RefusedError, actor: str, intent: SpawnIntent) -> FanoutDecision:
+        """The fan-out refused by a later stage: the gate's record and the refusal are
+        journaled, nothing is minted."""
+        gate_events = tuple(e for e in self.events if isinstance(e, GateDecided))
+        event = refusal_event(
+            self.fanout_id, actor, error, width=intent.width, objective=intent.objective
+        )
+        return FanoutDecision(
+            self.fanout_id, self.parent, (*gate_events, event), {}, self.gate, refusal=error
+        )
+
 
 def refusal_event(
-    fanout_id: str, actor: str, error: AuthorityRefusedError, *, width: int, objective: str
+    fanout_id: str, actor: str, error: RefusedError, *, width: int, objective: str
 ) -> SpawnRefused:
     """The journal record of a refusal: the error's stable reason code and message."""
     return SpawnRefused(
@@ -145,7 +160,7 @@ def refusal_event(
 def _refused(
     state: ParentState,
     command: FanoutCommand,
-    error: AuthorityRefusedError,
+    error: RefusedError,
     *,
     gate: GateDecision | None = None,
     before: tuple[Event, ...] = (),

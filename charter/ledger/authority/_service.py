@@ -49,9 +49,11 @@ from charter.ledger.authority.errors import (
     UnknownParentError,
 )
 from charter.ledger.budget import Budget
-from charter.ledger.errors import AppendFailedError, CharterError
+from charter.ledger.errors import AppendFailedError, CharterError, RefusedError
+from charter.ledger.events import Event
 from charter.ledger.home import KeyStore
 from charter.ledger.journal import AppendConflictError, Journal
+from charter.ledger.leases import BudgetLedgerOpened
 
 __all__ = [
     "Caller",
@@ -68,7 +70,9 @@ DEFAULT_CEILING_TTL_S = 365 * 86_400
 
 # A later stage (leases, admission) may add events to a decision, or turn it into a
 # refusal, before the one append.
-Extension = Callable[[FanoutDecision], FanoutDecision]
+# A later stage of a fan-out (budget leases, admission): it adds events to the same
+# append, or turns the decision into a journaled refusal.
+Extension = Callable[[FanoutDecision, SpawnIntent], FanoutDecision]
 
 
 def _now_ms() -> int:
@@ -156,9 +160,12 @@ def register_root(
     ceiling: Ceiling,
     *,
     now_ms: int | None = None,
+    budget_ledger: bool = True,
 ) -> AgentRecord:
     """Register durable agent ``name``: create its custody key in the Charter home and
-    journal its directory entry (trust root) and self-issued ceiling grant, in one append.
+    journal its directory entry (trust root), self-issued ceiling grant and budget ledger
+    (the ceiling's budget), in one append. ``budget_ledger=False`` registers an agent
+    that cannot spend or spawn (tests of the fail-closed path use it).
 
     Refuses if the name is taken. If the append fails, the new key file is removed.
     """
@@ -181,10 +188,12 @@ def register_root(
             terms=ceiling.terms(now),
         )
         sealed = Signer.from_key(key).seal(grant)
-        events = (
+        events: tuple[Event, ...] = (
             AgentRegistered(name=name, lineage=lineage, trust_root=public.hex()),
             GrantMinted.of(f"register:{name}", sealed),
         )
+        if budget_ledger:
+            events += (BudgetLedgerOpened(lineage=str(lineage), allocation=ceiling.budget),)
         committed = journal.append(events, expect={str(lineage): 0})
     except AppendConflictError as e:
         keystore.remove(key_name)
@@ -206,13 +215,19 @@ class AuthorityService:
         keystore: KeyStore | None = None,
         clock: Callable[[], int] = _now_ms,
         attenuate_fn: AttenuateFn = attenuate,
-        extensions: Sequence[Extension] = (),
+        extensions: Sequence[Extension] | None = None,
     ) -> None:
         self.journal = journal
         self.policy: GatePolicy = policy or CostBenefitPolicy()
         self.keystore = keystore or KeyStore()
         self.clock = clock
         self.attenuate_fn = attenuate_fn
+        if extensions is None:
+            # Budget leases are not optional: without them a fan-out would hand out
+            # authority with no budget behind it. Imported here: resources builds on us.
+            from charter.ledger.resources import default_stages
+
+            extensions = default_stages(journal, clock)
         self.extensions = tuple(extensions)
         self.view = AuthorityView()
 
@@ -246,9 +261,7 @@ class AuthorityService:
             raise
         return Caller((record.ceiling,), key)
 
-    def _journal_refusal(
-        self, actor: str, intent: SpawnIntent | None, error: AuthorityRefusedError
-    ) -> None:
+    def _journal_refusal(self, actor: str, intent: SpawnIntent | None, error: RefusedError) -> None:
         event = refusal_event(
             uuid.uuid4().hex,
             actor,
@@ -320,7 +333,7 @@ class AuthorityService:
             )
             for extend in self.extensions:
                 if decision.refusal is None:
-                    decision = extend(decision)
+                    decision = extend(decision, intent)
             try:
                 committed = self.journal.append(decision.events, expect=decision.expect)
             except AppendConflictError:

@@ -1,0 +1,256 @@
+"""Admission: per-cell slots per resource class, never oversubscribed.
+
+A cell has caps per resource class (processing, egress, inference, coordination). A
+worker is admitted to a slot only if the class is under its cap; over the cap is
+backpressure: a refusal that says when to retry, never an extra slot. A coordinator
+that waits on its children gives back its processing slot and holds a coordination
+slot instead, so a deep tree cannot deadlock on processing slots.
+
+The processing cap is adaptive: cores minus a failover reserve, throttled by host load,
+reduced by live peers on the cell. Every input is recorded in the decision's event.
+Decisions are appended pinned to the cell's stream, so two concurrent admitters cannot
+both take the last slot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from charter.ledger.errors import BadInputError, RefusedError, StateError
+from charter.ledger.events import Event
+
+__all__ = [
+    "ResourceClass",
+    "CapInputs",
+    "CellConfigured",
+    "SlotAdmitted",
+    "SlotReleased",
+    "AdmissionRefused",
+    "ADMISSION_EVENTS",
+    "CellState",
+    "Cells",
+    "AdmissionRefusedError",
+    "UnknownCellError",
+    "processing_cap",
+]
+
+
+class ResourceClass(StrEnum):
+    PROCESSING = "processing"
+    EGRESS = "egress"
+    INFERENCE = "inference"
+    COORDINATION = "coordination"
+
+
+class AdmissionRefusedError(RefusedError):
+    """Over cap: backpressure. ``retry_after_ms`` says when to try again."""
+
+    reason: ClassVar[str] = "admission"
+
+    def __init__(self, message: str, *, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+class UnknownCellError(StateError):
+    """No cell of that name has been configured."""
+
+
+class CapInputs(BaseModel):
+    """Everything the adaptive processing cap was computed from (journaled with it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cores: int = Field(ge=0)
+    failover_reserve: int = Field(ge=0)
+    load_average: float = Field(ge=0)
+    live_peers: int = Field(ge=0)
+
+
+def processing_cap(inputs: CapInputs, configured: int) -> int:
+    """``min(configured, cores − reserve − peers)``, scaled down when load exceeds cores."""
+    base = inputs.cores - inputs.failover_reserve - inputs.live_peers
+    if inputs.cores > 0 and inputs.load_average > inputs.cores:
+        base = math.floor(base * inputs.cores / inputs.load_average)
+    return max(0, min(configured, base))
+
+
+class CellConfigured(Event):
+    """A cell's static caps per class (processing is further capped adaptively)."""
+
+    type_name = "CellConfigured"
+    cell: str
+    caps: dict[ResourceClass, int]
+    cores: int = Field(ge=0)
+    failover_reserve: int = Field(ge=0)
+
+    def stream(self) -> str:
+        return f"cell:{self.cell}"
+
+
+class SlotAdmitted(Event):
+    """``lineage`` holds a slot of ``resource`` on ``cell``; ``cap`` was in force."""
+
+    type_name = "SlotAdmitted"
+    cell: str
+    lineage: str
+    resource: ResourceClass
+    cap: int = Field(ge=0)
+    occupancy: int = Field(ge=1, description="Occupancy of the class after admission.")
+    inputs: CapInputs | None = None
+
+    def stream(self) -> str:
+        return f"cell:{self.cell}"
+
+
+class SlotReleased(Event):
+    type_name = "SlotReleased"
+    cell: str
+    lineage: str
+    resource: ResourceClass
+
+    def stream(self) -> str:
+        return f"cell:{self.cell}"
+
+
+class AdmissionRefused(Event):
+    """Backpressure, journaled: the class was full."""
+
+    type_name = "AdmissionRefused"
+    cell: str
+    lineage: str
+    resource: ResourceClass
+    cap: int
+    occupancy: int
+    retry_after_ms: int
+    inputs: CapInputs | None = None
+
+
+ADMISSION_EVENTS = (CellConfigured, SlotAdmitted, SlotReleased, AdmissionRefused)
+
+
+@dataclass
+class CellState:
+    name: str
+    caps: dict[ResourceClass, int]
+    cores: int
+    failover_reserve: int
+    holders: dict[ResourceClass, set[str]] = field(
+        default_factory=lambda: {r: set() for r in ResourceClass}
+    )
+
+    def occupancy(self, resource: ResourceClass) -> int:
+        return len(self.holders[resource])
+
+
+class Cells:
+    """Every cell's slots, folded from admission events in journal order."""
+
+    RETRY_AFTER_MS: ClassVar[int] = 250
+
+    def __init__(self) -> None:
+        self._cells: dict[str, CellState] = {}
+
+    def get(self, cell: str) -> CellState:
+        state = self._cells.get(cell)
+        if state is None:
+            raise UnknownCellError(f"no cell {cell!r} is configured; configure it first")
+        return state
+
+    def cells(self) -> Mapping[str, CellState]:
+        return self._cells
+
+    def apply(self, event: Event) -> None:
+        match event:
+            case CellConfigured():
+                self._cells[event.cell] = CellState(
+                    event.cell, dict(event.caps), event.cores, event.failover_reserve
+                )
+            case SlotAdmitted():
+                self._cells[event.cell].holders[event.resource].add(event.lineage)
+            case SlotReleased():
+                self._cells[event.cell].holders[event.resource].discard(event.lineage)
+            case _:
+                pass
+
+    def cap(
+        self, cell: str, resource: ResourceClass, inputs: CapInputs | None
+    ) -> tuple[int, CapInputs | None]:
+        state = self.get(cell)
+        configured = state.caps.get(resource, 0)
+        if resource is ResourceClass.PROCESSING:
+            if inputs is None:
+                raise BadInputError("the processing cap needs host inputs (load, live peers)")
+            return processing_cap(inputs, configured), inputs
+        return configured, None
+
+    def decide_admit(
+        self,
+        cell: str,
+        lineages: list[str],
+        resource: ResourceClass,
+        inputs: CapInputs | None = None,
+    ) -> tuple[SlotAdmitted, ...]:
+        """Slots for all of ``lineages`` (all or none), or :class:`AdmissionRefusedError`."""
+        state = self.get(cell)
+        cap, used_inputs = self.cap(cell, resource, inputs)
+        held = state.holders[resource]
+        fresh = [lin for lin in lineages if lin not in held]
+        occupancy = len(held)
+        if occupancy + len(fresh) > cap:
+            raise AdmissionRefusedError(
+                f"cell {cell!r} has {occupancy} of {cap} {resource} slot(s) taken and "
+                f"{len(fresh)} more were asked for; retry after {self.RETRY_AFTER_MS} ms",
+                retry_after_ms=self.RETRY_AFTER_MS,
+            )
+        events = []
+        for lineage in fresh:
+            occupancy += 1
+            events.append(
+                SlotAdmitted(
+                    cell=cell,
+                    lineage=lineage,
+                    resource=resource,
+                    cap=cap,
+                    occupancy=occupancy,
+                    inputs=used_inputs,
+                )
+            )
+        return tuple(events)
+
+    def refusal(
+        self,
+        cell: str,
+        lineage: str,
+        resource: ResourceClass,
+        error: AdmissionRefusedError,
+        inputs: CapInputs | None = None,
+    ) -> AdmissionRefused:
+        state = self.get(cell)
+        cap, used_inputs = self.cap(cell, resource, inputs)
+        return AdmissionRefused(
+            cell=cell,
+            lineage=lineage,
+            resource=resource,
+            cap=cap,
+            occupancy=state.occupancy(resource),
+            retry_after_ms=error.retry_after_ms,
+            inputs=used_inputs,
+        )
+
+    def decide_release(self, cell: str, lineage: str, resource: ResourceClass) -> SlotReleased:
+        if lineage not in self.get(cell).holders[resource]:
+            raise StateError(f"{lineage} holds no {resource} slot on cell {cell!r}")
+        return SlotReleased(cell=cell, lineage=lineage, resource=resource)
+
+    def decide_wait_on_children(self, cell: str, lineage: str) -> tuple[SlotReleased, SlotAdmitted]:
+        """A coordinator waiting on children: give back processing, take coordination."""
+        release = self.decide_release(cell, lineage, ResourceClass.PROCESSING)
+        (admit,) = self.decide_admit(cell, [lineage], ResourceClass.COORDINATION)
+        return release, admit

@@ -1,0 +1,330 @@
+"""Budget ledgers and leases: what each agent may still spend, as a pure fold.
+
+A durable agent's budget ledger is opened with an allocation. A child's allocation is a
+time-limited **lease** carved out of its parent's remaining budget, appended in the same
+transaction as its mint. Usage is recorded against a lease; releasing it, or its expiry,
+returns the unspent part to the parent. There is no sweeper: the remaining budget at a
+journal position is :meth:`LeaseBook.remaining` of the events up to that position,
+evaluated at that position's commit time. The invariant the book keeps, on every axis:
+
+    own spend + Σ (children's charges) ≤ allocation
+
+where a live child is charged its whole allocation and an ended one only what its
+subtree spent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pydantic import Field
+
+from charter.ledger.budget import Budget
+from charter.ledger.errors import RefusedError, StateError
+from charter.ledger.events import Event
+
+__all__ = [
+    "BudgetLedgerOpened",
+    "LeaseGranted",
+    "UsageRecorded",
+    "LeaseReleased",
+    "LeaseRenewed",
+    "LEASE_EVENTS",
+    "LeaseBook",
+    "LedgerState",
+    "BudgetRefusedError",
+    "NoBudgetLedgerError",
+    "InsufficientBudgetError",
+    "LeaseEndedError",
+    "RenewalBeyondParentError",
+]
+
+
+# -- errors ------------------------------------------------------------------------
+
+
+class BudgetRefusedError(RefusedError):
+    """Refused by budget policy (exit 4). ``reason`` is a stable code for the journal."""
+
+    reason: ClassVar[str] = "budget"
+
+
+class NoBudgetLedgerError(BudgetRefusedError):
+    """The agent has no budget ledger, so it cannot spend or spawn (fail closed)."""
+
+    reason = "no-budget-ledger"
+
+
+class InsufficientBudgetError(BudgetRefusedError):
+    """The requested leases do not fit in what the parent still holds."""
+
+    reason = "insufficient-budget"
+
+
+class LeaseEndedError(BudgetRefusedError):
+    """The lease was released or has expired; nothing more can be recorded against it."""
+
+    reason = "lease-ended"
+
+
+class RenewalBeyondParentError(BudgetRefusedError):
+    """A renewal would outlive the parent's own lease."""
+
+    reason = "renewal-beyond-parent"
+
+
+# -- events ------------------------------------------------------------------------
+
+
+class BudgetLedgerOpened(Event):
+    """A durable agent's budget: its allocation, with no parent to return it to."""
+
+    type_name = "BudgetLedgerOpened"
+    lineage: str
+    allocation: Budget
+
+    def stream(self) -> str:
+        return self.lineage
+
+
+class LeaseGranted(Event):
+    """A child's allocation carved out of its parent's remaining budget, until expiry.
+
+    On the parent's stream: the append is pinned to the version the split was decided
+    on, so two concurrent fan-outs cannot both spend the same remainder.
+    """
+
+    type_name = "LeaseGranted"
+    lineage: str
+    parent: str
+    allocation: Budget
+    expires_at_ms: int = Field(ge=0)
+
+    def stream(self) -> str:
+        return self.parent
+
+
+class UsageRecorded(Event):
+    """Consumption charged to a lease (clamped to what it holds; ``exhausted`` says it
+    reached its allocation on some axis, ``refused`` what could not be charged)."""
+
+    type_name = "UsageRecorded"
+    lineage: str
+    amount: Budget
+    refused: Budget
+    exhausted: bool
+
+    def stream(self) -> str:
+        return self.lineage
+
+
+class LeaseReleased(Event):
+    """The lease ends now (with its whole subtree); its unspent part returns."""
+
+    type_name = "LeaseReleased"
+    lineage: str
+
+    def stream(self) -> str:
+        return self.lineage
+
+
+class LeaseRenewed(Event):
+    """The lease now expires later, never later than its parent's."""
+
+    type_name = "LeaseRenewed"
+    lineage: str
+    parent: str
+    expires_at_ms: int = Field(ge=0)
+
+    def stream(self) -> str:
+        return self.parent
+
+
+LEASE_EVENTS = (BudgetLedgerOpened, LeaseGranted, UsageRecorded, LeaseReleased, LeaseRenewed)
+
+
+# -- the fold ----------------------------------------------------------------------
+
+
+@dataclass
+class LedgerState:
+    """One agent's ledger as folded so far (mutable only inside :class:`LeaseBook`)."""
+
+    lineage: str
+    parent: str | None
+    allocation: Budget
+    expires_at_ms: int | None  # None: a durable agent's ledger does not expire
+    spent: Budget = field(default_factory=Budget.zero)
+    subtree_spent: Budget = field(default_factory=Budget.zero)
+    released_at_ms: int | None = None
+    exhausted: bool = False
+    children: list[str] = field(default_factory=list)
+
+    def active(self, at_ms: int) -> bool:
+        if self.released_at_ms is not None and self.released_at_ms <= at_ms:
+            return False
+        return self.expires_at_ms is None or at_ms < self.expires_at_ms
+
+
+class LeaseBook:
+    """All budget ledgers, folded from lease events in journal order."""
+
+    def __init__(self) -> None:
+        self._ledgers: dict[str, LedgerState] = {}
+
+    def __contains__(self, lineage: str) -> bool:
+        return lineage in self._ledgers
+
+    def ledgers(self) -> Iterator[LedgerState]:
+        return iter(self._ledgers.values())
+
+    def get(self, lineage: str) -> LedgerState:
+        ledger = self._ledgers.get(lineage)
+        if ledger is None:
+            raise NoBudgetLedgerError(
+                f"{lineage} has no budget ledger, so it cannot spend or spawn; open one "
+                "(charter init / agent add --budget) or spawn it with a lease"
+            )
+        return ledger
+
+    # -- applying committed events (pure: time comes from the entry) --------------
+
+    def apply(self, event: Event, at_ms: int) -> None:
+        """Fold one committed event, recorded at ``at_ms``."""
+        match event:
+            case BudgetLedgerOpened():
+                self._ledgers[event.lineage] = LedgerState(
+                    event.lineage, None, event.allocation, None
+                )
+            case LeaseGranted():
+                self._ledgers[event.lineage] = LedgerState(
+                    event.lineage, event.parent, event.allocation, event.expires_at_ms
+                )
+                self._ledgers[event.parent].children.append(event.lineage)
+            case UsageRecorded():
+                ledger = self._ledgers[event.lineage]
+                ledger.spent = ledger.spent + event.amount
+                ledger.exhausted = ledger.exhausted or event.exhausted
+                node: LedgerState | None = ledger
+                while node is not None:
+                    node.subtree_spent = node.subtree_spent + event.amount
+                    node = self._ledgers.get(node.parent) if node.parent else None
+            case LeaseReleased():
+                for ledger in self._subtree(event.lineage):
+                    if ledger.released_at_ms is None:
+                        ledger.released_at_ms = at_ms
+            case LeaseRenewed():
+                self._ledgers[event.lineage].expires_at_ms = event.expires_at_ms
+            case _:
+                pass
+
+    def _subtree(self, lineage: str) -> Iterator[LedgerState]:
+        stack = [lineage]
+        while stack:
+            ledger = self._ledgers[stack.pop()]
+            yield ledger
+            stack.extend(ledger.children)
+
+    # -- queries ------------------------------------------------------------------
+
+    def charge(self, ledger: LedgerState, at_ms: int) -> Budget:
+        """What a child costs its parent at ``at_ms``: all of a live lease, else only
+        what its subtree spent."""
+        if ledger.active(at_ms):
+            return ledger.allocation
+        return ledger.subtree_spent.minimum(ledger.allocation)
+
+    def outstanding(self, lineage: str, at_ms: int) -> Budget:
+        """The sum of the charges of ``lineage``'s children at ``at_ms``."""
+        total = Budget.zero()
+        for child in self.get(lineage).children:
+            total = total + self.charge(self._ledgers[child], at_ms)
+        return total
+
+    def remaining(self, lineage: str, at_ms: int) -> Budget:
+        """What ``lineage`` can still spend or lease out at ``at_ms`` (zero once ended)."""
+        ledger = self.get(lineage)
+        if not ledger.active(at_ms):
+            return Budget.zero()
+        used = ledger.spent + self.outstanding(lineage, at_ms)
+        return ledger.allocation.saturating_sub(used)
+
+    # -- decisions (pure: they return events, the caller appends) -----------------
+
+    def decide_leases(
+        self, parent: str, children: list[tuple[str, Budget, int]], at_ms: int
+    ) -> tuple[LeaseGranted, ...]:
+        """Leases for ``(lineage, allocation, expires_at_ms)`` children, or refuse.
+
+        Every allocation together must fit in the parent's remaining budget, on every
+        axis; a lease never outlives its parent's.
+        """
+        ledger = self.get(parent)
+        if not ledger.active(at_ms):
+            raise LeaseEndedError(f"{parent}'s lease has ended; it cannot lease budget out")
+        available = self.remaining(parent, at_ms)
+        wanted = Budget.zero()
+        for _, allocation, _ in children:
+            wanted = wanted + allocation
+        if not wanted.fits_within(available):
+            short = wanted.saturating_sub(available)
+            raise InsufficientBudgetError(
+                f"{parent} holds {available.render()} but {len(children)} lease(s) need "
+                f"{wanted.render()} (short by {short.render()}); ask for less or wait for "
+                "running leases to end"
+            )
+        cap = ledger.expires_at_ms
+        return tuple(
+            LeaseGranted(
+                lineage=lineage,
+                parent=parent,
+                allocation=allocation,
+                expires_at_ms=expires if cap is None else min(expires, cap),
+            )
+            for lineage, allocation, expires in children
+        )
+
+    def decide_usage(self, lineage: str, amount: Budget, at_ms: int) -> UsageRecorded:
+        """Charge ``amount``, clamped to what the lease still holds."""
+        ledger = self.get(lineage)
+        if not ledger.active(at_ms):
+            raise LeaseEndedError(f"{lineage}'s lease has ended; record usage before releasing it")
+        available = self.remaining(lineage, at_ms)
+        charged = amount.minimum(available)
+        left = available.saturating_sub(charged)
+        exhausted = (
+            any(getattr(left, a) == 0 and getattr(ledger.allocation, a) > 0 for a in Budget.AXES)
+            or amount != charged
+        )
+        return UsageRecorded(
+            lineage=lineage,
+            amount=charged,
+            refused=amount.saturating_sub(charged),
+            exhausted=exhausted,
+        )
+
+    def decide_release(self, lineage: str, at_ms: int) -> LeaseReleased:
+        ledger = self.get(lineage)
+        if ledger.parent is None:
+            raise StateError(f"{lineage} is a durable agent's ledger, not a lease")
+        if not ledger.active(at_ms):
+            raise LeaseEndedError(f"{lineage}'s lease has already ended")
+        return LeaseReleased(lineage=lineage)
+
+    def decide_renewal(self, lineage: str, expires_at_ms: int, at_ms: int) -> LeaseRenewed:
+        ledger = self.get(lineage)
+        if ledger.parent is None:
+            raise StateError(f"{lineage} is a durable agent's ledger, not a lease")
+        if not ledger.active(at_ms):
+            raise LeaseEndedError(f"{lineage}'s lease has ended; it cannot be renewed")
+        parent = self.get(ledger.parent)
+        if not parent.active(at_ms):
+            raise LeaseEndedError(f"{ledger.parent}'s lease has ended; {lineage} cannot renew")
+        if parent.expires_at_ms is not None and expires_at_ms > parent.expires_at_ms:
+            raise RenewalBeyondParentError(
+                f"{lineage} cannot be renewed to {expires_at_ms} ms: its parent "
+                f"{ledger.parent} holds its budget only until {parent.expires_at_ms} ms"
+            )
+        return LeaseRenewed(lineage=lineage, parent=ledger.parent, expires_at_ms=expires_at_ms)
