@@ -25,6 +25,10 @@ __all__ = ["AXES", "Changes", "Fold", "at_ms_of_state", "iso_to_ms"]
 AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The decoder's raw_decode (the C scanner) called directly: json.loads(bytes) spends as long
+# sniffing the encoding and skipping whitespace as parsing, and the stored state is
+# always canonical UTF-8 JSON with no surrounding whitespace.
+_DECODER = json.JSONDecoder()
 _MS = timedelta(milliseconds=1)
 
 # Ledger row layout (the order of the columns of the ledgers table).
@@ -94,7 +98,7 @@ class Fold:
     def __init__(self, position: int = 0) -> None:
         self.position = position
         self.ledgers: dict[str, list[Any]] = {}
-        self.children: dict[str, list[str]] = {}
+        self.children: dict[str, dict[str, None]] = {}  # insertion-ordered sets
         self.cells: dict[str, list[Any]] = {}
         self.slots: dict[tuple[str, str, str], int] = {}  # open slot → valid_from
         # Current rows that are already in the database (closing them is an UPDATE).
@@ -117,7 +121,7 @@ class Fold:
             self.persisted_ledgers.add(lineage)
         for row in sorted(self.ledgers.values(), key=lambda r: r[L_FROM]):
             if row[L_PARENT] is not None:
-                self.children.setdefault(row[L_PARENT], []).append(row[L_LINEAGE])
+                self.children.setdefault(row[L_PARENT], {})[row[L_LINEAGE]] = None
         for row in cells:
             self.cells[row[0]] = list(row)
             self.persisted_cells.add(row[0])
@@ -149,9 +153,7 @@ class Fold:
         self.ledgers[lineage] = row
         parent = row[L_PARENT]
         if parent is not None:
-            siblings = self.children.setdefault(parent, [])
-            if lineage not in siblings:
-                siblings.append(lineage)
+            self.children.setdefault(parent, {})[lineage] = None
 
     def _close_slot(self, key: tuple[str, str, str], position: int) -> None:
         valid_from = self.slots.pop(key)
@@ -174,14 +176,15 @@ class Fold:
     def apply_rows(self, rows: Iterable[Sequence[Any]]) -> None:
         """Fold raw journal rows ``(position, originator, version, topic, state, …)``."""
         counts = self.changes.counts
-        loads = json.loads
+        scan = _DECODER.raw_decode
+        handlers = _HANDLERS
         for row in rows:
-            position, topic, state = row[0], row[3], row[4]
+            position, topic = row[0], row[3]
             name = topic[: topic.index("/")]
             counts[name] = counts.get(name, 0) + 1
-            handler = _HANDLERS.get(name)
+            handler = handlers.get(name)
             if handler is not None:
-                data = loads(state)
+                data = scan(row[4].decode())[0]
                 handler(self, position, data["payload"], data["at"])
             self.position = position
 
