@@ -89,7 +89,11 @@ def test_sandbox_dies_with_its_parent(state_dir: Path) -> None:
 def test_lifecycle_in_a_real_journal(tmp_path: Path, state_dir: Path, scratch: Path) -> None:
     with Journal.create(f"sqlite:///{tmp_path}/journal.db") as journal:
         outcome = Launcher(journal, state_dir=state_dir).run(B, ["/bin/sh", "-c", "exit 5"])
-        entries = list(journal.entries())
+        entries = list(
+            journal.entries(
+                types=("SandboxLeased", "SandboxStarted", "SandboxExited", "SandboxDiscarded")
+            )
+        )
     mine = [e for e in entries if getattr(e.event, "sandbox_id", None) == outcome.sandbox_id]
     assert [e.type_name for e in mine] == [
         "SandboxLeased", "SandboxStarted", "SandboxExited", "SandboxDiscarded",

@@ -118,7 +118,9 @@ def test_cli_run_passes_exit_codes_through(cli_env: dict[str, str]) -> None:
     assert result["exit_code"] == 0
     assert "hi" in r.stderr  # the command's output went to stderr
     with Journal.open(cli_env["CHARTER_DB"]) as journal:
-        types = [e.type_name for e in journal.entries()]
+        # Only sandbox events are decoded (other packages' events need their modules).
+        wanted = ("SandboxLeased", "SandboxStarted", "SandboxExited", "SandboxDiscarded")
+        types = [e.type_name for e in journal.entries(types=wanted)]
     assert types.count("SandboxLeased") == types.count("SandboxDiscarded") == 4
 
 
@@ -140,8 +142,8 @@ def test_cli_probe_and_refusal(cli_env: dict[str, str], scratch: Path) -> None:
              "touch /workspace/ran", env=weak, check_rc=4)  # fmt: skip
     assert not (scratch / "ran").exists()
     with Journal.open(cli_env["CHARTER_DB"]) as journal:
-        refusals = [e for e in journal.entries() if e.type_name == "SandboxProbeRefused"]
-        started = [e for e in journal.entries() if e.type_name == "SandboxStarted"]
+        refusals = list(journal.entries(types=("SandboxProbeRefused",)))
+        started = list(journal.entries(types=("SandboxStarted",)))
     assert len(refusals) == 2
     assert "environment_cleared" in refusals[0].event.failed  # type: ignore[attr-defined]
     assert started == []
