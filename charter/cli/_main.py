@@ -13,7 +13,7 @@ from charter.cli._common import Ctx, run_guarded
 __all__ = ["main"]
 
 # Each module exposes ``register(group)``; one module per area keeps cli/ thin.
-_COMMAND_MODULES = ("journal", "agents", "sandbox", "projections")
+_COMMAND_MODULES = ("journal", "agents", "leases", "sandbox", "projections")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

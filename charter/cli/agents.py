@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,11 +30,17 @@ from charter.ledger.authority import (
     register_root,
     spawn_tool_definition,
 )
-from charter.ledger.authority.errors import AuthorityRefusedError
 from charter.ledger.budget import Budget
-from charter.ledger.errors import BadInputError, CharterError
+from charter.ledger.errors import BadInputError, CharterError, RefusedError
 from charter.ledger.home import KeyStore, charter_home
 from charter.ledger.journal import Journal
+from charter.ledger.resources import (
+    RegistryFacts,
+    default_stages,
+    fabric_ceilings_fail_open,
+    now_ms,
+)
+from charter.projections import Projector
 
 __all__ = ["register", "grant_options", "DEFAULT_CEILING_BUDGET"]
 
@@ -212,10 +219,11 @@ def spawn(
     except ValidationError as e:
         raise click.BadParameter(str(e)) from e
     with Journal.open(ctx.db) as journal:
-        service = AuthorityService(journal, keystore=KeyStore(charter_home()))
+        stages = [*default_stages(journal, now_ms), fabric_ceilings_fail_open(_registry(journal))]
+        service = AuthorityService(journal, keystore=KeyStore(charter_home()), extensions=stages)
         try:
             result = service.spawn(service.durable_caller(lineage.root_name), intent)
-        except AuthorityRefusedError as e:
+        except RefusedError as e:
             ctx.emit(
                 {"refused": True, "reason": e.reason, "error": type(e).__name__, "message": str(e)},
                 lambda: None,
@@ -227,6 +235,24 @@ def spawn(
         f"at positions {result.positions[0]}-{result.positions[1]}"
     )
     ctx.emit(result.to_json(), "\n".join(str(c.lineage) for c in result.children))
+
+
+def _registry(journal: Journal) -> Callable[[], RegistryFacts]:
+    """The registry read for the fabric ceilings: live workers from the budgets
+    projection, ceilings from CHARTER_POPULATION_CEILING / CHARTER_DEPTH_CEILING."""
+
+    def read() -> RegistryFacts:
+        with Projector(journal) as projector:
+            projector.catch_up()
+            lines = projector.budgets().ledgers
+        live = sum(1 for line in lines if line.parent is not None and line.status == "active")
+        return RegistryFacts(
+            population_ceiling=int(os.environ.get("CHARTER_POPULATION_CEILING", "10000")),
+            depth_ceiling=int(os.environ.get("CHARTER_DEPTH_CEILING", "8")),
+            live_population=live,
+        )
+
+    return read
 
 
 @click.command("spawn-schema")

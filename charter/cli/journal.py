@@ -9,6 +9,8 @@ from contextlib import contextmanager
 import click
 
 from charter.cli._common import Ctx
+from charter.cli.agents import grant_options
+from charter.ledger.authority import Ceiling, register_root
 from charter.ledger.errors import CharterError, StateError
 from charter.ledger.home import KeyStore, charter_home
 from charter.ledger.journal import Entry, Journal, JournalCreated, resolve_location
@@ -20,9 +22,12 @@ JOURNAL_KEY = "journal"
 
 
 @click.command()
+@click.option("--root", "root", default="root", show_default=True, help="The root agent's name.")
+@grant_options
 @click.pass_obj
-def init(ctx: Ctx) -> None:
-    """Create the journal (once), the Charter home and the journal's signing key."""
+def init(ctx: Ctx, root: str, ceiling: Ceiling) -> None:
+    """Create the journal (once), the Charter home, the journal's signing key, and the
+    root agent: its directory entry, custody key, ceiling grant and budget ledger."""
     location = resolve_location(ctx.db)
     keys = KeyStore(charter_home())
     # Refuse before writing anything if the target already holds something.
@@ -41,8 +46,9 @@ def init(ctx: Ctx) -> None:
         raise
     try:
         journal.append([JournalCreated(journal_key=public, created_at=journal.meta.created_at)])
+        record = register_root(journal, keys, root, ceiling)
     except CharterError:
-        journal.discard_new()
+        journal.discard_new()  # nothing half-made: no journal without its root
         keys.remove(JOURNAL_KEY)
         raise
     with journal:
@@ -51,10 +57,14 @@ def init(ctx: Ctx) -> None:
             "journal": location.display,
             "home": str(keys.home),
             "journal_key": public,
+            "root": record.to_json(),
             "head": {"position": head[0], "hash": head[1].hex()} if head else None,
         }
     ctx.status(f"initialised journal {location.display}")
-    ctx.emit(result, f"journal: {location.display}\nhome:    {keys.home}")
+    ctx.emit(
+        result,
+        f"journal: {location.display}\nhome:    {keys.home}\nroot:    {record.lineage}",
+    )
 
 
 @contextmanager

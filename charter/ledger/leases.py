@@ -22,7 +22,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from charter.ledger.budget import Budget
-from charter.ledger.errors import RefusedError, StateError
+from charter.ledger.errors import BadInputError, RefusedError, StateError
 from charter.ledger.events import Event
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "UsageRecorded",
     "LeaseReleased",
     "LeaseRenewed",
+    "BudgetRefused",
     "LEASE_EVENTS",
     "LeaseBook",
     "LedgerState",
@@ -140,6 +141,16 @@ class LeaseRenewed(Event):
 
     def stream(self) -> str:
         return self.parent
+
+
+class BudgetRefused(Event):
+    """A budget operation refused by policy, with its stable reason code."""
+
+    type_name = "BudgetRefused"
+    lineage: str
+    operation: str
+    reason: str
+    message: str
 
 
 LEASE_EVENTS = (BudgetLedgerOpened, LeaseGranted, UsageRecorded, LeaseReleased, LeaseRenewed)
@@ -322,6 +333,11 @@ class LeaseBook:
         parent = self.get(ledger.parent)
         if not parent.active(at_ms):
             raise LeaseEndedError(f"{ledger.parent}'s lease has ended; {lineage} cannot renew")
+        if ledger.expires_at_ms is not None and expires_at_ms <= ledger.expires_at_ms:
+            raise BadInputError(
+                f"renewal of {lineage} to {expires_at_ms} ms does not extend it (it "
+                f"expires at {ledger.expires_at_ms} ms)"
+            )
         if parent.expires_at_ms is not None and expires_at_ms > parent.expires_at_ms:
             raise RenewalBeyondParentError(
                 f"{lineage} cannot be renewed to {expires_at_ms} ms: its parent "
