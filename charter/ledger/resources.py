@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from charter.ledger.admission import (
@@ -62,8 +63,13 @@ def now_ms() -> int:
 _TYPES = tuple(cls.type_name for cls in (*LEASE_EVENTS, *ADMISSION_EVENTS))
 
 
-def entry_ms(recorded_at_seconds: float) -> int:
-    return int(recorded_at_seconds * 1000)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def entry_ms(recorded_at: datetime) -> int:
+    """An entry's commit time in whole epoch milliseconds (integer arithmetic, so every
+    reader of the journal agrees on when a lease expired)."""
+    return (recorded_at - _EPOCH) // timedelta(milliseconds=1)
 
 
 class ResourceView:
@@ -79,7 +85,7 @@ class ResourceView:
         if head is None or head[0] <= self.position:
             return
         for entry in journal.entries(start=self.position + 1, stop=head[0], types=_TYPES):
-            self._apply(entry.event, entry_ms(entry.recorded_at.timestamp()))
+            self._apply(entry.event, entry_ms(entry.recorded_at))
         self.position = head[0]
 
     def applied(self, committed: tuple[Committed, ...], at_ms: int) -> None:
@@ -139,9 +145,10 @@ class BudgetService:
         self.clock = clock
         self.view = ResourceView()
 
-    def remaining(self, lineage: str) -> Budget:
+    def remaining(self, lineage: str, at_ms: int | None = None) -> Budget:
+        """What ``lineage`` holds now (or at ``at_ms``), from the journal as it stands."""
         self.view.refresh(self.journal)
-        return self.view.book.remaining(lineage, self.clock())
+        return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
 
     def record_usage(self, lineage: str, amount: Budget) -> UsageRecorded:
         return self._decide_and_append(

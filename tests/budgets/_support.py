@@ -1,0 +1,93 @@
+"""A root agent with a budget, on a real journal, for the budget and admission tests."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+from charter.ledger.authority import (
+    AuthorityService,
+    Caller,
+    Ceiling,
+    Clearance,
+    FixedPolicy,
+    PermissionMode,
+    RequestedGrant,
+    SpawnIntent,
+    Verdict,
+    register_root,
+)
+from charter.ledger.budget import Budget
+from charter.ledger.home import KeyStore
+from charter.ledger.journal import Journal
+from charter.ledger.leases import LEASE_EVENTS, LeaseBook
+from charter.ledger.resources import entry_ms
+
+ROOT_BUDGET = Budget.parse("tokens=10M,wall=10h,cpu=10h,mem=64GiB,egress=10GB")
+
+
+def ceiling(budget: Budget = ROOT_BUDGET, depth: int = 7, fanout: int = 5000) -> Ceiling:
+    return Ceiling(
+        budget=budget,
+        clearance=Clearance.INTERNAL,
+        mode=PermissionMode.DEFAULT,
+        depth=depth,
+        fanout=fanout,
+        tools=frozenset({"Read"}),
+        egress=frozenset(),
+        secrets=frozenset(),
+    )
+
+
+def service(journal: Journal, keystore: KeyStore) -> AuthorityService:
+    return AuthorityService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
+
+
+def intent(width: int, cost: Budget, *, fanout: int | None = None) -> SpawnIntent:
+    grant = RequestedGrant(fanout=fanout) if fanout is not None else RequestedGrant()
+    return SpawnIntent(
+        width=width, objective="scan the estate host by host", grant=grant, estimated_cost=cost
+    )
+
+
+def check_every_position(journal: Journal) -> int:
+    """Fold the lease events in order; after each, check the book's invariant at that
+    entry's commit time. Returns how many positions were checked."""
+    book = LeaseBook()
+    checked = 0
+    for entry in journal.entries(types=tuple(c.type_name for c in LEASE_EVENTS)):
+        at = entry_ms(entry.recorded_at)
+        book.apply(entry.event, at)
+        total = Budget.zero()
+        for ledger in book.ledgers():
+            total = total + ledger.spent
+            if ledger.active(at):
+                used = ledger.spent + book.outstanding(ledger.lineage, at)
+                assert used.fits_within(ledger.allocation), (entry.position, ledger.lineage)
+        for root in (lg for lg in book.ledgers() if lg.parent is None):
+            assert root.subtree_spent.fits_within(root.allocation), entry.position
+        checked += 1
+    return checked
+
+
+def hold_a_lease(url: str, home: str, cost: str) -> None:
+    """A worker process: take a lease under the root, spend a little, then block."""
+    from charter.ledger.resources import BudgetService
+
+    with Journal.open(url) as journal:
+        svc = service(journal, KeyStore(__import__("pathlib").Path(home)))
+        result = svc.spawn(svc.durable_caller("root"), intent(1, Budget.parse(cost)))
+        child = str(result.children[0].lineage)
+        spend = Budget.parse("tokens=1k,wall=1s,cpu=1s,mem=0,egress=0")
+        BudgetService(journal).record_usage(child, spend)
+        print(child, flush=True)
+        time.sleep(3600)  # never releases: killed by the test
+
+
+if __name__ == "__main__":
+    random.seed(0)
+    hold_a_lease(sys.argv[1], sys.argv[2], sys.argv[3])
+
+
+__all__ = ["Caller", "ceiling", "check_every_position", "intent", "register_root", "service"]

@@ -1,0 +1,156 @@
+"""Budgets on a real journal (SQLite and PostgreSQL): leases join fan-outs, refusals are
+journaled, expiry returns budget with no process left to notice."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from charter.ledger.authority import AuthorityService, SpawnRefused
+from charter.ledger.budget import Budget
+from charter.ledger.errors import CharterError
+from charter.ledger.home import KeyStore
+from charter.ledger.journal import Journal
+from charter.ledger.leases import (
+    BudgetRefused,
+    InsufficientBudgetError,
+    LeaseEndedError,
+    LeaseGranted,
+    NoBudgetLedgerError,
+    RenewalBeyondParentError,
+)
+from charter.ledger.resources import BudgetService, now_ms
+
+from ._support import ROOT_BUDGET, ceiling, check_every_position, intent, register_root, service
+
+ROOT_DIR = Path(__file__).resolve().parents[2]
+
+
+def test_random_history_never_overspends_at_any_position(journal_url: str, tmp_path: Path) -> None:
+    """Spawns, usage, releases and renewals through the real services, interleaved at
+    random; then every journal position is checked."""
+    rng = random.Random(4)
+    keys = KeyStore(tmp_path / "home")
+    with Journal.create(journal_url) as journal:
+        register_root(journal, keys, "root", ceiling())
+        svc = service(journal, keys)
+        budgets = BudgetService(journal)
+        callers = [svc.durable_caller("root")]
+        refused = 0
+        for _ in range(60):
+            caller = rng.choice(callers)
+            leaf = str(caller.chain[-1].grant.lineage)
+            try:
+                match rng.choice(["spawn", "spawn", "usage", "release", "renew"]):
+                    case "spawn":
+                        share = rng.randint(1, 150)  # sometimes more than the caller holds
+                        held = budgets.remaining(leaf)
+                        cost = Budget(**{a: getattr(held, a) * share // 100 for a in Budget.AXES})
+                        result = svc.spawn(caller, intent(rng.randint(1, 3), cost))
+                        callers += [caller.child(c) for c in result.children]
+                    case "usage":
+                        held = budgets.remaining(leaf)
+                        budgets.record_usage(
+                            leaf, Budget(**{a: getattr(held, a) // 3 for a in Budget.AXES})
+                        )
+                    case "release":
+                        budgets.release(leaf)
+                    case "renew":
+                        budgets.renew(leaf, now_ms() + rng.randint(1_000, 50_000_000))
+            except CharterError:
+                refused += 1
+        assert refused > 0  # the history did try to overspend, and was refused
+        assert len(callers) > 5
+        assert check_every_position(journal) > 20
+
+
+def test_refusals_are_journaled_with_their_reason(tmp_path: Path) -> None:
+    keys = KeyStore(tmp_path / "home")
+    with Journal.create(f"sqlite:///{tmp_path / 'j.db'}") as journal:
+        register_root(journal, keys, "root", ceiling())
+        register_root(journal, keys, "poor", ceiling(), budget_ledger=False)
+        svc = service(journal, keys)
+        budgets = BudgetService(journal)
+        with pytest.raises(NoBudgetLedgerError):  # no ledger: fail closed
+            svc.spawn(
+                svc.durable_caller("poor"),
+                intent(1, Budget.parse("tokens=1,wall=1s,cpu=1s,mem=1,egress=1")),
+            )
+        root = svc.durable_caller("root")
+        with pytest.raises(InsufficientBudgetError):
+            svc.spawn(root, intent(2, ROOT_BUDGET + ROOT_BUDGET))
+        small = ROOT_BUDGET.split(10)
+        child = str(svc.spawn(root, intent(1, small)).children[0].lineage)
+        # the root's ledger does not expire, so renew a grandchild past its parent's lease
+        worker = root.child(svc.spawn(root, intent(1, small)).children[0])
+        grand = svc.spawn(worker, intent(1, small.split(4)))
+        with pytest.raises(RenewalBeyondParentError):
+            budgets.renew(str(grand.children[0].lineage), 2**62)
+        budgets.release(child)
+        with pytest.raises(LeaseEndedError):
+            budgets.record_usage(child, small.split(2))
+        spawn_reasons = {e.event.reason for e in journal.entries(types=("SpawnRefused",))}
+        assert {"no-budget-ledger", "insufficient-budget"} <= spawn_reasons
+        budget_reasons = {e.event.reason for e in journal.entries(types=("BudgetRefused",))}
+        assert {"renewal-beyond-parent", "lease-ended"} <= budget_reasons
+        assert all(
+            isinstance(e.event, SpawnRefused | BudgetRefused)
+            for e in journal.entries(types=("SpawnRefused", "BudgetRefused"))
+        )
+
+
+def test_leases_commit_in_the_fanout_append_and_a_failed_append_leases_nothing(
+    tmp_path: Path,
+) -> None:
+    keys = KeyStore(tmp_path / "home")
+    with Journal.create(f"sqlite:///{tmp_path / 'j.db'}") as journal:
+        register_root(journal, keys, "root", ceiling())
+        svc: AuthorityService = service(journal, keys)
+        result = svc.spawn(svc.durable_caller("root"), intent(4, ROOT_BUDGET.split(2)))
+        leases = list(journal.entries(types=("LeaseGranted",)))
+        assert [e.event.lineage for e in leases] == [str(c.lineage) for c in result.children]
+        assert {e.position for e in leases} <= set(
+            range(result.positions[0], result.positions[1] + 1)
+        )
+        each: LeaseGranted = leases[0].event  # type: ignore[assignment]
+        assert each.allocation == ROOT_BUDGET.split(2).split(4)
+
+
+@pytest.mark.slow
+def test_killed_worker_lease_expires_back_to_the_parent(journal_url: str, tmp_path: Path) -> None:
+    """A worker holding a lease is SIGKILLed and never releases it. Once the lease's
+    time is up, its unspent budget is back with the parent: no process noticed."""
+    home = tmp_path / "home"
+    with Journal.create(journal_url) as journal:
+        register_root(journal, KeyStore(home), "root", ceiling())
+    cost = "tokens=100k,wall=2s,cpu=2s,mem=1MiB,egress=1MB"  # the lease lasts 2 s
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.budgets._support", journal_url, str(home), cost],
+        cwd=ROOT_DIR,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT_DIR)},
+    )
+    assert worker.stdout is not None
+    child = worker.stdout.readline().decode().strip()
+    assert child.startswith("agent:root/sa-"), "the worker did not get its lease"
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=30)
+    with Journal.open(journal_url) as journal:
+        budgets = BudgetService(journal)
+        lease = next(e.event for e in journal.entries(types=("LeaseGranted",)))
+        assert isinstance(lease, LeaseGranted)
+        spent = Budget.parse("tokens=1k,wall=1s,cpu=1s,mem=0,egress=0")
+        before = budgets.remaining("agent:root", at_ms=lease.expires_at_ms - 1)
+        assert before == ROOT_BUDGET.saturating_sub(lease.allocation)  # still held
+        # Wait (bounded) for the lease's own deadline to pass on the real clock.
+        while now_ms() <= lease.expires_at_ms:
+            time.sleep(0.05)
+        assert budgets.remaining("agent:root") == ROOT_BUDGET.saturating_sub(spent)
+        assert budgets.remaining(child) == Budget.zero()
