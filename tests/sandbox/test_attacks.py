@@ -284,12 +284,15 @@ def test_fork_bomb_is_held_at_the_pids_cap(launcher: Launcher, sink: MemorySink)
         # ... while the host still runs programs promptly.
         start = time.monotonic()
         subprocess.run(["/bin/true"], check=True, timeout=5)
-        assert time.monotonic() - start < 1.0
+        took = time.monotonic() - start
+        # Generous: this VM is shared with other test suites; a bomb that escaped its
+        # cap would make this take far longer (or fail to fork at all).
+        assert took < 2.0, f"host /bin/true took {took:.2f} s during the bomb"
         assert _pids_file(sid, "pids.current") <= 16
     finally:
         t.join(timeout=30)
     outcome = box[0]
-    assert outcome.exit_code == 124
+    assert outcome.exit_code == 124, outcome
     assert outcome.usage.pids_limit_hits > 0
     # Control: a few processes under the cap are fine.
     ok = launcher.run(bomb_budget, ["/bin/sh", "-c", "for i in 1 2 3 4; do /bin/true & done; wait"])
