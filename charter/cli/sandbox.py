@@ -17,9 +17,6 @@ from charter.cli._common import Ctx
 from charter.ledger.budget import Budget
 from charter.ledger.errors import StateError
 
-# Imported eagerly so that `charter journal show` can decode sandbox lifecycle events.
-from charter.sandbox import events as _events  # noqa: F401
-
 if TYPE_CHECKING:
     from charter.ledger.journal import Journal
 
@@ -53,8 +50,8 @@ def sandbox_group() -> None:
 @click.pass_obj
 def probe_cmd(ctx: Ctx) -> None:
     """Run the live canary; exit 0 with every property checked, or 4 naming what fails."""
+    from charter.ledger.lifecycle import SandboxProbeRefused
     from charter.sandbox.errors import HostCannotIsolateError
-    from charter.sandbox.events import SandboxProbeRefused
     from charter.sandbox.probe import probe
 
     report = probe()

@@ -74,6 +74,11 @@ def event_class(topic: str) -> type[Event]:
     """Resolve a stored topic (``Name/vN``) to its event class."""
     name, _, version = topic.partition("/v")
     cls = _REGISTRY.get(name)
+    if cls is None:
+        # Load the whole catalogue once (lazily: it imports modules that import this one).
+        import charter.ledger.catalogue  # noqa: F401
+
+        cls = _REGISTRY.get(name)
     if cls is None or str(cls.schema_version) != version:
         raise UnknownEventTypeError(
             f"journal entry has event type {topic!r}, which this Charter does not know; "

@@ -1,6 +1,16 @@
 """charter.sandbox: the pure spec compiler and renderers, the bubblewrap launcher, the
 warm pool, the egress and key brokers, and the fail-closed host probe."""
 
+from charter.ledger.lifecycle import (
+    EgressAttempted,
+    SandboxDiscarded,
+    SandboxExited,
+    SandboxLeased,
+    SandboxProbeRefused,
+    SandboxQuarantined,
+    SandboxStarted,
+    SandboxUsage,
+)
 from charter.sandbox.egress import EgressBroker, EgressGrant
 from charter.sandbox.errors import (
     HostCannotIsolateError,
@@ -10,16 +20,6 @@ from charter.sandbox.errors import (
     SandboxUnavailableError,
     SlotStateError,
     UidPoolExhaustedError,
-)
-from charter.sandbox.events import (
-    EgressAttempted,
-    SandboxDiscarded,
-    SandboxExited,
-    SandboxLeased,
-    SandboxProbeRefused,
-    SandboxQuarantined,
-    SandboxStarted,
-    SandboxUsage,
 )
 from charter.sandbox.keys import KeyBroker, framed, verify_signature
 from charter.sandbox.launcher import EventSink, Launcher, MemorySink, Outcome

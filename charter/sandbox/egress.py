@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from charter.sandbox.events import EgressAttempted
+from charter.ledger.lifecycle import EgressAttempted
 
 __all__ = ["EgressBroker", "EgressGrant"]
 

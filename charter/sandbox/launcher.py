@@ -17,6 +17,13 @@ from pydantic import BaseModel, ConfigDict
 
 from charter.ledger.budget import Budget
 from charter.ledger.events import Event
+from charter.ledger.lifecycle import (
+    SandboxDiscarded,
+    SandboxExited,
+    SandboxLeased,
+    SandboxStarted,
+    SandboxUsage,
+)
 from charter.sandbox import _janitor as janitor
 from charter.sandbox._cgroup import reap_stale
 from charter.sandbox._host import (
@@ -28,13 +35,6 @@ from charter.sandbox._host import (
 )
 from charter.sandbox._proc import How, SandboxProcess, Stdio
 from charter.sandbox.egress import EgressBroker, EgressGrant
-from charter.sandbox.events import (
-    SandboxDiscarded,
-    SandboxExited,
-    SandboxLeased,
-    SandboxStarted,
-    SandboxUsage,
-)
 from charter.sandbox.keys import KeyBroker
 from charter.sandbox.spec import HostFacts, SandboxSpec, compile_spec
 

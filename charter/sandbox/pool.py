@@ -21,17 +21,17 @@ from pathlib import Path
 
 from charter.ledger.budget import Budget
 from charter.ledger.events import Event
-from charter.sandbox._host import UidLease, allocate_uid, cgroup_mode, default_state_dir, find_bwrap
-from charter.sandbox._proc import Overlay, SandboxProcess
-from charter.sandbox.egress import EgressBroker, EgressGrant
-from charter.sandbox.errors import PoolExhaustedError, SandboxUnavailableError, SlotStateError
-from charter.sandbox.events import (
+from charter.ledger.lifecycle import (
     SandboxDiscarded,
     SandboxExited,
     SandboxQuarantined,
     SandboxStarted,
     SandboxUsage,
 )
+from charter.sandbox._host import UidLease, allocate_uid, cgroup_mode, default_state_dir, find_bwrap
+from charter.sandbox._proc import Overlay, SandboxProcess
+from charter.sandbox.egress import EgressBroker, EgressGrant
+from charter.sandbox.errors import PoolExhaustedError, SandboxUnavailableError, SlotStateError
 from charter.sandbox.keys import KeyBroker
 from charter.sandbox.launcher import EventSink, Outcome, leased_event, new_sandbox_id, read_memfd
 from charter.sandbox.spec import HostFacts, compile_spec

@@ -16,10 +16,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from charter.ledger.budget import Budget
+from charter.ledger.lifecycle import SandboxProbeRefused
 from charter.sandbox._canary import CANARY
 from charter.sandbox._host import default_state_dir, find_bwrap
 from charter.sandbox.errors import HostCannotIsolateError
-from charter.sandbox.events import SandboxProbeRefused
 from charter.sandbox.launcher import EventSink, Launcher
 
 __all__ = ["PROBE_BUDGET", "ProbeCheck", "ProbeReport", "probe", "require_isolation"]

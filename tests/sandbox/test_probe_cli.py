@@ -118,7 +118,7 @@ def test_cli_run_passes_exit_codes_through(cli_env: dict[str, str]) -> None:
     assert result["exit_code"] == 0
     assert "hi" in r.stderr  # the command's output went to stderr
     with Journal.open(cli_env["CHARTER_DB"]) as journal:
-        # Only sandbox events are decoded (other packages' events need their modules).
+        # The lifecycle, in order, for each of the four runs.
         wanted = ("SandboxLeased", "SandboxStarted", "SandboxExited", "SandboxDiscarded")
         types = [e.type_name for e in journal.entries(types=wanted)]
     assert types.count("SandboxLeased") == types.count("SandboxDiscarded") == 4

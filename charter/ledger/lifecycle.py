@@ -1,4 +1,5 @@
-"""The sandbox lifecycle events. The lease is journaled before the start, always."""
+"""The sandbox lifecycle events (part of the ledger's event catalogue). The lease is
+journaled before the start, always."""
 
 from __future__ import annotations
 
