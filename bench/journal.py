@@ -27,7 +27,7 @@ import psycopg
 from charter.ledger._app import Envelope, JournalApplication, now
 from charter.ledger.events import Event
 from charter.ledger.journal import Journal, resolve_location
-from charter.ledger.verify import audit_chain
+from charter.ledger.verify import audit_journal
 
 SINGLE = 1500  # single-event commits per round
 BATCHES = 20  # 1000-event commits per round
@@ -211,7 +211,7 @@ def bench_verify(tmp: Path, n: int) -> tuple[float, float, int]:
         print(f"  (populated {n:,} entries in {time.perf_counter() - t:.1f} s)", file=sys.stderr)
     with Journal.open(url) as j:
         t = time.perf_counter()
-        report = audit_chain(j)
+        report = audit_journal(j)
         verify_s = time.perf_counter() - t
         if not report.ok or report.checked != n:
             raise SystemExit(f"verification failed: {report}")

@@ -87,7 +87,7 @@ def workload(events: int) -> list[list[Event]]:
                 for c in lineages
             ]
             spawn += [
-                LeaseGranted(lineage=c, parent=parent, allocation=_b(1000), expires_at_ms=far)
+                LeaseGranted(lineages=(c,), parent=parent, allocation=_b(1000), expires_at_ms=far)
                 for c in lineages
             ]
             spawn += [

@@ -14,7 +14,7 @@ from charter.ledger.authority import Ceiling, register_root
 from charter.ledger.errors import CharterError, StateError
 from charter.ledger.home import KeyStore, charter_home
 from charter.ledger.journal import Entry, Journal, JournalCreated, resolve_location
-from charter.ledger.verify import ChainBrokenError, audit_chain, parse_head
+from charter.ledger.verify import ChainBrokenError, audit_journal, parse_head
 
 __all__ = ["register"]
 
@@ -107,7 +107,9 @@ def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | Non
     with Journal.open(ctx.db) as j:
         head = j.head()
         with _progress(ctx, head[0] if head else 0) as progress:
-            report = audit_chain(j, start=start, stop=stop, expect_head=expected, progress=progress)
+            report = audit_journal(
+                j, start=start, stop=stop, expect_head=expected, progress=progress
+            )
     if report.ok:
         head_text = (
             f"head {report.head.position}:{report.head.hash}" if report.head else "empty journal"

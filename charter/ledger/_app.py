@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 from uuid import UUID, uuid4, uuid5
 
@@ -24,7 +25,12 @@ _STREAM_NAMESPACE = UUID("5d1c6c2e-4b5e-4a55-9a43-2b8f6e1c0c11")
 
 
 def stream_uuid(stream: str | None) -> UUID:
-    return uuid4() if stream is None else uuid5(_STREAM_NAMESPACE, stream)
+    return uuid4() if stream is None else _named_stream(stream)
+
+
+@lru_cache(maxsize=65_536)
+def _named_stream(stream: str) -> UUID:
+    return uuid5(_STREAM_NAMESPACE, stream)
 
 
 @dataclass(frozen=True)

@@ -70,11 +70,12 @@ class AlreadyTrackedError(StateError):
 
 
 class Committed(NamedTuple):
-    """One committed entry: where it landed and its chain hash."""
+    """One committed entry: where it landed, its chain hash, and its recorded time."""
 
     position: int
     hash: bytes
     event: Event
+    recorded_at: datetime
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,15 @@ class Journal:
                 "initialise it again"
             )
 
+    @staticmethod
+    def open_chain(url: str | None = None) -> Store:
+        """Only the raw rows of an existing journal (what verification reads), without
+        the eventsourcing application: cheap enough to open once per worker process."""
+        location = resolve_location(url)
+        store = _store_for(location)
+        store.read_meta()
+        return store
+
     @classmethod
     def open(cls, url: str | None = None, *, env: Mapping[str, str] | None = None) -> Journal:
         """Open an existing journal; never creates or changes anything.
@@ -389,8 +399,8 @@ class Journal:
             if commit is None or len(commit.positions) != len(batch):
                 raise AppendFailedError("journal recorder did not report the committed chain")
             return tuple(
-                Committed(p, h, ev)
-                for p, h, ev in zip(commit.positions, commit.hashes, batch, strict=True)
+                Committed(p, h, env.event, env.timestamp)
+                for p, h, env in zip(commit.positions, commit.hashes, envelopes, strict=True)
             )
         raise AppendConflictError(
             f"journal append lost {_MAX_RETRIES} races in a row for the same streams; retry"
@@ -412,7 +422,7 @@ class Journal:
         landed = self._landed(envelopes)
         if landed is not None:
             return tuple(
-                Committed(r.position, r.chain_hash, env.event)
+                Committed(r.position, r.chain_hash, env.event, env.timestamp)
                 for r, env in zip(landed, envelopes, strict=True)
             )
         if tracking is not None and self.tracked_position(tracking[0]) >= tracking[1]:

@@ -15,6 +15,7 @@ subtree spent.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -91,15 +92,17 @@ class BudgetLedgerOpened(Event):
 
 
 class LeaseGranted(Event):
-    """A child's allocation carved out of its parent's remaining budget, until expiry.
+    """Leases carved out of a parent's remaining budget: each of ``lineages`` holds
+    ``allocation`` until ``expires_at_ms``. One event per fan-out (its children's leases
+    are identical), appended with its mints.
 
     On the parent's stream: the append is pinned to the version the split was decided
     on, so two concurrent fan-outs cannot both spend the same remainder.
     """
 
     type_name = "LeaseGranted"
-    lineage: str
     parent: str
+    lineages: tuple[str, ...] = Field(min_length=1)
     allocation: Budget
     expires_at_ms: int = Field(ge=0)
 
@@ -159,19 +162,65 @@ LEASE_EVENTS = (BudgetLedgerOpened, LeaseGranted, UsageRecorded, LeaseReleased, 
 # -- the fold ----------------------------------------------------------------------
 
 
+ZERO = Budget.zero()  # frozen, so one instance serves every new ledger
+Vec = tuple[int, int, int, int, int]
+_ZERO: Vec = (0, 0, 0, 0, 0)
+
+
+def _vec(b: Budget) -> Vec:
+    return (b.tokens, b.wall_ms, b.cpu_ms, b.mem_bytes, b.egress_bytes)
+
+
+def _add(a: Vec, b: Vec) -> Vec:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
+
+
+def _sub(a: Vec, b: Vec) -> Vec:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3], a[4] - b[4])
+
+
+def _min(a: Vec, b: Vec) -> Vec:
+    return (
+        min(a[0], b[0]),
+        min(a[1], b[1]),
+        min(a[2], b[2]),
+        min(a[3], b[3]),
+        min(a[4], b[4]),
+    )
+
+
+def _budget(v: Vec) -> Budget:
+    return Budget.model_construct(
+        tokens=v[0], wall_ms=v[1], cpu_ms=v[2], mem_bytes=v[3], egress_bytes=v[4]
+    )
+
+
 @dataclass
 class LedgerState:
-    """One agent's ledger as folded so far (mutable only inside :class:`LeaseBook`)."""
+    """One agent's ledger as folded so far (mutable only inside :class:`LeaseBook`).
+
+    Besides its own facts, a ledger keeps what its children cost it, split in two
+    running sums so a fan-out's check does not walk every earlier child: ``live`` (the
+    allocations of children not known to have ended) and ``ended`` (what ended children
+    spent). ``horizon_ms`` is the latest time those sums are exact from; expiries up to
+    a query time are moved from ``live`` to ``ended`` as it advances.
+    """
 
     lineage: str
     parent: str | None
     allocation: Budget
     expires_at_ms: int | None  # None: a durable agent's ledger does not expire
-    spent: Budget = field(default_factory=Budget.zero)
-    subtree_spent: Budget = field(default_factory=Budget.zero)
+    spent: Budget = ZERO
+    subtree_spent: Budget = ZERO
     released_at_ms: int | None = None
     exhausted: bool = False
     children: list[str] = field(default_factory=list)
+    live: Vec = _ZERO
+    ended: Vec = _ZERO
+    horizon_ms: int = 0
+    expiries: list[tuple[int, str]] = field(default_factory=list)  # a heap
+    counted_live: bool = True  # in its parent's ``live`` sum (else in ``ended``)
+    ended_charge: Vec = _ZERO  # its share of its parent's ``ended`` sum
 
     def active(self, at_ms: int) -> bool:
         if self.released_at_ms is not None and self.released_at_ms <= at_ms:
@@ -210,10 +259,16 @@ class LeaseBook:
                     event.lineage, None, event.allocation, None
                 )
             case LeaseGranted():
-                self._ledgers[event.lineage] = LedgerState(
-                    event.lineage, event.parent, event.allocation, event.expires_at_ms
-                )
-                self._ledgers[event.parent].children.append(event.lineage)
+                parent = self._ledgers[event.parent]
+                n = len(event.lineages)
+                parent.live = _add(parent.live, tuple(n * x for x in _vec(event.allocation)))  # type: ignore[arg-type]
+                expires = event.expires_at_ms
+                for lineage in event.lineages:
+                    self._ledgers[lineage] = LedgerState(
+                        lineage, event.parent, event.allocation, expires
+                    )
+                    heapq.heappush(parent.expiries, (expires, lineage))
+                parent.children.extend(event.lineages)
             case UsageRecorded():
                 ledger = self._ledgers[event.lineage]
                 ledger.spent = ledger.spent + event.amount
@@ -221,15 +276,57 @@ class LeaseBook:
                 node: LedgerState | None = ledger
                 while node is not None:
                     node.subtree_spent = node.subtree_spent + event.amount
+                    if not node.counted_live:  # an ended child's charge follows its spend
+                        self._recharge(node)
                     node = self._ledgers.get(node.parent) if node.parent else None
             case LeaseReleased():
                 for ledger in self._subtree(event.lineage):
                     if ledger.released_at_ms is None:
                         ledger.released_at_ms = at_ms
+                        self._end(ledger, at_ms)
             case LeaseRenewed():
-                self._ledgers[event.lineage].expires_at_ms = event.expires_at_ms
+                ledger = self._ledgers[event.lineage]
+                ledger.expires_at_ms = event.expires_at_ms
+                parent = self._ledgers[event.parent]
+                if not ledger.counted_live and ledger.released_at_ms is None:
+                    # ended by an expiry the sums had already passed: live again
+                    parent.ended = _sub(parent.ended, ledger.ended_charge)
+                    parent.live = _add(parent.live, _vec(ledger.allocation))
+                    ledger.counted_live, ledger.ended_charge = True, _ZERO
+                heapq.heappush(parent.expiries, (event.expires_at_ms, event.lineage))
             case _:
                 pass
+
+    def _end(self, ledger: LedgerState, at_ms: int) -> None:
+        """Move ``ledger`` from its parent's live sum to its ended sum, as of ``at_ms``."""
+        if ledger.parent is None or not ledger.counted_live:
+            return
+        parent = self._ledgers[ledger.parent]
+        parent.live = _sub(parent.live, _vec(ledger.allocation))
+        ledger.counted_live = False
+        ledger.ended_charge = _ZERO
+        self._recharge(ledger)
+        parent.horizon_ms = max(parent.horizon_ms, at_ms)
+
+    def _recharge(self, ledger: LedgerState) -> None:
+        """An ended child costs its parent what its subtree spent (never more than its
+        allocation)."""
+        if ledger.parent is None:
+            return
+        parent = self._ledgers[ledger.parent]
+        charge = _min(_vec(ledger.subtree_spent), _vec(ledger.allocation))
+        parent.ended = _add(_sub(parent.ended, ledger.ended_charge), charge)
+        ledger.ended_charge = charge
+
+    def _advance(self, ledger: LedgerState, at_ms: int) -> None:
+        """End every child whose lease expired at or before ``at_ms``."""
+        heap = ledger.expiries
+        while heap and heap[0][0] <= at_ms:
+            expires, lineage = heapq.heappop(heap)
+            child = self._ledgers[lineage]
+            if child.counted_live and child.expires_at_ms == expires:
+                self._end(child, expires)
+        ledger.horizon_ms = max(ledger.horizon_ms, at_ms)
 
     def _subtree(self, lineage: str) -> Iterator[LedgerState]:
         stack = [lineage]
@@ -249,18 +346,29 @@ class LeaseBook:
 
     def outstanding(self, lineage: str, at_ms: int) -> Budget:
         """The sum of the charges of ``lineage``'s children at ``at_ms``."""
-        total = Budget.zero()
+        ledger = self.get(lineage)
+        if at_ms >= ledger.horizon_ms:
+            self._advance(ledger, at_ms)
+            return _budget(_add(ledger.live, ledger.ended))
+        return self.outstanding_by_walk(lineage, at_ms)  # a time the sums have passed
+
+    def outstanding_by_walk(self, lineage: str, at_ms: int) -> Budget:
+        """:meth:`outstanding` computed child by child (exact for any time; slow)."""
+        total = _ZERO
         for child in self.get(lineage).children:
-            total = total + self.charge(self._ledgers[child], at_ms)
-        return total
+            total = _add(total, _vec(self.charge(self._ledgers[child], at_ms)))
+        return _budget(total)
 
     def remaining(self, lineage: str, at_ms: int) -> Budget:
         """What ``lineage`` can still spend or lease out at ``at_ms`` (zero once ended)."""
         ledger = self.get(lineage)
         if not ledger.active(at_ms):
             return Budget.zero()
-        used = ledger.spent + self.outstanding(lineage, at_ms)
-        return ledger.allocation.saturating_sub(used)
+        used = _add(_vec(ledger.spent), _vec(self.outstanding(lineage, at_ms)))
+        left = _sub(_vec(ledger.allocation), used)
+        return _budget(
+            (max(0, left[0]), max(0, left[1]), max(0, left[2]), max(0, left[3]), max(0, left[4]))
+        )
 
     # -- decisions (pure: they return events, the caller appends) -----------------
 
@@ -270,31 +378,38 @@ class LeaseBook:
         """Leases for ``(lineage, allocation, expires_at_ms)`` children, or refuse.
 
         Every allocation together must fit in the parent's remaining budget, on every
-        axis; a lease never outlives its parent's.
+        axis; a lease never outlives its parent's. Children with equal terms share one
+        event.
         """
         ledger = self.get(parent)
         if not ledger.active(at_ms):
             raise LeaseEndedError(f"{parent}'s lease has ended; it cannot lease budget out")
         available = self.remaining(parent, at_ms)
-        wanted = Budget.zero()
-        for _, allocation, _ in children:
-            wanted = wanted + allocation
-        if not wanted.fits_within(available):
-            short = wanted.saturating_sub(available)
+        cap = ledger.expires_at_ms
+        # Group children by (allocation, expiry): a fan-out's children share both. Keyed
+        # by the budget object's identity first, since hashing a model is not free.
+        groups: dict[tuple[int, int], tuple[Budget, list[str]]] = {}
+        wanted = _ZERO
+        for lineage, allocation, expires in children:
+            until = expires if cap is None else min(expires, cap)
+            group = groups.get((id(allocation), until))
+            if group is None:
+                group = groups[id(allocation), until] = (allocation, [])
+            group[1].append(lineage)
+        for allocation, members in groups.values():
+            wanted = _add(wanted, tuple(len(members) * x for x in _vec(allocation)))  # type: ignore[arg-type]
+        if not _budget(wanted).fits_within(available):
+            short = _budget(wanted).saturating_sub(available)
             raise InsufficientBudgetError(
                 f"{parent} holds {available.render()} but {len(children)} lease(s) need "
-                f"{wanted.render()} (short by {short.render()}); ask for less or wait for "
-                "running leases to end"
+                f"{_budget(wanted).render()} (short by {short.render()}); ask for less or "
+                "wait for running leases to end"
             )
-        cap = ledger.expires_at_ms
         return tuple(
             LeaseGranted(
-                lineage=lineage,
-                parent=parent,
-                allocation=allocation,
-                expires_at_ms=expires if cap is None else min(expires, cap),
+                parent=parent, lineages=tuple(lineages), allocation=allocation, expires_at_ms=until
             )
-            for lineage, allocation, expires in children
+            for (_, until), (allocation, lineages) in groups.items()
         )
 
     def decide_usage(self, lineage: str, amount: Budget, at_ms: int) -> UsageRecorded:

@@ -2,7 +2,7 @@
 
 :class:`ResourceView` folds the lease book and the cells from the journal incrementally
 (as :class:`~charter.ledger.authority.AuthorityView` does for the directory), timing
-each entry by its commit time. :func:`lease_extension` is the fan-out stage that carves
+each entry by its commit time. :class:`LeaseStage` is the fan-out stage that carves
 each minted child's lease out of its parent's remaining budget, or refuses the whole
 fan-out (journaled) when it does not fit or the parent has no ledger.
 """
@@ -40,6 +40,7 @@ from charter.ledger.leases import (
 
 __all__ = [
     "AdmissionService",
+    "LeaseStage",
     "CeilingCheckFailedOpen",
     "DepthCeilingError",
     "PopulationCeilingError",
@@ -48,7 +49,6 @@ __all__ = [
     "BudgetService",
     "ResourceView",
     "default_stages",
-    "lease_extension",
     "entry_ms",
 ]
 
@@ -88,9 +88,11 @@ class ResourceView:
             self._apply(entry.event, entry_ms(entry.recorded_at))
         self.position = head[0]
 
-    def applied(self, committed: tuple[Committed, ...], at_ms: int) -> None:
-        """Fold our own commit at once when nothing else was written in between."""
+    def applied(self, committed: tuple[Committed, ...]) -> None:
+        """Fold our own commit at once when nothing else was written in between (else
+        the next refresh reads it, in order)."""
         if committed and committed[0].position == self.position + 1:
+            at_ms = entry_ms(committed[0].recorded_at)  # one commit, one time
             for c in committed:
                 self._apply(c.event, at_ms)
             self.position = committed[-1].position
@@ -102,8 +104,8 @@ class ResourceView:
             self.cells.apply(event)
 
 
-def lease_extension(journal: Journal, view: ResourceView, clock: Callable[[], int]) -> Extension:
-    """The fan-out stage that leases each child its grant's budget until it expires.
+class LeaseStage:
+    """The fan-out stage that leases each child a share of the fan-out's cost.
 
     Each child is leased ``estimated cost / width`` (capped by its grant's budget), for
     its wall-clock allocation, and never past its grant's expiry (nor, in
@@ -111,29 +113,39 @@ def lease_extension(journal: Journal, view: ResourceView, clock: Callable[[], in
     stream, which the authority stage already pinned.
     """
 
-    def extend(decision: FanoutDecision, intent: SpawnIntent) -> FanoutDecision:
-        view.refresh(journal)
-        now = clock()
-        # The fan-out's estimated cost is split evenly; no child is leased more than its
-        # grant's budget ceiling.
+    def __init__(self, journal: Journal, view: ResourceView, clock: Callable[[], int]) -> None:
+        self.journal = journal
+        self.view = view
+        self.clock = clock
+
+    def __call__(self, decision: FanoutDecision, intent: SpawnIntent) -> FanoutDecision:
+        self.view.refresh(self.journal)
+        now = self.clock()
         share = intent.estimated_cost.split(intent.width)
         children = []
+        lease_of: dict[int, tuple[Budget, int]] = {}  # the children of a fan-out share terms
         for child in decision.children:
-            allocation = share.minimum(child.grant.terms.budget)
-            expires = min(child.grant.terms.expires_at_ms, now + allocation.wall_ms)
-            children.append((str(child.lineage), allocation, expires))
+            terms = child.grant.terms
+            lease = lease_of.get(id(terms))
+            if lease is None:
+                allocation = share.minimum(terms.budget)
+                expires = min(terms.expires_at_ms, now + allocation.wall_ms)
+                lease = lease_of[id(terms)] = (allocation, expires)
+            children.append((str(child.lineage), *lease))
         try:
-            leases = view.book.decide_leases(str(decision.parent), children, now)
+            leases = self.view.book.decide_leases(str(decision.parent), children, now)
         except RefusedError as error:
             return decision.refused(error, str(decision.parent), intent)
         return decision.joined(leases)
 
-    return extend
+    def on_commit(self, committed: tuple[Committed, ...]) -> None:
+        """Fold the fan-out's own commit without reading it back."""
+        self.view.applied(committed)
 
 
 def default_stages(journal: Journal, clock: Callable[[], int]) -> list[Extension]:
     """The stages every fan-out goes through after the authority's own: leases."""
-    return [lease_extension(journal, ResourceView(), clock)]
+    return [LeaseStage(journal, ResourceView(), clock)]
 
 
 class BudgetService:
@@ -192,7 +204,7 @@ class BudgetService:
                 committed = self.journal.append([event], expect={stream: version})
             except AppendConflictError:
                 continue
-            self.view.applied(committed, now)
+            self.view.applied(committed)
             return event
         raise AppendConflictError(f"{operation} of {lineage} kept racing other writers; retry")
 
@@ -258,7 +270,7 @@ class AdmissionService:
                 committed = self.journal.append(events, expect={stream: version})
             except AppendConflictError:
                 continue
-            self.view.applied(committed, now_ms())
+            self.view.applied(committed)
             return events
         raise AppendConflictError(f"admission on cell {cell!r} kept racing; retry")
 

@@ -196,9 +196,12 @@ class Fold:
 
     def _lease_granted(self, position: int, p: dict[str, Any], at: str) -> None:
         del at
-        row = [p["lineage"], position, None, p["parent"], *_budget(p["allocation"])]
-        row += [int(p["expires_at_ms"]), None, 0, 0, 0, 0, 0, 0]
-        self._replace_ledger(row, position)
+        allocation = _budget(p["allocation"])
+        expires = int(p["expires_at_ms"])
+        for lineage in p["lineages"]:  # one event carries a fan-out's identical leases
+            row = [lineage, position, None, p["parent"], *allocation]
+            row += [expires, None, 0, 0, 0, 0, 0, 0]
+            self._replace_ledger(row, position)
 
     def _usage(self, position: int, p: dict[str, Any], at: str) -> None:
         del at

@@ -81,7 +81,7 @@ def test_one_fan_out_is_one_contiguous_append_gate_first(
     result = service.spawn(service.durable_caller("root"), intent(50))
     entries = list(journal.entries(start=before[0] + 1))
     # the gate, the mints, and (the budget stage) a lease for each child: one append
-    types = ["GateDecided"] + ["GrantMinted"] * 50 + ["LeaseGranted"] * 50
+    types = ["GateDecided"] + ["GrantMinted"] * 50 + ["LeaseGranted"]  # one, for all 50
     assert [e.type_name for e in entries] == types
     assert result.positions == (entries[0].position, entries[-1].position)
     assert {e.recorded_at for e in entries} == {entries[0].recorded_at}  # one commit

@@ -38,8 +38,15 @@ def _check(book: LeaseBook, at_ms: int) -> None:
     everything = Budget.zero()
     for ledger in book.ledgers():
         everything = everything + ledger.spent
+        # the running sums agree with a walk over every child, at this time and earlier
+        fast = book.outstanding(ledger.lineage, at_ms)
+        assert fast == book.outstanding_by_walk(ledger.lineage, at_ms), ledger.lineage
+        earlier = at_ms - 45_000
+        assert book.outstanding(ledger.lineage, earlier) == book.outstanding_by_walk(
+            ledger.lineage, earlier
+        )
         if ledger.active(at_ms):
-            used = ledger.spent + book.outstanding(ledger.lineage, at_ms)
+            used = ledger.spent + fast
             assert used.fits_within(ledger.allocation), (ledger.lineage, used, ledger.allocation)
         assert ledger.subtree_spent.fits_within(ledger.allocation), ledger.lineage
     assert everything.fits_within(root.allocation)  # no subtree ever exceeds the root

@@ -344,6 +344,10 @@ class AuthorityService:
                     raise decision.refusal from e
                 raise
             self.view.applied(committed)
+            for stage in self.extensions:  # stages that keep a view fold the commit too
+                on_commit = getattr(stage, "on_commit", None)
+                if on_commit is not None:
+                    on_commit(committed)
             if decision.refusal is not None:
                 raise decision.refusal
             if decision.gate is None:  # decide always asks the gate before minting
