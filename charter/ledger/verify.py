@@ -245,6 +245,8 @@ def audit_journal(
     expect_head: ChainHead | None = None,
     progress: Callable[[int], None] | None = None,
     workers: int | None = None,
+    chunk: int = CHUNK,
+    parallel_min: int = PARALLEL_MIN,
 ) -> ChainReport:
     """:func:`audit_chain` over a :class:`~charter.ledger.journal.Journal`, in parallel
     chunks on every core when the range is long.
@@ -257,11 +259,11 @@ def audit_journal(
     last = head[0] if head else 0
     lo, hi = start or 1, min(stop or last, last)
     workers = workers or os.cpu_count() or 1
-    if workers < 2 or hi - lo + 1 < PARALLEL_MIN:
+    if workers < 2 or hi - lo + 1 < parallel_min:
         return audit_chain(
             journal, start=start, stop=stop, expect_head=expect_head, progress=progress
         )
-    chunks = [(a, min(a + CHUNK - 1, hi)) for a in range(lo, hi + 1, CHUNK)]
+    chunks = [(a, min(a + chunk - 1, hi)) for a in range(lo, hi + 1, chunk)]
     checked = 0
     tip: ChainHead | None = None
     # spawn, not fork: the parent may hold database connections a fork would share.

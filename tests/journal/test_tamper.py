@@ -185,3 +185,32 @@ def test_cli_verify_exits_3_naming_the_position(tampered: tuple[str, ChainHead, 
     cut = _charter("--db", url, "journal", "verify", "--expect-head", expect)
     assert cut.returncode == 3
     assert "cut off" in cut.stderr
+
+
+def test_parallel_chunks_report_what_one_walk_reports(
+    tampered: tuple[str, ChainHead, _Raw],
+) -> None:
+    """Chunked verification in worker processes agrees with the single walk: intact,
+    then with an entry changed in the third chunk, then with a link broken at a
+    chunk boundary."""
+    from charter.ledger.verify import audit_journal
+
+    url, head, raw = tampered
+
+    def both() -> tuple[Any, Any]:
+        with Journal.open(url) as j:
+            chunked = audit_journal(j, expect_head=head, workers=2, chunk=5, parallel_min=0)
+            return chunked, audit_chain(j, expect_head=head)
+
+    chunked, walked = both()
+    assert chunked.ok
+    assert walked.ok
+    assert chunked == walked
+    raw.execute(f"UPDATE {raw.table} SET state = ? WHERE {raw.pos} = 13", (b'{"x":2}',))
+    chunked, walked = both()
+    assert (chunked.ok, chunked.first_bad_position, chunked.fault) == (False, 13, Fault.CHANGED)
+    assert chunked.model_dump(exclude={"head"}) == walked.model_dump(exclude={"head"})
+    raw.execute(f"DELETE FROM {raw.table} WHERE {raw.pos} = 10")  # 11 opens a chunk
+    chunked, walked = both()
+    assert (chunked.first_bad_position, chunked.fault) == (11, Fault.MISSING)
+    assert chunked.model_dump(exclude={"head"}) == walked.model_dump(exclude={"head"})
