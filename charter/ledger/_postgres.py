@@ -348,6 +348,22 @@ class PostgresJournalStore:
         finally:
             conn.close()
 
+    def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
+        """``(position, topic, state)`` tuples in position order, in batches."""
+        conn = self.connect()
+        params = (start or 0, stop if stop is not None else 2**63 - 1)
+        with conn.cursor() as cur:
+            cur.execute(
+                self._q(
+                    "SELECT notification_id, topic, state FROM {schema}.{table} "
+                    "WHERE notification_id >= %s AND notification_id <= %s "
+                    "ORDER BY notification_id"
+                ),
+                params,
+            )
+            while batch := cur.fetchmany(10_000):
+                yield [(pos, topic, bytes(state)) for pos, topic, state in batch]
+
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""
         where = "WHERE originator_id = %s AND originator_version = %s"

@@ -235,6 +235,21 @@ class SQLiteJournalStore:
         finally:
             conn.close()
 
+    def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
+        """``(position, topic, state)`` tuples in position order, in batches: what a
+        read model folds (three columns instead of seven)."""
+        conn = self._connect(readonly=True)
+        try:
+            cur = conn.execute(
+                f"SELECT rowid, topic, state FROM {TABLE} WHERE rowid >= ? AND rowid <= ? "
+                "ORDER BY rowid",
+                (start or 0, stop if stop is not None else 2**63 - 1),
+            )
+            while batch := cur.fetchmany(10_000):
+                yield batch
+        finally:
+            conn.close()
+
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""
         return self._one(

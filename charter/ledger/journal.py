@@ -475,6 +475,10 @@ class Journal:
         """Raw stored row tuples in position order, in batches (what verification reads)."""
         return self._store.batches(start, stop)
 
+    def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
+        """``(position, topic, state)`` in position order, in batches (read models)."""
+        return self._store.payloads(start, stop)
+
     def originator_bytes(self, stored: Any) -> bytes:
         return self._store.originator_bytes(stored)
 

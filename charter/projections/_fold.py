@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
+
 __all__ = ["AXES", "Changes", "Fold", "at_ms_of_state", "iso_to_ms"]
 
 AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
@@ -28,7 +30,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The decoder's raw_decode (the C scanner) called directly: json.loads(bytes) spends as long
 # sniffing the encoding and skipping whitespace as parsing, and the stored state is
 # always canonical UTF-8 JSON with no surrounding whitespace.
-_DECODER = json.JSONDecoder()
 _MS = timedelta(milliseconds=1)
 
 # Ledger row layout (the order of the columns of the ledgers table).
@@ -174,21 +175,21 @@ class Fold:
     # -- the fold --------------------------------------------------------------------
 
     def apply_rows(self, rows: Iterable[Sequence[Any]]) -> None:
-        """Fold raw journal rows ``(position, originator, version, topic, state, …)``."""
+        """Fold raw journal rows ``(position, topic, state)`` (``Journal.payloads``)."""
         counts = self.changes.counts
-        scan = _DECODER.raw_decode
+        loads = orjson.loads
         handlers = _HANDLERS
         for row in rows:
-            position, topic = row[0], row[3]
+            position, topic, state = row
             name = topic[: topic.index("/")]
             counts[name] = counts.get(name, 0) + 1
             handler = handlers.get(name)
             if handler is None:
                 pass
             elif name == "GrantMinted":
-                self._grant_minted(position, _minted_fields(row[4]), "")
+                self._grant_minted(position, _minted_fields(state), "")
             else:
-                data = scan(row[4].decode())[0]
+                data = loads(state)
                 handler(self, position, data["payload"], data["at"])
             self.position = position
 
@@ -301,9 +302,9 @@ _FANOUT_KEY = b'","fanout":"'
 def _minted_fields(state: bytes) -> dict[str, Any]:
     cut = state.find(_FANOUT_KEY)
     if cut < 0:  # not the shape above: decode it all
-        payload: dict[str, Any] = json.loads(state)["payload"]
+        payload: dict[str, Any] = orjson.loads(state)["payload"]
         return payload
-    tail: dict[str, Any] = json.loads(b"{" + state[cut + 2 : -1])
+    tail: dict[str, Any] = orjson.loads(b"{" + state[cut + 2 : -1])
     return tail
 
 

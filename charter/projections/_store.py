@@ -147,6 +147,11 @@ class ProjectionStore(ABC):
         for statement in self.ddl:
             cur.execute(self._q(statement))
 
+    def create_indexes(self, cur: Any) -> None:
+        for statement in self.ddl:
+            if statement.startswith("CREATE UNIQUE INDEX"):
+                cur.execute(self._q(statement))
+
     def tracked(self, cur: Any) -> int:
         cur.execute(
             self._q(
@@ -171,6 +176,13 @@ class ProjectionStore(ABC):
         return bool(cur.rowcount == 1)
 
     def reset(self, cur: Any) -> None:
+        """Empty every table for a rebuild, and drop the one-current-row indexes until
+        :meth:`create_indexes` (bulk inserts are cheaper without them, and building
+        them afterwards still checks every row)."""
+        for statement in self.ddl:
+            if statement.startswith("CREATE UNIQUE INDEX"):
+                name = statement.split()[6]  # CREATE UNIQUE INDEX IF NOT EXISTS <name>
+                cur.execute(self._q(f"DROP INDEX IF EXISTS {name}"))
         for table in _TABLES:
             cur.execute(self._q(f"DELETE FROM {self.prefix}_{table}"))
         cur.execute(

@@ -106,7 +106,7 @@ class Projector:
             self._fold = fold
 
     def _fold_range(self, cur: object, fold: Fold, start: int, stop: int) -> None:
-        for batch in self.journal.batches(start, stop):
+        for batch in self.journal.payloads(start, stop):
             fold.apply_rows(batch)
             self.store.apply(cur, fold.take(final=False))
 
@@ -133,6 +133,7 @@ class Projector:
             if target > 0:
                 self._fold_range(cur, fold, 1, target)
                 self._commit(cur, fold, target)
+            self.store.create_indexes(cur)
         self._fold = fold if target > 0 else None
         return target
 
