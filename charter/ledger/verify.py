@@ -177,19 +177,20 @@ def audit_chain(
             progress(checked)
 
     head = ChainHead(position=last_position, hash=prev.hex()) if last_position else None
-    if expect_head is not None:
-        fault = _head_fault(source, last_position, expect_head)
-        if fault is not None:
-            first_bad, kind, why = fault
-            return ChainReport(
-                ok=False,
-                checked=checked,
-                head=head,
-                first_bad_position=first_bad,
-                fault=kind,
-                reason=why,
-            )
-    return ChainReport(ok=True, checked=checked, head=head)
+    return _finish(source, checked, head, expect_head)
+
+
+def _finish(
+    source: ChainSource, checked: int, head: ChainHead | None, expect: ChainHead | None
+) -> ChainReport:
+    """The report of a walk that found nothing wrong, checked against a recorded head."""
+    fault = _head_fault(source, head.position if head else 0, expect) if expect else None
+    if fault is None:
+        return ChainReport(ok=True, checked=checked, head=head)
+    first_bad, kind, why = fault
+    return ChainReport(
+        ok=False, checked=checked, head=head, first_bad_position=first_bad, fault=kind, reason=why
+    )
 
 
 def _head_fault(
@@ -278,19 +279,7 @@ def audit_journal(
             tip = report.head or tip
             if progress is not None:
                 progress(checked)
-    if expect_head is not None:
-        fault = _head_fault(journal, tip.position if tip else 0, expect_head)
-        if fault is not None:
-            first_bad, kind, why = fault
-            return ChainReport(
-                ok=False,
-                checked=checked,
-                head=tip,
-                first_bad_position=first_bad,
-                fault=kind,
-                reason=why,
-            )
-    return ChainReport(ok=True, checked=checked, head=tip)
+    return _finish(journal, checked, tip, expect_head)
 
 
 def verify_chain(
