@@ -3,7 +3,6 @@ identity by host uid, every attempt recorded."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import threading
@@ -148,7 +147,6 @@ def test_an_unregistered_peer_is_refused(broker: EgressBroker, server: _Server) 
     assert (60995, f"127.0.0.1:{server.port}") in broker.unknown_attempts
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_reaches_the_broker_as_an_http_proxy(egress_launcher: Launcher) -> None:
     import http.server
     import socketserver
