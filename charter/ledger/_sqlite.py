@@ -142,7 +142,10 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             positions.append(position)
             hashes.append(h)
             prev = h
-        c.executemany(_INSERT, params)
+        if len(params) == 1:  # a lone append: execute is ~2x cheaper than executemany here
+            c.execute(_INSERT, params[0])
+        else:
+            c.executemany(_INSERT, params)
         _last_commit.value = LastCommit(tuple(positions), tuple(hashes))
         return positions
 
