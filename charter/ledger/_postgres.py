@@ -349,20 +349,24 @@ class PostgresJournalStore:
             conn.close()
 
     def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
-        """``(position, topic, state)`` tuples in position order, in batches."""
+        """``(position, topic, state)`` tuples in position order, in batches of at most
+        10,000 (keyset pages on the store's one connection: bounded memory, and no new
+        connection per call, which dominated a follower's lag)."""
         conn = self.connect()
-        params = (start or 0, stop if stop is not None else 2**63 - 1)
-        with conn.cursor() as cur:
-            cur.execute(
-                self._q(
-                    "SELECT notification_id, topic, state FROM {schema}.{table} "
-                    "WHERE notification_id >= %s AND notification_id <= %s "
-                    "ORDER BY notification_id"
-                ),
-                params,
-            )
-            while batch := cur.fetchmany(10_000):
-                yield [(pos, topic, bytes(state)) for pos, topic, state in batch]
+        low, high = start or 0, stop if stop is not None else 2**63 - 1
+        query = self._q(
+            "SELECT notification_id, topic, state FROM {schema}.{table} "
+            "WHERE notification_id >= %s AND notification_id <= %s "
+            "ORDER BY notification_id LIMIT 10000"
+        )
+        while low <= high:
+            page = conn.execute(query, (low, high)).fetchall()
+            if not page:
+                return
+            yield [(pos, topic, bytes(state)) for pos, topic, state in page]
+            if len(page) < 10_000:
+                return
+            low = page[-1][0] + 1
 
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""
