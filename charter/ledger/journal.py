@@ -8,14 +8,12 @@ append raises :class:`~charter.ledger.errors.AppendFailedError` and leaves nothi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
-from urllib.parse import unquote, urlparse
 from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError, PersistenceError, ProcessRecorder, Tracking
@@ -29,10 +27,10 @@ from charter.ledger._app import (
     now,
     stream_uuid,
 )
+from charter.ledger._location import Location, UnknownSchemeError, resolve_location
 from charter.ledger._rows import ChainRow, JournalMeta, LastCommit
 from charter.ledger.errors import AppendFailedError, BadInputError, StateError, UnavailableError
 from charter.ledger.events import Event
-from charter.ledger.home import charter_home
 
 __all__ = [
     "AlreadyTrackedError",
@@ -55,10 +53,6 @@ class JournalCreated(Event):
     type_name = "JournalCreated"
     journal_key: str
     created_at: str
-
-
-class UnknownSchemeError(BadInputError):
-    """The journal URL has a scheme Charter does not speak."""
 
 
 class AppendConflictError(StateError):
@@ -104,93 +98,6 @@ class Entry:
             "recorded_at": self.recorded_at.isoformat(),
             "payload": self.event.payload(),
         }
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where a journal lives, parsed from a URL (or the embedded default)."""
-
-    kind: str  # "sqlite" | "postgresql"
-    display: str
-    path: Path | None = None
-    conninfo: Mapping[str, Any] | None = None
-
-    def app_env(self, *, process: bool = False) -> dict[str, str]:
-        """eventsourcing environment for this location (schema is never created here)."""
-        del process
-        if self.kind == "sqlite":
-            env = {
-                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
-                "SQLITE_DBNAME": str(self.path),
-                "SQLITE_LOCK_TIMEOUT": "30",
-                # The process variant: the same chained insert, plus tracking positions.
-                "APPLICATION_RECORDER_TOPIC": (
-                    "charter.ledger._sqlite:ChainedSQLiteProcessRecorder"
-                ),
-                "PROCESS_RECORDER_TOPIC": "charter.ledger._sqlite:ChainedSQLiteProcessRecorder",
-            }
-        else:
-            info = dict(self.conninfo or {})
-            env = {
-                "PERSISTENCE_MODULE": "eventsourcing.postgres",
-                "POSTGRES_DBNAME": str(info["dbname"]),
-                "POSTGRES_HOST": str(info["host"]),
-                "POSTGRES_PORT": str(info["port"]),
-                "POSTGRES_USER": str(info["user"]),
-                "POSTGRES_PASSWORD": str(info.get("password") or ""),
-                "POSTGRES_POOL_SIZE": "1",
-                "POSTGRES_MAX_OVERFLOW": "2",
-                "POSTGRES_CONNECT_TIMEOUT": "5",
-                "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
-                "APPLICATION_RECORDER_TOPIC": (
-                    "charter.ledger._postgres:ChainedPostgresProcessRecorder"
-                ),
-                "PROCESS_RECORDER_TOPIC": (
-                    "charter.ledger._postgres:ChainedPostgresProcessRecorder"
-                ),
-            }
-        env["CREATE_TABLE"] = "no"
-        # The library looks up CHARTER_<KEY> before <KEY>; pin both so a stray
-        # variable in the caller's environment cannot redirect the journal.
-        return env | {f"{JournalApplication.name.upper()}_{k}": v for k, v in env.items()}
-
-
-def resolve_location(url: str | None = None) -> Location:
-    """``--db``, else ``CHARTER_DB``, else ``$CHARTER_HOME/journal.db``."""
-    url = url or os.environ.get("CHARTER_DB") or None
-    if url is None:
-        path = charter_home() / "journal.db"
-        return Location("sqlite", f"sqlite:///{path}", path=path)
-    parsed = urlparse(url)
-    if parsed.scheme == "sqlite":
-        raw = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
-        if not raw:
-            raise BadInputError(
-                f"journal URL {url!r} has no path; write sqlite:///relative/path.db or "
-                "sqlite:////absolute/path.db"
-            )
-        path = Path(unquote(raw)).absolute()
-        return Location("sqlite", f"sqlite:///{path}", path=path)
-    if parsed.scheme in ("postgresql", "postgres"):
-        dbname = parsed.path.lstrip("/")
-        if not dbname or not parsed.hostname:
-            raise BadInputError(
-                f"journal URL {url!r} needs a host and a database: "
-                "postgresql://USER@HOST:PORT/DBNAME"
-            )
-        info = {
-            "host": parsed.hostname,
-            "port": parsed.port or 5432,
-            "user": unquote(parsed.username or os.environ.get("USER") or "postgres"),
-            "password": unquote(parsed.password or ""),
-            "dbname": dbname,
-        }
-        shown = f"postgresql://{info['user']}@{info['host']}:{info['port']}/{dbname}"
-        return Location("postgresql", shown, conninfo=info)
-    raise UnknownSchemeError(
-        f"unknown journal URL scheme {parsed.scheme or url!r}; use sqlite:///PATH or "
-        "postgresql://USER@HOST:PORT/DBNAME"
-    )
 
 
 Store = _sqlite.SQLiteJournalStore | _postgres.PostgresJournalStore

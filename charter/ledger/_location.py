@@ -1,0 +1,108 @@
+"""Where a journal lives: ``--db`` / ``CHARTER_DB`` URLs or the embedded default, and the
+eventsourcing settings that open it (schema is never created from here)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from charter.ledger._app import JournalApplication
+from charter.ledger.errors import BadInputError
+from charter.ledger.home import charter_home
+
+__all__ = ["Location", "UnknownSchemeError", "resolve_location"]
+
+
+class UnknownSchemeError(BadInputError):
+    """The journal URL has a scheme Charter does not speak."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a journal lives, parsed from a URL (or the embedded default)."""
+
+    kind: str  # "sqlite" | "postgresql"
+    display: str
+    path: Path | None = None
+    conninfo: Mapping[str, Any] | None = None
+
+    def app_env(self, *, process: bool = False) -> dict[str, str]:
+        """eventsourcing environment for this location (schema is never created here)."""
+        del process
+        if self.kind == "sqlite":
+            env = {
+                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                "SQLITE_DBNAME": str(self.path),
+                "SQLITE_LOCK_TIMEOUT": "30",
+                # The process variant: the same chained insert, plus tracking positions.
+                "APPLICATION_RECORDER_TOPIC": (
+                    "charter.ledger._sqlite:ChainedSQLiteProcessRecorder"
+                ),
+                "PROCESS_RECORDER_TOPIC": "charter.ledger._sqlite:ChainedSQLiteProcessRecorder",
+            }
+        else:
+            info = dict(self.conninfo or {})
+            env = {
+                "PERSISTENCE_MODULE": "eventsourcing.postgres",
+                "POSTGRES_DBNAME": str(info["dbname"]),
+                "POSTGRES_HOST": str(info["host"]),
+                "POSTGRES_PORT": str(info["port"]),
+                "POSTGRES_USER": str(info["user"]),
+                "POSTGRES_PASSWORD": str(info.get("password") or ""),
+                "POSTGRES_POOL_SIZE": "1",
+                "POSTGRES_MAX_OVERFLOW": "2",
+                "POSTGRES_CONNECT_TIMEOUT": "5",
+                "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
+                "APPLICATION_RECORDER_TOPIC": (
+                    "charter.ledger._postgres:ChainedPostgresProcessRecorder"
+                ),
+                "PROCESS_RECORDER_TOPIC": (
+                    "charter.ledger._postgres:ChainedPostgresProcessRecorder"
+                ),
+            }
+        env["CREATE_TABLE"] = "no"
+        # The library looks up CHARTER_<KEY> before <KEY>; pin both so a stray
+        # variable in the caller's environment cannot redirect the journal.
+        return env | {f"{JournalApplication.name.upper()}_{k}": v for k, v in env.items()}
+
+
+def resolve_location(url: str | None = None) -> Location:
+    """``--db``, else ``CHARTER_DB``, else ``$CHARTER_HOME/journal.db``."""
+    url = url or os.environ.get("CHARTER_DB") or None
+    if url is None:
+        path = charter_home() / "journal.db"
+        return Location("sqlite", f"sqlite:///{path}", path=path)
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        raw = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
+        if not raw:
+            raise BadInputError(
+                f"journal URL {url!r} has no path; write sqlite:///relative/path.db or "
+                "sqlite:////absolute/path.db"
+            )
+        path = Path(unquote(raw)).absolute()
+        return Location("sqlite", f"sqlite:///{path}", path=path)
+    if parsed.scheme in ("postgresql", "postgres"):
+        dbname = parsed.path.lstrip("/")
+        if not dbname or not parsed.hostname:
+            raise BadInputError(
+                f"journal URL {url!r} needs a host and a database: "
+                "postgresql://USER@HOST:PORT/DBNAME"
+            )
+        info = {
+            "host": parsed.hostname,
+            "port": parsed.port or 5432,
+            "user": unquote(parsed.username or os.environ.get("USER") or "postgres"),
+            "password": unquote(parsed.password or ""),
+            "dbname": dbname,
+        }
+        shown = f"postgresql://{info['user']}@{info['host']}:{info['port']}/{dbname}"
+        return Location("postgresql", shown, conninfo=info)
+    raise UnknownSchemeError(
+        f"unknown journal URL scheme {parsed.scheme or url!r}; use sqlite:///PATH or "
+        "postgresql://USER@HOST:PORT/DBNAME"
+    )
