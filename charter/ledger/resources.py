@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
+from charter.ledger._follow import JournalFold, entry_ms
 from charter.ledger.admission import (
     ADMISSION_EVENTS,
     AdmissionRefusedError,
@@ -63,41 +63,18 @@ def now_ms() -> int:
 _TYPES = tuple(cls.type_name for cls in (*LEASE_EVENTS, *ADMISSION_EVENTS))
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+class ResourceView(JournalFold):
+    """The lease book and the cells, kept current from the journal."""
 
-
-def entry_ms(recorded_at: datetime) -> int:
-    """An entry's commit time in whole epoch milliseconds (integer arithmetic, so every
-    reader of the journal agrees on when a lease expired)."""
-    return (recorded_at - _EPOCH) // timedelta(milliseconds=1)
-
-
-class ResourceView:
-    """The lease book and the cells as of ``position``, kept current from the journal."""
+    types = _TYPES
 
     def __init__(self) -> None:
+        super().__init__()
         self.book = LeaseBook()
         self.cells = Cells()
-        self.position = 0
 
-    def refresh(self, journal: Journal) -> None:
-        head = journal.head()
-        if head is None or head[0] <= self.position:
-            return
-        for entry in journal.entries(start=self.position + 1, stop=head[0], types=_TYPES):
-            self._apply(entry.event, entry_ms(entry.recorded_at))
-        self.position = head[0]
-
-    def applied(self, committed: tuple[Committed, ...]) -> None:
-        """Fold our own commit at once when nothing else was written in between (else
-        the next refresh reads it, in order)."""
-        if committed and committed[0].position == self.position + 1:
-            at_ms = entry_ms(committed[0].recorded_at)  # one commit, one time
-            for c in committed:
-                self._apply(c.event, at_ms)
-            self.position = committed[-1].position
-
-    def _apply(self, event: object, at_ms: int) -> None:
+    def apply(self, event: Event, position: int, at_ms: int) -> None:
+        del position
         if isinstance(event, LEASE_EVENTS):
             self.book.apply(event, at_ms)
         elif isinstance(event, ADMISSION_EVENTS):

@@ -7,14 +7,13 @@ with a pinned append: a decision taken on a stale view fails to commit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
+from charter.ledger._follow import JournalFold
 from charter.ledger.authority._events import AgentRegistered, GrantMinted
 from charter.ledger.authority._lineage import Lineage
 from charter.ledger.authority._seal import SealedGrant, grant_digest
 from charter.ledger.events import Event
-from charter.ledger.journal import Committed, Journal
 
 __all__ = ["AgentRecord", "AuthorityView"]
 
@@ -42,33 +41,19 @@ class AgentRecord:
         }
 
 
-class AuthorityView:
+class AuthorityView(JournalFold):
     """Durable agents by name; journaled grant digests by lineage; children minted."""
 
+    types = _TYPES
+
     def __init__(self) -> None:
+        super().__init__()
         self.agents: dict[str, AgentRecord] = {}
         self.digests: dict[Lineage, bytes] = {}
         self.minted: dict[Lineage, int] = {}
-        self.position = 0
 
-    def refresh(self, journal: Journal) -> None:
-        """Fold every entry committed since the last refresh."""
-        head = journal.head()
-        if head is None or head[0] <= self.position:
-            return
-        for entry in journal.entries(start=self.position + 1, stop=head[0], types=_TYPES):
-            self.apply(entry.event, entry.position)
-        self.position = head[0]
-
-    def applied(self, committed: Iterable[Committed]) -> None:
-        """Fold our own commit; skip the re-read when nothing else was written between."""
-        batch = list(committed)
-        for c in batch:
-            self.apply(c.event, c.position)
-        if batch and batch[0].position == self.position + 1:
-            self.position = batch[-1].position
-
-    def apply(self, event: Event, position: int) -> None:
+    def apply(self, event: Event, position: int, at_ms: int = 0) -> None:
+        del at_ms
         if isinstance(event, AgentRegistered):
             if event.name not in self.agents:
                 self.agents[event.name] = AgentRecord(

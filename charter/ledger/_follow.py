@@ -1,0 +1,53 @@
+"""One mechanism for in-process read state: a fold kept current from the journal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import ClassVar
+
+from charter.ledger.events import Event
+from charter.ledger.journal import Committed, Journal
+
+__all__ = ["JournalFold", "entry_ms"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def entry_ms(recorded_at: datetime) -> int:
+    """An entry's commit time in whole epoch milliseconds (integer arithmetic, so every
+    reader of the journal agrees on when a lease expired)."""
+    return (recorded_at - _EPOCH) // timedelta(milliseconds=1)
+
+
+class JournalFold:
+    """A fold over some event types, as of ``position``.
+
+    :meth:`refresh` reads only what was committed since; :meth:`applied` folds the
+    caller's own commit without reading it back when nothing else was written in
+    between (otherwise the next refresh reads it, in order). Used with pinned appends:
+    a decision taken on a stale fold fails to commit.
+    """
+
+    types: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def apply(self, event: Event, position: int, at_ms: int) -> None:
+        raise NotImplementedError
+
+    def refresh(self, journal: Journal) -> None:
+        head = journal.head()
+        if head is None or head[0] <= self.position:
+            return
+        for entry in journal.entries(start=self.position + 1, stop=head[0], types=self.types):
+            self.apply(entry.event, entry.position, entry_ms(entry.recorded_at))
+        self.position = head[0]
+
+    def applied(self, committed: Sequence[Committed]) -> None:
+        if committed and committed[0].position == self.position + 1:
+            at_ms = entry_ms(committed[0].recorded_at)  # one commit, one time
+            for c in committed:
+                self.apply(c.event, c.position, at_ms)
+            self.position = committed[-1].position
