@@ -41,9 +41,25 @@ def _ms(value: int | None) -> str:
     return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 
+def _amount(value: float, units: tuple[tuple[float, str], ...]) -> str:
+    """``value`` in the largest unit it reaches, two significant decimals at most."""
+    for size, unit in units:
+        if value >= size:
+            return f"{value / size:.3g}{unit}"
+    return f"{value:g}{units[-1][1] if units[-1][0] == 1 else ''}"
+
+
+_TOKENS = ((1e6, "M"), (1e3, "k"), (1, ""))
+_TIME = ((3_600_000, "h"), (60_000, "m"), (1_000, "s"), (1, "ms"))
+_BYTES = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+
+
 def _short(b: Budget) -> str:
+    """A budget for people, in the units of CLI.md (``--json`` keeps exact integers)."""
     return (
-        f"tok={b.tokens} wall={b.wall_ms}ms cpu={b.cpu_ms}ms mem={b.mem_bytes} eg={b.egress_bytes}"
+        f"tokens {_amount(b.tokens, _TOKENS)}, wall {_amount(b.wall_ms, _TIME)}, "
+        f"cpu {_amount(b.cpu_ms, _TIME)}, mem {_amount(b.mem_bytes, _BYTES)}, "
+        f"egress {_amount(b.egress_bytes, _BYTES)}"
     )
 
 
@@ -52,7 +68,8 @@ def _render_budgets(report: BudgetReport) -> None:
     from rich.table import Table
 
     table = Table(title=f"budgets as of position {report.as_of} ({_ms(report.at_ms)})")
-    for column in ("lineage", "status", "remaining", "spent (own)", "expires"):
+    table.add_column("lineage", no_wrap=True)
+    for column in ("status", "remaining", "spent (own)", "expires"):
         table.add_column(column)
     for line in report.ledgers:
         table.add_row(
@@ -67,17 +84,19 @@ def _render_budgets(report: BudgetReport) -> None:
 
 def _render_tree(report: TreeReport) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.tree import Tree
 
     top = Tree(f"lineage as of position {report.as_of}")
     branches: dict[str, Tree] = {}
     for node in report.nodes:  # sorted by path: a parent comes before its children
-        label = f"{node.lineage.rsplit('/', 1)[-1]}  [{node.status}] @{node.position}"
+        # escaped: "[active]" would otherwise be read as rich markup and vanish
+        label = f"{node.lineage.rsplit('/', 1)[-1]}  {escape(f'[{node.status}]')} @{node.position}"
         if node.fanout:
             label += f" fan-out {node.fanout}"
         parent = branches.get(node.parent) if node.parent else None
         if parent is None:  # a root, or the top of the subtree asked for
-            label = f"{node.lineage}  [{node.status}] @{node.position}"
+            label = f"{node.lineage}  {escape(f'[{node.status}]')} @{node.position}"
         branches[node.lineage] = (parent or top).add(label)
     Console().print(top)
 
