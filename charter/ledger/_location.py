@@ -30,9 +30,8 @@ class Location:
     path: Path | None = None
     conninfo: Mapping[str, Any] | None = None
 
-    def app_env(self, *, process: bool = False) -> dict[str, str]:
+    def app_env(self) -> dict[str, str]:
         """eventsourcing environment for this location (schema is never created here)."""
-        del process
         if self.kind == "sqlite":
             env = {
                 "PERSISTENCE_MODULE": "eventsourcing.sqlite",
