@@ -33,7 +33,7 @@ def _wait_for(condition: object, timeout: float) -> bool:
     while time.monotonic() < deadline:
         if condition():  # type: ignore[operator]
             return True
-        time.sleep(0.002)
+        time.sleep(0.0005)
     return False
 
 
@@ -46,34 +46,37 @@ def test_sigkill_restart_processes_every_event_exactly_once(journal_url: str) ->
         for _ in range(3):
             journal.append(next(history))
         for _round in range(12):
-            # A backlog, so the follower is mid-way through it when it is killed.
-            for _ in range(rng.randint(20, 60)):
+            # A backlog of several hundred entries, read in small chunks, so the
+            # follower is mid-way through it (most often mid-transaction) when killed.
+            for _ in range(rng.randint(150, 250)):
                 journal.append(next(history))
             head = journal.head()
             assert head is not None
             before = journal.tracked_position(f"charter.projections.{NAME}")
+            # The kill lands once the follower has passed a random point in the first
+            # third of the backlog: at least two thirds of it (hundreds of entries, tens
+            # of commits) are still ahead of it then, whatever the machine's speed.
+            target = before + rng.randint(1, (head[0] - before) // 3)
             child = subprocess.Popen(
-                [sys.executable, "-c", _FOLLOWER, journal_url, NAME, str(rng.randint(3, 40))],
+                [sys.executable, "-c", _FOLLOWER, journal_url, NAME, str(rng.randint(3, 20))],
                 stdout=subprocess.PIPE,
                 env=os.environ.copy(),
             )
             try:
                 assert child.stdout is not None
                 assert child.stdout.readline().strip() == b"ready"
-                # Wait until it has committed something new, then kill it at once.
                 assert _wait_for(
-                    lambda b=before: journal.tracked_position(f"charter.projections.{NAME}") > b,
+                    lambda t=target: journal.tracked_position(f"charter.projections.{NAME}") >= t,
                     timeout=30,
                 )
-                time.sleep(rng.random() * 0.02)
             finally:
                 child.send_signal(signal.SIGKILL)
                 child.wait(timeout=30)
             assert child.returncode == -signal.SIGKILL
             if journal.tracked_position(f"charter.projections.{NAME}") < head[0]:
                 interrupted += 1
-        # Positive control: most kills landed before the follower had caught up.
-        assert interrupted >= 6
+        # Positive control: the kills landed before the follower had caught up.
+        assert interrupted >= 10
 
         rows = sum(1 for _ in journal.rows())
         with Projector(journal, NAME) as survivor, Projector(journal, "fresh") as fresh:
