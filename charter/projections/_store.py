@@ -114,12 +114,17 @@ class ProjectionStore(ABC):
 
     #: the journal's tracking table (the library's single-row tracking)
     tracking_table: str = "tracking"
+    #: appended to each CREATE TABLE (SQLite stores its tables clustered by primary key)
+    table_options: str = ""
 
     def __init__(self, prefix: str, tracking_name: str) -> None:
         self.prefix = check_prefix(prefix)
         self.tracking_name = tracking_name
         self.sql = {k: self._render(v) for k, v in _STATEMENTS.items()}
-        self.ddl = [self._render(s) for s in _DDL]
+        self.ddl = [
+            self._render(s) + (self.table_options if s.startswith("CREATE TABLE") else "")
+            for s in _DDL
+        ]
 
     def _render(self, statement: str) -> str:
         return statement.replace("{p}", self.prefix)

@@ -9,8 +9,10 @@ all of a step or none of it, and a restart resumes exactly after the last commit
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 from charter.ledger.journal import Journal
@@ -40,6 +42,20 @@ def _store_for(journal: Journal, prefix: str) -> ProjectionStore:
             raise PositionBeyondHeadError("SQLite journal without a path")
         return _sqlite.SQLiteProjectionStore(location.path, prefix, tracking)
     return _postgres.PostgresProjectionStore(location.conninfo or {}, prefix, tracking)
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """The fold makes no reference cycles, but on a long range the cyclic collector
+    keeps re-scanning the fold's many live rows (about 5% of a rebuild) and frees
+    nothing; reference counting still frees everything as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Projector:
@@ -106,9 +122,10 @@ class Projector:
             self._fold = fold
 
     def _fold_range(self, cur: object, fold: Fold, start: int, stop: int) -> None:
-        for batch in self.journal.payloads(start, stop):
-            fold.apply_rows(batch)
-            self.store.apply(cur, fold.take(final=False))
+        with _cyclic_gc_paused():
+            for batch in self.journal.payloads(start, stop):
+                fold.apply_rows(batch)
+                self.store.apply(cur, fold.take(final=False))
 
     def _commit(self, cur: object, fold: Fold, end: int) -> None:
         # The end of the range, even where PostgreSQL left a gap in the positions.
