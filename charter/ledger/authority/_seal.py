@@ -139,7 +139,7 @@ def derive_child_seed(parent_key_seed: bytes, child: Lineage) -> bytes:
     key can derive its descendants' keys, which grants nothing new: the parent can mint
     any authority for its subtree already.
     """
-    return hmac.new(parent_key_seed, CHILD_KEY_TAG + child.encode(), hashlib.sha256).digest()
+    return hmac.digest(parent_key_seed, CHILD_KEY_TAG + child.encode(), "sha256")
 
 
 def check_custody(custody_public: bytes, expected: bytes, *, who: str) -> None:
