@@ -68,6 +68,8 @@ _INSERT = (
 )
 _HEAD = f"SELECT rowid, chain_hash FROM {TABLE} ORDER BY rowid DESC LIMIT 1"
 
+_Params = tuple[int, str, int, str, bytes, bytes, bytes]
+
 # The hashes of the last commit made by this thread, read by the Journal after save().
 _last_commit = threading.local()
 
@@ -109,26 +111,57 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     def construct_create_table_statements(self) -> list[str]:
         return [_CREATE_EVENTS, *_APPEND_ONLY]
 
+    # (position, hash) of the last entry this recorder committed. Only a hint: the next
+    # commit inserts its first entry right after it, and if another writer has appended
+    # since, that insert conflicts on the rowid key and the unique prev_hash, and the
+    # commit chains onto the head read under the write lock instead. It is set only
+    # after a commit succeeds, so it is never ahead of the journal (entries cannot be
+    # deleted). This saves reading the head on every commit of a lone writer.
+    _head_hint: tuple[int, bytes] | None = None
+
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
         _last_commit.value = None
+        hint, self._head_hint = self._head_hint, None
         conn: SQLiteConnection
         with (
             self.datastore.get_connection(commit=True) as conn,
             _ImmediateTransaction(conn, commit=True) as c,
             c,
         ):
-            return self._insert_events(c, stored_events, **kwargs)
+            positions = self._insert_events(c, stored_events, hint=hint, **kwargs)
+        commit = last_commit()
+        if commit is not None and commit.positions:
+            self._head_hint = (commit.positions[-1], commit.hashes[-1])
+        return positions
 
     def _insert_events(
-        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
+        self,
+        c: SQLiteCursor,
+        stored_events: Sequence[StoredEvent],
+        *,
+        hint: tuple[int, bytes] | None = None,
+        **kwargs: Any,
     ) -> Sequence[int] | None:
         del kwargs
+        if hint is not None and stored_events:
+            params = self._chain(hint, stored_events)
+            try:
+                c.execute(_INSERT, params[0])
+            except sqlite3.IntegrityError:
+                pass  # stale: another writer's entry is already at that position
+            else:
+                return self._insert_rest(c, params, skip=1)
+        # No hint, or a stale one: chain onto the head as read under the write lock (a
+        # genuine conflict, such as a stream version already taken, raises from here).
         c.execute(_HEAD)
         row = c.fetchone()
-        position, prev = (row[0], bytes(row[1])) if row else (0, GENESIS)
+        head = (row[0], bytes(row[1])) if row else (0, GENESIS)
+        return self._insert_rest(c, self._chain(head, stored_events), skip=0)
+
+    @staticmethod
+    def _chain(head: tuple[int, bytes], stored_events: Sequence[StoredEvent]) -> list[_Params]:
+        position, prev = head
         params = []
-        positions = []
-        hashes = []
         for s in stored_events:
             position += 1
             oid = s.originator_id
@@ -139,15 +172,18 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             params.append(
                 (position, oid_bytes.hex(), s.originator_version, s.topic, s.state, prev, h)
             )
-            positions.append(position)
-            hashes.append(h)
             prev = h
-        if len(params) == 1:  # a lone append: execute is ~2x cheaper than executemany here
-            c.execute(_INSERT, params[0])
-        else:
-            c.executemany(_INSERT, params)
-        _last_commit.value = LastCommit(tuple(positions), tuple(hashes))
-        return positions
+        return params
+
+    def _insert_rest(self, c: SQLiteCursor, params: list[_Params], *, skip: int) -> list[int]:
+        rest = params[skip:]
+        if len(rest) == 1:  # a lone append: execute is ~2x cheaper than executemany here
+            c.execute(_INSERT, rest[0])
+        elif rest:
+            c.executemany(_INSERT, rest)
+        positions = tuple(p[0] for p in params)
+        _last_commit.value = LastCommit(positions, tuple(p[6] for p in params))
+        return list(positions)
 
 
 class ChainedSQLiteProcessRecorder(SQLiteProcessRecorder, ChainedSQLiteApplicationRecorder):

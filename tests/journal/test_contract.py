@@ -104,6 +104,25 @@ def test_stale_decision_conflicts_and_writes_nothing(journal_url: str) -> None:
         assert values == [1, 2, 3]
 
 
+def test_handles_with_stale_head_hints_chain_onto_the_real_head(journal_url: str) -> None:
+    """Each handle chains its next commit onto the head it last wrote; after another
+    handle has appended, that hint is stale and the commit must land on the real head."""
+    Journal.create(journal_url).close()
+    with Journal.open(journal_url) as a, Journal.open(journal_url) as b:
+        written: list[int] = []
+        for i in range(24):
+            writer = b if i % 3 == 0 else a
+            committed = writer.append([Ping(writer="w", batch=i, n=n) for n in range(i % 4 + 1)])
+            written += [c.position for c in committed]
+        assert written == list(range(1, len(written) + 1))
+        report = audit_chain(a)
+        assert report.ok, report.reason
+        assert report.checked == len(written)
+        assert [(p.batch, p.n) for p in _pings(b)] == [
+            (i, n) for i in range(24) for n in range(i % 4 + 1)
+        ]
+
+
 def test_update_and_delete_are_refused_by_the_database(journal_url: str) -> None:
     with Journal.create(journal_url) as j:
         j.append([Ping(writer="a", batch=0, n=0)])
