@@ -30,6 +30,7 @@ from charter.ledger.journal import Journal, resolve_location
 from charter.ledger.verify import audit_journal
 
 SINGLE = 1500  # single-event commits per round
+SINGLE_BLOCKS = 15  # run in alternating blocks of 100 per path
 BATCHES = 20  # 1000-event commits per round
 
 
@@ -45,10 +46,19 @@ def _event(i: int) -> BenchEvent:
     return BenchEvent(worker=f"agent:root/sa-{i:06d}", n=i, note="x" * 150)
 
 
-def _rate(n: int, fn: Callable[[], None]) -> float:
-    t = time.perf_counter()
-    fn()
-    return n / (time.perf_counter() - t)
+def _interleaved(
+    paths: dict[str, Callable[[int], None]], blocks: int, per_block: int
+) -> dict[str, float]:
+    """events/s of each path, run in alternating blocks (block ``b`` of every path
+    before block ``b + 1`` of any), so a slow spell of the machine hits every path
+    alike instead of whichever happened to be running."""
+    spent = dict.fromkeys(paths, 0.0)
+    for b in range(blocks):
+        for name, fn in paths.items():
+            t = time.perf_counter()
+            fn(b)
+            spent[name] += time.perf_counter() - t
+    return {name: blocks * per_block / s for name, s in spent.items()}
 
 
 def _round(
@@ -58,43 +68,43 @@ def _round(
     raw_batch: Callable[[], None],
 ) -> dict[str, float]:
     """One round of all six paths; every path writes the same events."""
+    block = SINGLE // SINGLE_BLOCKS
 
-    def one_chained() -> None:
-        for i in range(SINGLE):
+    def one_chained(b: int) -> None:
+        for i in range(b * block, (b + 1) * block):
             chained.append([_event(i)])
 
-    def one_stock() -> None:
-        for i in range(SINGLE):
+    def one_stock(b: int) -> None:
+        for i in range(b * block, (b + 1) * block):
             stock.save(Envelope(uuid.uuid4(), 1, now(), _event(i)))
 
-    def one_raw() -> None:
-        for _ in range(SINGLE):
+    def one_raw(b: int) -> None:
+        del b
+        for _ in range(block):
             raw_one()
 
-    def batch_chained() -> None:
-        for b in range(BATCHES):
-            chained.append([_event(b * 1000 + i) for i in range(1000)])
+    def batch_chained(b: int) -> None:
+        chained.append([_event(b * 1000 + i) for i in range(1000)])
 
-    def batch_stock() -> None:
-        for b in range(BATCHES):
-            at = now()
-            stock.save(*(Envelope(uuid.uuid4(), 1, at, _event(b * 1000 + i)) for i in range(1000)))
+    def batch_stock(b: int) -> None:
+        at = now()
+        stock.save(*(Envelope(uuid.uuid4(), 1, at, _event(b * 1000 + i)) for i in range(1000)))
 
-    def batch_raw() -> None:
-        for _ in range(BATCHES):
-            raw_batch()
+    def batch_raw(b: int) -> None:
+        del b
+        raw_batch()
 
-    return {
-        name: _rate(n, fn)
-        for name, n, fn in (
-            ("single stock", SINGLE, one_stock),
-            ("single chained", SINGLE, one_chained),
-            ("single raw", SINGLE, one_raw),
-            ("batch stock", BATCHES * 1000, batch_stock),
-            ("batch chained", BATCHES * 1000, batch_chained),
-            ("batch raw", BATCHES * 1000, batch_raw),
-        )
-    }
+    single = _interleaved(
+        {"single stock": one_stock, "single chained": one_chained, "single raw": one_raw},
+        SINGLE_BLOCKS,
+        block,
+    )
+    batch = _interleaved(
+        {"batch stock": batch_stock, "batch chained": batch_chained, "batch raw": batch_raw},
+        BATCHES,
+        1000,
+    )
+    return single | batch
 
 
 _STATE = _event(0).model_dump_json().encode()
