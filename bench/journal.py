@@ -24,9 +24,12 @@ from typing import Any
 
 import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._support import pg_conninfo, scratch_database
 from charter.ledger._app import Envelope, JournalApplication, now
 from charter.ledger.events import Event
-from charter.ledger.journal import Journal, resolve_location
+from charter.ledger.journal import Journal
 from charter.ledger.verify import audit_journal
 
 SINGLE = 1500  # single-event commits per round
@@ -151,61 +154,56 @@ def bench_sqlite(tmp: Path, rounds: int) -> list[dict[str, float]]:
     return results
 
 
-def _admin(admin_url: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(**dict(resolve_location(admin_url).conninfo or {}), autocommit=True)
-
-
 def bench_postgres(admin_url: str, rounds: int) -> list[dict[str, float]]:
     """Chained vs the library's stock PostgreSQL recorder vs raw psycopg."""
     results = []
-    for r in range(rounds):
-        name = f"charter_bench_{r}"
-        with _admin(admin_url) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{name}"')
-        info = {**dict(resolve_location(admin_url).conninfo or {}), "dbname": name}
-        chained = Journal.create(
-            f"postgresql://{info['user']}@{info['host']}:{info['port']}/{name}"
-        )
-
-        class Stock(JournalApplication):
-            name = "stock"  # its own table, stock_events, in the same database
-
-        stock = Stock(
-            env={
-                "PERSISTENCE_MODULE": "eventsourcing.postgres",
-                "POSTGRES_DBNAME": name,
-                "POSTGRES_HOST": str(info["host"]),
-                "POSTGRES_PORT": str(info["port"]),
-                "POSTGRES_USER": str(info["user"]),
-                "POSTGRES_PASSWORD": str(info.get("password") or ""),
-                "POSTGRES_POOL_SIZE": "1",
-                "CREATE_TABLE": "yes",
-            }
-        )
-        raw = psycopg.connect(**info)
-        raw.execute(_RAW_TABLE.format("originator_id uuid", "bytea"))
-        raw.commit()
-        insert = "INSERT INTO e VALUES (%s,%s,%s,%s)"
-
-        def raw_one(raw: psycopg.Connection[Any] = raw, insert: str = insert) -> None:
-            raw.execute(insert, (uuid.uuid4(), 1, "BenchEvent/v1", _STATE))
-            raw.commit()
-
-        def raw_batch(raw: psycopg.Connection[Any] = raw, insert: str = insert) -> None:
-            with raw.cursor() as cur:
-                cur.executemany(
-                    insert, [(uuid.uuid4(), 1, "BenchEvent/v1", _STATE) for _ in range(1000)]
-                )
-            raw.commit()
-
-        results.append(_round(chained, stock, raw_one, raw_batch))
-        chained.close()
-        stock.close()
-        raw.close()
-        with _admin(admin_url) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for _ in range(rounds):
+        with scratch_database(admin_url) as url:
+            results.append(_postgres_round(url))
     return results
+
+
+def _postgres_round(url: str) -> dict[str, float]:
+    info = pg_conninfo(url)
+    name = info["dbname"]
+    chained = Journal.create(url)
+
+    class Stock(JournalApplication):
+        name = "stock"  # its own table, stock_events, in the same database
+
+    stock = Stock(
+        env={
+            "PERSISTENCE_MODULE": "eventsourcing.postgres",
+            "POSTGRES_DBNAME": name,
+            "POSTGRES_HOST": str(info["host"]),
+            "POSTGRES_PORT": str(info["port"]),
+            "POSTGRES_USER": str(info["user"]),
+            "POSTGRES_PASSWORD": str(info.get("password") or ""),
+            "POSTGRES_POOL_SIZE": "1",
+            "CREATE_TABLE": "yes",
+        }
+    )
+    raw = psycopg.connect(**info)
+    raw.execute(_RAW_TABLE.format("originator_id uuid", "bytea"))
+    raw.commit()
+    insert = "INSERT INTO e VALUES (%s,%s,%s,%s)"
+
+    def raw_one(raw: psycopg.Connection[Any] = raw, insert: str = insert) -> None:
+        raw.execute(insert, (uuid.uuid4(), 1, "BenchEvent/v1", _STATE))
+        raw.commit()
+
+    def raw_batch(raw: psycopg.Connection[Any] = raw, insert: str = insert) -> None:
+        with raw.cursor() as cur:
+            cur.executemany(
+                insert, [(uuid.uuid4(), 1, "BenchEvent/v1", _STATE) for _ in range(1000)]
+            )
+        raw.commit()
+
+    result = _round(chained, stock, raw_one, raw_batch)
+    chained.close()
+    stock.close()
+    raw.close()
+    return result
 
 
 # -- verification ----------------------------------------------------------------

@@ -28,15 +28,16 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 
+from bench._support import percentile, scratch_database
 from charter.ledger.admission import (
     CellConfigured,
     Cells,
@@ -117,10 +118,9 @@ def workload(events: int) -> list[list[Event]]:
     return batches
 
 
-def library_replay(journal: Journal) -> tuple[int, float]:
-    """Read + decode + mutate through eventsourcing (notification log, mapper, folds)."""
-    app = journal.application
-    book, cells = LeaseBook(), Cells()
+def _replay(app: Any, fold: Callable[[Any], None]) -> tuple[int, float]:
+    """Every domain event of ``app``, read through the notification log in sections of
+    1000 and decoded by its mapper, handed to ``fold``; (events, seconds)."""
     t0 = time.perf_counter()
     start, done = 1, 0
     while True:
@@ -128,13 +128,21 @@ def library_replay(journal: Journal) -> tuple[int, float]:
         if not notifications:
             break
         for notification in notifications:
-            envelope = app.mapper.to_domain_event(notification)
-            at_ms = iso_to_ms(envelope.timestamp.isoformat())
-            book.apply(envelope.event, at_ms)
-            cells.apply(envelope.event)
+            fold(app.mapper.to_domain_event(notification))
         done += len(notifications)
         start = notifications[-1].id + 1
     return done, time.perf_counter() - t0
+
+
+def library_replay(journal: Journal) -> tuple[int, float]:
+    """Read + decode + mutate through eventsourcing (notification log, mapper, folds)."""
+    book, cells = LeaseBook(), Cells()
+
+    def fold(envelope: Any) -> None:
+        book.apply(envelope.event, iso_to_ms(envelope.timestamp.isoformat()))
+        cells.apply(envelope.event)
+
+    return _replay(journal.application, fold)
 
 
 class Tally(Aggregate):
@@ -166,20 +174,13 @@ def library_aggregate_replay(tmp: Path, events: int) -> tuple[int, float]:
                 batch.append(tally)
             app.save(*batch)
             made += 1000
-        t0 = time.perf_counter()
         aggregates: dict[Any, Any] = {}
-        start, done = 1, 0
-        while True:
-            notifications = app.recorder.select_notifications(start=start, limit=1000)
-            if not notifications:
-                break
-            for notification in notifications:
-                domain_event = app.mapper.to_domain_event(notification)
-                oid = domain_event.originator_id
-                aggregates[oid] = domain_event.mutate(aggregates.get(oid))  # type: ignore[attr-defined]
-            done += len(notifications)
-            start = notifications[-1].id + 1
-        return done, time.perf_counter() - t0
+
+        def mutate(domain_event: Any) -> None:
+            oid = domain_event.originator_id
+            aggregates[oid] = domain_event.mutate(aggregates.get(oid))
+
+        return _replay(app, mutate)
 
 
 _FOLLOWER = """
@@ -212,10 +213,9 @@ def lag(url: str, commits: int) -> list[float]:
         reports: list[tuple[int, float]] = []
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            line = follower.stdout.readline()
-            position, at = line.split()
-            reports.append((int(position), float(at)))
-            if int(position) >= last:
+            reported, when = follower.stdout.readline().split()
+            reports.append((int(reported), float(when)))
+            if int(reported) >= last:
                 break
     follower.kill()
     follower.wait()
@@ -247,42 +247,6 @@ def populate(url: str, events: int) -> int:
             journal.append(batch)
         head = journal.head()
     return 0 if head is None else head[0]
-
-
-def _pg_database(admin_url: str) -> tuple[str, str]:
-    import psycopg
-
-    u = urlparse(admin_url)
-    name = f"charter_bench_{uuid.uuid4().hex[:8]}"
-    conninfo = {
-        "host": u.hostname,
-        "port": u.port or 5432,
-        "user": u.username or "postgres",
-        "dbname": u.path.lstrip("/"),
-        "autocommit": True,
-    }
-    with psycopg.connect(**conninfo) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return name, f"postgresql://{conninfo['user']}@{u.hostname}:{u.port or 5432}/{name}"
-
-
-def _pg_drop(admin_url: str, name: str) -> None:
-    import psycopg
-
-    u = urlparse(admin_url)
-    with psycopg.connect(
-        host=u.hostname,
-        port=u.port or 5432,
-        user=u.username or "postgres",
-        dbname=u.path.lstrip("/"),
-        autocommit=True,
-    ) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> int:
@@ -321,16 +285,15 @@ def main() -> int:
         )
         ok &= rate >= REBUILD_TARGET
         lags = lag(url, args.lag_commits)
-        p50, p99 = statistics.median(lags), _pct(lags, 0.99)
+        p50, p99 = statistics.median(lags), percentile(lags, 0.99)
         print(
             f"sqlite: incremental lag        p50 {p50:.1f} ms  p99 {p99:.1f} ms  max "
             f"{max(lags):.1f} ms  ({len(lags)} commits; target p99 <= {LAG_TARGET_MS:.0f} ms)"
         )
         ok &= p99 <= LAG_TARGET_MS
     if args.pg:
-        name, url = _pg_database(args.pg)
-        try:
-            head = populate(url, args.events)
+        with scratch_database(args.pg) as url:
+            populate(url, args.events)
             rows, secs = rebuild_rate(url, args.runs)
             with Journal.open(url) as journal:
                 done, lib_secs = library_replay(journal)
@@ -340,14 +303,12 @@ def main() -> int:
                 f"{(rows / secs) / (done / lib_secs):.2f}x)"
             )
             lags = lag(url, args.lag_commits)
-            p99 = _pct(lags, 0.99)
+            p99 = percentile(lags, 0.99)
             print(
                 f"postgres: incremental lag      p50 {statistics.median(lags):.1f} ms  "
                 f"p99 {p99:.1f} ms  max {max(lags):.1f} ms"
             )
             ok &= p99 <= LAG_TARGET_MS
-        finally:
-            _pg_drop(args.pg, name)
     print("PASS" if ok else "FAIL: a target was missed")
     return 0 if ok else 1
 

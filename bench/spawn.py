@@ -15,10 +15,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from uuid import UUID
 
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._support import percentile
 from charter.ledger.authority import (
     AuthorityService,
     Ceiling,
@@ -42,11 +46,6 @@ class Plain(Aggregate):
     def __init__(self, body: str, signature: str) -> None:
         self.body = body
         self.signature = signature
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def bench_spawn(tmp: Path, width: int, runs: int) -> tuple[list[float], list[float], int]:
@@ -92,7 +91,7 @@ def bench_spawn(tmp: Path, width: int, runs: int) -> tuple[list[float], list[flo
 def bench_plain(tmp: Path, events: int, runs: int, body_len: int) -> list[float]:
     env = {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(tmp / "plain.db")}
     samples = []
-    with Application[object](env=env) as app:
+    with Application[UUID](env=env) as app:
         body, signature = "x" * body_len, "0" * 128
         for i in range(runs + 2):
             aggregates = [Plain(body, signature) for _ in range(events)]

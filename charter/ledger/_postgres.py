@@ -296,13 +296,6 @@ class PostgresJournalStore:
             ) from None
         return JournalMeta.from_rows(dict(rows), where=where)
 
-    def is_journal(self) -> bool:
-        try:
-            self.read_meta()
-        except StateError:
-            return False
-        return True
-
     def create_schema(self, meta: JournalMeta) -> None:
         """Tables, triggers and metadata in one transaction: all of it or none."""
         conn = self.connect()

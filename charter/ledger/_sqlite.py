@@ -233,13 +233,6 @@ class SQLiteJournalStore:
             conn.close()
         return JournalMeta.from_rows(dict(rows), where=str(self.path))
 
-    def is_journal(self) -> bool:
-        try:
-            self.read_meta()
-        except StateError:
-            return False
-        return True
-
     def create_schema(self, meta: JournalMeta, recorder_statements: Sequence[str]) -> None:
         """Create every table (events, tracking, meta) in one transaction."""
         self.path.parent.mkdir(parents=True, exist_ok=True)

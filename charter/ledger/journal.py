@@ -117,6 +117,15 @@ def _last_commit(location: Location) -> LastCommit | None:
     return _postgres.last_commit()
 
 
+def _holds_journal(store: Store) -> bool:
+    """Whether ``store`` has a Charter journal's metadata (what ``init`` writes)."""
+    try:
+        store.read_meta()
+    except StateError:
+        return False
+    return True
+
+
 class Journal:
     """An open journal. Use :meth:`create` once, then :meth:`open` everywhere else."""
 
@@ -181,12 +190,12 @@ class Journal:
     @staticmethod
     def _refuse_existing(location: Location, store: Store) -> None:
         if isinstance(store, _sqlite.SQLiteJournalStore) and store.exists():
-            what = "a Charter journal" if store.is_journal() else "a file that is not a journal"
+            what = "a Charter journal" if _holds_journal(store) else "a file that is not a journal"
             raise StateError(
                 f"{location.display} already holds {what}; refusing to initialise it again "
                 "(choose another --db or CHARTER_HOME)"
             )
-        if isinstance(store, _postgres.PostgresJournalStore) and store.is_journal():
+        if isinstance(store, _postgres.PostgresJournalStore) and _holds_journal(store):
             raise StateError(
                 f"{location.display} already holds a Charter journal; refusing to "
                 "initialise it again"
