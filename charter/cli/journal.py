@@ -31,7 +31,7 @@ def init(ctx: Ctx, root: str, ceiling: Ceiling) -> None:
     location = resolve_location(ctx.db)
     keys = KeyStore(charter_home())
     # Refuse before writing anything if the target already holds something.
-    Journal.refuse_existing(location.display)
+    Journal.refuse_existing(location)
     if keys.exists(JOURNAL_KEY):
         raise StateError(
             f"the Charter home {keys.home} already has a journal key; it belongs to an "
@@ -40,7 +40,7 @@ def init(ctx: Ctx, root: str, ceiling: Ceiling) -> None:
     key = keys.create(JOURNAL_KEY)
     public = bytes(key.verify_key).hex()
     try:
-        journal = Journal.create(location.display, journal_key=public)
+        journal = Journal.create(location, journal_key=public)
     except CharterError:
         keys.remove(JOURNAL_KEY)  # nothing half-made: no key without its journal
         raise

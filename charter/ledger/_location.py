@@ -69,8 +69,12 @@ class Location:
         return env | {f"{JournalApplication.name.upper()}_{k}": v for k, v in env.items()}
 
 
-def resolve_location(url: str | None = None) -> Location:
-    """``--db``, else ``CHARTER_DB``, else ``$CHARTER_HOME/journal.db``."""
+def resolve_location(url: str | Location | None = None) -> Location:
+    """``--db``, else ``CHARTER_DB``, else ``$CHARTER_HOME/journal.db``. A Location
+    already resolved is returned as it is (its ``display`` omits the password, so it
+    is never parsed back into one)."""
+    if isinstance(url, Location):
+        return url
     url = url or os.environ.get("CHARTER_DB") or None
     if url is None:
         path = charter_home() / "journal.db"

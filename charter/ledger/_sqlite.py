@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 from uuid import UUID
 
 from eventsourcing.persistence import OperationalError, StoredEvent
@@ -32,6 +33,7 @@ __all__ = [
     "ChainedSQLiteApplicationRecorder",
     "ChainedSQLiteProcessRecorder",
     "SQLiteJournalStore",
+    "sqlite_uri",
 ]
 
 TABLE = "stored_events"  # the library's fixed name for SQLite
@@ -190,6 +192,12 @@ class ChainedSQLiteProcessRecorder(SQLiteProcessRecorder, ChainedSQLiteApplicati
     """Tracking position, new events and their chain in one transaction (followers)."""
 
 
+def sqlite_uri(path: Path, mode: str) -> str:
+    """A ``file:`` URI for ``path`` (percent-encoded: SQLite decodes URI paths, so a
+    ``%`` or ``?`` in a file name must not be read as an escape or a query)."""
+    return f"file:{quote(str(path))}?mode={mode}"
+
+
 class SQLiteJournalStore:
     """Raw reads and schema set-up for a SQLite journal file (no eventsourcing here)."""
 
@@ -203,7 +211,7 @@ class SQLiteJournalStore:
         mode = "rw" if readonly else "rwc"
         try:
             conn = sqlite3.connect(
-                f"file:{self.path}?mode={mode}", uri=True, isolation_level=None, timeout=30
+                sqlite_uri(self.path, mode), uri=True, isolation_level=None, timeout=30
             )
             if readonly:
                 conn.execute("PRAGMA query_only = 1")

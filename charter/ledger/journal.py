@@ -154,7 +154,7 @@ class Journal:
     # -- lifecycle -----------------------------------------------------------------
 
     @classmethod
-    def create(cls, url: str | None = None, *, journal_key: str = "") -> Journal:
+    def create(cls, url: str | Location | None = None, *, journal_key: str = "") -> Journal:
         """Create the schema (events, append-only triggers, metadata) in one transaction.
 
         Refuses when a journal, or any other file, is already there: nothing is written.
@@ -178,7 +178,7 @@ class Journal:
                 Path(f"{self.location.path}{suffix}").unlink(missing_ok=True)
 
     @staticmethod
-    def refuse_existing(url: str | None = None) -> None:
+    def refuse_existing(url: str | Location | None = None) -> None:
         """Raise StateError if ``url`` already holds a journal (or any other file)."""
         location = resolve_location(url)
         store = _store_for(location)
@@ -202,7 +202,7 @@ class Journal:
             )
 
     @staticmethod
-    def open_chain(url: str | None = None) -> Store:
+    def open_chain(url: str | Location | None = None) -> Store:
         """Only the raw rows of an existing journal (what verification reads), without
         the eventsourcing application: cheap enough to open once per worker process."""
         location = resolve_location(url)
@@ -211,7 +211,9 @@ class Journal:
         return store
 
     @classmethod
-    def open(cls, url: str | None = None, *, env: Mapping[str, str] | None = None) -> Journal:
+    def open(
+        cls, url: str | Location | None = None, *, env: Mapping[str, str] | None = None
+    ) -> Journal:
         """Open an existing journal; never creates or changes anything.
 
         ``env`` adds eventsourcing settings (tests select fault-injecting subclasses of

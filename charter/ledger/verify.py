@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from charter.ledger._chain import GENESIS, entry_hash
+from charter.ledger._location import Location
 from charter.ledger._rows import ChainRow
 from charter.ledger.errors import BadInputError, TamperedError
 
@@ -227,11 +228,11 @@ PARALLEL_MIN = 200_000  # below this, worker start-up costs more than it saves
 CHUNK = 100_000
 
 
-def _audit_range(url: str, bounds: tuple[int, int]) -> ChainReport:
+def _audit_range(location: Location, bounds: tuple[int, int]) -> ChainReport:
     """One chunk, in a worker process: its own connection, its predecessor looked up."""
     from charter.ledger.journal import Journal
 
-    store = Journal.open_chain(url)
+    store = Journal.open_chain(location)
     try:
         return audit_chain(store, start=bounds[0], stop=bounds[1])
     finally:
@@ -270,7 +271,7 @@ def audit_journal(
     # spawn, not fork: the parent may hold database connections a fork would share.
     context = multiprocessing.get_context("spawn")
     with context.Pool(min(workers, len(chunks))) as pool:
-        for report in pool.imap(partial(_audit_range, journal.location.display), chunks):
+        for report in pool.imap(partial(_audit_range, journal.location), chunks):
             if not report.ok:
                 return report.model_copy(
                     update={"checked": checked + report.checked, "head": report.head or tip}

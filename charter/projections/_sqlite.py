@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from charter.ledger._sqlite import sqlite_uri
 from charter.ledger.errors import UnavailableError
 from charter.projections._store import ProjectionStore
 
@@ -35,7 +36,7 @@ class SQLiteProjectionStore(ProjectionStore):
         if self._conn is None:
             try:
                 conn = sqlite3.connect(
-                    f"file:{self.path}?mode=rw", uri=True, isolation_level=None, timeout=30
+                    sqlite_uri(self.path, "rw"), uri=True, isolation_level=None, timeout=30
                 )
                 # The journal keeps synchronous=FULL for its own commits; projection
                 # rows are derived data, but their tracking row shares the commit, so
