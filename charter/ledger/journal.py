@@ -252,7 +252,10 @@ class Journal:
 
     def stream_version(self, stream: str) -> int:
         """The version of ``stream`` now (0 when it has no events)."""
-        last = self._recorder.select_events(stream_uuid(stream), desc=True, limit=1)
+        return self._version(stream_uuid(stream))
+
+    def _version(self, originator: UUID) -> int:
+        last = self._recorder.select_events(originator, desc=True, limit=1)
         return last[0].originator_version if last else 0
 
     def _envelopes(
@@ -347,42 +350,33 @@ class Journal:
             raise AlreadyTrackedError(
                 f"{tracking[0]} has already recorded position {tracking[1]}"
             ) from error
-        if not self._stale(envelopes):
+        moved = self._moved(envelopes)
+        if not moved:
             raise AppendFailedError(
                 f"journal append refused by the database, nothing written: {error}"
             ) from error
-        if any(env.event.stream() in pinned for env in envelopes):
+        if moved & pinned.keys():
             raise AppendConflictError(
                 "another writer appended to a stream this decision was based on; "
                 "re-read the state and decide again"
             ) from error
-        return None
+        return None  # only unpinned streams moved: re-version them and retry
 
-    def _stale(self, envelopes: Sequence[Envelope]) -> bool:
-        """True if some stream moved past the version this batch was built on."""
-        firsts: dict[UUID, int] = {}
+    def _moved(self, envelopes: Sequence[Envelope]) -> set[str]:
+        """The streams that moved past the version this batch was built on."""
+        firsts: dict[str, tuple[UUID, int]] = {}
         for env in envelopes:
-            if env.event.stream() is not None:
-                firsts.setdefault(env.originator_id, env.originator_version)
-        for oid, first in firsts.items():
-            last = self._recorder.select_events(oid, desc=True, limit=1)
-            if last and last[0].originator_version >= first:
-                return True
-        return False
+            stream = env.event.stream()
+            if stream is not None:
+                firsts.setdefault(stream, (env.originator_id, env.originator_version))
+        return {stream for stream, (oid, first) in firsts.items() if self._version(oid) >= first}
 
     def _landed(self, envelopes: Sequence[Envelope]) -> list[ChainRow] | None:
         """After an integrity error, re-read: did this exact batch commit (lost ack)?"""
         rows = []
         for env in envelopes:
-            found = self._recorder.select_events(
-                env.originator_id,
-                gt=env.originator_version - 1,
-                lte=env.originator_version,
-            )
-            if not found or found[0].state != encode_state(env):
-                return None
             row = self._store.find(env.originator_id.bytes, env.originator_version)
-            if row is None:
+            if row is None or row.state != encode_state(env):
                 return None
             rows.append(row)
         return rows

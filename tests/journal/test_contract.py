@@ -123,6 +123,38 @@ def test_handles_with_stale_head_hints_chain_onto_the_real_head(journal_url: str
         ]
 
 
+def test_a_race_on_an_unpinned_stream_retries_and_a_pinned_one_conflicts(
+    journal_url: str,
+) -> None:
+    """Another writer appends between this append reading its stream versions and
+    inserting: when only an unpinned stream moved, the append re-versions and lands;
+    when a pinned stream moved, it raises and writes nothing."""
+    Journal.create(journal_url).close()
+    with Journal.open(journal_url) as j, Journal.open(journal_url) as other:
+        j.append([Counter(name="a", value=1), Counter(name="b", value=1)])
+        build = j._envelopes
+        racer: list[Counter] = []
+
+        def racing(*args: Any, **kwargs: Any) -> Any:
+            envelopes = build(*args, **kwargs)
+            while racer:  # the other writer lands first, once
+                other.append([racer.pop()])
+            return envelopes
+
+        j._envelopes = racing  # type: ignore[method-assign]
+        racer.append(Counter(name="b", value=2))
+        j.append([Counter(name="a", value=3), Counter(name="b", value=3)], expect={"counter:a": 1})
+        assert (j.stream_version("counter:a"), j.stream_version("counter:b")) == (2, 3)
+
+        racer.append(Counter(name="a", value=4))
+        head = j.head()
+        with pytest.raises(AppendConflictError):
+            j.append([Counter(name="a", value=5)], expect={"counter:a": 2})
+        assert j.stream_version("counter:a") == 3  # the racer's entry only
+        assert head is not None
+        assert j.head()[0] == head[0] + 1
+
+
 def test_update_and_delete_are_refused_by_the_database(journal_url: str) -> None:
     with Journal.create(journal_url) as j:
         j.append([Ping(writer="a", batch=0, n=0)])
