@@ -241,21 +241,33 @@ class SQLiteJournalStore:
             conn.close()
         return JournalMeta.from_rows(dict(rows), where=str(self.path))
 
-    def create_schema(self, meta: JournalMeta, recorder_statements: Sequence[str]) -> None:
-        """Create every table (events, tracking, meta) in one transaction."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = self._connect(readonly=False)
+    def create_schema(self, meta: JournalMeta) -> None:
+        """Create every table (events, tracking, meta) in one transaction. The file must
+        not exist yet; if anything fails, nothing is left behind."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = self._connect(readonly=False)
+        except OSError as e:
+            raise UnavailableError(f"cannot create SQLite journal {self.path}: {e}") from e
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN IMMEDIATE")
-            for statement in recorder_statements:
+            for statement in schema_statements():
                 conn.execute(statement)
             conn.executemany(
                 "INSERT INTO charter_meta (key, value) VALUES (?, ?)", meta.to_rows().items()
             )
             conn.execute("COMMIT")
-        finally:
+        except sqlite3.Error as e:
             conn.close()
+            self.remove()
+            raise UnavailableError(f"cannot create SQLite journal {self.path}: {e}") from e
+        conn.close()
+
+    def remove(self) -> None:
+        """Delete the journal file and its WAL files (only for undoing a creation)."""
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
 
     #: converts the stored originator column to its 16 raw bytes
     originator_bytes = staticmethod(bytes.fromhex)

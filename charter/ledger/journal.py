@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -163,19 +162,15 @@ class Journal:
         store = _store_for(location)
         cls._refuse_existing(location, store)
         meta = JournalMeta(created_at=datetime.now(UTC).isoformat(), journal_key=journal_key)
-        if isinstance(store, _sqlite.SQLiteJournalStore):
-            store.create_schema(meta, _sqlite.schema_statements())
-        else:
-            store.create_schema(meta)
+        store.create_schema(meta)
         return cls(location, store, meta)
 
     def discard_new(self) -> None:
         """Undo :meth:`create` after a later step of initialisation failed (SQLite only:
         a PostgreSQL database is the operator's and is left to them, with a message)."""
         self.close()
-        if self.location.path is not None:
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{self.location.path}{suffix}").unlink(missing_ok=True)
+        if isinstance(self._store, _sqlite.SQLiteJournalStore):
+            self._store.remove()
 
     @staticmethod
     def refuse_existing(url: str | Location | None = None) -> None:

@@ -116,6 +116,19 @@ def test_second_init_refuses_and_writes_nothing(tmp_path: Path) -> None:
     assert _snapshot(home) == before
 
 
+def test_init_that_cannot_create_the_file_leaves_no_key_behind(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory")
+    failed = charter("--db", f"sqlite:///{blocker}/journal.db", "init", home=home)
+    assert failed.returncode == 1
+    assert "cannot create SQLite journal" in _one_line_error(failed)
+    assert not (home / "keys" / "journal.key").exists()
+    # Nothing half-made blocks the next try (the control: the same home then works).
+    ok = charter("--db", f"sqlite:///{tmp_path}/journal.db", "init", home=home)
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_unknown_scheme_is_a_one_line_error(tmp_path: Path) -> None:
     home = tmp_path / "home"
     result = charter("--db", "mysql://root@localhost/x", "init", home=home)
