@@ -10,7 +10,6 @@ the lock and the chain), and ``POSTGRES_ENABLE_DB_FUNCTIONS`` is refused.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 from uuid import UUID
@@ -28,7 +27,7 @@ from psycopg.rows import DictRow
 from psycopg.sql import SQL, Composed, Identifier
 
 from charter.ledger._chain import GENESIS, entry_hash
-from charter.ledger._rows import ChainRow, JournalMeta, LastCommit
+from charter.ledger._rows import ChainRow, JournalMeta, LastCommit, last_commit, set_last_commit
 from charter.ledger.errors import StateError, UnavailableError
 
 __all__ = [
@@ -39,12 +38,6 @@ __all__ = [
 
 EVENTS_TABLE = "charter_events"
 TRACKING_TABLE = "charter_tracking"
-_last_commit = threading.local()
-
-
-def last_commit() -> LastCommit | None:
-    value: LastCommit | None = getattr(_last_commit, "value", None)
-    return value
 
 
 def _schema_statements(schema: str, table: str) -> list[Composed]:
@@ -131,7 +124,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             "SELECT notification_id, chain_hash FROM {schema}.{table} "
             "ORDER BY notification_id DESC LIMIT 1"
         ).format(**ids)
-        # (position, hash) of the head as last written or read by this process; only a
+        # (position, hash) of the last entry this recorder committed; only a
         # hint: every use is checked by the database under the table lock.
         self._head_hint: tuple[int, bytes] | None = None
 
@@ -146,6 +139,9 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         """
         exc: Exception | None = None
         ids: Sequence[int] | None = None
+        # Only a committed head becomes the hint (as in the SQLite recorder).
+        hint, self._head_hint = self._head_hint, None
+        set_last_commit(None)
         with self.datastore.get_connection() as conn:
             with conn.pipeline() as pipeline, conn.transaction():
                 with conn.cursor() as curs:
@@ -153,7 +149,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                 if stored_events:
                     with conn.cursor() as curs:
                         try:
-                            self._insert_stored_events(curs, stored_events, **kwargs)
+                            self._insert_stored_events(curs, stored_events, hint=hint)
                             pipeline.sync()
                             ids = self._fetch_ids_after_insert_events(curs, stored_events)
                         except Exception as e:  # noqa: BLE001 - re-raised below, after rollback
@@ -161,12 +157,17 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                             raise psycopg.Rollback from None
             if exc is not None:
                 raise exc
+        commit = last_commit()
+        if commit is not None and commit.positions:
+            self._head_hint = (commit.positions[-1], commit.hashes[-1])
         return ids
 
     def _insert_stored_events(
         self,
         curs: psycopg.Cursor[DictRow],
         stored_events: Sequence[StoredEvent],
+        *,
+        hint: tuple[int, bytes] | None = None,
         **kwargs: Any,
     ) -> None:
         """Under the library's table lock: chain the batch onto the head and insert it.
@@ -176,10 +177,8 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         head and the result is checked in :meth:`_fetch_ids_after_insert_events`.
         """
         del kwargs
-        _last_commit.value = None
         self._lock_table(curs)
         self._notify_channel(curs)
-        hint = self._head_hint
         if hint is None:
             self._insert_after(curs, self._read_head(curs), stored_events, guarded=False)
         else:
@@ -222,8 +221,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             curs.execute(self._insert_if_head, (*columns, guard))
         else:
             curs.execute(self._insert_chained, columns)
-        self._head_hint = (position, prev)
-        _last_commit.value = LastCommit(tuple(positions), tuple(hashes))
+        set_last_commit(LastCommit(tuple(positions), tuple(hashes)))
 
     def _fetch_ids_after_insert_events(
         self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any

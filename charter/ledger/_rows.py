@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from charter.ledger.errors import StateError
 
-__all__ = ["FORMAT", "SCHEMA_VERSION", "ChainRow", "JournalMeta", "LastCommit"]
+__all__ = [
+    "FORMAT",
+    "SCHEMA_VERSION",
+    "ChainRow",
+    "JournalMeta",
+    "LastCommit",
+    "last_commit",
+    "set_last_commit",
+]
 
 FORMAT = "charter-journal"
 SCHEMA_VERSION = 1
@@ -31,6 +40,20 @@ class LastCommit(NamedTuple):
 
     positions: tuple[int, ...]
     hashes: tuple[bytes, ...]
+
+
+# What the recorder of this thread committed last: the Journal reads it after the
+# library's save() returns (save() does not return the chain's hashes).
+_last = threading.local()
+
+
+def set_last_commit(value: LastCommit | None) -> None:
+    _last.value = value
+
+
+def last_commit() -> LastCommit | None:
+    value: LastCommit | None = getattr(_last, "value", None)
+    return value
 
 
 class JournalMeta(BaseModel):

@@ -9,7 +9,6 @@ across processes with "database is locked" after reading the head.
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from eventsourcing.sqlite import (
 )
 
 from charter.ledger._chain import GENESIS, entry_hash
-from charter.ledger._rows import ChainRow, JournalMeta, LastCommit
+from charter.ledger._rows import ChainRow, JournalMeta, LastCommit, last_commit, set_last_commit
 from charter.ledger.errors import StateError, UnavailableError
 
 __all__ = [
@@ -72,14 +71,6 @@ _HEAD = f"SELECT rowid, chain_hash FROM {TABLE} ORDER BY rowid DESC LIMIT 1"
 
 _Params = tuple[int, str, int, str, bytes, bytes, bytes]
 
-# The hashes of the last commit made by this thread, read by the Journal after save().
-_last_commit = threading.local()
-
-
-def last_commit() -> LastCommit | None:
-    value: LastCommit | None = getattr(_last_commit, "value", None)
-    return value
-
 
 # The library's single-row tracking table, already "migrated" (its marker row), so a
 # follower's tracking position commits in the same transaction as its events.
@@ -122,7 +113,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     _head_hint: tuple[int, bytes] | None = None
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
-        _last_commit.value = None
+        set_last_commit(None)
         hint, self._head_hint = self._head_hint, None
         conn: SQLiteConnection
         with (
@@ -184,7 +175,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         elif rest:
             c.executemany(_INSERT, rest)
         positions = tuple(p[0] for p in params)
-        _last_commit.value = LastCommit(positions, tuple(p[6] for p in params))
+        set_last_commit(LastCommit(positions, tuple(p[6] for p in params)))
         return list(positions)
 
 

@@ -27,7 +27,7 @@ from charter.ledger._app import (
     stream_uuid,
 )
 from charter.ledger._location import Location, UnknownSchemeError, resolve_location
-from charter.ledger._rows import ChainRow, JournalMeta, LastCommit
+from charter.ledger._rows import ChainRow, JournalMeta, last_commit
 from charter.ledger.errors import AppendFailedError, BadInputError, StateError, UnavailableError
 from charter.ledger.events import Event
 
@@ -108,12 +108,6 @@ def _store_for(location: Location) -> Store:
             raise BadInputError("SQLite location without a path")
         return _sqlite.SQLiteJournalStore(location.path)
     return _postgres.PostgresJournalStore(dict(location.conninfo or {}))
-
-
-def _last_commit(location: Location) -> LastCommit | None:
-    if location.kind == "sqlite":
-        return _sqlite.last_commit()
-    return _postgres.last_commit()
 
 
 def _holds_journal(store: Store) -> bool:
@@ -311,7 +305,7 @@ class Journal:
                     f"journal append failed, nothing written: {e}; check the journal at "
                     f"{self.location.display} and retry"
                 ) from e
-            commit = _last_commit(self.location)
+            commit = last_commit()
             if commit is None or len(commit.positions) != len(batch):
                 raise AppendFailedError("journal recorder did not report the committed chain")
             return tuple(
