@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
+from charter.ledger._app import decode_state
 from charter.ledger.events import Event
 from charter.ledger.journal import Committed, Journal
 
@@ -38,12 +39,15 @@ class JournalFold:
         raise NotImplementedError
 
     def refresh(self, journal: Journal) -> None:
-        head = journal.head()
-        if head is None or head[0] <= self.position:
-            return
-        for entry in journal.entries(start=self.position + 1, stop=head[0], types=self.types):
-            self.apply(entry.event, entry.position, entry_ms(entry.recorded_at))
-        self.position = head[0]
+        """Fold what was committed after ``position``: one read of the three columns a
+        read model needs, decoding only the entries of ``types``."""
+        wanted = frozenset(self.types)
+        for batch in journal.payloads(start=self.position + 1):
+            for position, topic, state in batch:
+                if topic.partition("/")[0] in wanted:
+                    at, event = decode_state(topic, state)
+                    self.apply(event, position, entry_ms(at))
+            self.position = batch[-1][0]
 
     def applied(self, committed: Sequence[Committed]) -> None:
         if committed and committed[0].position == self.position + 1:
