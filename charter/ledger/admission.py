@@ -169,9 +169,11 @@ class Cells:
     def apply(self, event: Event) -> None:
         match event:
             case CellConfigured():
-                self._cells[event.cell] = CellState(
-                    event.cell, dict(event.caps), event.cores, event.failover_reserve
-                )
+                state = CellState(event.cell, dict(event.caps), event.cores, event.failover_reserve)
+                old = self._cells.get(event.cell)
+                if old is not None:  # reconfigured: the workers holding slots still run
+                    state.holders = old.holders
+                self._cells[event.cell] = state
             case SlotAdmitted():
                 self._cells[event.cell].holders[event.resource].add(event.lineage)
             case SlotReleased():
@@ -187,6 +189,12 @@ class Cells:
         if resource is ResourceClass.PROCESSING:
             if inputs is None:
                 raise BadInputError("the processing cap needs host inputs (load, live peers)")
+            if (inputs.cores, inputs.failover_reserve) != (state.cores, state.failover_reserve):
+                raise BadInputError(
+                    f"cap inputs give {inputs.cores} cores and a reserve of "
+                    f"{inputs.failover_reserve}, but cell {cell!r} is configured with "
+                    f"{state.cores} and {state.failover_reserve}; reconfigure the cell first"
+                )
             return processing_cap(inputs, configured), inputs
         return configured, None
 
@@ -243,6 +251,21 @@ class Cells:
             retry_after_ms=error.retry_after_ms,
             inputs=used_inputs,
         )
+
+    def decide_configure(
+        self, cell: str, caps: dict[ResourceClass, int], *, cores: int, failover_reserve: int
+    ) -> CellConfigured:
+        """A (re)configuration; a cap below the slots already held is refused (the
+        holders keep their slots, so the cap would be exceeded at once)."""
+        state = self._cells.get(cell)
+        if state is not None:
+            for resource, held in state.holders.items():
+                if len(held) > caps.get(resource, 0):
+                    raise StateError(
+                        f"cell {cell!r} has {len(held)} {resource} slot(s) held; a cap of "
+                        f"{caps.get(resource, 0)} is below that (release slots first)"
+                    )
+        return CellConfigured(cell=cell, caps=caps, cores=cores, failover_reserve=failover_reserve)
 
     def decide_release(self, cell: str, lineage: str, resource: ResourceClass) -> SlotReleased:
         if lineage not in self.get(cell).holders[resource]:

@@ -316,6 +316,14 @@ class Journal:
             f"journal append lost {_MAX_RETRIES} races in a row for the same streams; retry"
         )
 
+    def record_refusal(self, event: Event, error: BaseException) -> None:
+        """Journal a refusal; if the journal cannot take it, say so on ``error`` (which
+        the caller raises either way: a refusal is never lost for want of a record)."""
+        try:
+            self.append([event])
+        except AppendFailedError as e:
+            error.add_note(f"(the refusal could not be journaled: {e})")
+
     def _resolve_integrity_error(
         self,
         error: IntegrityError,

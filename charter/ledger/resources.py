@@ -26,7 +26,7 @@ from charter.ledger.admission import (
 )
 from charter.ledger.authority import Extension, FanoutDecision, SpawnIntent
 from charter.ledger.budget import Budget
-from charter.ledger.errors import AppendFailedError, RefusedError
+from charter.ledger.errors import RefusedError
 from charter.ledger.events import Event
 from charter.ledger.journal import AppendConflictError, Committed, Journal
 from charter.ledger.leases import (
@@ -172,10 +172,7 @@ class BudgetService:
                     reason=error.reason,
                     message=str(error),
                 )
-                try:
-                    self.journal.append([refusal])
-                except AppendFailedError as e:
-                    error.add_note(f"(the refusal could not be journaled: {e})")
+                self.journal.record_refusal(refusal, error)
                 raise
             try:
                 committed = self.journal.append([event], expect={stream: version})
@@ -206,8 +203,16 @@ class AdmissionService:
     def configure(
         self, cell: str, caps: dict[ResourceClass, int], *, cores: int, failover_reserve: int
     ) -> CellConfigured:
-        event = CellConfigured(cell=cell, caps=caps, cores=cores, failover_reserve=failover_reserve)
-        self.journal.append([event])
+        (event,) = self._pinned(
+            cell,
+            lambda: (
+                self.view.cells.decide_configure(
+                    cell, caps, cores=cores, failover_reserve=failover_reserve
+                ),
+            ),
+        )
+        if not isinstance(event, CellConfigured):  # decide_configure makes only that
+            raise TypeError(event)
         return event
 
     def admit(
@@ -225,7 +230,7 @@ class AdmissionService:
                 return self.view.cells.decide_admit(cell, lineages, resource, inputs)
             except AdmissionRefusedError as error:
                 refusal = self.view.cells.refusal(cell, lineages[0], resource, error, inputs)
-                self.journal.append([refusal])
+                self.journal.record_refusal(refusal, error)
                 raise
 
         return tuple(e for e in self._pinned(cell, decide) if isinstance(e, SlotAdmitted))

@@ -240,9 +240,7 @@ class Fold:
         del at
         cell = p["cell"]
         if cell in self.cells:
-            # A reconfigured cell starts with no holders (as Cells.apply does).
-            for key in [k for k in self.slots if k[0] == cell]:
-                self._close_slot(key, position)
+            # Reconfigured: new caps, and the slots held stay held (as in Cells.apply).
             old = self.cells[cell]
             if cell in self.persisted_cells:
                 self.persisted_cells.discard(cell)

@@ -23,6 +23,7 @@ from charter.ledger.admission import (
 )
 from charter.ledger.authority import Caller
 from charter.ledger.budget import Budget
+from charter.ledger.errors import BadInputError, StateError
 from charter.ledger.home import KeyStore
 from charter.ledger.journal import Journal
 from charter.ledger.resources import AdmissionService, BudgetService
@@ -58,6 +59,29 @@ def test_adaptive_processing_cap_uses_and_records_every_input() -> None:
     busy = base.model_copy(update={"load_average": 16.0})
     assert processing_cap(busy, configured=100) == 2  # throttled by load: 5 × 8/16
     assert processing_cap(base.model_copy(update={"live_peers": 9}), configured=100) == 0
+
+
+def test_reconfiguring_a_cell_keeps_its_holders(tmp_path: Path) -> None:
+    """A reconfigured cell still counts the workers that hold its slots, refuses a cap
+    below them, and refuses cap inputs that disagree with its configuration."""
+    e = ResourceClass.EGRESS
+    with Journal.create(f"sqlite:///{tmp_path / 'j.db'}") as journal:
+        slots = AdmissionService(journal)
+        slots.configure("c", {P: 1, e: 1}, cores=2, failover_reserve=0)
+        slots.admit("c", ["agent:r/sa-1"], e)
+        slots.configure("c", {P: 1, e: 1}, cores=4, failover_reserve=1)
+        with pytest.raises(AdmissionRefusedError):  # sa-1 still holds the only slot
+            slots.admit("c", ["agent:r/sa-2"], e)
+        with pytest.raises(StateError, match="release slots first"):
+            slots.configure("c", {P: 1, e: 0}, cores=4, failover_reserve=1)
+        slots.release("c", "agent:r/sa-1", e)  # still known as a holder
+        slots.admit("c", ["agent:r/sa-2"], e)  # control: the freed slot is taken
+        stale = CapInputs(cores=2, failover_reserve=0, load_average=0.0, live_peers=0)
+        with pytest.raises(BadInputError, match="configured with 4 and 1"):
+            slots.admit("c", ["agent:r/sa-3"], P, stale)
+        inputs = stale.model_copy(update={"cores": 4, "failover_reserve": 1})
+        slots.admit("c", ["agent:r/sa-3"], P, inputs)
+        assert _occupancy_never_over_cap(journal, {P: 1, e: 1}) == 3
 
 
 def test_over_cap_is_refused_with_retry_after_and_journaled(tmp_path: Path) -> None:

@@ -165,11 +165,10 @@ class History:
 
     def _reconfigure(self) -> list[Event]:
         cell = self.rng.choice(["c1", "c2"])
-        caps = {r: self.rng.randint(10, 40) for r in ResourceClass}
-        for lineage, (c, _) in list(self.slot_of.items()):
-            if c == cell:
-                del self.slot_of[lineage]
-        return [CellConfigured(cell=cell, caps=caps, cores=64, failover_reserve=2)]
+        state = self.cells.get(cell)
+        # Never below the slots held (Cells.decide_configure refuses that).
+        caps = {r: max(state.occupancy(r), self.rng.randint(10, 40)) for r in ResourceClass}
+        return [self.cells.decide_configure(cell, caps, cores=64, failover_reserve=2)]
 
 
 __all__ = ["AdmissionRefused", "History", "ms_of", "now_ms"]

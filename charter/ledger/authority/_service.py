@@ -269,10 +269,7 @@ class AuthorityService:
             width=intent.width if intent else 0,
             objective=intent.objective if intent else "",
         )
-        try:
-            self.journal.append((event,))
-        except AppendFailedError as e:
-            error.add_note(f"(the refusal could not be journaled: {e})")
+        self.journal.record_refusal(event, error)
 
     def _resolve(self, caller: Caller, now_ms: int) -> SealedGrant:
         """Check what the caller holds; return its journaled leaf grant."""
