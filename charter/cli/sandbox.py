@@ -50,9 +50,7 @@ def sandbox_group() -> None:
 @click.pass_obj
 def probe_cmd(ctx: Ctx) -> None:
     """Run the live canary; exit 0 with every property checked, or 4 naming what fails."""
-    from charter.ledger.lifecycle import SandboxProbeRefused
-    from charter.sandbox.errors import HostCannotIsolateError
-    from charter.sandbox.probe import probe
+    from charter.sandbox.probe import probe, refuse
 
     report = probe()
 
@@ -63,15 +61,11 @@ def probe_cmd(ctx: Ctx) -> None:
     ctx.emit(report.model_dump(mode="json"), text)
     if report.ok:
         return
-    detail = "; ".join(f"{c.name}: {c.detail}" for c in report.checks if not c.ok)
     with _journal(ctx, required=False) as journal:
-        if journal is not None:
-            journal.append([SandboxProbeRefused(failed=report.failed, detail=detail[:2000])])
-        else:
+        if journal is None:
             ctx.status("no journal at --db: this refusal is not journaled")
-    raise HostCannotIsolateError(
-        f"this host cannot isolate sandboxes ({', '.join(report.failed)}); spawning is refused"
-    )
+        refusal = refuse(report, journal)
+    raise refusal
 
 
 @sandbox_group.command("run", context_settings={"ignore_unknown_options": True})
@@ -105,7 +99,6 @@ def run_cmd(
     Exits with COMMAND's own code; 124 past the wall clock; 128+N on signal N; 4 when
     the host cannot isolate. Requires an initialised journal (the lifecycle is journaled).
     """
-    from charter.sandbox._gate import ensure_isolation
     from charter.sandbox._host import default_state_dir
     from charter.sandbox.egress import EgressBroker, EgressGrant
     from charter.sandbox.launcher import Launcher
@@ -114,11 +107,12 @@ def run_cmd(
     destinations = tuple(d.strip() for d in egress.split(",") if d.strip())
     state = default_state_dir()
     with _journal(ctx, required=True) as journal, contextlib.ExitStack() as stack:
-        ensure_isolation(journal, state_dir=state)  # (the Launcher checks too; this is first)
         broker = None
         if destinations:
             broker = stack.enter_context(EgressBroker(state / f"egress-{os.getpid()}.sock"))
-        grant = EgressGrant(destinations=destinations, byte_budget=budget.egress_bytes)
+        # The broker caps egress at the budget's bytes (the spec's); the grant only
+        # names where to. The Launcher passes the isolation gate (journaled) first.
+        grant = EgressGrant(destinations=destinations)
         launcher = Launcher(journal, state_dir=state, egress=broker)
         # With --json stdout carries only the result document; the command's output
         # goes to stderr.

@@ -12,33 +12,45 @@ from charter.sandbox.probe import ProbeReport, require_isolation
 
 __all__ = ["ensure_isolation"]
 
+_PACKAGE = Path(__file__).parent
+"""Every module under here is isolation code: a change to any of them re-probes."""
 
-def _fingerprint(bwrap: str) -> str:
+
+def _fingerprint(bwrap: str, package: Path | None = None) -> str:
     """What a remembered pass depends on: this boot, this bwrap binary, this code."""
+    package = package or _PACKAGE
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     st = os.stat(bwrap)
-    code = Path(__file__).with_name("render.py").read_bytes()
-    parts = f"{boot}|{bwrap}|{st.st_size}|{st.st_mtime_ns}|".encode() + code
-    return hashlib.sha256(parts).hexdigest()
+    digest = hashlib.sha256(f"{boot}|{bwrap}|{st.st_size}|{st.st_mtime_ns}".encode())
+    for path in sorted(package.rglob("*.py")):
+        code = path.read_bytes()
+        name = path.relative_to(package).as_posix().encode()
+        digest.update(b"|%s|%d|" % (name, len(code)) + code)
+    return digest.hexdigest()
 
 
 def ensure_isolation(
     sink: EventSink | None = None, *, state_dir: Path | None = None, bwrap: str | None = None
 ) -> ProbeReport | None:
-    """Probe unless a pass for this boot, bwrap and renderer is on record. Refuses (raises
-    HostCannotIsolateError, journaled through ``sink``) when the host cannot isolate.
-    Returns the fresh report, or None when a remembered pass was used."""
+    """Probe unless a pass for this boot, bwrap and sandbox code is on record. Refuses
+    (raises HostCannotIsolateError, journaled through ``sink``) when the host cannot
+    isolate. Returns the fresh report, or None when a remembered pass was used."""
     state = state_dir or default_state_dir()
     bwrap = bwrap or find_bwrap()
     marker = state / "probe-pass"
     try:
         fingerprint: str | None = _fingerprint(bwrap)
-        if marker.read_text() == fingerprint:
-            return None
     except OSError:
-        fingerprint = None  # nothing remembered applies: probe (which will say why)
+        fingerprint = None  # nothing can be remembered (no such bwrap?): the probe says why
+    if fingerprint is not None:
+        try:
+            if marker.read_text() == fingerprint:
+                return None
+        except OSError:
+            pass  # no pass on record yet (a fresh state directory): probe, then remember
     report = require_isolation(sink, state_dir=state, bwrap=bwrap)
     if fingerprint is not None:
         state.mkdir(parents=True, exist_ok=True)
+        # A reader racing this write sees a mismatch and probes again: safe, only slower.
         marker.write_text(fingerprint)
     return report

@@ -23,28 +23,30 @@ import socket
 import struct
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from charter.ledger.lifecycle import EgressAttempted
 
-__all__ = ["EgressBroker", "EgressGrant"]
+__all__ = ["EgressBroker", "EgressGrant", "EgressTally"]
 
 _HEAD_LIMIT = 8192
 _CONNECT_TIMEOUT = 10.0
 
 
 class EgressGrant(BaseModel):
-    """Where a sandbox may connect (``host`` or ``host:port``) and how many bytes it may move."""
+    """Where a sandbox may connect (``host`` or ``host:port``), and optionally a byte cap
+    lower than its budget's (``None``: the budget's egress bytes are the cap)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     destinations: tuple[str, ...] = ()
-    byte_budget: int = Field(ge=0, default=0)
+    byte_budget: int | None = Field(ge=0, default=None)
 
-    @classmethod
-    def none(cls) -> EgressGrant:
-        return cls()
+    def byte_cap(self, budget_bytes: int) -> int:
+        """The bytes the broker enforces for a sandbox whose spec allows ``budget_bytes``."""
+        return budget_bytes if self.byte_budget is None else min(self.byte_budget, budget_bytes)
 
     def allows(self, host: str, port: int) -> bool:
         host = host.lower().rstrip(".")
@@ -58,10 +60,18 @@ class EgressGrant(BaseModel):
         return False
 
 
+class EgressTally(NamedTuple):
+    """What a sandbox did through the broker, returned when it is unregistered."""
+
+    attempts: tuple[EgressAttempted, ...] = ()
+    used: int = 0
+
+
 class _Registration:
-    def __init__(self, sandbox_id: str, grant: EgressGrant) -> None:
+    def __init__(self, sandbox_id: str, grant: EgressGrant, byte_cap: int) -> None:
         self.sandbox_id = sandbox_id
         self.grant = grant
+        self.cap = byte_cap
         self.used = 0
         self.attempts: list[EgressAttempted] = []
         self.conns: set[socket.socket] = set()
@@ -88,20 +98,26 @@ class EgressBroker:
         self._thread.start()
 
     # registration -----------------------------------------------------------------
-    def register(self, host_uid: int, sandbox_id: str, grant: EgressGrant) -> None:
+    def register(
+        self, host_uid: int, sandbox_id: str, grant: EgressGrant, *, byte_cap: int
+    ) -> None:
+        """Admit the sandbox running as ``host_uid``: ``grant``'s destinations, at most
+        ``byte_cap`` bytes in both directions together (see :meth:`EgressGrant.byte_cap`)."""
         with self._lock:
-            self._regs[host_uid] = _Registration(sandbox_id, grant)
+            self._regs[host_uid] = _Registration(sandbox_id, grant, byte_cap)
 
-    def unregister(self, host_uid: int) -> list[EgressAttempted]:
-        """Forget a sandbox, cut its open connections and return its recorded attempts."""
+    def unregister(self, host_uid: int) -> EgressTally:
+        """Forget a sandbox, cut its open connections and return its recorded attempts
+        and the bytes it moved."""
         with self._lock:
             reg = self._regs.pop(host_uid, None)
         if reg is None:
-            return []
+            return EgressTally()
         for conn in list(reg.conns):
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-        return list(reg.attempts)
+        with self._lock:
+            return EgressTally(tuple(reg.attempts), reg.used)
 
     def used(self, host_uid: int) -> int:
         with self._lock:
@@ -168,7 +184,7 @@ class EgressBroker:
                 self._record(uid, reg, dest, False, "destination not in the grant")
                 _reply(conn, 403, "destination not in the grant")
                 return
-            if reg.used >= reg.grant.byte_budget:
+            if reg.used >= reg.cap:
                 self._record(uid, reg, dest, False, "egress byte budget exhausted")
                 _reply(conn, 403, "egress byte budget exhausted")
                 return
@@ -227,7 +243,7 @@ class EgressBroker:
     def _charge(self, reg: _Registration, n: int) -> int:
         """Take up to ``n`` bytes from the budget; returns how many were granted."""
         with self._lock:
-            granted = max(0, min(n, reg.grant.byte_budget - reg.used))
+            granted = max(0, min(n, reg.cap - reg.used))
             reg.used += granted
             return granted
 

@@ -43,6 +43,7 @@ SIGNING_DOMAIN = b"charter/sandbox-key/v1\0"
 _TAG = re.compile(r"^[a-z0-9][a-z0-9./-]{0,63}$")
 _SEED, _SK, _PK, _SIG = 32, 64, 32, 64
 _REQUEST_LIMIT = 1 << 20
+_REQUEST_TIMEOUT = 10.0  # seconds a peer may take to send its request line
 
 
 def framed(tag: str, message: bytes) -> bytes:
@@ -177,8 +178,14 @@ class KeyBroker:
         with conn:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             _, uid, _ = struct.unpack("3i", creds)
-            with conn.makefile("rb") as reader:
-                line = reader.readline(_REQUEST_LIMIT)
+            # A peer that connects and never finishes its line must not hold this
+            # thread (and its connection) forever.
+            conn.settimeout(_REQUEST_TIMEOUT)
+            try:
+                with conn.makefile("rb") as reader:
+                    line = reader.readline(_REQUEST_LIMIT)
+            except OSError:  # timed out or reset: there is nobody to answer
+                return
             try:
                 req = json.loads(line)
                 sig = self.sign(

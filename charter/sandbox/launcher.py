@@ -34,7 +34,7 @@ from charter.sandbox._host import (
     remove_tree,
 )
 from charter.sandbox._proc import How, SandboxProcess, Stdio
-from charter.sandbox.egress import EgressBroker, EgressGrant
+from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
 from charter.sandbox.keys import KeyBroker
 from charter.sandbox.spec import HostFacts, SandboxSpec, compile_spec
 
@@ -92,13 +92,20 @@ def leased_event(
     )
 
 
-def read_memfd(fd: int) -> bytes:
+def _read_all(fd: int) -> bytes:
     os.lseek(fd, 0, os.SEEK_SET)
     chunks = []
     while chunk := os.read(fd, 1 << 16):
         chunks.append(chunk)
-    os.close(fd)
     return b"".join(chunks)
+
+
+def read_memfd(fd: int) -> bytes:
+    """Everything written to the memfd ``fd``, which is then closed."""
+    try:
+        return _read_all(fd)
+    finally:
+        os.close(fd)
 
 
 class Launcher:
@@ -159,8 +166,9 @@ class Launcher:
             ws = self.state_dir / "ws" / sandbox_id if workspace is None else workspace
             if own_ws:
                 os.mkdir(ws, 0o700)
-                os.chown(ws, uid.uid, uid.uid)
             try:
+                if own_ws:
+                    os.chown(ws, uid.uid, uid.uid)
                 spec = compile_spec(
                     budget,
                     HostFacts(
@@ -193,12 +201,25 @@ class Launcher:
         capture: bool,
     ) -> Outcome:
         stdin, stdout, stderr = stdio
-        out_fd = os.memfd_create("stdout") if capture else None
-        err_fd = os.memfd_create("stderr") if capture else None
-        if self.egress is not None:
-            self.egress.register(spec.host_uid, spec.sandbox_id, grant or EgressGrant.none())
+        egress = self.egress
+        registered = False
+        out_fd = err_fd = None
         proc: SandboxProcess | None = None
         try:
+            if capture:
+                out_fd = os.memfd_create("stdout")
+                err_fd = os.memfd_create("stderr")
+            if egress is not None:
+                # The broker enforces the spec's egress bytes (the budget), lowered by
+                # the grant's own cap when it has one.
+                grant = grant or EgressGrant()
+                egress.register(
+                    spec.host_uid,
+                    spec.sandbox_id,
+                    grant,
+                    byte_cap=grant.byte_cap(spec.egress_bytes),
+                )
+                registered = True
             start = time.monotonic()
             proc = SandboxProcess(
                 spec,
@@ -222,14 +243,14 @@ class Launcher:
             wall_ms = int((time.monotonic() - start) * 1000)
             cg = proc.usage()
             proc.destroy(defer_removal=True)
-            egress_used, attempts = 0, []
-            if self.egress is not None:
-                egress_used = self.egress.used(spec.host_uid)
-                attempts = self.egress.unregister(spec.host_uid)
-            usage = SandboxUsage(wall_ms=wall_ms, egress_bytes=egress_used, **cg.model_dump())
+            tally = EgressTally()
+            if egress is not None and registered:
+                registered = False
+                tally = egress.unregister(spec.host_uid)
+            usage = SandboxUsage(wall_ms=wall_ms, egress_bytes=tally.used, **cg.model_dump())
             self._journal(
                 lambda: [
-                    *attempts,
+                    *tally.attempts,
                     SandboxExited(sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage),
                     SandboxDiscarded(sandbox_id=spec.sandbox_id),
                 ]
@@ -239,11 +260,14 @@ class Launcher:
                 exit_code=code,
                 how=how,
                 usage=usage,
-                stdout=read_memfd(out_fd) if out_fd is not None else None,
-                stderr=read_memfd(err_fd) if err_fd is not None else None,
+                stdout=_read_all(out_fd) if out_fd is not None else None,
+                stderr=_read_all(err_fd) if err_fd is not None else None,
             )
         finally:
             if proc is not None and proc.proc.poll() is None:
                 proc.destroy()
-            if self.egress is not None:
-                self.egress.unregister(spec.host_uid)
+            if egress is not None and registered:
+                egress.unregister(spec.host_uid)
+            for fd in (out_fd, err_fd):
+                if fd is not None:
+                    os.close(fd)

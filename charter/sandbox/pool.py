@@ -67,31 +67,35 @@ class Slot:
         self.sandbox_id = new_sandbox_id()
         self.state = SlotState.PARKED
         self.grant: EgressGrant | None = None
-        self._uid: UidLease | None = allocate_uid(pool.state_dir)
-        uid = self._uid.uid
-        self.slot_dir = pool.state_dir / "slots" / self.sandbox_id
-        self.slot_dir.mkdir(parents=True, mode=0o755)
-        self.overlay = Overlay(pool.template, self.slot_dir, 0)
-        self.spec = compile_spec(
-            pool.budget,
-            HostFacts(
-                sandbox_id=self.sandbox_id,
-                host_uid=uid,
-                host_gid=uid,
-                workspace=str(self.overlay.merged),
-                egress_socket=str(pool.egress.path) if pool.egress else None,
-                key_socket=str(pool.keys.path) if pool.keys and pool.keys.path else None,
-                cgroup_mode=pool.mode,
-                host_cpus=pool.host_cpus,
-            ),
-        )
-        self.overlay.size_bytes = self.spec.tmp_bytes
-        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-        args_r, self._args_w = os.pipe2(os.O_CLOEXEC)
-        self._out = os.memfd_create("stdout", os.MFD_CLOEXEC)
-        self._err = os.memfd_create("stderr", os.MFD_CLOEXEC)
         self.proc: SandboxProcess | None = None
-        try:
+        self._args_w = self._out = self._err = -1
+        self._made_dir = False
+        self.slot_dir = pool.state_dir / "slots" / self.sandbox_id
+        self._uid: UidLease | None = allocate_uid(pool.state_dir)
+        self.host_uid = self._uid.uid
+        ready_r = ready_w = args_r = -1
+        try:  # from here on, any failure gives back the uid, the directory and every fd
+            self.slot_dir.mkdir(parents=True, mode=0o755)
+            self._made_dir = True
+            self.overlay = Overlay(pool.template, self.slot_dir, 0)
+            self.spec = compile_spec(
+                pool.budget,
+                HostFacts(
+                    sandbox_id=self.sandbox_id,
+                    host_uid=self.host_uid,
+                    host_gid=self.host_uid,
+                    workspace=str(self.overlay.merged),
+                    egress_socket=str(pool.egress.path) if pool.egress else None,
+                    key_socket=str(pool.keys.path) if pool.keys and pool.keys.path else None,
+                    cgroup_mode=pool.mode,
+                    host_cpus=pool.host_cpus,
+                ),
+            )
+            self.overlay.size_bytes = self.spec.tmp_bytes
+            ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+            args_r, self._args_w = os.pipe2(os.O_CLOEXEC)
+            self._out = os.memfd_create("stdout", os.MFD_CLOEXEC)
+            self._err = os.memfd_create("stderr", os.MFD_CLOEXEC)
             self.proc = SandboxProcess(
                 self.spec,
                 _stub(ready_w, args_r),
@@ -121,11 +125,9 @@ class Slot:
                 f"(stderr: {read_memfd(os.dup(self._err))[-500:]!r})"
             )
 
-    def run(
-        self, command: list[str], *, stdin_data: bytes | None = None, capture: bool = True
-    ) -> Outcome:
-        """Exec ``command`` in this leased slot and wait (wall clock from the budget)."""
-        del stdin_data  # stdin is not connected to pooled sandboxes
+    def run(self, command: list[str], *, capture: bool = True) -> Outcome:
+        """Exec ``command`` in this leased slot and wait (wall clock from the budget).
+        Pooled sandboxes have no stdin."""
         if self.state is not SlotState.LEASED or self.proc is None:
             raise SlotStateError(f"slot {self.sandbox_id} is {self.state}; lease a fresh one")
         if not command:
@@ -157,18 +159,19 @@ class Slot:
     def _destroy(self) -> None:
         """Kill the slot's processes; its mount namespace (and overlay upper) dies with them."""
         self.state = SlotState.GONE
-        if self._args_w >= 0:
-            os.close(self._args_w)
-            self._args_w = -1
-        for fd in (self._out, self._err):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        for fd in (self._args_w, self._out, self._err):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._args_w = self._out = self._err = -1
         if self.proc is not None:
             self.proc.destroy()
         if self.pool.egress is not None:
-            self.pool.egress.unregister(self.spec.host_uid)
-        with contextlib.suppress(FileNotFoundError):
-            self.slot_dir.rmdir()
+            self.pool.egress.unregister(self.host_uid)
+        if self._made_dir:
+            self._made_dir = False
+            with contextlib.suppress(FileNotFoundError):
+                self.slot_dir.rmdir()
         if self._uid is not None:
             self._uid.release()
             self._uid = None
@@ -264,7 +267,13 @@ class WarmPool:
             self._leased.add(slot)
         try:
             if self.egress is not None:
-                self.egress.register(slot.spec.host_uid, slot.sandbox_id, grant or EgressGrant())
+                # The broker enforces the spec's egress bytes (the budget), lowered by
+                # the grant's own cap when it has one.
+                admitted = grant or EgressGrant()
+                self.egress.register(
+                    slot.spec.host_uid, slot.sandbox_id, admitted,
+                    byte_cap=admitted.byte_cap(slot.spec.egress_bytes),
+                )  # fmt: skip
             self.journal(leased_event(slot.spec, self.budget, self.name, grant))
         except BaseException:
             self._drop(slot, quarantine=None)

@@ -22,7 +22,7 @@ from charter.sandbox._host import default_state_dir, find_bwrap
 from charter.sandbox.errors import HostCannotIsolateError
 from charter.sandbox.launcher import EventSink, Launcher
 
-__all__ = ["PROBE_BUDGET", "ProbeCheck", "ProbeReport", "probe", "require_isolation"]
+__all__ = ["PROBE_BUDGET", "ProbeCheck", "ProbeReport", "probe", "refuse", "require_isolation"]
 
 PROBE_BUDGET = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=0MB")
 _CANARY_PYTHON = "/usr/bin/python3"
@@ -190,10 +190,16 @@ def require_isolation(
     """Probe; if the host cannot isolate, journal the refusal and raise (exit 4)."""
     report = probe(state_dir=state_dir, bwrap=bwrap)
     if not report.ok:
-        detail = "; ".join(f"{c.name}: {c.detail}" for c in report.checks if not c.ok)
-        if sink is not None:
-            sink.append([SandboxProbeRefused(failed=report.failed, detail=detail[:2000])])
-        raise HostCannotIsolateError(
-            f"this host cannot isolate sandboxes, so spawning is refused ({detail})"
-        )
+        raise refuse(report, sink)
     return report
+
+
+def refuse(report: ProbeReport, sink: EventSink | None) -> HostCannotIsolateError:
+    """The refusal for a failed ``report``: journaled through ``sink`` (when there is
+    one) as SandboxProbeRefused, and returned as the error to raise (exit 4)."""
+    detail = "; ".join(f"{c.name}: {c.detail}" for c in report.checks if not c.ok)
+    if sink is not None:
+        sink.append([SandboxProbeRefused(failed=report.failed, detail=detail[:2000])])
+    return HostCannotIsolateError(
+        f"this host cannot isolate sandboxes, so spawning is refused ({detail})"
+    )

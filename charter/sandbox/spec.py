@@ -154,9 +154,6 @@ class SandboxSpec(BaseModel):
     die_with_parent: bool
     new_session: bool
 
-    def env_dict(self) -> dict[str, str]:
-        return dict(self.env)
-
 
 def _page_floor(n: int) -> int:
     return n - n % PAGE

@@ -5,6 +5,7 @@ Every test here runs real bubblewrap with the launcher's caps; nothing is mocked
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -348,3 +349,56 @@ def test_exit_codes_and_signals_pass_through(launcher: Launcher) -> None:
     o = launcher.run(B, ["/bin/sh", "-c", "kill -TERM $$"])
     assert o.exit_code == 128 + 15
     assert o.how == "signalled"
+
+
+RAISE_LIMITS = """
+import json, resource, sys
+seen = {}
+for name, target in zip(("CORE", "NOFILE", "NPROC"), map(int, sys.argv[1:])):
+    which = getattr(resource, "RLIMIT_" + name)
+    before = resource.getrlimit(which)
+    try:
+        resource.setrlimit(which, (target, target))
+        result = "raised"
+    except (ValueError, OSError) as e:
+        result = type(e).__name__
+    seen[name] = [list(before), result]
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("path", ["cold", "warm"])
+def test_hard_rlimits_cannot_be_raised(
+    launcher: Launcher, scratch: Path, state_dir: Path, path: str
+) -> None:
+    """Soft = hard for every rlimit the launcher sets: code inside cannot raise them back
+    to the launcher's own hard limits (the cold path on cgroup v1 and the warm pool's)."""
+    import resource
+
+    from charter.sandbox import WarmPool
+
+    from ._support import PY
+
+    whiches = (resource.RLIMIT_CORE, resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC)
+    host_hard = [resource.getrlimit(w)[1] for w in whiches]
+    targets = [str(h) for h in host_hard]  # RLIM_INFINITY is -1 on both sides
+    if path == "cold":
+        o = sandboxed(launcher, B, RAISE_LIMITS, *targets)
+    else:
+        with WarmPool(scratch, B, 1, state_dir=state_dir) as pool:
+            slot = pool.lease()
+            o = slot.run([PY, "-I", "-c", RAISE_LIMITS, *targets])
+            pool.release(slot, refill=False)
+    inside = json.loads(out(o))
+    # compile_spec for a 128 MiB budget: pids.max 32, so RLIMIT_NPROC 4 * 32 + 16.
+    assert inside["CORE"] == [[0, 0], "ValueError"]
+    assert inside["NOFILE"] == [[1024, 1024], "ValueError"]
+    assert inside["NPROC"] == [[144, 144], "ValueError"]
+    # Positive control: the host's hard limits are above the sandbox's, and the same
+    # attempt, unsandboxed as an unprivileged uid, succeeds.
+    for hard, value in zip(host_hard, (0, 1024, 144), strict=True):
+        assert hard == resource.RLIM_INFINITY or hard > value
+    control = json.loads(on_host(RAISE_LIMITS, *targets, user=60995).stdout)
+    assert {name: result for name, (_, result) in control.items()} == {
+        "CORE": "raised", "NOFILE": "raised", "NPROC": "raised"
+    }  # fmt: skip

@@ -134,6 +134,40 @@ def test_egress_beyond_the_byte_budget_is_cut(
     assert out(big).split() == ["200", str(PAYLOAD)]
 
 
+@pytest.mark.parametrize("path", ["cold", "warm"])
+def test_the_budget_caps_egress_when_the_grant_does_not(
+    egress_launcher: Launcher, broker: EgressBroker, sink: MemorySink, server: _Server,
+    scratch: Path, state_dir: Path, path: str,
+) -> None:  # fmt: skip
+    """The broker enforces the spec's egress bytes: a grant naming only destinations
+    gets the budget's bytes, on the cold path and in the warm pool alike."""
+    from charter.sandbox import WarmPool
+
+    from ._support import PY
+
+    grant = EgressGrant(destinations=(f"127.0.0.1:{server.port}",))
+    small = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=64KiB")
+
+    def run(budget: Budget) -> tuple[list[str], int]:
+        if path == "cold":
+            o = sandboxed(egress_launcher, budget, CLIENT, str(server.port), grant=grant)
+        else:
+            with WarmPool(scratch, budget, 1, sink=sink, egress=broker,
+                          state_dir=state_dir) as pool:  # fmt: skip
+                slot = pool.lease(grant)
+                o = slot.run([PY, "-I", "-c", CLIENT, str(server.port)])
+                pool.release(slot, refill=False)
+        return out(o).split(), o.usage.egress_bytes
+
+    (status, received), used = run(small)
+    assert status == "200"
+    assert int(received) < 64 * 1024
+    assert used == 64 * 1024
+    assert _attempts(sink)[-1].reason == "egress byte budget exhausted"
+    # Control: with the 10 MB budget the same grant moves the whole payload.
+    assert run(B)[0] == ["200", str(PAYLOAD)]
+
+
 def test_no_grant_means_no_egress(egress_launcher: Launcher, server: _Server) -> None:
     o = sandboxed(egress_launcher, B, CLIENT, str(server.port))
     assert out(o).split() == ["403", "0"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,12 @@ from charter.ledger.errors import RefusedError, UnavailableError
 from charter.sandbox import (
     HostCannotIsolateError,
     Launcher,
+    SandboxBudgetError,
     SandboxUnavailableError,
     UidPoolExhaustedError,
     WarmPool,
 )
+from charter.sandbox import _janitor as janitor
 from charter.sandbox._host import UID_RANGE, allocate_uid
 
 pytestmark = pytest.mark.sandbox
@@ -49,3 +52,31 @@ def test_a_missing_backend_is_unavailable(state_dir: Path, scratch: Path) -> Non
         WarmPool(scratch / "no-such-template", B, 1, state_dir=state_dir)
     # Control: the real bwrap runs the same command.
     assert Launcher(state_dir=state_dir).run(B, ["/bin/true"]).exit_code == 0
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_failures_after_the_uid_is_taken_leak_nothing(state_dir: Path, scratch: Path) -> None:
+    """A slot that cannot be made, or a captured cold run that cannot start, gives back
+    its uid lock, its directory and every fd it opened."""
+    janitor.drain()
+    fds, slots = _open_fds(), set((state_dir / "slots").glob("*"))
+    unrunnable = Budget.parse("tokens=0,wall=0s,cpu=5s,mem=64MiB,egress=0MB")
+    with (
+        WarmPool(scratch, unrunnable, 1, state_dir=state_dir) as pool,
+        pytest.raises(SandboxBudgetError),
+    ):
+        pool.fill()  # compile_spec refuses, after the uid and the slot directory
+    missing = str(scratch / "no-such-bwrap")
+    launcher = Launcher(state_dir=state_dir, bwrap=missing, unsafe_skip_isolation_probe=True)
+    with pytest.raises(SandboxUnavailableError):
+        launcher.run(B, ["/bin/true"], capture=True)  # after the capture memfds
+    janitor.drain()
+    assert _open_fds() == fds  # the uid flocks and the memfds are closed
+    assert set((state_dir / "slots").glob("*")) == slots
+    # Control: every uid of the range can still be held, so none was kept.
+    held = [allocate_uid(state_dir) for _ in range(UID_RANGE)]
+    for lease in held:
+        lease.release()

@@ -90,3 +90,29 @@ def test_a_sandbox_signs_only_with_its_own_handle(keyed_pool: tuple[WarmPool, Ke
         keys.release(handle)
         pool.release(mine, refill=False)
         pool.release(other, refill=False)
+
+
+def test_a_peer_that_never_finishes_its_request_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+    import time
+
+    from charter.sandbox import keys as keys_module
+
+    monkeypatch.setattr(keys_module, "_REQUEST_TIMEOUT", 0.2)
+    with KeyBroker(tmp_path / "keys.sock") as broker:
+        assert broker.path is not None
+        with socket.socket(socket.AF_UNIX) as silent:
+            silent.connect(str(broker.path))
+            silent.settimeout(5)
+            start = time.monotonic()
+            silent.sendall(b'{"handle": ')  # and nothing more, never a newline
+            assert silent.recv(1) == b""  # the broker hung up instead of waiting forever
+            assert time.monotonic() - start < 5
+        # Control: a peer that sends its line gets an answer on the same broker.
+        with socket.socket(socket.AF_UNIX) as peer:
+            peer.connect(str(broker.path))
+            peer.settimeout(5)
+            peer.sendall(b'{"handle": "kh_none", "tag": "worker/report", "message_hex": ""}\n')
+            assert b"unknown or released key handle" in peer.recv(4096)
