@@ -27,7 +27,15 @@ from psycopg.rows import DictRow
 from psycopg.sql import SQL, Composed, Identifier
 
 from charter.ledger._chain import GENESIS, entry_hash
-from charter.ledger._rows import ChainRow, JournalMeta, LastCommit, last_commit, set_last_commit
+from charter.ledger._rows import (
+    ChainRow,
+    Guards,
+    JournalMeta,
+    LastCommit,
+    check_guards,
+    last_commit,
+    set_last_commit,
+)
 from charter.ledger.errors import StateError, UnavailableError
 
 __all__ = [
@@ -120,6 +128,10 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             insert + "WHERE (SELECT chain_hash FROM {schema}.{table} "
             "ORDER BY notification_id DESC LIMIT 1) = %s RETURNING notification_id"
         ).format(**ids)
+        self._select_version = SQL(
+            "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
+            "WHERE originator_id = %s"
+        ).format(**ids)
         self._select_head = SQL(
             "SELECT notification_id, chain_hash FROM {schema}.{table} "
             "ORDER BY notification_id DESC LIMIT 1"
@@ -149,7 +161,9 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                 if stored_events:
                     with conn.cursor() as curs:
                         try:
-                            self._insert_stored_events(curs, stored_events, hint=hint)
+                            self._insert_stored_events(
+                                curs, stored_events, hint=hint, guards=kwargs.get("guards") or ()
+                            )
                             pipeline.sync()
                             ids = self._fetch_ids_after_insert_events(curs, stored_events)
                         except Exception as e:  # noqa: BLE001 - re-raised below, after rollback
@@ -168,6 +182,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         stored_events: Sequence[StoredEvent],
         *,
         hint: tuple[int, bytes] | None = None,
+        guards: Guards = (),
         **kwargs: Any,
     ) -> None:
         """Under the library's table lock: chain the batch onto the head and insert it.
@@ -179,10 +194,16 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         del kwargs
         self._lock_table(curs)
         self._notify_channel(curs)
+        check_guards(guards, lambda originator: self._stream_version(curs, originator))
         if hint is None:
             self._insert_after(curs, self._read_head(curs), stored_events, guarded=False)
         else:
             self._insert_after(curs, hint, stored_events, guarded=True)
+
+    def _stream_version(self, curs: psycopg.Cursor[DictRow], originator: UUID) -> int:
+        curs.execute(self._select_version, (originator,))
+        row = curs.fetchone()
+        return int(row["version"] or 0) if row else 0
 
     def _read_head(self, curs: psycopg.Cursor[DictRow]) -> tuple[int, bytes]:
         curs.execute(self._select_head)

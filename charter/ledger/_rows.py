@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
+from uuid import UUID
 
+from eventsourcing.persistence import IntegrityError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from charter.ledger.errors import StateError
@@ -12,9 +15,12 @@ from charter.ledger.errors import StateError
 __all__ = [
     "FORMAT",
     "SCHEMA_VERSION",
+    "Guards",
+    "check_guards",
     "ChainRow",
     "JournalMeta",
     "LastCommit",
+    "PinnedStreamMovedError",
     "last_commit",
     "set_last_commit",
 ]
@@ -40,6 +46,24 @@ class LastCommit(NamedTuple):
 
     positions: tuple[int, ...]
     hashes: tuple[bytes, ...]
+
+
+class PinnedStreamMovedError(IntegrityError):
+    """Raised by a recorder, under its write lock, when a pinned stream that the batch
+    does not write to is no longer at the version the caller decided on."""
+
+
+# A guard: (originator id, the version the caller's decision read).
+Guards = tuple[tuple[UUID, int], ...]
+
+
+def check_guards(guards: Guards, version: Callable[[UUID], int]) -> None:
+    """Under the write lock: every guarded stream is still at its decided version."""
+    for originator, expected in guards:
+        if version(originator) != expected:
+            raise PinnedStreamMovedError(
+                f"stream {originator} moved past version {expected} after the decision"
+            )
 
 
 # What the recorder of this thread committed last: the Journal reads it after the

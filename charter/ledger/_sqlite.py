@@ -9,7 +9,7 @@ across processes with "database is locked" after reading the head.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -25,7 +25,14 @@ from eventsourcing.sqlite import (
 )
 
 from charter.ledger._chain import GENESIS, entry_hash
-from charter.ledger._rows import ChainRow, JournalMeta, LastCommit, last_commit, set_last_commit
+from charter.ledger._rows import (
+    ChainRow,
+    JournalMeta,
+    LastCommit,
+    check_guards,
+    last_commit,
+    set_last_commit,
+)
 from charter.ledger.errors import StateError, UnavailableError
 
 __all__ = [
@@ -135,7 +142,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         hint: tuple[int, bytes] | None = None,
         **kwargs: Any,
     ) -> Sequence[int] | None:
-        del kwargs
+        check_guards(kwargs.get("guards") or (), self._stream_version(c))
         if hint is not None and stored_events:
             params = self._chain(hint, stored_events)
             try:
@@ -150,6 +157,17 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         row = c.fetchone()
         head = (row[0], bytes(row[1])) if row else (0, GENESIS)
         return self._insert_rest(c, self._chain(head, stored_events), skip=0)
+
+    @staticmethod
+    def _stream_version(c: SQLiteCursor) -> Callable[[UUID], int]:
+        def version(originator: UUID) -> int:
+            c.execute(
+                f"SELECT MAX(originator_version) FROM {TABLE} WHERE originator_id = ?",
+                (originator.hex,),
+            )
+            return int(c.fetchone()[0] or 0)
+
+        return version
 
     @staticmethod
     def _chain(head: tuple[int, bytes], stored_events: Sequence[StoredEvent]) -> list[_Params]:

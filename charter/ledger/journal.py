@@ -27,7 +27,7 @@ from charter.ledger._app import (
     stream_uuid,
 )
 from charter.ledger._location import Location, UnknownSchemeError, resolve_location
-from charter.ledger._rows import ChainRow, JournalMeta, last_commit
+from charter.ledger._rows import ChainRow, JournalMeta, PinnedStreamMovedError, last_commit
 from charter.ledger.errors import AppendFailedError, BadInputError, StateError, UnavailableError
 from charter.ledger.events import Event
 
@@ -108,6 +108,12 @@ def _store_for(location: Location) -> Store:
             raise BadInputError("SQLite location without a path")
         return _sqlite.SQLiteJournalStore(location.path)
     return _postgres.PostgresJournalStore(dict(location.conninfo or {}))
+
+
+_STALE_DECISION = (
+    "another writer appended to a stream this decision was based on; re-read the state "
+    "and decide again"
+)
 
 
 def _holds_journal(store: Store) -> bool:
@@ -274,11 +280,12 @@ class Journal:
     ) -> tuple[Committed, ...]:
         """Append ``events`` atomically; return their positions and hashes after commit.
 
-        ``expect`` pins stream versions the caller decided on; if another writer has
-        appended to one of them since, :class:`AppendConflictError` is raised and
-        nothing is written. Streams not pinned are versioned automatically (retrying a
-        lost race). ``tracking=(follower, position)`` commits a follower's position in
-        the same transaction (exactly once: a position already recorded raises
+        ``expect`` pins stream versions the caller decided on, whether or not the batch
+        writes to them; if another writer has appended to one of them since,
+        :class:`AppendConflictError` is raised and nothing is written. Streams not
+        pinned are versioned automatically (retrying a lost race).
+        ``tracking=(follower, position)`` commits a follower's position in the same
+        transaction (exactly once: a position already recorded raises
         :class:`AlreadyTrackedError`). Any other failure raises :class:`AppendFailedError`.
         """
         batch = tuple(events)
@@ -288,13 +295,27 @@ class Journal:
             if not isinstance(event, Event) or not type(event).type_name:
                 raise BadInputError(f"{event!r} is not a registered Charter event")
         pinned = dict(expect or {})
+        # Pinned streams this batch does not write to: the recorder checks their
+        # versions under its write lock (the stream keys catch the written ones).
+        written = {event.stream() for event in batch}
+        guards = tuple(
+            (stream_uuid(stream), version)
+            for stream, version in pinned.items()
+            if stream not in written
+        )
         for _ in range(_MAX_RETRIES):
             envelopes = self._envelopes(batch, pinned, now())
             try:
                 # The application's event store: one recorder insert, one transaction
                 # (what Application.save does, minus a per-event runtime Protocol
                 # isinstance check that costs ~20 ms per 1000 events on Python 3.11).
-                self._app.events.put(envelopes, tracking=Tracking(*tracking) if tracking else None)
+                self._app.events.put(
+                    envelopes,
+                    tracking=Tracking(*tracking) if tracking else None,
+                    guards=guards,
+                )
+            except PinnedStreamMovedError as e:
+                raise AppendConflictError(_STALE_DECISION) from e
             except IntegrityError as e:
                 landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
                 if landed is None:
@@ -353,10 +374,7 @@ class Journal:
                 f"journal append refused by the database, nothing written: {error}"
             ) from error
         if moved & pinned.keys():
-            raise AppendConflictError(
-                "another writer appended to a stream this decision was based on; "
-                "re-read the state and decide again"
-            ) from error
+            raise AppendConflictError(_STALE_DECISION) from error
         return None  # only unpinned streams moved: re-version them and retry
 
     def _moved(self, envelopes: Sequence[Envelope]) -> set[str]:

@@ -158,9 +158,8 @@ class BudgetService:
 
     def _decide_and_append(self, operation: str, lineage: str, decide: Callable[[int], E]) -> E:
         for _ in range(_RETRIES):
-            # Version first, then the view: the view covers everything the version does.
-            stream = self._stream(operation, lineage)
-            version = self.journal.stream_version(stream)
+            # Versions first, then the view: the view covers everything they do.
+            expect = {s: self.journal.stream_version(s) for s in self._streams(operation, lineage)}
             self.view.refresh(self.journal)
             now = self.clock()
             try:
@@ -175,21 +174,32 @@ class BudgetService:
                 self.journal.record_refusal(refusal, error)
                 raise
             try:
-                committed = self.journal.append([event], expect={stream: version})
+                committed = self.journal.append([event], expect=expect)
             except AppendConflictError:
                 continue
             self.view.applied(committed)
             return event
         raise AppendConflictError(f"{operation} of {lineage} kept racing other writers; retry")
 
-    def _stream(self, operation: str, lineage: str) -> str:
-        """The stream the decision depends on: the lease itself, or for a renewal the
-        parent that holds the budget (renewals go on the parent's stream)."""
-        if operation != "renew":
-            return lineage
-        self.view.refresh(self.journal)
-        parent = self.view.book.get(lineage).parent
-        return parent or lineage
+    def _streams(self, operation: str, lineage: str) -> list[str]:
+        """The streams the decision depends on. A renewal: the parent's, which holds
+        the budget (renewals go on it). Usage: the lease's own and every ancestor's,
+        since releasing an ancestor lease ends this lease too and its budget goes back
+        up (a usage decided before that release must not commit after it). A release:
+        the lease's own."""
+        if lineage not in self.view.book:
+            self.view.refresh(self.journal)
+        if lineage not in self.view.book:
+            return [lineage]  # the decision refuses it, with its named reason
+        ledger = self.view.book.get(lineage)
+        if operation == "renew":
+            return [ledger.parent or lineage]
+        streams = [lineage]
+        while operation == "usage" and ledger.parent is not None:
+            ledger = self.view.book.get(ledger.parent)
+            if ledger.parent is not None:  # a lease (a root's ledger is never released)
+                streams.append(ledger.lineage)
+        return streams
 
 
 class AdmissionService:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,40 @@ def test_leases_commit_in_the_fanout_append(
         assert list(lease.lineages) == [str(c.lineage) for c in result.children]
         assert result.positions[0] <= entry.position <= result.positions[1]
         assert lease.allocation == ROOT_BUDGET.split(2).split(4)
+
+
+def test_usage_decided_before_an_ancestor_release_does_not_commit_after_it(
+    tmp_path: Path,
+) -> None:
+    """Releasing C ends its subtree and returns its budget; a usage of grandchild G
+    decided just before must not land after that release (it would charge C again and
+    let the root lease the same budget twice). The release races in between G's
+    decision and its append; the usage is re-decided and refused."""
+    keys = KeyStore(tmp_path / "home")
+    with Journal.create(f"sqlite:///{tmp_path / 'j.db'}") as journal:
+        register_root(journal, keys, "root", ceiling())
+        svc = service(journal, keys)
+        root = svc.durable_caller("root")
+        half = ROOT_BUDGET.split(2)
+        c = root.child(svc.spawn(root, intent(1, half)).children[0])
+        g = str(svc.spawn(c, intent(1, half.split(2))).children[0].lineage)
+        worker, operator = BudgetService(journal), BudgetService(journal)
+        worker.record_usage(g, half.split(100))  # control: G may spend while C is live
+        decide = worker.view.book.decide_usage
+        racing = [c.claimed]
+
+        def decide_then_race(*args: Any) -> Any:
+            event = decide(*args)
+            while racing:
+                operator.release(racing.pop())  # lands between decision and append
+            return event
+
+        worker.view.book.decide_usage = decide_then_race  # type: ignore[method-assign]
+        with pytest.raises(LeaseEndedError):
+            worker.record_usage(g, half.split(10))
+        usages = [e.event for e in journal.entries(types=("UsageRecorded",))]
+        assert len(usages) == 1  # only the control's
+        assert check_every_position(journal) > 0
 
 
 @pytest.mark.slow

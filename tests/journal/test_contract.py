@@ -147,12 +147,20 @@ def test_a_race_on_an_unpinned_stream_retries_and_a_pinned_one_conflicts(
         assert (j.stream_version("counter:a"), j.stream_version("counter:b")) == (2, 3)
 
         racer.append(Counter(name="a", value=4))
-        head = j.head()
+        before = j.head()
         with pytest.raises(AppendConflictError):
             j.append([Counter(name="a", value=5)], expect={"counter:a": 2})
         assert j.stream_version("counter:a") == 3  # the racer's entry only
-        assert head is not None
-        assert j.head()[0] == head[0] + 1
+        assert before is not None
+        assert j.head()[0] == before[0] + 1  # type: ignore[index]
+
+        # A pinned stream the batch does not write to is checked too.
+        racer.append(Counter(name="a", value=6))
+        with pytest.raises(AppendConflictError):
+            j.append([Counter(name="b", value=7)], expect={"counter:a": 3})
+        assert j.stream_version("counter:b") == 3
+        j.append([Counter(name="b", value=8)], expect={"counter:a": 4})  # control
+        assert j.stream_version("counter:b") == 4
 
 
 def test_update_and_delete_are_refused_by_the_database(journal_url: str) -> None:
