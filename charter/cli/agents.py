@@ -218,8 +218,11 @@ def spawn(
         )
     except ValidationError as e:
         raise click.BadParameter(str(e)) from e
-    with Journal.open(ctx.db) as journal:
-        stages = [*default_stages(journal, now_ms), fabric_ceilings_fail_open(_registry(journal))]
+    population_ceiling = _env_int("CHARTER_POPULATION_CEILING", 10_000)
+    depth_ceiling = _env_int("CHARTER_DEPTH_CEILING", 8)
+    with Journal.open(ctx.db) as journal, Projector(journal) as projector:
+        registry = _registry(projector, population_ceiling, depth_ceiling)
+        stages = [*default_stages(journal, now_ms), fabric_ceilings_fail_open(registry)]
         service = AuthorityService(journal, keystore=KeyStore(charter_home()), extensions=stages)
         try:
             result = service.spawn(service.durable_caller(lineage.root_name), intent)
@@ -237,18 +240,34 @@ def spawn(
     ctx.emit(result.to_json(), "\n".join(str(c.lineage) for c in result.children))
 
 
-def _registry(journal: Journal) -> Callable[[], RegistryFacts]:
+def _env_int(name: str, default: int) -> int:
+    """A whole-number setting from the environment; a malformed one is bad input (the
+    ceilings fail open only when the registry cannot be read, never on a typo)."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise BadInputError(f"{name}={text!r} is not a whole number >= 0; fix or unset it")
+    return value
+
+
+def _registry(
+    projector: Projector, population_ceiling: int, depth_ceiling: int
+) -> Callable[[], RegistryFacts]:
     """The registry read for the fabric ceilings: live workers from the budgets
-    projection, ceilings from CHARTER_POPULATION_CEILING / CHARTER_DEPTH_CEILING."""
+    projection (caught up on each read), the ceilings as configured."""
 
     def read() -> RegistryFacts:
-        with Projector(journal) as projector:
-            projector.catch_up()
-            lines = projector.budgets().ledgers
+        projector.catch_up()
+        lines = projector.budgets().ledgers
         live = sum(1 for line in lines if line.parent is not None and line.status == "active")
         return RegistryFacts(
-            population_ceiling=int(os.environ.get("CHARTER_POPULATION_CEILING", "10000")),
-            depth_ceiling=int(os.environ.get("CHARTER_DEPTH_CEILING", "8")),
+            population_ceiling=population_ceiling,
+            depth_ceiling=depth_ceiling,
             live_population=live,
         )
 

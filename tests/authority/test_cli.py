@@ -132,3 +132,31 @@ def test_spawn_schema_prints_a_tool_definition(env: dict[str, str]) -> None:
     assert tool["name"] == "spawn"
     assert "issuer" not in json.dumps(tool["input_schema"]["properties"])
     assert tool["input_schema"]["additionalProperties"] is False
+
+
+def test_a_malformed_ceiling_setting_is_bad_input_not_a_silent_fail_open(
+    env: dict[str, str],
+) -> None:
+    added = charter(
+        env, "agent", "add", "lead", "--budget", "tokens=10M,wall=1h,cpu=1h,mem=4GiB,egress=1GB"
+    )
+    assert added.returncode == 0, added.stderr
+    with Journal.open(env["CHARTER_DB"]) as journal:
+        before = journal.head()
+    args = (
+        "spawn",
+        "--parent",
+        "agent:lead",
+        "--width",
+        "2",
+        "--objective",
+        "scan the estate host by host",
+    )
+    typo = charter(env | {"CHARTER_POPULATION_CEILING": "10k"}, *args, "--est-cost", COST)
+    assert typo.returncode == 1
+    assert "CHARTER_POPULATION_CEILING='10k'" in typo.stderr
+    with Journal.open(env["CHARTER_DB"]) as journal:
+        assert journal.head() == before  # nothing decided, nothing journaled
+        assert not list(journal.entries(types=("CeilingCheckFailedOpen",)))
+    ok = charter(env | {"CHARTER_POPULATION_CEILING": "10"}, *args, "--est-cost", COST)
+    assert ok.returncode == 0, ok.stderr  # control: a well-formed ceiling spawns
