@@ -7,6 +7,7 @@ JSON as integers (``tokens``, ``wall_ms``, ``cpu_ms``, ``mem_bytes``, ``egress_b
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,8 +53,9 @@ def _parse_quantity(axis: str, text: str, units: dict[str, int]) -> int:
             f"budget axis {axis!r}: cannot read {text!r}; write a number with one of the "
             f"units {allowed} (for example tokens=200k,wall=10m,cpu=60s,mem=512MiB,egress=20MB)"
         )
-    value = float(match.group(1)) * units[match.group(2)]
-    if value != int(value):
+    # Exact decimal arithmetic: 2.01s is 2010 ms, and large counts are not rounded.
+    value = Decimal(match.group(1)) * units[match.group(2)]
+    if value != value.to_integral_value():
         raise BudgetSyntaxError(f"budget axis {axis!r}: {text!r} is not a whole number")
     return int(value)
 
