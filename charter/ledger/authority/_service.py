@@ -170,9 +170,7 @@ def register_root(
     Refuses if the name is taken. If the append fails, the new key file is removed.
     """
     lineage = Lineage.root(name)
-    view = AuthorityView()
-    view.refresh(journal)
-    if name in view.agents:
+    if journal.stream_version(str(lineage)):  # the append below pins the same stream
         raise AgentExistsError(f"agent {name!r} is already in the directory")
     key_name = custody_key_name(name)
     key = keystore.create(key_name)
@@ -261,9 +259,15 @@ class AuthorityService:
             raise
         return Caller((record.ceiling,), key)
 
-    def _journal_refusal(self, actor: str, intent: SpawnIntent | None, error: RefusedError) -> None:
+    def _journal_refusal(
+        self,
+        actor: str,
+        intent: SpawnIntent | None,
+        error: RefusedError,
+        fanout_id: str | None = None,
+    ) -> None:
         event = refusal_event(
-            uuid.uuid4().hex,
+            fanout_id or uuid.uuid4().hex,
             actor,
             error,
             width=intent.width if intent else 0,
@@ -312,7 +316,7 @@ class AuthorityService:
             try:
                 leaf = self._resolve(caller, now_ms)
             except AuthorityRefusedError as error:
-                self._journal_refusal(claimed, intent, error)
+                self._journal_refusal(claimed, intent, error, fanout_id)
                 raise
             seed = bytes(caller.custody_key)
             state = ParentState(
