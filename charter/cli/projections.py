@@ -42,11 +42,17 @@ def _ms(value: int | None) -> str:
 
 
 def _amount(value: float, units: tuple[tuple[float, str], ...]) -> str:
-    """``value`` in the largest unit it reaches, two significant decimals at most."""
-    for size, unit in units:
-        if value >= size:
-            return f"{value / size:.3g}{unit}"
-    return f"{value:g}{units[-1][1] if units[-1][0] == 1 else ''}"
+    """``value`` in the largest unit it reaches, three significant digits at most (a
+    value that rounds up to the next unit is shown in that unit: 1M, not 1e+03k)."""
+    i = next((i for i, (size, _) in enumerate(units) if value >= size), None)
+    if i is None:
+        return f"{value:g}{units[-1][1]}"
+    if i > 0 and float(f"{value / units[i][0]:.3g}") >= units[i - 1][0] / units[i][0]:
+        i -= 1
+    size, unit = units[i]
+    if i == 0 and value / size >= 1000:  # beyond the largest unit: no exponent
+        return f"{value / size:.0f}{unit}"
+    return f"{float(f'{value / size:.3g}'):g}{unit}"
 
 
 _TOKENS = ((1e6, "M"), (1e3, "k"), (1, ""))

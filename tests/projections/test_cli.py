@@ -113,3 +113,15 @@ def test_read_commands_are_never_stale_and_answer_as_of(journal_url: str, tmp_pa
         assert rebuilt["position"] == head[0]
         assert rebuilt["entries"] == rows
         assert _json(charter("--db", journal_url, "--json", "tree", home=tmp_path)) == tree
+
+
+def test_human_amounts_never_print_an_exponent() -> None:
+    from charter.cli.projections import _BYTES, _TIME, _TOKENS, _amount
+
+    assert _amount(999_999, _TOKENS) == "1M"  # rounds up into the next unit
+    assert _amount(1_048_575, _BYTES) == "1020KiB"
+    assert _amount(1_500, _TOKENS) == "1.5k"
+    assert _amount(59_999, _TIME) == "1m"
+    assert _amount(0, _BYTES) == "0B"
+    for value in (999, 999_499, 999_500, 10**9 - 1, 2**40 - 1):
+        assert "e" not in _amount(value, _TOKENS) + _amount(value, _BYTES)
