@@ -22,14 +22,13 @@ from typing import Any
 
 import orjson
 
+from charter.ledger.budget import Budget
+
 __all__ = ["AXES", "Changes", "Fold", "at_ms_of_state", "iso_to_ms"]
 
-AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
+AXES = Budget.AXES
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# The decoder's raw_decode (the C scanner) called directly: json.loads(bytes) spends as long
-# sniffing the encoding and skipping whitespace as parsing, and the stored state is
-# always canonical UTF-8 JSON with no surrounding whitespace.
 _MS = timedelta(milliseconds=1)
 
 # Ledger row layout (the order of the columns of the ledgers table).
@@ -81,16 +80,6 @@ class Changes:
     slot_closes: list[tuple[int, str, str, str]] = field(default_factory=list)
     node_inserts: list[tuple[Any, ...]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return (
-            len(self.ledger_inserts)
-            + len(self.ledger_closes)
-            + len(self.cell_inserts)
-            + len(self.slot_inserts)
-            + len(self.slot_closes)
-            + len(self.node_inserts)
-        )
 
 
 class Fold:

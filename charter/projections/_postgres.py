@@ -7,7 +7,7 @@ rows are versioned, and a rebuild replaces them inside one transaction).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -54,9 +54,6 @@ class PostgresProjectionStore(ProjectionStore):
         with conn.transaction(), conn.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             yield cur
-
-    def executemany(self, cur: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        cur.executemany(sql, rows)
 
     def close(self) -> None:
         if self._conn is not None:

@@ -25,8 +25,6 @@ __all__ = ["SQLiteProjectionStore"]
 
 
 class SQLiteProjectionStore(ProjectionStore):
-    tracking_table = "tracking"
-
     def __init__(self, path: Path, prefix: str, tracking_name: str) -> None:
         super().__init__(prefix, tracking_name)
         self.path = path

@@ -116,6 +116,9 @@ class ProjectionStore(ABC):
     tracking_table: str = "tracking"
     #: appended to each CREATE TABLE (SQLite stores its tables clustered by primary key)
     table_options: str = ""
+    #: whether a rebuild drops the indexes while it inserts (SQLite: readers read their
+    #: WAL snapshot; PostgreSQL's DROP INDEX would lock readers out until the commit)
+    rebuild_drops_indexes: bool = False
 
     def __init__(self, prefix: str, tracking_name: str) -> None:
         self.prefix = check_prefix(prefix)
@@ -181,10 +184,11 @@ class ProjectionStore(ABC):
         return bool(cur.rowcount == 1)
 
     def reset(self, cur: Any) -> None:
-        """Empty every table for a rebuild, and drop the one-current-row indexes until
-        :meth:`create_indexes` (bulk inserts are cheaper without them, and building
-        them afterwards still checks every row)."""
-        for statement in self.ddl:
+        """Empty every table for a rebuild. Where readers are not blocked by it
+        (``rebuild_drops_indexes``), also drop the one-current-row indexes until
+        :meth:`create_indexes`: bulk inserts are cheaper without them, and building them
+        afterwards still checks every row."""
+        for statement in self.ddl if self.rebuild_drops_indexes else ():
             if statement.startswith("CREATE UNIQUE INDEX"):
                 name = statement.split()[6]  # CREATE UNIQUE INDEX IF NOT EXISTS <name>
                 cur.execute(self._q(f"DROP INDEX IF EXISTS {name}"))
@@ -217,10 +221,7 @@ class ProjectionStore(ABC):
             ("count", list(changes.counts.items())),
         ):
             if rows:
-                self.executemany(cur, self._q(sql[key]), rows)
-
-    def executemany(self, cur: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        cur.executemany(sql, rows)
+                cur.executemany(self._q(sql[key]), rows)
 
     def select(
         self, cur: Any, key: str, params: Sequence[Any], where: str = ""
