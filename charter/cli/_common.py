@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
@@ -41,9 +41,6 @@ class Ctx:
         """A line for people, on stderr; silenced by --quiet or when stderr is no TTY."""
         if not self.quiet:
             click.echo(message, err=True)
-
-    def fail(self, error: CharterError) -> NoReturn:
-        raise error
 
 
 def exit_code_for(error: CharterError) -> int:

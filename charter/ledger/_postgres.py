@@ -327,8 +327,7 @@ class PostgresJournalStore:
                     (key, value),
                 )
 
-    def _select(self, where: str, params: tuple[Any, ...]) -> Composed:
-        del params
+    def _select(self, where: str) -> Composed:
         return self._q(
             "SELECT notification_id, originator_id, originator_version, topic, state, "
             f"prev_hash, chain_hash FROM {{schema}}.{{table}} {where}"
@@ -351,7 +350,7 @@ class PostgresJournalStore:
             with conn.transaction(), conn.cursor(name="charter_rows") as cur:
                 params = (start or 0, stop if stop is not None else 2**63 - 1)
                 where = "WHERE notification_id >= %s AND notification_id <= %s "
-                cur.execute(self._select(where + "ORDER BY notification_id", params), params)
+                cur.execute(self._select(where + "ORDER BY notification_id"), params)
                 while batch := cur.fetchmany(10_000):
                     yield [
                         (p, o, v, t, bytes(s), bytes(pr), bytes(c))
@@ -384,12 +383,12 @@ class PostgresJournalStore:
         """The entry of one stream version, if it is in the journal."""
         where = "WHERE originator_id = %s AND originator_version = %s"
         params = (UUID(bytes=originator), version)
-        r = self.connect().execute(self._select(where, params), params).fetchone()
+        r = self.connect().execute(self._select(where), params).fetchone()
         return None if r is None else self._row(r)
 
     def predecessor(self, position: int) -> ChainRow | None:
         where = "WHERE notification_id < %s ORDER BY notification_id DESC LIMIT 1"
-        r = self.connect().execute(self._select(where, (position,)), (position,)).fetchone()
+        r = self.connect().execute(self._select(where), (position,)).fetchone()
         return None if r is None else self._row(r)
 
     def position_of_hash(self, chain_hash: bytes) -> int | None:
