@@ -68,7 +68,7 @@ def init(ctx: Ctx, root: str, ceiling: Ceiling) -> None:
 
 
 @contextmanager
-def _progress(ctx: Ctx, total: int) -> Iterator[Callable[[int], None] | None]:
+def _progress(ctx: Ctx) -> Iterator[Callable[[int, int], None] | None]:
     """A progress bar on stderr; None when quiet, --json, or stderr is not a terminal."""
     if ctx.quiet or ctx.as_json:
         yield None
@@ -83,8 +83,8 @@ def _progress(ctx: Ctx, total: int) -> Iterator[Callable[[int], None] | None]:
         console=Console(stderr=True),
         transient=True,
     ) as progress:
-        task = progress.add_task("verify", total=total)
-        yield lambda n: progress.update(task, completed=n)
+        task = progress.add_task("verify", total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
 
 
 @click.group()
@@ -104,12 +104,8 @@ def journal() -> None:
 def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | None) -> None:
     """Recompute every hash from the stored bytes; exit 3 at the first bad entry."""
     expected = parse_head(expect_head) if expect_head else None
-    with Journal.open(ctx.db) as j:
-        head = j.head()
-        with _progress(ctx, head[0] if head else 0) as progress:
-            report = audit_journal(
-                j, start=start, stop=stop, expect_head=expected, progress=progress
-            )
+    with Journal.open(ctx.db) as j, _progress(ctx) as progress:
+        report = audit_journal(j, start=start, stop=stop, expect_head=expected, progress=progress)
     if report.ok:
         head_text = (
             f"head {report.head.position}:{report.head.hash}" if report.head else "empty journal"

@@ -245,13 +245,14 @@ def audit_journal(
     start: int | None = None,
     stop: int | None = None,
     expect_head: ChainHead | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
     chunk: int = CHUNK,
     parallel_min: int = PARALLEL_MIN,
 ) -> ChainReport:
     """:func:`audit_chain` over a :class:`~charter.ledger.journal.Journal`, in parallel
-    chunks on every core when the range is long.
+    chunks on every core when the range is long. ``progress(done, total)`` is called as
+    entries of the range are checked.
 
     Each entry's check needs only its own row and its predecessor's stored hash, so
     chunks verify independently; they are taken in order and the first failing chunk
@@ -260,11 +261,11 @@ def audit_journal(
     head = journal.head()
     last = head[0] if head else 0
     lo, hi = start or 1, min(stop or last, last)
+    total = max(0, hi - lo + 1)
+    tick = None if progress is None else partial(_report_progress, progress, total)
     workers = workers or os.cpu_count() or 1
-    if workers < 2 or hi - lo + 1 < parallel_min:
-        return audit_chain(
-            journal, start=start, stop=stop, expect_head=expect_head, progress=progress
-        )
+    if workers < 2 or total < parallel_min:
+        return audit_chain(journal, start=start, stop=stop, expect_head=expect_head, progress=tick)
     chunks = [(a, min(a + chunk - 1, hi)) for a in range(lo, hi + 1, chunk)]
     checked = 0
     tip: ChainHead | None = None
@@ -278,9 +279,13 @@ def audit_journal(
                 )
             checked += report.checked
             tip = report.head or tip
-            if progress is not None:
-                progress(checked)
+            if tick is not None:
+                tick(checked)
     return _finish(journal, checked, tip, expect_head)
+
+
+def _report_progress(progress: Callable[[int, int], None], total: int, done: int) -> None:
+    progress(done, total)
 
 
 def verify_chain(

@@ -214,3 +214,25 @@ def test_parallel_chunks_report_what_one_walk_reports(
     chunked, walked = both()
     assert (chunked.first_bad_position, chunked.fault) == (11, Fault.MISSING)
     assert chunked.model_dump(exclude={"head"}) == walked.model_dump(exclude={"head"})
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_progress_counts_up_to_the_size_of_the_range(journal_url: str, parallel: bool) -> None:
+    from charter.ledger.verify import audit_journal
+
+    _fill(journal_url)
+    calls: list[tuple[int, int]] = []
+    with Journal.open(journal_url) as j:
+        report = audit_journal(
+            j,
+            start=5,
+            stop=20,
+            progress=lambda *a: calls.append(a),
+            workers=2 if parallel else 1,
+            chunk=5,
+            parallel_min=0,
+        )
+    assert report.ok
+    assert report.checked == 16
+    assert calls[-1] == (16, 16)
+    assert all(total == 16 for _, total in calls)
