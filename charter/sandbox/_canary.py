@@ -7,7 +7,7 @@ of the host's namespaces.
 """
 
 CANARY = r"""
-import ctypes, errno, json, os, socket, subprocess, sys
+import ctypes, errno, json, os, resource, socket, subprocess, sys
 port, env_name, host_sid, pids_max, memory = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 host_ns = dict(a.split("=", 1) for a in sys.argv[6:])
 out = {}
@@ -55,6 +55,14 @@ def ptrace_child():
     finally:
         os.kill(child, 9); os.waitpid(child, 0)
 out["ptrace_attach"] = attempt(ptrace_child)
+class Rlimit(ctypes.Structure):
+    _fields_ = [("cur", ctypes.c_uint64), ("max", ctypes.c_uint64)]
+nofile = Rlimit()
+call(libc.getrlimit(resource.RLIMIT_NOFILE, ctypes.byref(nofile)))
+out["nofile"] = [nofile.cur, nofile.max]
+out["core_soft"] = resource.getrlimit(resource.RLIMIT_CORE)[0]
+raised = Rlimit(nofile.max, nofile.max)  # the soft limit up to the hard one
+out["rlimit_raise"] = attempt(lambda: call(libc.setrlimit(resource.RLIMIT_NOFILE, ctypes.byref(raised))))
 status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
 out["no_new_privs"] = status["NoNewPrivs"].strip()
 out["seccomp"] = status["Seccomp"].strip()

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import resource
 import select
-import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,9 +25,8 @@ from charter.sandbox.spec import CgroupMode, SandboxSpec
 __all__ = ["EXIT_WALL_CLOCK", "Overlay", "SandboxProcess", "exit_code_of"]
 
 EXIT_WALL_CLOCK = 124
-_PRLIMIT = "/usr/bin/prlimit"  # util-linux (Debian essential); see _spawn_from_thread
-_RLIMIT_NAMES = {resource.RLIMIT_NPROC: "nproc", resource.RLIMIT_NOFILE: "nofile",
-                 resource.RLIMIT_CORE: "core"}  # fmt: skip
+_LIMITED = (resource.RLIMIT_NPROC, resource.RLIMIT_NOFILE, resource.RLIMIT_CORE)
+_spawn_lock = threading.Lock()  # the cold spawn lowers process-wide soft rlimits for a fork
 _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -141,16 +139,17 @@ class SandboxProcess:
         self._pidfd = os.pidfd_open(self.proc.pid)
 
     def _limits(self) -> tuple[tuple[int, int], ...]:
-        """(resource, value): each set as both the soft and the hard limit, so nothing in
-        the sandbox can raise it again. Never above this process's own hard limit, which
-        only CAP_SYS_RESOURCE could exceed."""
+        """(resource, value): the sandbox's caps, in force as soft limits, which its
+        seccomp filter stops it from changing (no setrlimit, no prlimit64 with a new
+        limit), so a hard limit above them cannot be reached. Never above this
+        process's own hard limit, which only CAP_SYS_RESOURCE could exceed."""
         wanted = (
-            (resource.RLIMIT_NPROC, self.spec.nproc),  # a backstop to pids.max (unique uid)
-            (resource.RLIMIT_NOFILE, self.spec.nofile),
-            (resource.RLIMIT_CORE, 0),  # no core dumps of sandbox memory onto the host
+            self.spec.nproc,  # a backstop to pids.max (the host uid is unique)
+            self.spec.nofile,
+            0,  # RLIMIT_CORE: no core dumps of sandbox memory onto the host
         )
         capped = []
-        for which, value in wanted:
+        for which, value in zip(_LIMITED, wanted, strict=True):
             hard = resource.getrlimit(which)[1]
             capped.append((which, value if hard == resource.RLIM_INFINITY else min(value, hard)))
         return tuple(capped)
@@ -159,29 +158,32 @@ class SandboxProcess:
         self, argv: list[str], fds: tuple[int, ...], stdin: Stdio, stdout: Stdio, stderr: Stdio
     ) -> subprocess.Popen[bytes]:
         """The cold path without Python in the child: this thread joins the sandbox's
-        cgroups (v1 ``tasks`` moves one thread, no global lock), forks, and moves back
-        home; the child inherits the cgroups at fork, before it runs an instruction of
-        its own. The rlimits are set by util-linux ``prlimit``, exec'd (as the sandbox
-        uid) in front of bwrap: it lowers soft and hard limits on itself, then execs
-        bwrap. This process cannot do it: rlimits are process-wide, and a lowered hard
-        limit cannot be raised back without CAP_SYS_RESOURCE (which root lacks on some
-        hosts, this one included); nor can it prlimit(2) a child of another uid."""
+        cgroups (v1 ``tasks`` moves one thread, no global lock), forks with the soft
+        rlimits in force, and moves back home; the child inherits both at fork, before
+        it runs an instruction of its own. rlimits are process-wide, so the soft limits
+        are lowered for the instant of the spawn and restored at once (under a lock, so
+        cold spawns do not interleave). Only soft limits: root here lacks
+        CAP_SYS_RESOURCE, so a lowered hard limit could not be raised back; the
+        sandbox's seccomp filter makes the soft limits final instead. Root is exempt
+        from RLIMIT_NPROC, so this process's own forks are unaffected."""
         spec = self.spec
-        if shutil.which(argv[0]) is None:  # as Popen would say if it exec'd bwrap itself
-            raise FileNotFoundError(errno.ENOENT, "no such executable", argv[0])
-        limits = [f"--{_RLIMIT_NAMES[which]}={value}:{value}" for which, value in self._limits()]
-        home = home_fds()
-        try:
-            for fd in self.cgroup.join_fds:
-                os.write(fd, b"0")
-            return subprocess.Popen(
-                [_PRLIMIT, *limits, "--", *argv], stdin=stdin, stdout=stdout, stderr=stderr,
-                pass_fds=fds, close_fds=True, user=spec.host_uid, group=spec.host_gid,
-                extra_groups=[],
-            )  # fmt: skip
-        finally:
-            for fd in home:
-                os.write(fd, b"0")
+        with _spawn_lock:
+            saved = [(which, resource.getrlimit(which)) for which in _LIMITED]
+            home = home_fds()
+            try:
+                for (which, soft), (_, (_, hard)) in zip(self._limits(), saved, strict=True):
+                    resource.setrlimit(which, (soft, hard))
+                for fd in self.cgroup.join_fds:
+                    os.write(fd, b"0")
+                return subprocess.Popen(
+                    argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=fds,
+                    close_fds=True, user=spec.host_uid, group=spec.host_gid, extra_groups=[],
+                )  # fmt: skip
+            finally:
+                for fd in home:
+                    os.write(fd, b"0")
+                for which, limits in saved:
+                    resource.setrlimit(which, limits)
 
     def _child_setup(self, overlay: Overlay | None) -> Callable[[], None]:
         spec, join, limits = self.spec, tuple(self.cgroup.join_fds), self._limits()

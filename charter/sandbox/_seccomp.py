@@ -2,8 +2,9 @@
 
 The program checks the architecture (anything else is killed), refuses the x32 ABI,
 answers EPERM for every denied system call, ENOSYS for ``clone3`` (its flags live behind
-a pointer BPF cannot read, and libc falls back to ``clone``), and EPERM for ``clone``
-with any namespace flag. Everything else is allowed.
+a pointer BPF cannot read, and libc falls back to ``clone``), EPERM for ``clone`` with any
+namespace flag, and EPERM for ``prlimit64`` with a new limit (a non-NULL third argument;
+reading a limit stays allowed). Everything else is allowed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ __all__ = ["DENIED_SYSCALLS", "SUPPORTED_ARCHES", "compile_bpf", "syscall_number
 # ptrace and process_vm_* (reach another process's memory), modules/kexec/bpf/perf
 # (kernel attack surface), keyrings (shared with the host user), io_uring (bypasses this
 # filter), userfaultfd (race amplifier), handle-based opens (escape bind mounts), clock
-# and swap and reboot (host state).
+# and swap and reboot (host state), setrlimit (with prlimit64's setting form, below: the
+# soft rlimits the launcher sets are the sandbox's caps, so they must not move, up or
+# down; getrlimit and a read-only prlimit64 stay allowed). The i386 forms (ugetrlimit,
+# the old setrlimit) need no rule: a non-x86_64 architecture is killed outright.
 DENIED_SYSCALLS: tuple[str, ...] = (
     "mount", "umount2", "pivot_root", "chroot", "unshare", "setns",
     "fsopen", "fsconfig", "fsmount", "move_mount", "open_tree", "fspick", "mount_setattr",
@@ -28,6 +32,7 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "open_by_handle_at", "name_to_handle_at", "lookup_dcookie",
     "swapon", "swapoff", "reboot", "acct", "settimeofday", "clock_settime",
     "clock_adjtime", "adjtimex", "syslog", "quotactl", "ioperm", "iopl", "vhangup",
+    "setrlimit",
 )  # fmt: skip
 
 _X86_64: dict[str, int] = {
@@ -42,7 +47,8 @@ _X86_64: dict[str, int] = {
     "name_to_handle_at": 303, "lookup_dcookie": 212, "swapon": 167, "swapoff": 168,
     "reboot": 169, "acct": 163, "settimeofday": 164, "clock_settime": 227,
     "clock_adjtime": 305, "adjtimex": 159, "syslog": 103, "quotactl": 179, "ioperm": 173,
-    "iopl": 172, "vhangup": 153, "clone": 56, "clone3": 435,
+    "iopl": 172, "vhangup": 153, "setrlimit": 160, "clone": 56, "clone3": 435,
+    "prlimit64": 302,
 }  # fmt: skip
 
 _ARCHES: dict[str, tuple[int, dict[str, int]]] = {"x86_64": (0xC000003E, _X86_64)}
@@ -61,6 +67,8 @@ _X32_SYSCALL_BIT = 0x40000000
 _CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
 _CLONE_NS_FLAGS |= 0x20000000 | 0x40000000
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16
+_OFF_ARG2_LO, _OFF_ARG2_HI = 32, 36  # seccomp_data.args[2], a u64, little-endian
+_Insn = tuple[int, str | None, str | None, int]
 
 
 def syscall_numbers(arch: str) -> dict[str, int]:
@@ -70,8 +78,9 @@ def syscall_numbers(arch: str) -> dict[str, int]:
 def compile_bpf(arch: str, denied: tuple[str, ...]) -> bytes:
     """The filter as the ``struct sock_filter`` array bwrap's ``--seccomp FD`` reads."""
     audit_arch, table = _ARCHES[arch]
-    # (code, jump-true label, jump-false label, k); labels are resolved below.
-    prog: list[tuple[int, str | None, str | None, int]] = [
+    # (code, jump-true label, jump-false label, k) or a label's name, placed where it
+    # stands; jumps only go forward and are resolved below.
+    prog: list[_Insn | str] = [
         (_LD_W_ABS, None, None, _OFF_ARCH),
         (_JEQ_K, None, "kill", audit_arch),
         (_LD_W_ABS, None, None, _OFF_NR),
@@ -80,21 +89,36 @@ def compile_bpf(arch: str, denied: tuple[str, ...]) -> bytes:
     prog += [(_JEQ_K, "eperm", None, table[name]) for name in denied]
     prog += [
         (_JEQ_K, "enosys", None, table["clone3"]),
+        (_JEQ_K, "prlimit64", None, table["prlimit64"]),
         (_JEQ_K, None, "allow", table["clone"]),
         (_LD_W_ABS, None, None, _OFF_ARG0),
         (_JSET_K, "eperm", "allow", _CLONE_NS_FLAGS),
-    ]
-    labels = {"allow": len(prog), "eperm": len(prog) + 1, "enosys": len(prog) + 2}
-    labels["kill"] = len(prog) + 3
-    prog += [
+        "prlimit64",  # prlimit64(pid, resource, new_limit, old_limit): new_limit == NULL
+        (_LD_W_ABS, None, None, _OFF_ARG2_LO),
+        (_JEQ_K, None, "eperm", 0),
+        (_LD_W_ABS, None, None, _OFF_ARG2_HI),
+        (_JEQ_K, "allow", "eperm", 0),
+        "allow",
         (_RET_K, None, None, _RET_ALLOW),
+        "eperm",
         (_RET_K, None, None, _RET_ERRNO | errno.EPERM),
+        "enosys",
         (_RET_K, None, None, _RET_ERRNO | errno.ENOSYS),
+        "kill",
         (_RET_K, None, None, _RET_KILL_PROCESS),
     ]
+    labels: dict[str, int] = {}
+    insns: list[_Insn] = []
+    for item in prog:
+        if isinstance(item, str):
+            labels[item] = len(insns)
+        else:
+            insns.append(item)
     out = bytearray()
-    for i, (code, jt, jf, k) in enumerate(prog):
+    for i, (code, jt, jf, k) in enumerate(insns):
         t = 0 if jt is None else labels[jt] - i - 1
         f = 0 if jf is None else labels[jf] - i - 1
+        if not 0 <= t <= 255 or not 0 <= f <= 255:  # a u8 offset
+            raise ValueError(f"instruction {i}: a jump out of BPF's forward range")
         out += struct.pack("<HBBI", code, t, f, k)
     return bytes(out)

@@ -21,6 +21,7 @@ from charter.sandbox._canary import CANARY
 from charter.sandbox._host import default_state_dir, find_bwrap
 from charter.sandbox.errors import HostCannotIsolateError
 from charter.sandbox.launcher import EventSink, Launcher
+from charter.sandbox.spec import NOFILE
 
 __all__ = ["PROBE_BUDGET", "ProbeCheck", "ProbeReport", "probe", "refuse", "require_isolation"]
 
@@ -153,6 +154,11 @@ def _live_checks(launcher: Launcher) -> list[ProbeCheck]:
         ProbeCheck(name="no_mount", ok=f["mount"] != "allowed", detail=f["mount"]),
         ProbeCheck(name="no_ptrace", ok=f["ptrace_attach"] != "allowed",
                    detail=f["ptrace_attach"]),
+        ProbeCheck(name="rlimits_final",
+                   ok=f["rlimit_raise"] != "allowed" and f["core_soft"] == 0
+                   and 0 < f["nofile"][0] <= NOFILE,
+                   detail=f"raise NOFILE soft to hard: {f['rlimit_raise']}; NOFILE "
+                          f"{f['nofile']}, CORE soft {f['core_soft']}"),
         ProbeCheck(name="no_new_privs", ok=f["no_new_privs"] == "1", detail=f["no_new_privs"]),
         ProbeCheck(name="seccomp_filter", ok=f["seccomp"] == "2", detail=f["seccomp"]),
         ProbeCheck(name="no_capabilities",

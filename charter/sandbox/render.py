@@ -249,6 +249,13 @@ def render_oci(spec: SandboxSpec, command: list[str], *, rootfs: str = "rootfs")
                 "syscalls": [
                     {"names": list(spec.seccomp_denied), "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
                     {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+                    # Setting a limit (a non-NULL new_limit) is refused; reading is not.
+                    {
+                        "names": ["prlimit64"],
+                        "action": "SCMP_ACT_ERRNO",
+                        "errnoRet": 1,
+                        "args": [{"index": 2, "value": 0, "op": "SCMP_CMP_NE"}],
+                    },
                 ],
             },
         },

@@ -352,17 +352,36 @@ def test_exit_codes_and_signals_pass_through(launcher: Launcher) -> None:
 
 
 RAISE_LIMITS = """
-import json, resource, sys
+import ctypes, errno, json, resource, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class Rlimit(ctypes.Structure):
+    _fields_ = [("cur", ctypes.c_uint64), ("max", ctypes.c_uint64)]
+SETRLIMIT, PRLIMIT64 = 160, 302  # x86_64
+def result(rc):
+    return "raised" if rc == 0 else errno.errorcode[ctypes.get_errno()]
+lower_first = sys.argv[1] == "lower-first"  # the host control: from the sandbox's soft limits
+caps, targets = map(int, sys.argv[2:5]), map(int, sys.argv[5:8])
 seen = {}
-for name, target in zip(("CORE", "NOFILE", "NPROC"), map(int, sys.argv[1:])):
+for name, soft, target in zip(("CORE", "NOFILE", "NPROC"), caps, targets):
     which = getattr(resource, "RLIMIT_" + name)
+    def reset():
+        if lower_first:
+            resource.setrlimit(which, (soft, resource.getrlimit(which)[1]))
+    reset()
     before = resource.getrlimit(which)
-    try:
-        resource.setrlimit(which, (target, target))
-        result = "raised"
-    except (ValueError, OSError) as e:
-        result = type(e).__name__
-    seen[name] = [list(before), result]
+    read = resource.prlimit(0, which)  # prlimit64 with no new limit: a read, allowed
+    up = Rlimit(target, target)  # soft and hard up to the launcher's hard limit
+    soft_up = Rlimit(before[1], before[1])  # the soft limit up to the current hard one
+    attempts = []
+    attempts.append(result(libc.setrlimit(which, ctypes.byref(up))))  # glibc: prlimit64
+    reset()
+    attempts.append(result(libc.syscall(SETRLIMIT, which, ctypes.byref(soft_up))))
+    reset()
+    attempts.append(result(libc.syscall(
+        PRLIMIT64, ctypes.c_long(0), ctypes.c_long(which), ctypes.byref(soft_up), None)))
+    after = resource.getrlimit(which)
+    seen[name] = {"before": list(before), "read": list(read), "attempts": attempts,
+                  "after": list(after)}
 print(json.dumps(seen))
 """
 
@@ -371,8 +390,11 @@ print(json.dumps(seen))
 def test_hard_rlimits_cannot_be_raised(
     launcher: Launcher, scratch: Path, state_dir: Path, path: str
 ) -> None:
-    """Soft = hard for every rlimit the launcher sets: code inside cannot raise them back
-    to the launcher's own hard limits (the cold path on cgroup v1 and the warm pool's)."""
+    """The launcher's rlimits are caps code inside cannot lift, on the cold path (cgroup
+    v1: soft limits only, as root here cannot lower a hard limit it would have to raise
+    back) and the warm pool's (soft = hard): the seccomp filter refuses every way of
+    setting a limit (glibc's setrlimit, which is prlimit64; the raw setrlimit; prlimit64
+    with a new limit), while reading one (getrlimit, prlimit64 without) still works."""
     import resource
 
     from charter.sandbox import WarmPool
@@ -381,24 +403,31 @@ def test_hard_rlimits_cannot_be_raised(
 
     whiches = (resource.RLIMIT_CORE, resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC)
     host_hard = [resource.getrlimit(w)[1] for w in whiches]
-    targets = [str(h) for h in host_hard]  # RLIM_INFINITY is -1 on both sides
+    # compile_spec for a 128 MiB budget: pids.max 32, so RLIMIT_NPROC 4 * 32 + 16.
+    caps = {"CORE": 0, "NOFILE": 1024, "NPROC": 144}
+    for hard, value in zip(host_hard, caps.values(), strict=True):
+        assert hard == resource.RLIM_INFINITY or hard > value  # so there is room to raise
+    args = [*map(str, caps.values()), *map(str, host_hard)]  # RLIM_INFINITY is -1 both sides
     if path == "cold":
-        o = sandboxed(launcher, B, RAISE_LIMITS, *targets)
+        o = sandboxed(launcher, B, RAISE_LIMITS, "as-is", *args)
     else:
         with WarmPool(scratch, B, 1, state_dir=state_dir) as pool:
             slot = pool.lease()
-            o = slot.run([PY, "-I", "-c", RAISE_LIMITS, *targets])
+            o = slot.run([PY, "-I", "-c", RAISE_LIMITS, "as-is", *args])
             pool.release(slot, refill=False)
     inside = json.loads(out(o))
-    # compile_spec for a 128 MiB budget: pids.max 32, so RLIMIT_NPROC 4 * 32 + 16.
-    assert inside["CORE"] == [[0, 0], "ValueError"]
-    assert inside["NOFILE"] == [[1024, 1024], "ValueError"]
-    assert inside["NPROC"] == [[144, 144], "ValueError"]
-    # Positive control: the host's hard limits are above the sandbox's, and the same
-    # attempt, unsandboxed as an unprivileged uid, succeeds.
-    for hard, value in zip(host_hard, (0, 1024, 144), strict=True):
-        assert hard == resource.RLIM_INFINITY or hard > value
-    control = json.loads(on_host(RAISE_LIMITS, *targets, user=60995).stdout)
-    assert {name: result for name, (_, result) in control.items()} == {
-        "CORE": "raised", "NOFILE": "raised", "NPROC": "raised"
-    }  # fmt: skip
+    for (name, cap), hard in zip(caps.items(), host_hard, strict=True):
+        seen = inside[name]
+        # The cap is the soft limit; the hard one is the launcher's (cold) or the cap (warm).
+        assert seen["before"] == [cap, hard if path == "cold" else cap], (name, seen)
+        assert seen["read"] == seen["before"], (name, seen)
+        assert seen["attempts"] == ["EPERM"] * 3, (name, seen)
+        assert seen["after"] == seen["before"], (name, seen)
+    # Positive control: the same program, unsandboxed as an unprivileged uid and starting
+    # from the same soft limits under the host's hard ones, raises every limit every way.
+    control = json.loads(on_host(RAISE_LIMITS, "lower-first", *args, user=60995).stdout)
+    for (name, cap), hard in zip(caps.items(), host_hard, strict=True):
+        seen = control[name]
+        assert seen["before"] == [cap, hard], (name, seen)
+        assert seen["attempts"] == ["raised"] * 3, (name, seen)
+        assert seen["after"] == [hard, hard], (name, seen)

@@ -46,7 +46,8 @@ def test_probe_passes_on_this_host(state_dir: Path) -> None:
     names = {c.name for c in report.checks}
     for name in ("root_only_file_unreadable", "environment_cleared", "no_host_loopback",
                  "no_nested_userns", "seccomp_filter", "pids_cap", "memory_cap",
-                 "all_namespaces_unshared", "unprivileged_host_uid", "read_only_root"):  # fmt: skip
+                 "all_namespaces_unshared", "unprivileged_host_uid", "read_only_root",
+                 "rlimits_final"):  # fmt: skip
         assert name in names
 
 

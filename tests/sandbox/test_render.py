@@ -137,6 +137,55 @@ def test_seccomp_program_shape() -> None:
     assert (0x06, 0, 0, 0x00050000 | 1) in insns  # ERRNO(EPERM)
 
 
+def _run_bpf(bpf: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 0xC000003E) -> int:
+    """Evaluate the program on one ``struct seccomp_data`` (the opcodes it uses only)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *args, *[0] * (6 - len(args)))
+    insns = [struct.unpack("<HBBI", bpf[i : i + 8]) for i in range(0, len(bpf), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # ld [k]
+            acc = struct.unpack_from("<I", data, k)[0]
+        elif code == 0x06:  # ret k
+            return k
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
+            pc += jt if taken else jf
+        pc += 1
+
+
+ALLOW, EPERM, ENOSYS, KILL = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "action"),
+    [
+        ("getrlimit", (7, 0x7FFD_0000_1000), ALLOW),
+        ("setrlimit", (7, 0x7FFD_0000_1000), EPERM),  # always: it can only set
+        ("prlimit64", (0, 7, 0, 0x7FFD_0000_1000), ALLOW),  # a read: new_limit NULL
+        ("prlimit64", (0, 7, 0x7FFD_0000_1000, 0), EPERM),  # a new limit
+        ("prlimit64", (0, 7, 0x7FFD_0000_1000, 0x7FFD_0000_2000), EPERM),
+        ("prlimit64", (0, 7, 1 << 32, 0), EPERM),  # a pointer whose low word is zero
+        ("prlimit64", (1, 4, 0x1000, 0), EPERM),  # another process's limit
+        ("clone", (0x11 | 0x01200000,), ALLOW),  # fork's flags
+        ("clone", (0x10000000,), EPERM),  # CLONE_NEWUSER
+        ("clone3", (), ENOSYS),
+        ("mount", (), EPERM),
+        ("read", (), ALLOW),
+    ],
+)
+def test_seccomp_actions(name: str, args: tuple[int, ...], action: int) -> None:
+    """Run the compiled program: what each call (and each prlimit64 form) gets."""
+    table = {**syscall_numbers("x86_64"), "read": 0, "getrlimit": 97}
+    assert _run_bpf(render_seccomp(SPEC), table[name], args) == action
+
+
+def test_seccomp_kills_other_arches_and_refuses_x32() -> None:
+    bpf = render_seccomp(SPEC)
+    assert _run_bpf(bpf, 75, arch=0x40000003) == KILL  # i386 (ugetrlimit is 191 there)
+    assert _run_bpf(bpf, 0x40000000 | 160, (7, 0x1000)) == EPERM  # x32 setrlimit
+
+
 @pytest.mark.parametrize("mode", list(CgroupMode))
 def test_cgroup_values_match_spec(mode: CgroupMode) -> None:
     files = render_cgroup(SPEC, mode)
