@@ -9,12 +9,11 @@ fan-out (journaled) when it does not fit or the parent has no ledger.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from charter.ledger._follow import JournalFold, entry_ms
+from charter.ledger._follow import JournalFold, entry_ms, now_ms
 from charter.ledger.admission import (
     ADMISSION_EVENTS,
     AdmissionRefusedError,
@@ -54,10 +53,6 @@ __all__ = [
 
 _RETRIES = 5
 E = TypeVar("E", bound=Event)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 _TYPES = tuple(cls.type_name for cls in (*LEASE_EVENTS, *ADMISSION_EVENTS))

@@ -9,7 +9,6 @@ parent's stream version, and grants are returned only after that append commits.
 from __future__ import annotations
 
 import hmac
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from nacl.signing import SigningKey
 from pydantic import BaseModel, ConfigDict, Field
 
+from charter.ledger._follow import now_ms as wall_clock_ms
 from charter.ledger.authority._axes import (
     Clearance,
     Destination,
@@ -68,15 +68,9 @@ __all__ = [
 _CONFLICT_RETRIES = 3
 DEFAULT_CEILING_TTL_S = 365 * 86_400
 
-# A later stage (leases, admission) may add events to a decision, or turn it into a
-# refusal, before the one append.
 # A later stage of a fan-out (budget leases, admission): it adds events to the same
 # append, or turns the decision into a journaled refusal.
 Extension = Callable[[FanoutDecision, SpawnIntent], FanoutDecision]
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def custody_key_name(name: str) -> str:
@@ -175,7 +169,7 @@ def register_root(
     key_name = custody_key_name(name)
     key = keystore.create(key_name)
     try:
-        now = _now_ms() if now_ms is None else now_ms
+        now = wall_clock_ms() if now_ms is None else now_ms
         public = bytes(key.verify_key)
         grant = Grant(
             lineage=lineage,
@@ -211,7 +205,7 @@ class AuthorityService:
         *,
         policy: GatePolicy | None = None,
         keystore: KeyStore | None = None,
-        clock: Callable[[], int] = _now_ms,
+        clock: Callable[[], int] = wall_clock_ms,
         attenuate_fn: AttenuateFn = attenuate,
         extensions: Sequence[Extension] | None = None,
     ) -> None:
