@@ -14,7 +14,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from charter.ledger.errors import BadInputError
 
-__all__ = ["Budget", "BudgetSyntaxError"]
+__all__ = [
+    "Budget",
+    "BudgetSyntaxError",
+    "VEC_ZERO",
+    "Vec",
+    "budget_of",
+    "vec_add",
+    "vec_min",
+    "vec_of",
+    "vec_sat_sub",
+    "vec_sub",
+]
 
 
 class BudgetSyntaxError(BadInputError):
@@ -128,3 +139,44 @@ class Budget(BaseModel):
             f"tokens={self.tokens},wall={self.wall_ms}ms,cpu={self.cpu_ms}ms,"
             f"mem={self.mem_bytes}B,egress={self.egress_bytes}B"
         )
+
+
+# -- the five axes as a plain tuple, for the folds' hot paths ---------------------------
+# (Budget arithmetic validates every result: ~2 µs an operation, against ~0.1 µs here.)
+
+Vec = tuple[int, int, int, int, int]
+VEC_ZERO: Vec = (0, 0, 0, 0, 0)
+
+
+def vec_of(b: Budget) -> Vec:
+    return (b.tokens, b.wall_ms, b.cpu_ms, b.mem_bytes, b.egress_bytes)
+
+
+def budget_of(v: Vec) -> Budget:
+    """A Budget from a vector the folds computed (non-negative by construction)."""
+    return Budget.model_construct(
+        tokens=v[0], wall_ms=v[1], cpu_ms=v[2], mem_bytes=v[3], egress_bytes=v[4]
+    )
+
+
+def vec_add(a: Vec, b: Vec) -> Vec:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
+
+
+def vec_sub(a: Vec, b: Vec) -> Vec:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3], a[4] - b[4])
+
+
+def vec_sat_sub(a: Vec, b: Vec) -> Vec:
+    """``a - b`` per axis, never below zero."""
+    return (
+        max(0, a[0] - b[0]),
+        max(0, a[1] - b[1]),
+        max(0, a[2] - b[2]),
+        max(0, a[3] - b[3]),
+        max(0, a[4] - b[4]),
+    )
+
+
+def vec_min(a: Vec, b: Vec) -> Vec:
+    return (min(a[0], b[0]), min(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3]), min(a[4], b[4]))

@@ -22,7 +22,16 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from charter.ledger.budget import Budget
+from charter.ledger.budget import (
+    VEC_ZERO,
+    Budget,
+    Vec,
+    budget_of,
+    vec_add,
+    vec_min,
+    vec_of,
+    vec_sub,
+)
 from charter.ledger.errors import BadInputError, RefusedError, StateError
 from charter.ledger.events import Event
 
@@ -163,36 +172,6 @@ LEASE_EVENTS = (BudgetLedgerOpened, LeaseGranted, UsageRecorded, LeaseReleased, 
 
 
 ZERO = Budget.zero()  # frozen, so one instance serves every new ledger
-Vec = tuple[int, int, int, int, int]
-_ZERO: Vec = (0, 0, 0, 0, 0)
-
-
-def _vec(b: Budget) -> Vec:
-    return (b.tokens, b.wall_ms, b.cpu_ms, b.mem_bytes, b.egress_bytes)
-
-
-def _add(a: Vec, b: Vec) -> Vec:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
-
-
-def _sub(a: Vec, b: Vec) -> Vec:
-    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3], a[4] - b[4])
-
-
-def _min(a: Vec, b: Vec) -> Vec:
-    return (
-        min(a[0], b[0]),
-        min(a[1], b[1]),
-        min(a[2], b[2]),
-        min(a[3], b[3]),
-        min(a[4], b[4]),
-    )
-
-
-def _budget(v: Vec) -> Budget:
-    return Budget.model_construct(
-        tokens=v[0], wall_ms=v[1], cpu_ms=v[2], mem_bytes=v[3], egress_bytes=v[4]
-    )
 
 
 @dataclass
@@ -215,12 +194,12 @@ class LedgerState:
     released_at_ms: int | None = None
     exhausted: bool = False
     children: list[str] = field(default_factory=list)
-    live: Vec = _ZERO
-    ended: Vec = _ZERO
+    live: Vec = VEC_ZERO
+    ended: Vec = VEC_ZERO
     horizon_ms: int = 0
     expiries: list[tuple[int, str]] = field(default_factory=list)  # a heap
     counted_live: bool = True  # in its parent's ``live`` sum (else in ``ended``)
-    ended_charge: Vec = _ZERO  # its share of its parent's ``ended`` sum
+    ended_charge: Vec = VEC_ZERO  # its share of its parent's ``ended`` sum
 
     def active(self, at_ms: int) -> bool:
         if self.released_at_ms is not None and self.released_at_ms <= at_ms:
@@ -261,7 +240,7 @@ class LeaseBook:
             case LeaseGranted():
                 parent = self._ledgers[event.parent]
                 n = len(event.lineages)
-                parent.live = _add(parent.live, tuple(n * x for x in _vec(event.allocation)))  # type: ignore[arg-type]
+                parent.live = vec_add(parent.live, tuple(n * x for x in vec_of(event.allocation)))  # type: ignore[arg-type]
                 expires = event.expires_at_ms
                 for lineage in event.lineages:
                     self._ledgers[lineage] = LedgerState(
@@ -290,9 +269,9 @@ class LeaseBook:
                 parent = self._ledgers[event.parent]
                 if not ledger.counted_live and ledger.released_at_ms is None:
                     # ended by an expiry the sums had already passed: live again
-                    parent.ended = _sub(parent.ended, ledger.ended_charge)
-                    parent.live = _add(parent.live, _vec(ledger.allocation))
-                    ledger.counted_live, ledger.ended_charge = True, _ZERO
+                    parent.ended = vec_sub(parent.ended, ledger.ended_charge)
+                    parent.live = vec_add(parent.live, vec_of(ledger.allocation))
+                    ledger.counted_live, ledger.ended_charge = True, VEC_ZERO
                 heapq.heappush(parent.expiries, (event.expires_at_ms, event.lineage))
             case _:
                 pass
@@ -302,9 +281,9 @@ class LeaseBook:
         if ledger.parent is None or not ledger.counted_live:
             return
         parent = self._ledgers[ledger.parent]
-        parent.live = _sub(parent.live, _vec(ledger.allocation))
+        parent.live = vec_sub(parent.live, vec_of(ledger.allocation))
         ledger.counted_live = False
-        ledger.ended_charge = _ZERO
+        ledger.ended_charge = VEC_ZERO
         self._recharge(ledger)
         parent.horizon_ms = max(parent.horizon_ms, at_ms)
 
@@ -314,8 +293,8 @@ class LeaseBook:
         if ledger.parent is None:
             return
         parent = self._ledgers[ledger.parent]
-        charge = _min(_vec(ledger.subtree_spent), _vec(ledger.allocation))
-        parent.ended = _add(_sub(parent.ended, ledger.ended_charge), charge)
+        charge = vec_min(vec_of(ledger.subtree_spent), vec_of(ledger.allocation))
+        parent.ended = vec_add(vec_sub(parent.ended, ledger.ended_charge), charge)
         ledger.ended_charge = charge
 
     def _advance(self, ledger: LedgerState, at_ms: int) -> None:
@@ -349,24 +328,24 @@ class LeaseBook:
         ledger = self.get(lineage)
         if at_ms >= ledger.horizon_ms:
             self._advance(ledger, at_ms)
-            return _budget(_add(ledger.live, ledger.ended))
+            return budget_of(vec_add(ledger.live, ledger.ended))
         return self.outstanding_by_walk(lineage, at_ms)  # a time the sums have passed
 
     def outstanding_by_walk(self, lineage: str, at_ms: int) -> Budget:
         """:meth:`outstanding` computed child by child (exact for any time; slow)."""
-        total = _ZERO
+        total = VEC_ZERO
         for child in self.get(lineage).children:
-            total = _add(total, _vec(self.charge(self._ledgers[child], at_ms)))
-        return _budget(total)
+            total = vec_add(total, vec_of(self.charge(self._ledgers[child], at_ms)))
+        return budget_of(total)
 
     def remaining(self, lineage: str, at_ms: int) -> Budget:
         """What ``lineage`` can still spend or lease out at ``at_ms`` (zero once ended)."""
         ledger = self.get(lineage)
         if not ledger.active(at_ms):
             return Budget.zero()
-        used = _add(_vec(ledger.spent), _vec(self.outstanding(lineage, at_ms)))
-        left = _sub(_vec(ledger.allocation), used)
-        return _budget(
+        used = vec_add(vec_of(ledger.spent), vec_of(self.outstanding(lineage, at_ms)))
+        left = vec_sub(vec_of(ledger.allocation), used)
+        return budget_of(
             (max(0, left[0]), max(0, left[1]), max(0, left[2]), max(0, left[3]), max(0, left[4]))
         )
 
@@ -389,7 +368,7 @@ class LeaseBook:
         # Group children by (allocation, expiry): a fan-out's children share both. Keyed
         # by the budget object's identity first, since hashing a model is not free.
         groups: dict[tuple[int, int], tuple[Budget, list[str]]] = {}
-        wanted = _ZERO
+        wanted = VEC_ZERO
         for lineage, allocation, expires in children:
             until = expires if cap is None else min(expires, cap)
             group = groups.get((id(allocation), until))
@@ -397,12 +376,12 @@ class LeaseBook:
                 group = groups[id(allocation), until] = (allocation, [])
             group[1].append(lineage)
         for allocation, members in groups.values():
-            wanted = _add(wanted, tuple(len(members) * x for x in _vec(allocation)))  # type: ignore[arg-type]
-        if not _budget(wanted).fits_within(available):
-            short = _budget(wanted).saturating_sub(available)
+            wanted = vec_add(wanted, tuple(len(members) * x for x in vec_of(allocation)))  # type: ignore[arg-type]
+        if not budget_of(wanted).fits_within(available):
+            short = budget_of(wanted).saturating_sub(available)
             raise InsufficientBudgetError(
                 f"{parent} holds {available.render()} but {len(children)} lease(s) need "
-                f"{_budget(wanted).render()} (short by {short.render()}); ask for less or "
+                f"{budget_of(wanted).render()} (short by {short.render()}); ask for less or "
                 "wait for running leases to end"
             )
         return tuple(

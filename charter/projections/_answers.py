@@ -13,9 +13,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from charter.ledger.budget import Budget
+from charter.ledger.budget import (
+    VEC_ZERO,
+    Budget,
+    Vec,
+    budget_of,
+    vec_add,
+    vec_min,
+    vec_sat_sub,
+)
 from charter.projections._fold import (
-    AXES,
     L_ALLOC,
     L_EXHAUSTED,
     L_EXPIRES,
@@ -28,34 +35,9 @@ from charter.projections._fold import (
 
 __all__ = ["BudgetLine", "BudgetReport", "CellSlots", "SlotsReport", "TreeNode", "TreeReport"]
 
-Vec = tuple[int, int, int, int, int]
-_ZERO: Vec = (0, 0, 0, 0, 0)
-
 
 def _vec(row: Sequence[Any], start: int) -> Vec:
     return (row[start], row[start + 1], row[start + 2], row[start + 3], row[start + 4])
-
-
-def _add(a: Vec, b: Vec) -> Vec:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
-
-
-def _min(a: Vec, b: Vec) -> Vec:
-    return (min(a[0], b[0]), min(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3]), min(a[4], b[4]))
-
-
-def _sat_sub(a: Vec, b: Vec) -> Vec:
-    return (
-        max(0, a[0] - b[0]),
-        max(0, a[1] - b[1]),
-        max(0, a[2] - b[2]),
-        max(0, a[3] - b[3]),
-        max(0, a[4] - b[4]),
-    )
-
-
-def _budget(v: Vec) -> Budget:
-    return Budget(**dict(zip(AXES, v, strict=True)))
 
 
 def _active(row: Sequence[Any], at_ms: int) -> bool:
@@ -146,7 +128,7 @@ class BudgetReport:
                 if done:
                     total = _vec(by_lineage[node], L_SPENT)
                     for kid in kids:
-                        total = _add(total, subtree[kid])
+                        total = vec_add(total, subtree[kid])
                     subtree[node] = total
                 else:
                     stack.append((node, True))
@@ -155,27 +137,29 @@ class BudgetReport:
 
         lines = []
         for lineage, row in sorted(by_lineage.items()):
-            outstanding = _ZERO
+            outstanding = VEC_ZERO
             for kid in children.get(lineage, ()):
                 kid_row = by_lineage[kid]
                 alloc = _vec(kid_row, L_ALLOC)
-                charge = alloc if _active(kid_row, at_ms) else _min(subtree_spent(kid), alloc)
-                outstanding = _add(outstanding, charge)
+                charge = alloc if _active(kid_row, at_ms) else vec_min(subtree_spent(kid), alloc)
+                outstanding = vec_add(outstanding, charge)
             allocation = _vec(row, L_ALLOC)
             spent = _vec(row, L_SPENT)
             remaining = (
-                _sat_sub(allocation, _add(spent, outstanding)) if _active(row, at_ms) else _ZERO
+                vec_sat_sub(allocation, vec_add(spent, outstanding))
+                if _active(row, at_ms)
+                else VEC_ZERO
             )
             lines.append(
                 BudgetLine(
                     lineage=lineage,
                     parent=row[L_PARENT],
                     status=_status(row, at_ms),
-                    allocation=_budget(allocation),
-                    spent=_budget(spent),
-                    subtree_spent=_budget(subtree_spent(lineage)),
-                    outstanding=_budget(outstanding),
-                    remaining=_budget(remaining),
+                    allocation=budget_of(allocation),
+                    spent=budget_of(spent),
+                    subtree_spent=budget_of(subtree_spent(lineage)),
+                    outstanding=budget_of(outstanding),
+                    remaining=budget_of(remaining),
                     expires_at_ms=row[L_EXPIRES],
                     released_at_ms=row[L_RELEASED],
                     exhausted=bool(row[L_EXHAUSTED]),
