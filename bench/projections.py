@@ -38,6 +38,7 @@ from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 
 from bench._support import percentile, scratch_database
+from charter.ledger._follow import entry_ms
 from charter.ledger.admission import (
     CellConfigured,
     Cells,
@@ -57,7 +58,7 @@ from charter.ledger.leases import (
     LeaseRenewed,
     UsageRecorded,
 )
-from charter.projections import Projector, iso_to_ms
+from charter.projections import Projector
 
 REBUILD_TARGET = 150_000
 LAG_TARGET_MS = 50.0
@@ -139,7 +140,7 @@ def library_replay(journal: Journal) -> tuple[int, float]:
     book, cells = LeaseBook(), Cells()
 
     def fold(envelope: Any) -> None:
-        book.apply(envelope.event, iso_to_ms(envelope.timestamp.isoformat()))
+        book.apply(envelope.event, entry_ms(envelope.timestamp))
         cells.apply(envelope.event)
 
     return _replay(journal.application, fold)
@@ -185,6 +186,7 @@ def library_aggregate_replay(tmp: Path, events: int) -> tuple[int, float]:
 
 _FOLLOWER = """
 import sys, time
+from charter.ledger._follow import entry_ms
 from charter.ledger.journal import Journal
 from charter.projections import Projector
 with Journal.open(sys.argv[1]) as journal, Projector(journal, "lag") as projector:

@@ -17,19 +17,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import orjson
 
+from charter.ledger._follow import entry_ms
 from charter.ledger.budget import Budget
 
 __all__ = ["AXES", "Changes", "Fold", "at_ms_of_state", "iso_to_ms"]
 
 AXES = Budget.AXES
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
 
 # Ledger row layout (the order of the columns of the ledgers table).
 L_LINEAGE, L_FROM, L_TO, L_PARENT = 0, 1, 2, 3
@@ -54,9 +53,9 @@ NODE_COLUMNS = ("lineage", "parent", "depth", "kind", "position", "fanout")
 
 
 def iso_to_ms(text: str) -> int:
-    """A recorded_at timestamp as whole milliseconds since the epoch (floor, exact:
-    integer arithmetic on the datetime, never a float)."""
-    return (datetime.fromisoformat(text) - _EPOCH) // _MS
+    """A stored recorded_at timestamp as :func:`entry_ms` reads it (the same exact
+    integer milliseconds the lease fold uses)."""
+    return entry_ms(datetime.fromisoformat(text))
 
 
 def at_ms_of_state(state: bytes) -> int:
