@@ -169,16 +169,8 @@ def _refused(
     gate: GateDecision | None = None,
     before: tuple[Event, ...] = (),
 ) -> FanoutDecision:
-    event = refusal_event(
-        command.fanout_id,
-        str(state.lineage),
-        error,
-        width=command.intent.width,
-        objective=command.intent.objective,
-    )
-    return FanoutDecision(
-        command.fanout_id, state.lineage, (*before, event), {}, gate=gate, refusal=error
-    )
+    undecided = FanoutDecision(command.fanout_id, state.lineage, before, {}, gate=gate)
+    return undecided.refused(error, str(state.lineage), command.intent)
 
 
 def decide(

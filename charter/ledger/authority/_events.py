@@ -7,7 +7,7 @@ taken on fails if anything changed since. Refusals are standalone facts.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
@@ -105,6 +105,3 @@ class SpawnRefused(Event):
     message: str
     width: int
     objective: str
-
-    def summary(self) -> dict[str, Any]:
-        return {"reason": self.reason, "error": self.error, "message": self.message}
