@@ -19,6 +19,8 @@ from pydantic import ValidationError
 
 from charter.cli._common import EXIT_REFUSED, Ctx
 from charter.ledger.authority import (
+    MAX_FANOUT,
+    MAX_LINEAGE_DEPTH,
     AgentRecord,
     AuthorityService,
     Ceiling,
@@ -50,6 +52,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _names(value: str) -> frozenset[str]:
     return frozenset(part.strip() for part in value.split(",") if part.strip())
+
+
+def _default(field: str) -> Any:
+    """A ceiling option's default: the one :class:`Ceiling` declares."""
+    return Ceiling.model_fields[field].default
 
 
 def grant_options(command: F) -> F:
@@ -88,7 +95,7 @@ def grant_options(command: F) -> F:
             "--clearance",
             "grant_clearance",
             type=click.Choice([c.value for c in Clearance]),
-            default=Clearance.INTERNAL.value,
+            default=_default("clearance").value,
             show_default=True,
             help="Highest data clearance (ordered, lowest first).",
         ),
@@ -96,23 +103,23 @@ def grant_options(command: F) -> F:
             "--mode",
             "grant_mode",
             type=click.Choice([m.value for m in PermissionMode]),
-            default=PermissionMode.DEFAULT.value,
+            default=_default("mode").value,
             show_default=True,
             help="Permission mode (ordered, least permissive first).",
         ),
         click.option(
             "--depth",
             "grant_depth",
-            type=click.IntRange(0, 32),
-            default=3,
+            type=click.IntRange(0, MAX_LINEAGE_DEPTH),
+            default=_default("depth"),
             show_default=True,
             help="Levels of spawning below this agent.",
         ),
         click.option(
             "--fanout",
             "grant_fanout",
-            type=click.IntRange(0, 1_000_000),
-            default=1000,
+            type=click.IntRange(0, MAX_FANOUT),
+            default=_default("fanout"),
             show_default=True,
             help="Children this agent may spawn in all.",
         ),
@@ -129,7 +136,7 @@ def grant_options(command: F) -> F:
             "--ttl",
             "grant_ttl",
             type=click.IntRange(1),
-            default=365 * 86_400,
+            default=_default("ttl_s"),
             show_default=True,
             metavar="SECONDS",
             help="Seconds until the ceiling grant expires.",

@@ -30,9 +30,15 @@ from charter.ledger.authority._gate import (
     Verdict,
     ask_gate,
 )
-from charter.ledger.authority._grant import Grant, GrantTerms, attenuate, check_invariants
+from charter.ledger.authority._grant import (
+    MAX_FANOUT,
+    Grant,
+    GrantTerms,
+    attenuate,
+    check_invariants,
+)
 from charter.ledger.authority._intent import RequestedGrant, SpawnIntent, spawn_tool_definition
-from charter.ledger.authority._lineage import Lineage
+from charter.ledger.authority._lineage import MAX_LINEAGE_DEPTH, Lineage
 from charter.ledger.authority._seal import (
     SealedGrant,
     Signer,
@@ -53,6 +59,8 @@ from charter.ledger.authority._service import (
 from charter.ledger.authority._view import AgentRecord, AuthorityView
 
 __all__ = [
+    "MAX_FANOUT",
+    "MAX_LINEAGE_DEPTH",
     # lineage and axes
     "Lineage",
     "Clearance",

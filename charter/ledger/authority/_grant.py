@@ -34,7 +34,7 @@ from charter.ledger.authority._axes import (
     set_meet,
     set_within,
 )
-from charter.ledger.authority._intent import RequestedGrant
+from charter.ledger.authority._intent import MAX_FANOUT, RequestedGrant
 from charter.ledger.authority._lineage import MAX_LINEAGE_DEPTH, Lineage
 from charter.ledger.authority.errors import (
     AxisWidenedError,
@@ -50,7 +50,6 @@ from charter.ledger.events import canonical_json
 __all__ = ["GrantTerms", "Grant", "Hex32", "attenuate", "check_invariants"]
 
 Hex32 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-MAX_FANOUT = 1_000_000
 
 
 class GrantTerms(BaseModel):

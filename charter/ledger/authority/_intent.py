@@ -16,6 +16,8 @@ from charter.ledger.authority._axes import Clearance, Destination, PermissionMod
 from charter.ledger.authority._axes import ToolName as _ToolName
 from charter.ledger.budget import Budget
 
+MAX_FANOUT = 1_000_000  # children one grant may allow in all
+
 __all__ = ["RequestedGrant", "SpawnIntent", "MAX_WIDTH", "spawn_tool_definition"]
 
 MAX_WIDTH = 10_000
@@ -46,7 +48,7 @@ class RequestedGrant(BaseModel):
         default=None, ge=0, le=64, description="Levels of spawning the workers may still do."
     )
     fanout: int | None = Field(
-        default=None, ge=0, le=1_000_000, description="Children each worker may still spawn."
+        default=None, ge=0, le=MAX_FANOUT, description="Children each worker may still spawn."
     )
     budget: Budget | None = Field(default=None, description="Per-worker budget ceiling.")
     ttl_s: int | None = Field(
