@@ -272,8 +272,10 @@ class Cells:
             raise StateError(f"{lineage} holds no {resource} slot on cell {cell!r}")
         return SlotReleased(cell=cell, lineage=lineage, resource=resource)
 
-    def decide_wait_on_children(self, cell: str, lineage: str) -> tuple[SlotReleased, SlotAdmitted]:
-        """A coordinator waiting on children: give back processing, take coordination."""
+    def decide_wait_on_children(
+        self, cell: str, lineage: str
+    ) -> tuple[SlotReleased, *tuple[SlotAdmitted, ...]]:
+        """A coordinator waiting on children: give back processing, take coordination
+        (unless it already holds a coordination slot)."""
         release = self.decide_release(cell, lineage, ResourceClass.PROCESSING)
-        (admit,) = self.decide_admit(cell, [lineage], ResourceClass.COORDINATION)
-        return release, admit
+        return (release, *self.decide_admit(cell, [lineage], ResourceClass.COORDINATION))

@@ -84,6 +84,18 @@ def test_reconfiguring_a_cell_keeps_its_holders(tmp_path: Path) -> None:
         assert _occupancy_never_over_cap(journal, {P: 1, e: 1}) == 3
 
 
+def test_a_coordinator_that_already_coordinates_can_wait_again(tmp_path: Path) -> None:
+    with Journal.create(f"sqlite:///{tmp_path / 'j.db'}") as journal:
+        slots = AdmissionService(journal)
+        slots.configure("c", {P: 2, C: 2}, cores=2, failover_reserve=0)
+        inputs = CapInputs(cores=2, failover_reserve=0, load_average=0.0, live_peers=0)
+        slots.admit("c", ["agent:r/sa-1"], C)
+        slots.admit("c", ["agent:r/sa-1"], P, inputs)
+        slots.wait_on_children("c", "agent:r/sa-1")  # gives back processing only
+        state = slots.view.cells.get("c")
+        assert (state.occupancy(P), state.occupancy(C)) == (0, 1)
+
+
 def test_over_cap_is_refused_with_retry_after_and_journaled(tmp_path: Path) -> None:
     with Journal.create(f"sqlite:///{tmp_path / 'j.db'}") as journal:
         slots = AdmissionService(journal)

@@ -159,9 +159,9 @@ class History:
         cell, resource = self.slot_of[lineage]
         if resource is not ResourceClass.PROCESSING:
             return []
-        release, admit = self.cells.decide_wait_on_children(cell, lineage)
+        events = self.cells.decide_wait_on_children(cell, lineage)
         self.slot_of[lineage] = (cell, ResourceClass.COORDINATION)
-        return [release, admit]
+        return list(events)
 
     def _reconfigure(self) -> list[Event]:
         cell = self.rng.choice(["c1", "c2"])
