@@ -15,7 +15,6 @@ from charter.ledger.authority import (
     ParentState,
     RequestedGrant,
     SealedGrant,
-    Signer,
     SpawnIntent,
     Verdict,
     attenuate,
@@ -116,7 +115,7 @@ def test_no_sequence_of_spawns_widens_the_root_and_every_chain_ends(
     spawned = 0
     for requested, width in steps:
         holder = chain[-1]
-        state = ParentState(holder, Signer(seed), seed, minted=0, version=1)
+        state = ParentState(holder, seed, minted=0, version=1)
         intent = SpawnIntent(width=width, objective="x y z", grant=requested, estimated_cost=COST)
         decision = decide(state, FanoutCommand("f", intent, NOW_MS), policy=policy)
         if decision.refusal is not None:

@@ -22,7 +22,6 @@ from charter.ledger.authority import (
     PermissionMode,
     RequestedGrant,
     SealedGrant,
-    Signer,
     Verdict,
     attenuate,
     decide,
@@ -232,7 +231,7 @@ def test_grant_from_another_root_is_refused(service: AuthorityService, journal: 
     )
     seed = bytes(outsider)
     made = decide(
-        ParentState(fake_root, Signer(seed), seed, minted=0, version=2),
+        ParentState(fake_root, seed, minted=0, version=2),
         FanoutCommand("f", intent(1), service.clock()),
         policy=FixedPolicy(Verdict.POSITIVE),
     )
@@ -261,7 +260,7 @@ def test_grant_never_journaled_is_refused(service: AuthorityService, journal: Jo
     root = service.durable_caller("root")
     seed = bytes(root.custody_key)
     uncommitted = decide(
-        ParentState(root.chain[0], Signer(seed), seed, minted=99, version=2),
+        ParentState(root.chain[0], seed, minted=99, version=2),
         FanoutCommand("f", intent(1), service.clock()),
         policy=FixedPolicy(Verdict.POSITIVE),
     )

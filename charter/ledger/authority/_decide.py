@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from nacl.signing import SigningKey
@@ -53,16 +54,20 @@ AttenuateFn = Callable[..., GrantTerms]
 class ParentState:
     """The parent as resolved on the server side, and what the journal says it has done.
 
-    ``custody`` is the parent's custody key (checked against its trust root before this
-    is built); ``minted`` is how many children it has minted; ``version`` is its stream's
-    version, which the append is pinned to.
+    ``custody_seed`` is the parent's custody key (checked against its trust root before
+    this is built); ``minted`` is how many children it has minted; ``version`` is its
+    stream's version, which the append is pinned to.
     """
 
     sealed: SealedGrant
-    custody: Signer
     custody_seed: bytes = field(repr=False)
     minted: int
     version: int
+
+    @cached_property
+    def custody(self) -> Signer:
+        """The custody key in signing form (derived from the seed: one key, not two)."""
+        return Signer(self.custody_seed)
 
     @property
     def lineage(self) -> Lineage:

@@ -312,11 +312,9 @@ class AuthorityService:
             except AuthorityRefusedError as error:
                 self._journal_refusal(claimed, intent, error, fanout_id)
                 raise
-            seed = bytes(caller.custody_key)
             state = ParentState(
                 sealed=leaf,
-                custody=Signer(seed),
-                custody_seed=seed,
+                custody_seed=bytes(caller.custody_key),
                 minted=self.view.minted.get(leaf.grant.lineage, 0),
                 version=version,
             )
