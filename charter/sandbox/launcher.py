@@ -36,9 +36,17 @@ from charter.sandbox._host import (
 from charter.sandbox._proc import How, SandboxProcess, Stdio
 from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
 from charter.sandbox.keys import KeyBroker
-from charter.sandbox.spec import HostFacts, SandboxSpec, compile_spec
+from charter.sandbox.spec import CgroupMode, HostFacts, SandboxSpec, compile_spec
 
-__all__ = ["EventSink", "Launcher", "MemorySink", "Outcome", "leased_event", "new_sandbox_id"]
+__all__ = [
+    "EventSink",
+    "Launcher",
+    "MemorySink",
+    "Outcome",
+    "host_facts",
+    "leased_event",
+    "new_sandbox_id",
+]
 
 
 class EventSink(Protocol):
@@ -89,6 +97,29 @@ def leased_event(
         cpu_period_us=spec.cpu_period_us,
         wall_ms=spec.wall_ms,
         egress=grant.destinations if grant is not None else (),
+    )
+
+
+def host_facts(
+    sandbox_id: str,
+    host_uid: int,
+    workspace: str,
+    *,
+    egress: EgressBroker | None,
+    keys: KeyBroker | None,
+    cgroup_mode: CgroupMode,
+    host_cpus: int,
+) -> HostFacts:
+    """The host's side of a sandbox's spec, for the cold launcher and the warm pool alike."""
+    return HostFacts(
+        sandbox_id=sandbox_id,
+        host_uid=host_uid,
+        host_gid=host_uid,
+        workspace=workspace,
+        egress_socket=str(egress.path) if egress else None,
+        key_socket=str(keys.path) if keys and keys.path else None,
+        cgroup_mode=cgroup_mode,
+        host_cpus=host_cpus,
     )
 
 
@@ -171,13 +202,12 @@ class Launcher:
                     os.chown(ws, uid.uid, uid.uid)
                 spec = compile_spec(
                     budget,
-                    HostFacts(
-                        sandbox_id=sandbox_id,
-                        host_uid=uid.uid,
-                        host_gid=uid.uid,
-                        workspace=str(ws if own_ws else ws.resolve()),
-                        egress_socket=str(self.egress.path) if self.egress else None,
-                        key_socket=str(self.keys.path) if self.keys and self.keys.path else None,
+                    host_facts(
+                        sandbox_id,
+                        uid.uid,
+                        str(ws if own_ws else ws.resolve()),
+                        egress=self.egress,
+                        keys=self.keys,
                         cgroup_mode=self.mode,
                         host_cpus=self.host_cpus,
                     ),

@@ -33,8 +33,15 @@ from charter.sandbox._proc import Overlay, SandboxProcess
 from charter.sandbox.egress import EgressBroker, EgressGrant
 from charter.sandbox.errors import PoolExhaustedError, SandboxUnavailableError, SlotStateError
 from charter.sandbox.keys import KeyBroker
-from charter.sandbox.launcher import EventSink, Outcome, leased_event, new_sandbox_id, read_memfd
-from charter.sandbox.spec import HostFacts, compile_spec
+from charter.sandbox.launcher import (
+    EventSink,
+    Outcome,
+    host_facts,
+    leased_event,
+    new_sandbox_id,
+    read_memfd,
+)
+from charter.sandbox.spec import compile_spec
 
 __all__ = ["Slot", "SlotState", "WarmPool"]
 
@@ -80,13 +87,12 @@ class Slot:
             self.overlay = Overlay(pool.template, self.slot_dir, 0)
             self.spec = compile_spec(
                 pool.budget,
-                HostFacts(
-                    sandbox_id=self.sandbox_id,
-                    host_uid=self.host_uid,
-                    host_gid=self.host_uid,
-                    workspace=str(self.overlay.merged),
-                    egress_socket=str(pool.egress.path) if pool.egress else None,
-                    key_socket=str(pool.keys.path) if pool.keys and pool.keys.path else None,
+                host_facts(
+                    self.sandbox_id,
+                    self.host_uid,
+                    str(self.overlay.merged),
+                    egress=pool.egress,
+                    keys=pool.keys,
                     cgroup_mode=pool.mode,
                     host_cpus=pool.host_cpus,
                 ),
@@ -186,7 +192,16 @@ def _wait_readable(fd: int, timeout: float) -> bool:
 
 
 class WarmPool:
-    """``capacity`` sandboxes of one budget over one read-only template."""
+    """``capacity`` sandboxes of one budget over one read-only template.
+
+    Every slot counts against ``capacity`` for as long as it holds anything of the host
+    (a uid, a cgroup, processes): from the reservation of its build until its destruction
+    is done. At every instant parked + leased + being built + being destroyed <= capacity.
+    Slots are built and destroyed outside the pool's lock (a build can take up to
+    ``_PARK_TIMEOUT``); only reservations and hand-overs happen under it. A slot's bwrap
+    dies with the thread that built it (``--die-with-parent``): fill and release from
+    long-lived threads.
+    """
 
     def __init__(
         self,
@@ -221,6 +236,9 @@ class WarmPool:
         ensure_isolation(sink, state_dir=self.state_dir, bwrap=self.bwrap)  # fail closed
         self._parked: list[Slot] = []
         self._leased: set[Slot] = set()
+        self._building = 0  # reserved capacity whose slot is being built (outside the lock)
+        self._dropping = 0  # slots out of the books whose destruction is not done yet
+        self._closed = False
         self._cond = threading.Condition()
         self.quarantined = 0
         self.discarded = 0
@@ -237,23 +255,71 @@ class WarmPool:
     def parked(self) -> int:
         return len(self._parked)
 
+    @property
+    def live(self) -> int:
+        """Slots holding host resources: parked, leased, being built or being destroyed."""
+        with self._cond:
+            return self._held()
+
+    def _held(self) -> int:  # under self._cond
+        return len(self._parked) + len(self._leased) + self._building + self._dropping
+
     def fill(self) -> None:
-        """Park slots until parked + leased == capacity."""
+        """Park slots until all of the capacity is held. The builds run one at a time on
+        the calling thread, each reserved under the lock and built outside it, so
+        concurrent fills never hold more than ``capacity`` between them."""
         while True:
             with self._cond:
-                if len(self._parked) + len(self._leased) >= self.capacity:
+                if self._closed or self._held() >= self.capacity:
                     return
-            slot = Slot(self)
+                self._building += 1
+            slot = self._build()
             with self._cond:
-                self._parked.append(slot)
-                self._cond.notify()
+                self._building -= 1
+                self._cond.notify_all()
+                if not self._closed:
+                    self._parked.append(slot)
+                    continue
+                self._dropping += 1  # closed meanwhile: the slot is discarded, not parked
+            self._discard(slot)
+            return
+
+    def _build(self) -> Slot:
+        """Build a slot whose capacity the caller reserved; a failed build gives it back."""
+        try:
+            return Slot(self)
+        except BaseException:
+            with self._cond:
+                self._building -= 1
+                self._cond.notify_all()
+            raise
+
+    def _discard(self, slot: Slot) -> None:
+        """Destroy a slot counted in ``_dropping``; its capacity is free once it is gone."""
+        try:
+            slot._destroy()
+        finally:
+            with self._cond:
+                self._dropping -= 1
+                self._cond.notify_all()
 
     def lease(self, grant: EgressGrant | None = None, *, timeout: float = 0.0) -> Slot:
         """Take a parked slot (journaling the lease first). Over capacity this waits up
-        to ``timeout`` seconds, then refuses: backpressure, never oversubscription."""
+        to ``timeout`` seconds, then refuses: backpressure, never oversubscription.
+        When no slot is parked but not every slot is leased, the rest of the capacity is
+        being built or destroyed on other threads: this waits for that (bounded by their
+        work, not by ``timeout``), or builds a slot itself, outside the lock, when
+        capacity is free."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while len(self._leased) >= self.capacity:
+            while True:
+                if self._closed:
+                    raise SandboxUnavailableError(f"pool {self.name!r} is closed")
+                if self._parked or self._held() < self.capacity:
+                    break
+                if len(self._leased) < self.capacity:
+                    self._cond.wait()  # a build or a destruction elsewhere will notify
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise PoolExhaustedError(
@@ -261,10 +327,12 @@ class WarmPool:
                         "retry after one is released"
                     )
                 self._cond.wait(remaining)
-            slot = self._parked.pop() if self._parked else None
-            if slot is None:
-                slot = Slot(self)  # a cold fill within capacity
-            self._leased.add(slot)
+            parked = self._parked.pop() if self._parked else None
+            if parked is not None:
+                self._leased.add(parked)
+            else:
+                self._building += 1  # a cold fill within capacity, built outside the lock
+        slot = parked if parked is not None else self._lease_cold()
         try:
             if self.egress is not None:
                 # The broker enforces the spec's egress bytes (the budget), lowered by
@@ -282,8 +350,24 @@ class WarmPool:
         slot.state = SlotState.LEASED
         return slot
 
+    def _lease_cold(self) -> Slot:
+        """Build the slot ``lease`` reserved and put it in the leased set."""
+        slot = self._build()
+        with self._cond:
+            self._building -= 1
+            self._cond.notify_all()
+            if not self._closed:
+                self._leased.add(slot)
+                return slot
+            self._dropping += 1
+        self._discard(slot)
+        raise SandboxUnavailableError(f"pool {self.name!r} is closed")
+
     def release(self, slot: Slot, *, refill: bool = True) -> None:
-        """Discard a leased slot (never reused) and park a fresh one in its place."""
+        """Discard a leased slot (never reused) and, with ``refill``, park a fresh one in
+        its place. The refill runs on the caller's thread (up to ``_PARK_TIMEOUT``) and
+        its bwrap dies with that thread; pass ``refill=False`` and call :meth:`fill`
+        from a long-lived thread to keep it off the caller's path."""
         self._drop(slot, quarantine=None)
         if refill:
             self.fill()
@@ -299,30 +383,43 @@ class WarmPool:
             if slot not in self._leased:
                 raise SlotStateError(f"slot {slot.sandbox_id} is not leased from this pool")
             self._leased.discard(slot)
+            self._dropping += 1  # still holds its uid, cgroup and processes
         try:
             slot._destroy()
         finally:
-            if quarantine is None:
-                self.discarded += 1
-                self.journal(SandboxDiscarded(sandbox_id=slot.sandbox_id))
-            else:
-                self.quarantined += 1
-                self.journal(SandboxQuarantined(sandbox_id=slot.sandbox_id, reason=quarantine))
-            with self._cond:
-                self._cond.notify_all()
+            try:
+                if quarantine is None:
+                    self.journal(SandboxDiscarded(sandbox_id=slot.sandbox_id))
+                else:
+                    self.journal(SandboxQuarantined(sandbox_id=slot.sandbox_id, reason=quarantine))
+            finally:
+                with self._cond:  # the capacity is free only once the slot is gone
+                    if quarantine is None:
+                        self.discarded += 1
+                    else:
+                        self.quarantined += 1
+                    self._dropping -= 1
+                    self._cond.notify_all()
 
     def close(self) -> None:
-        """Destroy every parked slot (leased ones are destroyed by their release)."""
+        """Destroy every parked slot (leased ones are destroyed by their release). A
+        closed pool parks nothing more (a build finishing later is discarded) and
+        refuses leases."""
         with self._cond:
+            self._closed = True
             parked, self._parked = self._parked, []
+            self._dropping += len(parked)
+            self._cond.notify_all()
         for slot in parked:
-            slot._destroy()
+            self._discard(slot)
 
     def __enter__(self) -> WarmPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for slot in list(self._leased):
+        with self._cond:
+            leased = list(self._leased)
+        for slot in leased:
             with contextlib.suppress(Exception):
                 self.release(slot, refill=False)
         self.close()
