@@ -230,9 +230,12 @@ def reap_stale(mode: CgroupMode) -> int:
         if not parent.is_dir():
             continue
         for d in parent.iterdir():
+            if not d.name.startswith("charter-sbx-"):
+                continue
             # Only old ones: a fresh, still-empty cgroup may belong to a launch in progress.
-            if d.name.startswith("charter-sbx-") and time.time() - d.stat().st_mtime > 60:
-                with contextlib.suppress(OSError):
+            # Another launcher may remove one between the listing and the stat.
+            with contextlib.suppress(OSError):
+                if time.time() - d.stat().st_mtime > 60:
                     d.rmdir()
                     removed += 1
     return removed
