@@ -12,6 +12,14 @@ The broker identifies the sandbox by the peer's host uid
 (``SO_PEERCRED``: unique per live sandbox, so no token can be stolen), checks the
 destination against the grant, counts bytes in both directions against the egress byte
 budget, and records every attempt, allowed or denied.
+
+Every admitted connection holds one broker thread in the control plane, outside the
+sandbox's cgroup, so admission happens on the accepting thread before any thread exists:
+a peer uid with no registration is answered 403 and closed (its attempt is kept in
+``unknown_attempts`` without a destination: nothing is read from it), and a registered
+uid already holding ``_MAX_CONNECTIONS_PER_UID`` connections is answered 429 and closed.
+A connection that sends no request head within ``_HEAD_TIMEOUT``, or whose tunnel moves
+no byte either way for ``_IDLE_TIMEOUT``, is closed and gives its slot back.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import selectors
 import socket
 import struct
 import threading
+from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
@@ -32,7 +41,18 @@ from charter.ledger.lifecycle import EgressAttempted
 __all__ = ["EgressBroker", "EgressGrant", "EgressTally"]
 
 _HEAD_LIMIT = 8192
-_CONNECT_TIMEOUT = 10.0
+_CONNECT_TIMEOUT = 10.0  # seconds to reach the destination
+_HEAD_TIMEOUT = 10.0  # seconds a peer may take to send its request head
+# Seconds a tunnel may move no byte in either direction (and a send may stall) before it
+# is closed. Generous on purpose: a model API may think for minutes before its first byte.
+_IDLE_TIMEOUT = 300.0
+# Concurrent connections per sandbox (peer uid). Each one holds a broker thread and two
+# descriptors in the control plane, outside the sandbox's cgroup, for as long as the
+# sandbox keeps it open; uncapped, that is the sandbox's pids cap × its nofile limit.
+# 16 covers a worker's parallel fetches (browsers keep 6 per host, package managers a
+# handful more) and bounds a sandbox's share of the control plane at 16 threads.
+_MAX_CONNECTIONS_PER_UID = 16
+_UNKNOWN_KEPT = 256  # unknown-peer attempts remembered (any host user can connect)
 
 
 class EgressGrant(BaseModel):
@@ -74,7 +94,8 @@ class _Registration:
         self.cap = byte_cap
         self.used = 0
         self.attempts: list[EgressAttempted] = []
-        self.conns: set[socket.socket] = set()
+        self.conns: set[socket.socket] = set()  # every admitted connection, until it ends
+        self.saturated = False  # a refusal at the cap was recorded and no slot freed since
 
 
 class EgressBroker:
@@ -84,7 +105,9 @@ class EgressBroker:
         self.path = path
         self._lock = threading.Lock()
         self._regs: dict[int, _Registration] = {}
-        self.unknown_attempts: list[tuple[int, str]] = []
+        self._active: dict[int, int] = {}  # peer uid -> connections holding a thread
+        # (uid, "?") per refused unknown peer: it is refused before a byte is read.
+        self.unknown_attempts: deque[tuple[int, str]] = deque(maxlen=_UNKNOWN_KEPT)
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -107,16 +130,17 @@ class EgressBroker:
             self._regs[host_uid] = _Registration(sandbox_id, grant, byte_cap)
 
     def unregister(self, host_uid: int) -> EgressTally:
-        """Forget a sandbox, cut its open connections and return its recorded attempts
-        and the bytes it moved."""
+        """Forget a sandbox, cut its open connections (their threads then end) and return
+        its recorded attempts and the bytes it moved."""
         with self._lock:
             reg = self._regs.pop(host_uid, None)
-        if reg is None:
-            return EgressTally()
-        for conn in list(reg.conns):
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        with self._lock:
+            if reg is None:
+                return EgressTally()
+            # Under the lock: a connection leaves ``conns`` before it is closed, so no
+            # shutdown here can reach a closed (and perhaps reused) descriptor.
+            for conn in reg.conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
             return EgressTally(tuple(reg.attempts), reg.used)
 
     def used(self, host_uid: int) -> int:
@@ -128,6 +152,11 @@ class EgressBroker:
         with self._lock:
             reg = self._regs.get(host_uid)
             return list(reg.attempts) if reg else []
+
+    def active(self, host_uid: int) -> int:
+        """Connections from ``host_uid`` that hold a broker thread now."""
+        with self._lock:
+            return self._active.get(host_uid, 0)
 
     def close(self) -> None:
         self._closed = True
@@ -150,7 +179,53 @@ class EgressBroker:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
+        """On the accepting thread: refuse unknown uids and uids at the cap without
+        reading from them or starting a thread; otherwise take a slot and start one."""
+        try:
+            uid = _peer_uid(conn)
+        except OSError:
+            conn.close()
+            return
+        admitted = record = False
+        with self._lock:
+            reg = self._regs.get(uid)
+            if reg is None:
+                self.unknown_attempts.append((uid, "?"))
+            elif self._active.get(uid, 0) < _MAX_CONNECTIONS_PER_UID:
+                self._active[uid] = self._active.get(uid, 0) + 1
+                reg.conns.add(conn)
+                admitted = True
+            else:
+                # One record per episode at the cap: refusals cost the sandbox almost
+                # nothing, and a record for each would grow the parent's memory instead.
+                admitted, record, reg.saturated = False, not reg.saturated, True
+        if reg is None:
+            _refuse(conn, 403, "unknown sandbox")
+            return
+        if not admitted:
+            if record:
+                self._record(uid, reg, "?", False, "too many concurrent connections")
+            _refuse(conn, 429, "too many connections")
+            return
+        try:
+            threading.Thread(target=self._serve, args=(conn, uid, reg), daemon=True,
+                             name=f"egress-conn-{uid}").start()  # fmt: skip
+        except RuntimeError:  # the process is out of threads: refuse, give the slot back
+            self._release(uid, reg, conn)
+            _refuse(conn, 503, "broker busy")
+
+    def _release(self, uid: int, reg: _Registration, conn: socket.socket) -> None:
+        with self._lock:
+            reg.conns.discard(conn)
+            reg.saturated = False
+            left = self._active.get(uid, 0) - 1
+            if left > 0:
+                self._active[uid] = left
+            else:
+                self._active.pop(uid, None)
 
     def _record(self, uid: int, reg: _Registration, dest: str, allowed: bool, reason: str,
                 *, out: int = 0, inn: int = 0) -> None:  # fmt: skip
@@ -161,84 +236,85 @@ class EgressBroker:
         with self._lock:
             reg.attempts.append(event)
 
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _, uid, _ = struct.unpack("3i", creds)
-            with self._lock:
-                reg = self._regs.get(uid)
-            head = _read_head(conn)
-            parsed = _parse_head(head) if head is not None else None
-            dest = f"{parsed[0]}:{parsed[1]}" if parsed else "?"
-            if reg is None:
-                with self._lock:
-                    self.unknown_attempts.append((uid, dest))
-                _reply(conn, 403, "unknown sandbox")
-                return
-            if parsed is None:
-                self._record(uid, reg, dest, False, "malformed proxy request")
-                _reply(conn, 400, "malformed proxy request")
-                return
-            host, port, forward = parsed
-            if not reg.grant.allows(host, port):
-                self._record(uid, reg, dest, False, "destination not in the grant")
-                _reply(conn, 403, "destination not in the grant")
-                return
-            if reg.used >= reg.cap:
+    def _serve(self, conn: socket.socket, uid: int, reg: _Registration) -> None:
+        """One admitted connection; its slot is given back however it ends."""
+        try:
+            self._proxy(conn, uid, reg)
+        except OSError:  # the peer went away (or was cut by unregister) mid-exchange
+            pass
+        finally:
+            self._release(uid, reg, conn)
+            conn.close()
+
+    def _proxy(self, conn: socket.socket, uid: int, reg: _Registration) -> None:
+        head = _read_head(conn)
+        parsed = _parse_head(head) if head is not None else None
+        dest = f"{parsed[0]}:{parsed[1]}" if parsed else "?"
+        conn.settimeout(_IDLE_TIMEOUT)  # no send to this peer may stall forever
+        if parsed is None:
+            self._record(uid, reg, dest, False, "malformed proxy request")
+            _reply(conn, 400, "malformed proxy request")
+            return
+        host, port, forward = parsed
+        if not reg.grant.allows(host, port):
+            self._record(uid, reg, dest, False, "destination not in the grant")
+            _reply(conn, 403, "destination not in the grant")
+            return
+        if reg.used >= reg.cap:
+            self._record(uid, reg, dest, False, "egress byte budget exhausted")
+            _reply(conn, 403, "egress byte budget exhausted")
+            return
+        try:
+            upstream = socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT)
+        except OSError as e:
+            self._record(uid, reg, dest, False, f"cannot connect: {e.strerror or e}")
+            _reply(conn, 502, "cannot connect")
+            return
+        with upstream:
+            upstream.settimeout(_IDLE_TIMEOUT)
+            if forward is None:
+                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            elif self._charge(reg, len(forward)) < len(forward):
                 self._record(uid, reg, dest, False, "egress byte budget exhausted")
-                _reply(conn, 403, "egress byte budget exhausted")
                 return
-            try:
-                upstream = socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT)
-            except OSError as e:
-                self._record(uid, reg, dest, False, f"cannot connect: {e.strerror or e}")
-                _reply(conn, 502, "cannot connect")
-                return
-            with upstream:
-                upstream.settimeout(None)
-                if forward is None:
-                    conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                elif self._charge(reg, len(forward)) < len(forward):
-                    self._record(uid, reg, dest, False, "egress byte budget exhausted")
-                    return
-                else:
-                    upstream.sendall(forward)
-                with self._lock:
-                    reg.conns.add(conn)
-                out, inn, cut = self._relay(conn, upstream, reg, len(forward or b""))
-                with self._lock:
-                    reg.conns.discard(conn)
-            reason = "egress byte budget exhausted" if cut else "closed"
-            self._record(uid, reg, dest, not cut, reason, out=out, inn=inn)
+            else:
+                upstream.sendall(forward)
+            out, inn, reason = self._relay(conn, upstream, reg, len(forward or b""))
+        cut = reason == "egress byte budget exhausted"
+        self._record(uid, reg, dest, not cut, reason, out=out, inn=inn)
 
     def _relay(self, conn: socket.socket, upstream: socket.socket, reg: _Registration,
-               already: int) -> tuple[int, int, bool]:  # fmt: skip
-        """Copy both ways until either side closes or the byte budget is spent."""
+               already: int) -> tuple[int, int, str]:  # fmt: skip
+        """Copy both ways until either side closes, both sit idle for ``_IDLE_TIMEOUT``
+        or the byte budget is spent; returns bytes out, bytes in and why it ended."""
         counts = {conn: already, upstream: 0}  # ``already`` was charged by the caller
         peer = {conn: upstream, upstream: conn}
         with selectors.DefaultSelector() as sel:
             sel.register(conn, selectors.EVENT_READ)
             sel.register(upstream, selectors.EVENT_READ)
             while True:
-                for key, _ in sel.select():
+                ready = sel.select(timeout=_IDLE_TIMEOUT)
+                if not ready:
+                    return counts[conn], counts[upstream], "idle timeout"
+                for key, _ in ready:
                     src: socket.socket = key.fileobj  # type: ignore[assignment]
                     try:
                         data = src.recv(65536)
                     except OSError:
                         data = b""
                     if not data:
-                        return counts[conn], counts[upstream], False
+                        return counts[conn], counts[upstream], "closed"
                     allowed = self._charge(reg, len(data))
                     if allowed < len(data):
                         with contextlib.suppress(OSError):
                             peer[src].sendall(data[:allowed])
                         counts[src] += allowed
-                        return counts[conn], counts[upstream], True
+                        return counts[conn], counts[upstream], "egress byte budget exhausted"
                     counts[src] += len(data)
                     try:
                         peer[src].sendall(data)
-                    except OSError:
-                        return counts[conn], counts[upstream], False
+                    except OSError:  # the reader went away or stalled for _IDLE_TIMEOUT
+                        return counts[conn], counts[upstream], "closed"
 
     def _charge(self, reg: _Registration, n: int) -> int:
         """Take up to ``n`` bytes from the budget; returns how many were granted."""
@@ -249,8 +325,9 @@ class EgressBroker:
 
 
 def _read_head(conn: socket.socket) -> bytes | None:
-    """The HTTP head (through the blank line) or a whole first TLS record."""
-    conn.settimeout(_CONNECT_TIMEOUT)
+    """The HTTP head (through the blank line) or a whole first TLS record; None when the
+    peer closes, sends too much or takes longer than ``_HEAD_TIMEOUT``."""
+    conn.settimeout(_HEAD_TIMEOUT)
     data = b""
     try:
         while not _head_complete(data):
@@ -262,8 +339,6 @@ def _read_head(conn: socket.socket) -> bytes | None:
                 return None
     except OSError:
         return None
-    finally:
-        conn.settimeout(None)
     return data
 
 
@@ -342,3 +417,16 @@ def _reply(conn: socket.socket, code: int, reason: str) -> None:
             "Connection: close\r\n\r\n".encode()
             + body
         )
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def _refuse(conn: socket.socket, code: int, reason: str) -> None:
+    """Answer and close on the accepting thread: one non-blocking send, which a fresh
+    socket's empty buffer takes whole, so a peer that never reads cannot stall it."""
+    with conn:
+        conn.setblocking(False)
+        _reply(conn, code, reason)

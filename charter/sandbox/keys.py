@@ -3,7 +3,10 @@
 The sandbox holds only an opaque handle. It asks for signatures over the broker's unix
 socket; the broker checks that the asking peer's host uid (``SO_PEERCRED``) is the one the
 handle was issued to, frames the message with a domain-separation tag, signs it with
-Ed25519 (libsodium through PyNaCl's cffi binding) and returns the signature.
+Ed25519 (libsodium through PyNaCl's cffi binding) and returns the signature. Every
+connection holds a broker thread, so the peer uid is checked as soon as it is accepted:
+a uid holding no handle, or already holding ``_MAX_CONNECTIONS_PER_UID`` connections, gets
+an error line and is closed before any thread is started for it.
 
 Zeroising (what Python can and cannot promise; also in docs/sandbox.md):
 
@@ -44,6 +47,11 @@ _TAG = re.compile(r"^[a-z0-9][a-z0-9./-]{0,63}$")
 _SEED, _SK, _PK, _SIG = 32, 64, 32, 64
 _REQUEST_LIMIT = 1 << 20
 _REQUEST_TIMEOUT = 10.0  # seconds a peer may take to send its request line
+# Concurrent connections per peer uid. Each holds a broker thread in the parent (outside
+# the sandbox's cgroup) until its one line is answered or _REQUEST_TIMEOUT passes. A
+# worker signs one request at a time, a few if it is threaded; 4 leaves room for that
+# and bounds a sandbox's share of the parent at 4 threads, however many fds it can open.
+_MAX_CONNECTIONS_PER_UID = 4
 
 
 def framed(tag: str, message: bytes) -> bytes:
@@ -95,6 +103,7 @@ class KeyBroker:
     def __init__(self, path: Path | None = None) -> None:
         self._keys: dict[str, _Key] = {}
         self._lock = threading.Lock()
+        self._active: dict[int, int] = {}  # peer uid -> connections holding a thread
         self.path = path
         self._server: socket.socket | None = None
         if path is not None:
@@ -105,7 +114,9 @@ class KeyBroker:
             self._server.bind(str(path))
             os.chmod(path, 0o666)  # noqa: S103 (identity is SO_PEERCRED, not file modes)
             self._server.listen(16)
-            threading.Thread(target=self._accept_loop, daemon=True, name="keys").start()
+            threading.Thread(
+                target=self._accept_loop, args=(self._server,), daemon=True, name="keys"
+            ).start()
 
     def issue(self, seed: bytearray, *, host_uid: int | None = None) -> str:
         """Take a 32-byte Ed25519 seed (wiped here after use); return an opaque handle."""
@@ -165,37 +176,92 @@ class KeyBroker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _accept_loop(self) -> None:
-        while self._server is not None:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def active(self, host_uid: int) -> int:
+        """Connections from ``host_uid`` that hold a broker thread now."""
+        with self._lock:
+            return self._active.get(host_uid, 0)
 
-    def _serve(self, conn: socket.socket) -> None:
-        """One JSON request line: {"handle", "tag", "message_hex"} → {"signature_hex"}."""
-        with conn:
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _, uid, _ = struct.unpack("3i", creds)
-            # A peer that connects and never finishes its line must not hold this
-            # thread (and its connection) forever.
-            conn.settimeout(_REQUEST_TIMEOUT)
+    def _accept_loop(self, server: socket.socket) -> None:
+        while True:
             try:
-                with conn.makefile("rb") as reader:
-                    line = reader.readline(_REQUEST_LIMIT)
-            except OSError:  # timed out or reset: there is nobody to answer
+                conn, _ = server.accept()
+            except OSError:  # closed
                 return
-            try:
-                req = json.loads(line)
-                sig = self.sign(
-                    str(req["handle"]), str(req["tag"]), bytes.fromhex(req["message_hex"]),
-                    host_uid=uid,
-                )  # fmt: skip
-                reply = {"signature_hex": sig.hex()}
-            except KeyHandleError as e:
-                reply = {"error": str(e)}
-            except (ValueError, KeyError, TypeError):
-                reply = {"error": "malformed request"}
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps(reply).encode() + b"\n")
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
+        """On the accepting thread, before any thread exists for ``conn``: a uid holding
+        no handle, or already holding ``_MAX_CONNECTIONS_PER_UID`` connections, is
+        answered and closed without a byte read; otherwise it takes a slot and a thread."""
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        except OSError:
+            conn.close()
+            return
+        _, uid, _ = struct.unpack("3i", creds)
+        refusal = None
+        with self._lock:
+            if not any(key.host_uid == uid for key in self._keys.values()):
+                refusal = "no key handle was issued to this sandbox"
+            elif self._active.get(uid, 0) >= _MAX_CONNECTIONS_PER_UID:
+                refusal = "too many connections"
+            else:
+                self._active[uid] = self._active.get(uid, 0) + 1
+        if refusal is not None:
+            _refuse(conn, refusal)
+            return
+        try:
+            threading.Thread(
+                target=self._serve, args=(conn, uid), daemon=True, name=f"keys-conn-{uid}"
+            ).start()
+        except RuntimeError:  # the process is out of threads: refuse, give the slot back
+            self._release(uid)
+            _refuse(conn, "broker busy")
+
+    def _release(self, uid: int) -> None:
+        with self._lock:
+            left = self._active.get(uid, 0) - 1
+            if left > 0:
+                self._active[uid] = left
+            else:
+                self._active.pop(uid, None)
+
+    def _serve(self, conn: socket.socket, uid: int) -> None:
+        """One admitted connection; its slot is given back however it ends."""
+        try:
+            with conn:
+                self._answer(conn, uid)
+        finally:
+            self._release(uid)
+
+    def _answer(self, conn: socket.socket, uid: int) -> None:
+        """One JSON request line: {"handle", "tag", "message_hex"} → {"signature_hex"}."""
+        # A peer that connects and never finishes its line must not hold this
+        # thread (and its connection) forever.
+        conn.settimeout(_REQUEST_TIMEOUT)
+        try:
+            with conn.makefile("rb") as reader:
+                line = reader.readline(_REQUEST_LIMIT)
+        except OSError:  # timed out or reset: there is nobody to answer
+            return
+        try:
+            req = json.loads(line)
+            sig = self.sign(
+                str(req["handle"]), str(req["tag"]), bytes.fromhex(req["message_hex"]),
+                host_uid=uid,
+            )  # fmt: skip
+            reply = {"signature_hex": sig.hex()}
+        except KeyHandleError as e:
+            reply = {"error": str(e)}
+        except (ValueError, KeyError, TypeError):
+            reply = {"error": "malformed request"}
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(reply).encode() + b"\n")
+
+
+def _refuse(conn: socket.socket, error: str) -> None:
+    """Answer and close on the accepting thread: one non-blocking send, which a fresh
+    socket's empty buffer takes whole, so a peer that never reads cannot stall it."""
+    with conn, contextlib.suppress(OSError):
+        conn.setblocking(False)
+        conn.sendall(json.dumps({"error": error}).encode() + b"\n")

@@ -13,6 +13,7 @@ import pytest
 
 from charter.ledger.budget import Budget
 from charter.sandbox import EgressAttempted, EgressBroker, EgressGrant, Launcher, MemorySink
+from charter.sandbox import egress as egress_module
 from charter.sandbox.egress import _parse_head
 
 from ._support import on_host, out, sandboxed
@@ -45,6 +46,26 @@ try:
 except OSError:
     pass
 print(status, n)
+"""
+
+# On the host, as any uid: connect, send argv[2] (possibly nothing), read to the end;
+# print the reply's first line and how it ended (EOF, or the error that ended it).
+ASK = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+try:
+    s.sendall(sys.argv[2].encode())
+except OSError:
+    pass
+data, end = b"", "EOF"
+try:
+    while chunk := s.recv(4096):
+        data += chunk
+except OSError as e:
+    end = type(e).__name__
+print((data.decode("latin-1").splitlines() or ["-"])[0], end, sep="|")
 """
 
 
@@ -173,12 +194,63 @@ def test_no_grant_means_no_egress(egress_launcher: Launcher, server: _Server) ->
     assert out(o).split() == ["403", "0"]
 
 
-def test_an_unregistered_peer_is_refused(broker: EgressBroker, server: _Server) -> None:
-    """Identity is the peer's host uid: a process whose uid holds no lease gets nothing."""
+def test_an_unregistered_peer_is_refused(
+    broker: EgressBroker, server: _Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Identity is the peer's host uid: a process whose uid holds no lease gets nothing,
+    and is refused on accept, before a thread is started or a byte is read from it."""
+    # A started thread would wait a minute for the head; the client gives up after 5 s.
+    monkeypatch.setattr(egress_module, "_HEAD_TIMEOUT", 60.0)
+    served: list[int] = []
+    serve = broker._serve
+
+    def counted(conn: socket.socket, uid: int, reg: object) -> None:
+        served.append(uid)
+        serve(conn, uid, reg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(broker, "_serve", counted)
+    r = on_host(ASK, str(broker.path), "", user=60995)  # says nothing at all
+    assert r.stdout.strip() == "HTTP/1.1 403 unknown sandbox|EOF"
+    assert served == []
+    assert (60995, "?") in broker.unknown_attempts
+    # Control: once the uid is registered, the same kind of peer gets a thread and a tunnel.
     code = CLIENT.replace('os.environ["CHARTER_EGRESS_SOCKET"]', repr(str(broker.path)))
-    r = on_host(code, str(server.port), user=60995)
-    assert r.stdout.split() == ["403", "0"]
-    assert (60995, f"127.0.0.1:{server.port}") in broker.unknown_attempts
+    broker.register(60995, "sbx-known", EgressGrant(destinations=(f"127.0.0.1:{server.port}",)),
+                    byte_cap=10 * PAYLOAD)  # fmt: skip
+    try:
+        assert on_host(code, str(server.port), user=60995).stdout.split() == ["200", str(PAYLOAD)]
+        assert served == [60995]
+    finally:
+        broker.unregister(60995)
+
+
+def test_idle_connections_are_closed(
+    broker: EgressBroker, server: _Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer that never sends its head, and a tunnel that carries nothing, are closed
+    (and their threads end) instead of being held forever."""
+    monkeypatch.setattr(egress_module, "_HEAD_TIMEOUT", 1.0)
+    monkeypatch.setattr(egress_module, "_IDLE_TIMEOUT", 1.0)
+    uid, path = 60993, str(broker.path)
+    broker.register(uid, "sbx-idle", EgressGrant(destinations=(f"127.0.0.1:{server.port}",)),
+                    byte_cap=10 * PAYLOAD)  # fmt: skip
+    try:
+        # Silent after connecting: dropped after the head timeout (the client waits 5 s).
+        r = on_host(ASK, path, "", user=uid)
+        assert r.stdout.strip() == "HTTP/1.1 400 malformed proxy request|EOF"
+        # A tunnel nobody speaks on (the server waits for a line that never comes).
+        connect = f"CONNECT 127.0.0.1:{server.port} HTTP/1.1\r\n\r\n"
+        r = on_host(ASK, path, connect, user=uid)
+        assert r.stdout.strip() == "HTTP/1.1 200 Connection established|EOF"
+        idle = broker.attempts(uid)[-1]
+        assert (idle.allowed, idle.reason) == (True, "idle timeout")
+        # Control: under the same timeouts a tunnel that moves bytes runs to the end.
+        code = CLIENT.replace('os.environ["CHARTER_EGRESS_SOCKET"]', repr(path))
+        assert on_host(code, str(server.port), user=uid).stdout.split() == ["200", str(PAYLOAD)]
+        assert broker.attempts(uid)[-1].reason == "closed"
+        assert broker.active(uid) == 0
+    finally:
+        broker.unregister(uid)
 
 
 def test_curl_reaches_the_broker_as_an_http_proxy(egress_launcher: Launcher) -> None:

@@ -76,6 +76,8 @@ def test_a_sandbox_signs_only_with_its_own_handle(keyed_pool: tuple[WarmPool, Ke
     pool, keys = keyed_pool
     mine, other = pool.lease(), pool.lease()
     handle = keys.issue(bytearray(secrets.token_bytes(32)), host_uid=mine.spec.host_uid)
+    # The other sandbox holds a handle of its own, so the broker admits its connection.
+    theirs = keys.issue(bytearray(secrets.token_bytes(32)), host_uid=other.spec.host_uid)
     try:
         # The attack: another sandbox presents the handle.
         stolen = json.loads(
@@ -88,6 +90,7 @@ def test_a_sandbox_signs_only_with_its_own_handle(keyed_pool: tuple[WarmPool, Ke
         assert verify_signature(keys.public_key(handle), "worker/report", b"result", sig)
     finally:
         keys.release(handle)
+        keys.release(theirs)
         pool.release(mine, refill=False)
         pool.release(other, refill=False)
 
@@ -95,6 +98,7 @@ def test_a_sandbox_signs_only_with_its_own_handle(keyed_pool: tuple[WarmPool, Ke
 def test_a_peer_that_never_finishes_its_request_is_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import os
     import socket
     import time
 
@@ -103,6 +107,8 @@ def test_a_peer_that_never_finishes_its_request_is_dropped(
     monkeypatch.setattr(keys_module, "_REQUEST_TIMEOUT", 0.2)
     with KeyBroker(tmp_path / "keys.sock") as broker:
         assert broker.path is not None
+        # This process's uid holds a handle: only such peers are admitted at all.
+        broker.issue(bytearray(secrets.token_bytes(32)), host_uid=os.getuid())
         with socket.socket(socket.AF_UNIX) as silent:
             silent.connect(str(broker.path))
             silent.settimeout(5)
