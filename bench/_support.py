@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from charter.ledger.journal import resolve_location
+from charter.ledger import resolve_location
 
 __all__ = ["percentile", "pg_conninfo", "scratch_database"]
 

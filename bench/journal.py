@@ -27,10 +27,10 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._support import pg_conninfo, scratch_database
+from charter.audit.journal import audit_journal
+from charter.core import Event
+from charter.ledger import Journal
 from charter.ledger._app import Envelope, JournalApplication, now
-from charter.ledger.events import Event
-from charter.ledger.journal import Journal
-from charter.ledger.verify import audit_journal
 
 SINGLE = 1500  # single-event commits per round
 SINGLE_BLOCKS = 15  # run in alternating blocks of 100 per path

@@ -38,26 +38,22 @@ from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 
 from bench._support import percentile, scratch_database
-from charter.ledger._follow import entry_ms
-from charter.ledger.admission import (
+from charter.authority import AgentRegistered, GrantMinted
+from charter.budgets import (
+    BudgetLedgerOpened,
     CellConfigured,
     Cells,
-    ResourceClass,
-    SlotAdmitted,
-    SlotReleased,
-)
-from charter.ledger.authority import AgentRegistered, GrantMinted
-from charter.ledger.budget import Budget
-from charter.ledger.events import Event
-from charter.ledger.journal import Journal
-from charter.ledger.leases import (
-    BudgetLedgerOpened,
     LeaseBook,
     LeaseGranted,
     LeaseReleased,
     LeaseRenewed,
+    ResourceClass,
+    SlotAdmitted,
+    SlotReleased,
     UsageRecorded,
 )
+from charter.core import Budget, Event, entry_ms
+from charter.ledger import Journal
 from charter.projections import Projector
 
 REBUILD_TARGET = 150_000
@@ -186,7 +182,7 @@ def library_aggregate_replay(tmp: Path, events: int) -> tuple[int, float]:
 
 _FOLLOWER = """
 import sys, time
-from charter.ledger._follow import entry_ms
+from charter.core.clock import entry_ms
 from charter.ledger.journal import Journal
 from charter.projections import Projector
 with Journal.open(sys.argv[1]) as journal, Projector(journal, "lag") as projector:

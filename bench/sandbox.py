@@ -26,13 +26,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
+from charter.sandbox import (
+    BwrapFds,
+    HostFacts,
+    Launcher,
+    WarmPool,
+    compile_spec,
+    render_bwrap,
+    render_seccomp,
+)
 from charter.sandbox import _janitor as janitor
 from charter.sandbox._proc import _memfd
-from charter.sandbox.launcher import Launcher
-from charter.sandbox.pool import WarmPool
-from charter.sandbox.render import BwrapFds, render_bwrap, render_seccomp
-from charter.sandbox.spec import HostFacts, compile_spec
 
 BUDGET = Budget.parse("tokens=1k,wall=10s,cpu=10s,mem=256MiB,egress=0MB")
 BARE_UID = 60_999  # outside the launcher's round-robin start, held by no sandbox here

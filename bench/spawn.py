@@ -23,20 +23,18 @@ from eventsourcing.domain import Aggregate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._support import percentile
-from charter.ledger.authority import (
-    AuthorityService,
-    Ceiling,
+from charter.authority import (
     CostBenefitPolicy,
     FanoutCommand,
     ParentState,
     SpawnIntent,
     Verdict,
     decide,
-    register_root,
 )
-from charter.ledger.budget import Budget
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
+from charter.control import Ceiling, register_root
+from charter.control import SpawnService
+from charter.core import Budget, KeyStore
+from charter.ledger import Journal
 
 
 class Plain(Aggregate):
@@ -58,7 +56,7 @@ def bench_spawn(tmp: Path, width: int, runs: int) -> tuple[list[float], list[flo
         depth=4,
     )
     register_root(journal, keystore, "bench", ceiling)
-    service = AuthorityService(journal, keystore=keystore, policy=CostBenefitPolicy())
+    service = SpawnService(journal, keystore=keystore, policy=CostBenefitPolicy())
     caller = service.durable_caller("bench")
     intent = SpawnIntent(
         width=width,

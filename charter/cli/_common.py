@@ -4,6 +4,7 @@ and the single place where Charter errors become exit codes."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,11 +12,18 @@ from typing import Any
 
 import click
 
-from charter.ledger.errors import CharterError, RefusedError, TamperedError
-
-__all__ = ["Ctx", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_TAMPERED", "exit_code_for", "run_guarded"]
+__all__ = [
+    "Ctx",
+    "EXIT_ERROR",
+    "EXIT_REFUSED",
+    "EXIT_TAMPERED",
+    "EXIT_USAGE",
+    "exit_code_for",
+    "run_guarded",
+]
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 EXIT_TAMPERED = 3
 EXIT_REFUSED = 4
 
@@ -43,12 +51,22 @@ class Ctx:
             click.echo(message, err=True)
 
 
-def exit_code_for(error: CharterError) -> int:
-    if isinstance(error, TamperedError):
-        return EXIT_TAMPERED
-    if isinstance(error, RefusedError):
-        return EXIT_REFUSED
-    return EXIT_ERROR
+def exit_code_for(error: BaseException) -> int | None:
+    """The exit code of a Charter error's fault group (docs/cli.md), None for any other
+    exception. Imported here, not at the top: ``charter --help`` loads no pydantic."""
+    from charter.core.errors import BadInputError, CharterError, RefusedError, TamperedError
+
+    match error:
+        case TamperedError():
+            return EXIT_TAMPERED
+        case RefusedError():
+            return EXIT_REFUSED
+        case BadInputError():
+            return EXIT_USAGE
+        case CharterError():
+            return EXIT_ERROR
+        case _:
+            return None
 
 
 def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
@@ -63,9 +81,20 @@ def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
     except click.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(EXIT_ERROR)
-    except CharterError as e:
+    except Exception as e:
+        code = exit_code_for(e)
+        if code is None:  # not one of ours: a bug in Charter, never a traceback for users
+            if os.environ.get("CHARTER_DEBUG"):
+                raise
+            click.echo(
+                f"charter: internal error: {type(e).__name__}: {e}. This is a bug in "
+                "Charter; please report it with the command you ran (CHARTER_DEBUG=1 "
+                "shows the traceback)",
+                err=True,
+            )
+            sys.exit(EXIT_ERROR)
         click.echo(f"charter: error: {e}", err=True)
-        sys.exit(exit_code_for(e))
+        sys.exit(code)
     # click returns the code of a ctx.exit(N) / Exit(N) instead of raising it here.
     if isinstance(result, int) and result != 0:
         sys.exit(result)

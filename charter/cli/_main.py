@@ -1,4 +1,9 @@
-"""The root ``charter`` group: global options, error-to-exit-code mapping, sub-commands."""
+"""The root ``charter`` group: global options, lazily loaded sub-commands, and the one
+place where errors become exit codes.
+
+Sub-commands are imported only when they run, so ``charter --help`` and a typo answer
+without loading pydantic, the journal or the sandbox.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +17,42 @@ from charter.cli._common import Ctx, run_guarded
 
 __all__ = ["main"]
 
-# Each module exposes ``register(group)``; one module per area keeps cli/ thin.
-_COMMAND_MODULES = ("journal", "agents", "leases", "sandbox", "projections")
+# name -> (module under charter.cli, attribute, one-line help for the listing)
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "init": ("journal", "init", "Create the journal, the home, the root agent and the cell."),
+    "agent": ("agents", "agent_group", "The directory of durable agents."),
+    "spawn": ("agents", "spawn", "Fan out workers under a durable agent."),
+    "spawn-schema": ("agents", "spawn_schema", "Print the JSON Schema of the spawn intent."),
+    "lease": ("leases", "lease_group", "Record usage against a lease, release or renew it."),
+    "cell": ("cells", "cell_group", "Configure a cell's slot caps."),
+    "budgets": ("projections", "budgets", "Budget ledgers and leases (a projection)."),
+    "tree": ("projections", "tree", "The lineage tree (a projection)."),
+    "slots": ("projections", "slots", "Slot occupancy per cell (a projection)."),
+    "project": ("projections", "project", "Bring the projections up to date, or rebuild them."),
+    "journal": ("journal", "journal", "Inspect and verify the journal."),
+    "sandbox": ("sandbox", "sandbox_group", "Probe the host, run or render a sandbox."),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*self.commands, *_COMMANDS]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = _COMMANDS.get(cmd_name)
+        if found is None:
+            return super().get_command(ctx, cmd_name)
+        module, attr, _ = found
+        command: click.Command = getattr(importlib.import_module(f"charter.cli.{module}"), attr)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, short) for name, (_, _, short) in _COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--db",
     "db",
@@ -24,7 +60,7 @@ _COMMAND_MODULES = ("journal", "agents", "leases", "sandbox", "projections")
     default=None,
     metavar="URL",
     help="Journal URL: sqlite:///path or postgresql://user@host:port/db "
-    "(default: CHARTER_DB, else the SQLite file in CHARTER_HOME).",
+    "(default: CHARTER_DB, else the SQLite file in the Charter home).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or status lines on stderr.")
@@ -35,10 +71,6 @@ def cli(ctx: click.Context, db: str | None, as_json: bool, quiet: bool) -> None:
     ctx.obj = Ctx(db=db, as_json=as_json, quiet=quiet or not sys.stderr.isatty())
 
 
-for _name in _COMMAND_MODULES:
-    importlib.import_module(f"charter.cli.{_name}").register(cli)
-
-
 def main(argv: list[str] | None = None) -> Any:
-    """Entry point: maps Charter errors to the exit codes of CLI.md."""
+    """Entry point: maps Charter errors to the exit codes of docs/cli.md."""
     return run_guarded(cli, argv)

@@ -1,15 +1,13 @@
 """``charter agent add|list``, ``charter spawn`` and ``charter spawn-schema``.
 
 ``grant_options`` is shared with ``charter init``: it adds the ceiling-grant options
-and hands the command one parsed :class:`~charter.ledger.authority.Ceiling` as
-``ceiling``.
+and hands the command one parsed :class:`~charter.control.Ceiling` as ``ceiling``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,34 +15,20 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
-from charter.cli._common import EXIT_REFUSED, Ctx
-from charter.ledger.authority import (
+from charter.app import Charter
+from charter.authority import (
     MAX_FANOUT,
-    MAX_LINEAGE_DEPTH,
-    AgentRecord,
-    AuthorityService,
-    Ceiling,
     Clearance,
-    Lineage,
     PermissionMode,
     RequestedGrant,
     SpawnIntent,
-    register_root,
     spawn_tool_definition,
 )
-from charter.ledger.budget import Budget
-from charter.ledger.errors import BadInputError, CharterError, RefusedError
-from charter.ledger.home import KeyStore, charter_home
-from charter.ledger.journal import Journal
-from charter.ledger.resources import (
-    RegistryFacts,
-    default_stages,
-    fabric_ceilings_fail_open,
-    now_ms,
-)
-from charter.projections import Projector
+from charter.cli._common import EXIT_REFUSED, Ctx
+from charter.control import AgentRecord, Ceiling
+from charter.core import MAX_LINEAGE_DEPTH, Budget, CharterError, RefusedError
 
-__all__ = ["register", "grant_options", "DEFAULT_CEILING_BUDGET"]
+__all__ = ["DEFAULT_CEILING_BUDGET", "agent_group", "grant_options", "spawn", "spawn_schema"]
 
 DEFAULT_CEILING_BUDGET = "tokens=10M,wall=8h,cpu=8h,mem=16GiB,egress=10GB"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -163,8 +147,8 @@ def agent_group() -> None:
 def agent_add(ctx: Ctx, name: str, ceiling: Ceiling) -> None:
     """Register durable agent NAME: a custody key in the Charter home, a directory entry
     with its trust root, and its ceiling grant, journaled together."""
-    with Journal.open(ctx.db) as journal:
-        record = register_root(journal, KeyStore(charter_home()), name, ceiling)
+    with Charter.open(ctx.db) as charter:
+        record = charter.add_agent(name, ceiling)
     ctx.status(f"registered {record.lineage}")
     ctx.emit(record.to_json(), _describe(record))
 
@@ -173,8 +157,8 @@ def agent_add(ctx: Ctx, name: str, ceiling: Ceiling) -> None:
 @click.pass_obj
 def agent_list(ctx: Ctx) -> None:
     """List the durable agents in the directory."""
-    with Journal.open(ctx.db) as journal:
-        records = AuthorityService(journal).agents()
+    with Charter.open(ctx.db) as charter:
+        records = charter.agents()
     ctx.emit(
         [r.to_json() for r in records],
         "\n".join(_describe(r) for r in records) if records else "(no agents)",
@@ -210,12 +194,6 @@ def spawn(
 
     Exit 4 with the journaled reason when refused.
     """
-    lineage = Lineage(parent)
-    if not lineage.is_root:
-        raise BadInputError(
-            f"{lineage} is a worker: workers spawn through their key broker, not the CLI; "
-            "give a durable agent (agent:NAME)"
-        )
     try:
         intent = SpawnIntent(
             width=width,
@@ -225,14 +203,9 @@ def spawn(
         )
     except ValidationError as e:
         raise click.BadParameter(str(e)) from e
-    population_ceiling = _env_int("CHARTER_POPULATION_CEILING", 10_000)
-    depth_ceiling = _env_int("CHARTER_DEPTH_CEILING", 8)
-    with Journal.open(ctx.db) as journal, Projector(journal) as projector:
-        registry = _registry(projector, population_ceiling, depth_ceiling)
-        stages = [*default_stages(journal, now_ms), fabric_ceilings_fail_open(registry)]
-        service = AuthorityService(journal, keystore=KeyStore(charter_home()), extensions=stages)
+    with Charter.open(ctx.db) as charter:
         try:
-            result = service.spawn(service.durable_caller(lineage.root_name), intent)
+            result = charter.spawn(parent, intent)
         except RefusedError as e:
             ctx.emit(
                 {"refused": True, "reason": e.reason, "error": type(e).__name__, "message": str(e)},
@@ -243,52 +216,12 @@ def spawn(
     ctx.status(
         f"gate {result.gate.verdict}: {result.gate.reason}; minted {len(result.children)} "
         f"at positions {result.positions[0]}-{result.positions[1]}"
+        + (f"; {len(result.queued)} queued for a slot" if result.queued else "")
     )
     ctx.emit(result.to_json(), "\n".join(str(c.lineage) for c in result.children))
-
-
-def _env_int(name: str, default: int) -> int:
-    """A whole-number setting from the environment; a malformed one is bad input (the
-    ceilings fail open only when the registry cannot be read, never on a typo)."""
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise BadInputError(f"{name}={text!r} is not a whole number >= 0; fix or unset it")
-    return value
-
-
-def _registry(
-    projector: Projector, population_ceiling: int, depth_ceiling: int
-) -> Callable[[], RegistryFacts]:
-    """The registry read for the fabric ceilings: live workers from the budgets
-    projection (caught up on each read), the ceilings as configured."""
-
-    def read() -> RegistryFacts:
-        projector.catch_up()
-        lines = projector.budgets().ledgers
-        live = sum(1 for line in lines if line.parent is not None and line.status == "active")
-        return RegistryFacts(
-            population_ceiling=population_ceiling,
-            depth_ceiling=depth_ceiling,
-            live_population=live,
-        )
-
-    return read
 
 
 @click.command("spawn-schema")
 def spawn_schema() -> None:
     """Print the JSON Schema of the spawn intent, as a model tool definition."""
     click.echo(json.dumps(spawn_tool_definition(), indent=2, sort_keys=True))
-
-
-def register(group: click.Group) -> None:
-    """Add ``agent add|list``, ``spawn`` and ``spawn-schema`` to the root group."""
-    group.add_command(agent_group)
-    group.add_command(spawn)
-    group.add_command(spawn_schema)

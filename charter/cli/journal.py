@@ -8,62 +8,50 @@ from contextlib import contextmanager
 
 import click
 
+from charter.app import CellSetup, Charter
+from charter.audit import ChainBrokenError, parse_head
+from charter.audit.journal import audit_journal
 from charter.cli._common import Ctx
 from charter.cli.agents import grant_options
-from charter.ledger.authority import Ceiling, register_root
-from charter.ledger.errors import CharterError, StateError
-from charter.ledger.home import KeyStore, charter_home
-from charter.ledger.journal import Entry, Journal, JournalCreated, resolve_location
-from charter.ledger.verify import ChainBrokenError, audit_journal, parse_head
+from charter.control import Ceiling
+from charter.ledger import Entry, Journal
 
-__all__ = ["register"]
-
-JOURNAL_KEY = "journal"
+__all__ = ["init", "journal"]
 
 
 @click.command()
 @click.option("--root", "root", default="root", show_default=True, help="The root agent's name.")
+@click.option(
+    "--cores",
+    type=click.IntRange(1, 65_536),
+    default=None,
+    help="Cores of this host's cell (default: the host's).",
+)
+@click.option(
+    "--reserve",
+    type=click.IntRange(0, 65_536),
+    default=0,
+    show_default=True,
+    help="Cores held back as the cell's failover reserve.",
+)
 @grant_options
 @click.pass_obj
-def init(ctx: Ctx, root: str, ceiling: Ceiling) -> None:
-    """Create the journal (once), the Charter home, the journal's signing key, and the
-    root agent: its directory entry, custody key, ceiling grant and budget ledger."""
-    location = resolve_location(ctx.db)
-    keys = KeyStore(charter_home())
-    # Refuse before writing anything if the target already holds something.
-    Journal.refuse_existing(location)
-    if keys.exists(JOURNAL_KEY):
-        raise StateError(
-            f"the Charter home {keys.home} already has a journal key; it belongs to an "
-            "existing journal (use that one, or set CHARTER_HOME to a new directory)"
+def init(ctx: Ctx, root: str, cores: int | None, reserve: int, ceiling: Ceiling) -> None:
+    """Create the journal (once), the Charter home, the journal's signing key, the root
+    agent (directory entry, custody key, ceiling grant, budget ledger) and this host's
+    cell with its slot caps."""
+    setup = CellSetup(cores=cores, reserve=reserve) if cores else CellSetup.for_host()
+    if setup.reserve >= setup.cores:
+        raise click.BadParameter(
+            f"a reserve of {setup.reserve} leaves none of {setup.cores} cores to run workers",
+            param_hint="--reserve",
         )
-    key = keys.create(JOURNAL_KEY)
-    public = bytes(key.verify_key).hex()
-    try:
-        journal = Journal.create(location, journal_key=public)
-    except CharterError:
-        keys.remove(JOURNAL_KEY)  # nothing half-made: no key without its journal
-        raise
-    try:
-        journal.append([JournalCreated(journal_key=public, created_at=journal.meta.created_at)])
-        record = register_root(journal, keys, root, ceiling)
-    except CharterError:
-        journal.discard_new()  # nothing half-made: no journal without its root
-        keys.remove(JOURNAL_KEY)
-        raise
-    with journal:
-        head = journal.head()
-        result = {
-            "journal": location.display,
-            "home": str(keys.home),
-            "journal_key": public,
-            "root": record.to_json(),
-            "head": {"position": head[0], "hash": head[1].hex()} if head else None,
-        }
-    ctx.status(f"initialised journal {location.display}")
+    charter, made = Charter.initialise(ctx.db, root=root, ceiling=ceiling, cell=setup)
+    charter.close()
+    ctx.status(f"initialised journal {made.location.display}")
     ctx.emit(
-        result,
-        f"journal: {location.display}\nhome:    {keys.home}\nroot:    {record.lineage}",
+        made.to_json(),
+        f"journal: {made.location.display}\nhome:    {made.home}\nroot:    {made.root.lineage}",
     )
 
 
@@ -148,8 +136,3 @@ def show(
                     f"{entry.position:>8}  {entry.recorded_at:%Y-%m-%dT%H:%M:%S.%fZ}  "
                     f"{entry.type_name:<22} {entry.hash.hex()[:16]}  {payload}"
                 )
-
-
-def register(group: click.Group) -> None:
-    group.add_command(init)
-    group.add_command(journal)

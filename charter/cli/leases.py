@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import click
 
+from charter.app import Charter
 from charter.cli._common import Ctx
-from charter.ledger.budget import Budget
-from charter.ledger.journal import Journal
-from charter.ledger.resources import BudgetService
+from charter.core import Budget
 
-__all__ = ["register"]
+__all__ = ["lease_group"]
 
 
 @click.group("lease")
@@ -24,8 +23,8 @@ def lease_group() -> None:
 @click.pass_obj
 def usage(ctx: Ctx, lineage: str, amount: str) -> None:
     """Charge consumption to LINEAGE's lease (clamped to what it holds)."""
-    with Journal.open(ctx.db) as journal:
-        event = BudgetService(journal).record_usage(lineage, Budget.parse(amount))
+    with Charter.open(ctx.db) as charter:
+        event = charter.budgets().record_usage(lineage, Budget.parse(amount))
     text = f"charged {event.amount.render()} to {lineage}"
     if event.exhausted:
         text += " (lease exhausted)"
@@ -39,8 +38,8 @@ def usage(ctx: Ctx, lineage: str, amount: str) -> None:
 @click.pass_obj
 def release(ctx: Ctx, lineage: str) -> None:
     """End LINEAGE's lease (and its subtree's); the unspent part returns to its parent."""
-    with Journal.open(ctx.db) as journal:
-        event = BudgetService(journal).release(lineage)
+    with Charter.open(ctx.db) as charter:
+        event = charter.budgets().release(lineage)
     ctx.emit(event.payload(), f"released {lineage}")
 
 
@@ -52,10 +51,6 @@ def release(ctx: Ctx, lineage: str) -> None:
 @click.pass_obj
 def renew(ctx: Ctx, lineage: str, until_ms: int) -> None:
     """Extend LINEAGE's lease, never past its parent's."""
-    with Journal.open(ctx.db) as journal:
-        event = BudgetService(journal).renew(lineage, until_ms)
+    with Charter.open(ctx.db) as charter:
+        event = charter.budgets().renew(lineage, until_ms)
     ctx.emit(event.payload(), f"renewed {lineage} until {event.expires_at_ms} ms")
-
-
-def register(group: click.Group) -> None:
-    group.add_command(lease_group)

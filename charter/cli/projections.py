@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 
 import click
 
+from charter.app import Charter
 from charter.cli._common import Ctx
-from charter.ledger.budget import Budget
-from charter.ledger.journal import Journal
+from charter.core import Budget
 from charter.projections import BudgetReport, Projector, SlotsReport, TreeReport
 
-__all__ = ["register"]
+__all__ = ["budgets", "project", "slots", "tree"]
 
 _AS_OF = click.option(
     "--as-of",
@@ -30,7 +30,7 @@ _AS_OF = click.option(
 
 @contextmanager
 def _projector(ctx: Ctx) -> Iterator[Projector]:
-    with Journal.open(ctx.db) as journal, Projector(journal) as projector:
+    with Charter.open(ctx.db) as charter, charter.projector() as projector:
         projector.catch_up()
         yield projector
 
@@ -160,7 +160,7 @@ def slots(ctx: Ctx, as_of: int | None) -> None:
 @click.pass_obj
 def project(ctx: Ctx, rebuild: bool, follow: bool) -> None:
     """Bring the projections up to the journal head (exactly once, resumable)."""
-    with Journal.open(ctx.db) as journal, Projector(journal) as projector:
+    with Charter.open(ctx.db) as charter, charter.projector() as projector:
         before = projector.position()
         position = projector.rebuild() if rebuild else projector.catch_up()
         ctx.status(f"projected to position {position}")
@@ -181,8 +181,3 @@ def project(ctx: Ctx, rebuild: bool, follow: bool) -> None:
         "counts": counts,
     }
     ctx.emit(data, f"projected to position {position} ({data['entries']} entries)")
-
-
-def register(group: click.Group) -> None:
-    for command in (budgets, tree, slots, project):
-        group.add_command(command)

@@ -9,18 +9,32 @@ import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
+from charter.app import Charter
 from charter.cli._common import Ctx
-from charter.ledger.budget import Budget
-from charter.ledger.errors import StateError
+from charter.core import Budget, StateError
+from charter.ledger import Journal
+from charter.sandbox import (
+    FIRST_SANDBOX_UID,
+    BwrapFds,
+    CgroupMode,
+    EgressBroker,
+    EgressGrant,
+    HostFacts,
+    Launcher,
+    compile_spec,
+    default_state_dir,
+    probe,
+    refuse,
+    render_bwrap,
+    render_cgroup,
+    render_oci,
+    render_seccomp,
+)
 
-if TYPE_CHECKING:
-    from charter.ledger.journal import Journal
-
-__all__ = ["register"]
+__all__ = ["sandbox_group"]
 
 DEFAULT_BUDGET = "tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=0MB"
 
@@ -28,17 +42,15 @@ DEFAULT_BUDGET = "tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=0MB"
 @contextlib.contextmanager
 def _journal(ctx: Ctx, *, required: bool) -> Iterator[Journal | None]:
     """The journal at --db, or None when there is none and it is not required."""
-    from charter.ledger.journal import Journal
-
     try:
-        journal = Journal.open(ctx.db)
+        charter = Charter.open(ctx.db)
     except StateError:
         if required:
             raise
         yield None
         return
-    with journal:
-        yield journal
+    with charter:
+        yield charter.journal
 
 
 @click.group("sandbox")
@@ -50,7 +62,6 @@ def sandbox_group() -> None:
 @click.pass_obj
 def probe_cmd(ctx: Ctx) -> None:
     """Run the live canary; exit 0 with every property checked, or 4 naming what fails."""
-    from charter.sandbox.probe import probe, refuse
 
     report = probe()
 
@@ -99,9 +110,6 @@ def run_cmd(
     Exits with COMMAND's own code; 124 past the wall clock; 128+N on signal N; 4 when
     the host cannot isolate. Requires an initialised journal (the lifecycle is journaled).
     """
-    from charter.sandbox._host import default_state_dir
-    from charter.sandbox.egress import EgressBroker, EgressGrant
-    from charter.sandbox.launcher import Launcher
 
     budget = Budget.parse(budget_text)
     destinations = tuple(d.strip() for d in egress.split(",") if d.strip())
@@ -154,14 +162,6 @@ def spec_cmd(
     ctx: Ctx, budget_text: str, fmt: str, workspace: str, cgroup: str, command: tuple[str, ...]
 ) -> None:  # fmt: skip
     """Print the compiled spec or its rendering, without running anything."""
-    from charter.sandbox.render import (
-        BwrapFds,
-        render_bwrap,
-        render_cgroup,
-        render_oci,
-        render_seccomp,
-    )
-    from charter.sandbox.spec import FIRST_SANDBOX_UID, CgroupMode, HostFacts, compile_spec
 
     facts = HostFacts(
         sandbox_id="spec", host_uid=FIRST_SANDBOX_UID, host_gid=FIRST_SANDBOX_UID,
@@ -183,8 +183,3 @@ def spec_cmd(
             "seccomp_bpf_bytes": len(render_seccomp(spec)),
         }
         ctx.emit(data, json.dumps(data, indent=2, sort_keys=True))
-
-
-def register(group: click.Group) -> None:
-    """Add the ``sandbox`` group to the root group."""
-    group.add_command(sandbox_group)

@@ -1,3 +1,33 @@
-"""charter.ledger"""
+"""The storage engine: the durable, hash-chained, append-only journal.
 
-__all__: list[str] = []
+Built on the eventsourcing library (its Application, notification log and process
+recorders for SQLite and PostgreSQL, subclassed to chain each entry under the write
+lock), with the fold base that read models follow the journal with. It knows
+:class:`~charter.core.events.Event`, never the domain. See docs/journal.md.
+"""
+
+from charter.ledger._follow import JournalFold
+from charter.ledger._location import Location, resolve_location
+from charter.ledger._sqlite import sqlite_uri
+from charter.ledger.errors import (
+    AlreadyTrackedError,
+    AppendConflictError,
+    AppendFailedError,
+    UnknownSchemeError,
+)
+from charter.ledger.journal import Committed, Entry, Journal, JournalCreated
+
+__all__ = [
+    "Journal",
+    "JournalCreated",
+    "Committed",
+    "Entry",
+    "JournalFold",
+    "Location",
+    "resolve_location",
+    "sqlite_uri",
+    "AlreadyTrackedError",
+    "AppendConflictError",
+    "AppendFailedError",
+    "UnknownSchemeError",
+]

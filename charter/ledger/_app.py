@@ -1,5 +1,5 @@
 """The eventsourcing side of the journal: envelope events, the canonical mapper and the
-application. Domain code never sees these; it appends :class:`~charter.ledger.events.Event`
+application. Domain code never sees these; it appends :class:`~charter.core.events.Event`
 payloads through :class:`~charter.ledger.journal.Journal`.
 """
 
@@ -15,7 +15,7 @@ from uuid import UUID, uuid4, uuid5
 from eventsourcing.application import Application
 from eventsourcing.persistence import Mapper, StoredEvent
 
-from charter.ledger.events import Event, canonical_json, event_class
+from charter.core.events import Event, canonical_json, event_class
 
 __all__ = ["Envelope", "CanonicalMapper", "JournalApplication", "stream_uuid", "decode_state"]
 

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
+from charter.core.clock import entry_ms
+from charter.core.events import Event
 from charter.ledger._app import decode_state
-from charter.ledger.events import Event
 from charter.ledger.journal import Committed, Journal
 
-__all__ = ["JournalFold", "entry_ms", "now_ms"]
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def now_ms() -> int:
-    """The wall clock in whole epoch milliseconds (the unit of every deadline)."""
-    return time.time_ns() // 1_000_000
-
-
-def entry_ms(recorded_at: datetime) -> int:
-    """An entry's commit time in whole epoch milliseconds (integer arithmetic, so every
-    reader of the journal agrees on when a lease expired)."""
-    return (recorded_at - _EPOCH) // timedelta(milliseconds=1)
+__all__ = ["JournalFold"]
 
 
 class JournalFold:

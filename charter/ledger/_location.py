@@ -10,15 +10,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from charter.core.errors import BadInputError
+from charter.core.home import charter_home
 from charter.ledger._app import JournalApplication
-from charter.ledger.errors import BadInputError
-from charter.ledger.home import charter_home
+from charter.ledger.errors import UnknownSchemeError
 
-__all__ = ["Location", "UnknownSchemeError", "resolve_location"]
-
-
-class UnknownSchemeError(BadInputError):
-    """The journal URL has a scheme Charter does not speak."""
+__all__ = ["Location", "resolve_location"]
 
 
 @dataclass(frozen=True)

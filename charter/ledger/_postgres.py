@@ -26,7 +26,8 @@ from eventsourcing.utils import retry
 from psycopg.rows import DictRow
 from psycopg.sql import SQL, Composed, Identifier
 
-from charter.ledger._chain import GENESIS, entry_hash
+from charter.core.errors import StateError, UnavailableError
+from charter.core.framing import GENESIS, entry_hash
 from charter.ledger._rows import (
     ChainRow,
     Guards,
@@ -36,7 +37,6 @@ from charter.ledger._rows import (
     last_commit,
     set_last_commit,
 )
-from charter.ledger.errors import StateError, UnavailableError
 
 __all__ = [
     "ChainedPostgresApplicationRecorder",

@@ -10,7 +10,8 @@ from uuid import UUID
 from eventsourcing.persistence import IntegrityError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from charter.ledger.errors import StateError
+from charter.core.errors import StateError
+from charter.core.framing import ChainRow
 
 __all__ = [
     "FORMAT",
@@ -27,18 +28,6 @@ __all__ = [
 
 FORMAT = "charter-journal"
 SCHEMA_VERSION = 1
-
-
-class ChainRow(NamedTuple):
-    """One stored entry exactly as the database holds it."""
-
-    position: int
-    originator: bytes
-    version: int
-    topic: str
-    state: bytes
-    prev_hash: bytes
-    chain_hash: bytes
 
 
 class LastCommit(NamedTuple):

@@ -24,7 +24,8 @@ from eventsourcing.sqlite import (
     SQLiteTransaction,
 )
 
-from charter.ledger._chain import GENESIS, entry_hash
+from charter.core.errors import StateError, UnavailableError
+from charter.core.framing import GENESIS, entry_hash
 from charter.ledger._rows import (
     ChainRow,
     JournalMeta,
@@ -33,7 +34,6 @@ from charter.ledger._rows import (
     last_commit,
     set_last_commit,
 )
-from charter.ledger.errors import StateError, UnavailableError
 
 __all__ = [
     "ChainedSQLiteApplicationRecorder",

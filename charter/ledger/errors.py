@@ -1,48 +1,28 @@
-"""Errors of the ledger, grouped by fault. The CLI maps each group to an exit code."""
+"""Errors of the storage engine, over the fault groups in :mod:`charter.core.errors`."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from charter.core.errors import BadInputError, StateError, UnavailableError
 
 __all__ = [
-    "CharterError",
-    "BadInputError",
-    "UnavailableError",
-    "StateError",
-    "TamperedError",
-    "RefusedError",
+    "AlreadyTrackedError",
+    "AppendConflictError",
     "AppendFailedError",
+    "UnknownSchemeError",
 ]
-
-
-class CharterError(Exception):
-    """Base of every error Charter raises on purpose; the message says what to do."""
-
-
-class BadInputError(CharterError):
-    """The caller gave something malformed (exit 1 at the CLI, or 2 for usage)."""
-
-
-class UnavailableError(CharterError):
-    """A backend (database, host facility) could not be reached or used."""
-
-
-class StateError(CharterError):
-    """The request does not fit the current state (already initialised, not a journal …)."""
-
-
-class TamperedError(CharterError):
-    """Stored history does not verify (exit 3)."""
-
-
-class RefusedError(CharterError):
-    """Refused by policy: gate, invariant, admission, budget, or an unisolating host (exit 4).
-
-    ``reason`` is a stable code: what the journal records with the refusal.
-    """
-
-    reason: ClassVar[str] = "refused"
 
 
 class AppendFailedError(UnavailableError):
     """A journal append did not commit; nothing of the batch was written."""
+
+
+class AppendConflictError(StateError):
+    """Another writer appended to a stream since the version the caller decided on."""
+
+
+class AlreadyTrackedError(StateError):
+    """A follower tried to record a position it (or another copy of it) already did."""
+
+
+class UnknownSchemeError(BadInputError):
+    """A journal URL whose scheme Charter does not speak."""

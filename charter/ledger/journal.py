@@ -3,7 +3,7 @@
 The rule it serves: nothing takes effect until the event that describes it is committed.
 :meth:`Journal.append` writes a batch in one transaction and returns only after the
 commit, with each entry's position and hash; callers act after it returns. A failed
-append raises :class:`~charter.ledger.errors.AppendFailedError` and leaves nothing.
+append raises :class:`~charter.core.errors.AppendFailedError` and leaves nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError, PersistenceError, ProcessRecorder, Tracking
 
+from charter.core.errors import BadInputError, StateError, UnavailableError
+from charter.core.events import Event
 from charter.ledger import _postgres, _sqlite
 from charter.ledger._app import (
     Envelope,
@@ -26,10 +28,14 @@ from charter.ledger._app import (
     now,
     stream_uuid,
 )
-from charter.ledger._location import Location, UnknownSchemeError, resolve_location
+from charter.ledger._location import Location, resolve_location
 from charter.ledger._rows import ChainRow, JournalMeta, PinnedStreamMovedError, last_commit
-from charter.ledger.errors import AppendFailedError, BadInputError, StateError, UnavailableError
-from charter.ledger.events import Event
+from charter.ledger.errors import (
+    AlreadyTrackedError,
+    AppendConflictError,
+    AppendFailedError,
+    UnknownSchemeError,
+)
 
 __all__ = [
     "AlreadyTrackedError",
@@ -52,14 +58,6 @@ class JournalCreated(Event):
     type_name = "JournalCreated"
     journal_key: str
     created_at: str
-
-
-class AppendConflictError(StateError):
-    """Another writer appended to a stream since the version the caller decided on."""
-
-
-class AlreadyTrackedError(StateError):
-    """A follower tried to record a position it (or another copy of it) already did."""
 
 
 class Committed(NamedTuple):

@@ -3,7 +3,7 @@
 Remaining budget depends on time (a lease that has expired is charged only what its
 subtree spent), so it is computed here, at query time, from the ledger rows as of
 position ``p`` and the commit time of entry ``p``: the same formula as
-:meth:`charter.ledger.leases.LeaseBook.remaining`, over the same state.
+:meth:`charter.budgets.leases.LeaseBook.remaining`, over the same state.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from charter.ledger.budget import (
+from charter.core.budget import (
     VEC_ZERO,
     Budget,
     Vec,

@@ -8,8 +8,8 @@ closed row completely before it is written, so a rebuild is insert-only; a row t
 already written open is closed with one UPDATE.
 
 Only the event types projected here are decoded (``json.loads`` of the stored state),
-the others are only counted. The fold mirrors :class:`charter.ledger.leases.LeaseBook`
-and :class:`charter.ledger.admission.Cells`; the tests replay both and compare.
+the others are only counted. The fold mirrors :class:`charter.budgets.leases.LeaseBook`
+and :class:`charter.budgets.admission.Cells`; the tests replay both and compare.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from charter.ledger._follow import entry_ms
-from charter.ledger.budget import Budget
+from charter.core.budget import Budget
+from charter.core.clock import entry_ms
 
 __all__ = ["AXES", "Changes", "Fold", "at_ms_of_state", "iso_to_ms"]
 

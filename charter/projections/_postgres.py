@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from charter.ledger.errors import UnavailableError
+from charter.core.errors import UnavailableError
 from charter.projections._store import ProjectionStore
 
 __all__ = ["PostgresProjectionStore"]

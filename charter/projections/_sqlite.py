@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from charter.ledger._sqlite import sqlite_uri
-from charter.ledger.errors import UnavailableError
+from charter.core.errors import UnavailableError
+from charter.ledger import sqlite_uri
 from charter.projections._store import ProjectionStore
 
 __all__ = ["SQLiteProjectionStore"]

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from charter.ledger.errors import BadInputError
+from charter.core.errors import BadInputError
 from charter.projections._fold import (
     AXES,
     CELL_COLUMNS,

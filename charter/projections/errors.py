@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from charter.ledger.errors import BadInputError, StateError
+from charter.core.errors import BadInputError, StateError
 
 __all__ = ["PositionBeyondHeadError", "ProjectionConflictError"]
 

@@ -1,7 +1,22 @@
 """charter.sandbox: the pure spec compiler and renderers, the bubblewrap launcher, the
 warm pool, the egress and key brokers, and the fail-closed host probe."""
 
-from charter.ledger.lifecycle import (
+from charter.sandbox._host import default_state_dir
+from charter.sandbox.egress import EgressBroker, EgressGrant
+from charter.sandbox.errors import (
+    HostCannotIsolateError,
+    HostFactsError,
+    KeyHandleError,
+    KeySeedError,
+    PoolCapacityError,
+    PoolExhaustedError,
+    SandboxBudgetError,
+    SandboxUnavailableError,
+    SignatureTagError,
+    SlotStateError,
+    UidPoolExhaustedError,
+)
+from charter.sandbox.events import (
     EgressAttempted,
     SandboxDiscarded,
     SandboxExited,
@@ -11,25 +26,23 @@ from charter.ledger.lifecycle import (
     SandboxStarted,
     SandboxUsage,
 )
-from charter.sandbox.egress import EgressBroker, EgressGrant
-from charter.sandbox.errors import (
-    HostCannotIsolateError,
-    KeyHandleError,
-    PoolExhaustedError,
-    SandboxBudgetError,
-    SandboxUnavailableError,
-    SlotStateError,
-    UidPoolExhaustedError,
-)
 from charter.sandbox.keys import KeyBroker, framed, verify_signature
 from charter.sandbox.launcher import EventSink, Launcher, MemorySink, Outcome
 from charter.sandbox.pool import Slot, WarmPool
-from charter.sandbox.probe import ProbeCheck, ProbeReport, probe, require_isolation
+from charter.sandbox.probe import ProbeCheck, ProbeReport, probe, refuse, require_isolation
 from charter.sandbox.render import BwrapFds, render_bwrap, render_cgroup, render_oci, render_seccomp
-from charter.sandbox.spec import CgroupMode, HostFacts, Namespace, SandboxSpec, compile_spec
+from charter.sandbox.spec import (
+    FIRST_SANDBOX_UID,
+    CgroupMode,
+    HostFacts,
+    Namespace,
+    SandboxSpec,
+    compile_spec,
+)
 
 __all__ = [
     # the pure side
+    "FIRST_SANDBOX_UID",
     "CgroupMode",
     "HostFacts",
     "Namespace",
@@ -58,6 +71,8 @@ __all__ = [
     "ProbeReport",
     "probe",
     "require_isolation",
+    "refuse",
+    "default_state_dir",
     # lifecycle events
     "EgressAttempted",
     "SandboxDiscarded",
@@ -69,7 +84,11 @@ __all__ = [
     "SandboxUsage",
     # errors
     "HostCannotIsolateError",
+    "HostFactsError",
     "KeyHandleError",
+    "KeySeedError",
+    "PoolCapacityError",
+    "SignatureTagError",
     "PoolExhaustedError",
     "SandboxBudgetError",
     "SandboxUnavailableError",

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from charter.sandbox._host import default_state_dir, find_bwrap
-from charter.sandbox.launcher import EventSink
+from charter.sandbox._launch import EventSink
 from charter.sandbox.probe import ProbeReport, require_isolation
 
 __all__ = ["ensure_isolation"]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from charter.sandbox import _janitor as janitor
+import charter.sandbox._janitor as janitor
 from charter.sandbox._cgroup import Cgroup, CgroupUsage, home_fds
 from charter.sandbox.errors import SandboxUnavailableError
 from charter.sandbox.render import BwrapFds, render_bwrap, render_seccomp

@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import struct
 
+from charter.core.errors import InternalError
+
 __all__ = ["DENIED_SYSCALLS", "SUPPORTED_ARCHES", "compile_bpf", "syscall_numbers"]
 
 # What each denial protects: mounting and namespaces (escape the filesystem view),
@@ -119,6 +121,6 @@ def compile_bpf(arch: str, denied: tuple[str, ...]) -> bytes:
         t = 0 if jt is None else labels[jt] - i - 1
         f = 0 if jf is None else labels[jf] - i - 1
         if not 0 <= t <= 255 or not 0 <= f <= 255:  # a u8 offset
-            raise ValueError(f"instruction {i}: a jump out of BPF's forward range")
+            raise InternalError(f"seccomp instruction {i}: a jump out of BPF's forward range")
         out += struct.pack("<HBBI", code, t, f, k)
     return bytes(out)

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from charter.ledger.lifecycle import EgressAttempted
+from charter.sandbox.events import EgressAttempted
 
 __all__ = ["EgressBroker", "EgressGrant", "EgressTally"]
 

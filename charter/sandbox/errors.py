@@ -1,15 +1,24 @@
-"""Errors of the sandbox package, grouped by fault (see charter/ledger/errors.py)."""
+"""Errors of the sandbox package, over the fault groups in :mod:`charter.core.errors`.
+Each refusal has its own stable ``reason`` code (journaled with it)."""
 
 from __future__ import annotations
 
-from charter.ledger.errors import BadInputError, RefusedError, StateError, UnavailableError
+from charter.core.errors import BadInputError, RefusedError, StateError, UnavailableError
 
 __all__ = [
+    # bad input
     "SandboxBudgetError",
+    "HostFactsError",
+    "PoolCapacityError",
+    "SignatureTagError",
+    "KeySeedError",
+    # state
+    "SlotStateError",
+    # unavailable
+    "SandboxUnavailableError",
+    # refused
     "HostCannotIsolateError",
     "PoolExhaustedError",
-    "SlotStateError",
-    "SandboxUnavailableError",
     "UidPoolExhaustedError",
     "KeyHandleError",
 ]
@@ -19,12 +28,21 @@ class SandboxBudgetError(BadInputError):
     """The budget cannot be turned into a runnable sandbox (for example a zero wall clock)."""
 
 
-class HostCannotIsolateError(RefusedError):
-    """The host cannot provide every isolation property; spawning is refused (exit 4)."""
+class HostFactsError(BadInputError):
+    """A host fact given to the spec compiler is malformed (a relative path, an
+    architecture with no seccomp table)."""
 
 
-class PoolExhaustedError(RefusedError):
-    """Every warm-pool slot is leased: the cell's sandbox admission cap is reached."""
+class PoolCapacityError(BadInputError):
+    """A warm pool was asked for with a capacity below one slot."""
+
+
+class SignatureTagError(BadInputError):
+    """A signature tag for the key broker is not of the allowed form."""
+
+
+class KeySeedError(BadInputError):
+    """A custody-key seed handed to the key broker is not a valid Ed25519 seed."""
 
 
 class SlotStateError(StateError):
@@ -35,9 +53,25 @@ class SandboxUnavailableError(UnavailableError):
     """A host facility the launcher needs (bwrap, cgroups, a mount) failed while in use."""
 
 
+class HostCannotIsolateError(RefusedError):
+    """The host cannot provide every isolation property; spawning is refused (exit 4)."""
+
+    reason = "host-cannot-isolate"
+
+
+class PoolExhaustedError(RefusedError):
+    """Every warm-pool slot is leased: the cell's sandbox admission cap is reached."""
+
+    reason = "pool-exhausted"
+
+
 class UidPoolExhaustedError(RefusedError):
     """Every unprivileged host uid of the sandbox range is held by a live sandbox."""
+
+    reason = "uid-pool-exhausted"
 
 
 class KeyHandleError(RefusedError):
     """A key handle is unknown, released, or presented by a sandbox it was not issued to."""
+
+    reason = "key-handle"

@@ -38,11 +38,12 @@ from nacl._sodium import ffi, lib
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
-from charter.sandbox.errors import KeyHandleError
+from charter.core.framing import SANDBOX_KEY_TAG, sandbox_key_signing_input
+from charter.sandbox.errors import KeyHandleError, KeySeedError, SignatureTagError
 
 __all__ = ["KeyBroker", "SIGNING_DOMAIN", "framed", "verify_signature"]
 
-SIGNING_DOMAIN = b"charter/sandbox-key/v1\0"
+SIGNING_DOMAIN = SANDBOX_KEY_TAG
 _TAG = re.compile(r"^[a-z0-9][a-z0-9./-]{0,63}$")
 _SEED, _SK, _PK, _SIG = 32, 64, 32, 64
 _REQUEST_LIMIT = 1 << 20
@@ -57,11 +58,8 @@ _MAX_CONNECTIONS_PER_UID = 4
 def framed(tag: str, message: bytes) -> bytes:
     """The signed bytes: domain, then length-prefixed tag and message."""
     if not _TAG.match(tag):
-        raise KeyHandleError(f"signature tag {tag!r} must match {_TAG.pattern}")
-    t = tag.encode()
-    return (
-        SIGNING_DOMAIN + struct.pack(">I", len(t)) + t + struct.pack(">Q", len(message)) + message
-    )
+        raise SignatureTagError(f"signature tag {tag!r} must match {_TAG.pattern}")
+    return sandbox_key_signing_input(tag.encode(), message)
 
 
 def verify_signature(public_key: bytes, tag: str, message: bytes, signature: bytes) -> bool:
@@ -84,7 +82,7 @@ class _Key:
         )
         if rc != 0:
             self.wipe()
-            raise KeyHandleError("libsodium refused the seed")
+            raise KeySeedError("libsodium refused the seed")
 
     def sign(self, data: bytes) -> bytes:
         out = ffi.new("unsigned char[]", _SIG + len(data))
@@ -121,7 +119,7 @@ class KeyBroker:
     def issue(self, seed: bytearray, *, host_uid: int | None = None) -> str:
         """Take a 32-byte Ed25519 seed (wiped here after use); return an opaque handle."""
         if len(seed) != _SEED:
-            raise KeyHandleError(f"an Ed25519 seed is {_SEED} bytes, not {len(seed)}")
+            raise KeySeedError(f"an Ed25519 seed is {_SEED} bytes, not {len(seed)}")
         try:
             key = _Key(seed, host_uid)
         finally:

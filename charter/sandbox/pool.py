@@ -19,21 +19,11 @@ import time
 from enum import StrEnum
 from pathlib import Path
 
-from charter.ledger.budget import Budget
-from charter.ledger.events import Event
-from charter.ledger.lifecycle import (
-    SandboxDiscarded,
-    SandboxExited,
-    SandboxQuarantined,
-    SandboxStarted,
-    SandboxUsage,
-)
+from charter.core.budget import Budget
+from charter.core.events import Event
+from charter.sandbox._gate import ensure_isolation
 from charter.sandbox._host import UidLease, allocate_uid, cgroup_mode, default_state_dir, find_bwrap
-from charter.sandbox._proc import Overlay, SandboxProcess
-from charter.sandbox.egress import EgressBroker, EgressGrant
-from charter.sandbox.errors import PoolExhaustedError, SandboxUnavailableError, SlotStateError
-from charter.sandbox.keys import KeyBroker
-from charter.sandbox.launcher import (
+from charter.sandbox._launch import (
     EventSink,
     Outcome,
     host_facts,
@@ -41,6 +31,22 @@ from charter.sandbox.launcher import (
     new_sandbox_id,
     read_memfd,
 )
+from charter.sandbox._proc import Overlay, SandboxProcess
+from charter.sandbox.egress import EgressBroker, EgressGrant
+from charter.sandbox.errors import (
+    PoolCapacityError,
+    PoolExhaustedError,
+    SandboxUnavailableError,
+    SlotStateError,
+)
+from charter.sandbox.events import (
+    SandboxDiscarded,
+    SandboxExited,
+    SandboxQuarantined,
+    SandboxStarted,
+    SandboxUsage,
+)
+from charter.sandbox.keys import KeyBroker
 from charter.sandbox.spec import compile_spec
 
 __all__ = ["Slot", "SlotState", "WarmPool"]
@@ -217,7 +223,7 @@ class WarmPool:
         bwrap: str | None = None,
     ) -> None:
         if capacity < 1:
-            raise PoolExhaustedError("a warm pool needs a capacity of at least 1")
+            raise PoolCapacityError("a warm pool needs a capacity of at least 1")
         if not template.is_dir():
             raise SandboxUnavailableError(f"template {template} is not a directory")
         self.template = template.resolve()
@@ -231,8 +237,6 @@ class WarmPool:
         self.bwrap = bwrap or find_bwrap()
         self.mode = cgroup_mode()
         self.host_cpus = os.cpu_count() or 1
-        from charter.sandbox._gate import ensure_isolation
-
         ensure_isolation(sink, state_dir=self.state_dir, bwrap=self.bwrap)  # fail closed
         self._parked: list[Slot] = []
         self._leased: set[Slot] = set()

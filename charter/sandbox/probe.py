@@ -15,12 +15,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from charter.ledger.budget import Budget
-from charter.ledger.lifecycle import SandboxProbeRefused
+from charter.core.budget import Budget
 from charter.sandbox._canary import CANARY
 from charter.sandbox._host import default_state_dir, find_bwrap
+from charter.sandbox._launch import EventSink, RawLauncher
 from charter.sandbox.errors import HostCannotIsolateError
-from charter.sandbox.launcher import EventSink, Launcher
+from charter.sandbox.events import SandboxProbeRefused
 from charter.sandbox.spec import NOFILE
 
 __all__ = ["PROBE_BUDGET", "ProbeCheck", "ProbeReport", "probe", "refuse", "require_isolation"]
@@ -83,7 +83,7 @@ def _static_checks(bwrap: str) -> list[ProbeCheck]:
     return checks
 
 
-def _live_checks(launcher: Launcher) -> list[ProbeCheck]:
+def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
     canary_env = "CHARTER_PROBE_CANARY_" + secrets.token_hex(4).upper()
     ws = Path(tempfile.mkdtemp(prefix="charter-probe-"))
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -180,9 +180,7 @@ def probe(*, state_dir: Path | None = None, bwrap: str | None = None) -> ProbeRe
     try:
         path = bwrap or find_bwrap()
         checks += _static_checks(path)
-        launcher = Launcher(
-            state_dir=state_dir or default_state_dir(), bwrap=path, unsafe_skip_isolation_probe=True
-        )
+        launcher = RawLauncher(state_dir=state_dir or default_state_dir(), bwrap=path)
         checks += _live_checks(launcher)
     except Exception as e:  # noqa: BLE001 (fail closed: any error at all is a refusal)
         failure = f"{type(e).__name__}: {e}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any, assert_never
 
+from charter.core.errors import InternalError
 from charter.sandbox._seccomp import compile_bpf
 from charter.sandbox.spec import SHM, TMP, CgroupMode, Namespace, SandboxSpec
 
@@ -61,7 +62,9 @@ def render_bwrap(
     """The bwrap argv (a list, never a shell string). Order matters: bwrap applies
     options in sequence, so every bind precedes ``--remount-ro /``."""
     if len(fds.files) != len(spec.files):
-        raise ValueError("one fd per spec file is required")
+        raise InternalError(
+            f"render_bwrap was given {len(fds.files)} file fds for {len(spec.files)} spec files"
+        )
     argv = [bwrap]
     for ns in spec.namespaces:
         argv += _bwrap_namespace(ns)

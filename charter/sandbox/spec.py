@@ -12,9 +12,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from charter.ledger.budget import Budget
+from charter.core.budget import Budget
 from charter.sandbox._seccomp import DENIED_SYSCALLS, SUPPORTED_ARCHES
-from charter.sandbox.errors import SandboxBudgetError
+from charter.sandbox.errors import HostFactsError, SandboxBudgetError
 
 __all__ = [
     "CgroupMode",
@@ -95,14 +95,14 @@ class HostFacts(BaseModel):
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
-            raise SandboxBudgetError(f"host path {value!r} must be absolute")
+            raise HostFactsError(f"host path {value!r} must be absolute")
         return value
 
     @field_validator("arch")
     @classmethod
     def _arch(cls, value: str) -> str:
         if value not in SUPPORTED_ARCHES:
-            raise SandboxBudgetError(
+            raise HostFactsError(
                 f"architecture {value!r} has no seccomp syscall table here "
                 f"(supported: {', '.join(SUPPORTED_ARCHES)})"
             )

@@ -7,11 +7,10 @@ from collections.abc import Iterator
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from charter.ledger.authority import (
+from charter.authority import (
     Clearance,
     Grant,
     GrantTerms,
-    Lineage,
     PermissionMode,
     RequestedGrant,
     SealedGrant,
@@ -19,8 +18,8 @@ from charter.ledger.authority import (
     SpawnRefused,
     seal,
 )
-from charter.ledger.budget import Budget
-from charter.ledger.journal import Journal
+from charter.core import Budget, Lineage
+from charter.ledger import Journal
 
 FAR_FUTURE_MS = 4_000_000_000_000
 NOW_MS = 1_700_000_000_000

@@ -7,18 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.authority import (
-    AgentRecord,
-    AuthorityService,
-    Ceiling,
-    Clearance,
-    FixedPolicy,
-    PermissionMode,
-    Verdict,
-    register_root,
-)
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
+from charter.authority import Clearance, FixedPolicy, PermissionMode, Verdict
+from charter.control import AgentRecord, Ceiling, register_root
+from charter.control import SpawnService
+from charter.core import KeyStore
+from charter.ledger import Journal
 from tests.authority._support import BIG
 
 
@@ -51,6 +44,6 @@ def root(journal: Journal, keystore: KeyStore) -> AgentRecord:
 
 
 @pytest.fixture
-def service(journal: Journal, keystore: KeyStore, root: AgentRecord) -> AuthorityService:
+def service(journal: Journal, keystore: KeyStore, root: AgentRecord) -> SpawnService:
     del root
-    return AuthorityService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
+    return SpawnService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))

@@ -6,15 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from charter.ledger.authority import (
-    Clearance,
-    PermissionMode,
-    covers,
-    egress_meet,
-    egress_within,
-)
-from charter.ledger.authority._axes import check_destination, check_secret, check_tool
-from charter.ledger.authority.errors import AxisValueError
+from charter.authority import Clearance, PermissionMode, covers, egress_meet, egress_within
+from charter.authority._axes import check_destination, check_secret, check_tool
+from charter.core import AxisValueError
 from tests.authority._support import DESTINATIONS, egress_sets
 
 
@@ -116,7 +110,11 @@ def test_clearance_meet_is_the_lower(a: Clearance, b: Clearance) -> None:
         "*",
         "*.",
         "http://x.com",
-        "x.com:443",
+        "x.com:",
+        "x.com:0",
+        "x.com:08",
+        "x.com:65536",
+        "x.com:443:1",
         "x.com/path",
         "X.com",
         "a..b",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.journal import Journal
+from charter.ledger import Journal
 from tests.authority._support import refusals
 
 COST = "tokens=300k,wall=10m,cpu=10m,mem=1GiB,egress=10MB"
@@ -153,7 +153,7 @@ def test_a_malformed_ceiling_setting_is_bad_input_not_a_silent_fail_open(
         "scan the estate host by host",
     )
     typo = charter(env | {"CHARTER_POPULATION_CEILING": "10k"}, *args, "--est-cost", COST)
-    assert typo.returncode == 1
+    assert typo.returncode == 2  # bad input
     assert "CHARTER_POPULATION_CEILING='10k'" in typo.stderr
     with Journal.open(env["CHARTER_DB"]) as journal:
         assert journal.head() == before  # nothing decided, nothing journaled

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from charter.ledger.authority import (
-    AgentRecord,
-    AuthorityService,
+from charter.authority import (
     CostBenefitPolicy,
     GateDecision,
     GateQuestion,
-    Lineage,
     Verdict,
     ask_gate,
     errors,
 )
-from charter.ledger.budget import Budget
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
+from charter.control import AgentRecord
+from charter.control import SpawnService
+from charter.core import Budget, KeyStore, Lineage
+from charter.ledger import Journal
 from tests.authority._support import BIG, intent
 
 ACTOR = Lineage("agent:root")
@@ -123,7 +121,7 @@ def test_the_gate_is_asked_exactly_once_for_a_1000_wide_fan_out(
 ) -> None:
     del root
     policy = Counting(Verdict.POSITIVE)
-    svc = AuthorityService(journal, keystore=keystore, policy=policy)
+    svc = SpawnService(journal, keystore=keystore, policy=policy)
     result = svc.spawn(svc.durable_caller("root"), intent(1000))
     assert len(result.children) == 1000
     assert len(policy.questions) == 1
@@ -142,7 +140,7 @@ def test_neutral_allows_and_is_logged(
     journal: Journal, keystore: KeyStore, root: AgentRecord
 ) -> None:
     del root
-    svc = AuthorityService(journal, keystore=keystore, policy=Counting(Verdict.NEUTRAL))
+    svc = SpawnService(journal, keystore=keystore, policy=Counting(Verdict.NEUTRAL))
     result = svc.spawn(svc.durable_caller("root"), intent(3))
     assert result.gate.verdict is Verdict.NEUTRAL
     assert len(result.children) == 3
@@ -155,7 +153,7 @@ def test_the_default_policy_refuses_a_wasteful_fan_out_through_the_service(
     journal: Journal, keystore: KeyStore, root: AgentRecord
 ) -> None:
     del root
-    svc = AuthorityService(journal, keystore=keystore)  # the documented default policy
+    svc = SpawnService(journal, keystore=keystore)  # the documented default policy
     svc.spawn(svc.durable_caller("root"), intent(10))  # positive control: 2M tokens / 10
     with pytest.raises(errors.GateRefusedError, match="efficiency"):
         svc.spawn(svc.durable_caller("root"), intent(4000))  # 500 tokens of work each

@@ -6,12 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from charter.ledger.authority import (
+from charter.authority import (
     FanoutCommand,
     FixedPolicy,
     Grant,
     GrantTerms,
-    Lineage,
     ParentState,
     RequestedGrant,
     SealedGrant,
@@ -21,9 +20,9 @@ from charter.ledger.authority import (
     check_invariants,
     decide,
     egress_within,
-    verify_chain,
+    verify_grant_chain,
 )
-from charter.ledger.events import canonical_json
+from charter.core import Lineage, canonical_json
 from tests.authority._support import (
     COST,
     NOW_MS,
@@ -130,7 +129,7 @@ def test_no_sequence_of_spawns_widens_the_root_and_every_chain_ends(
         chosen = decision.children[-1]
         chain.append(chosen.sealed)
         seed = chosen.seed
-        leaf = verify_chain(chain, bytes(ROOT_KEY.verify_key), now_ms=NOW_MS)
+        leaf = verify_grant_chain(chain, bytes(ROOT_KEY.verify_key), now_ms=NOW_MS)
         assert leaf == chosen.grant
     # Depth strictly decreases, so no chain is longer than the root's depth.
     assert spawned <= root_terms.depth

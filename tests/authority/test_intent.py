@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from charter.ledger.authority import SpawnIntent, spawn_tool_definition
+from charter.authority import SpawnIntent, spawn_tool_definition
 
 VALID: dict[str, Any] = {
     "width": 3,

@@ -7,9 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from charter.ledger.authority import Lineage
-from charter.ledger.authority._lineage import MAX_LINEAGE_CHARS, MAX_LINEAGE_DEPTH
-from charter.ledger.authority.errors import LineageError
+from charter.core import MAX_LINEAGE_DEPTH, Lineage, LineageError
+from charter.core.lineage import MAX_LINEAGE_CHARS
 
 
 def test_parses_and_derives_the_tree_from_the_path() -> None:

@@ -8,16 +8,12 @@ from collections.abc import Callable
 import pytest
 from nacl.signing import SigningKey
 
-from charter.ledger.authority import (
-    AgentRecord,
-    AuthorityService,
-    Caller,
+from charter.authority import (
     Clearance,
     FanoutCommand,
     FixedPolicy,
     Grant,
     GrantTerms,
-    Lineage,
     ParentState,
     PermissionMode,
     RequestedGrant,
@@ -28,8 +24,10 @@ from charter.ledger.authority import (
     errors,
     seal,
 )
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
+from charter.control import AgentRecord, Caller
+from charter.control import SpawnService
+from charter.core import KeyStore, Lineage
+from charter.ledger import Journal
 from tests.authority._support import COST, intent, refusals
 
 
@@ -53,9 +51,9 @@ INVARIANT_BUGS: dict[type[errors.InvariantViolationError], dict[str, object]] = 
 }
 
 
-def _service(journal: Journal, keystore: KeyStore, **kw: object) -> AuthorityService:
+def _service(journal: Journal, keystore: KeyStore, **kw: object) -> SpawnService:
     kw.setdefault("policy", FixedPolicy(Verdict.POSITIVE))
-    return AuthorityService(journal, keystore=keystore, **kw)  # type: ignore[arg-type]
+    return SpawnService(journal, keystore=keystore, **kw)  # type: ignore[arg-type]
 
 
 def _assert_journaled(journal: Journal, error: type[errors.AuthorityRefusedError]) -> None:
@@ -103,7 +101,7 @@ def test_other_widened_axes_are_caught_too(
 # -- refusals of what may be spawned ------------------------------------------------
 
 
-def test_depth_exhausted(service: AuthorityService, journal: Journal) -> None:
+def test_depth_exhausted(service: SpawnService, journal: Journal) -> None:
     root = service.durable_caller("root")
     leaf = root.child(service.spawn(root, intent(1, depth=0)).children[0])
     assert leaf.chain[-1].grant.terms.depth == 0
@@ -115,7 +113,7 @@ def test_depth_exhausted(service: AuthorityService, journal: Journal) -> None:
 
 
 def test_fanout_exhausted_and_width_counts_against_the_parent(
-    service: AuthorityService, journal: Journal
+    service: SpawnService, journal: Journal
 ) -> None:
     root = service.durable_caller("root")
     worker = root.child(service.spawn(root, intent(1, fanout=5)).children[0])
@@ -193,7 +191,7 @@ def _tamper(sealed: SealedGrant, **terms: object) -> Grant:
     return grant.model_copy(update={"terms": grant.terms.model_copy(update=terms)})
 
 
-def test_forged_grant_is_refused(service: AuthorityService, journal: Journal) -> None:
+def test_forged_grant_is_refused(service: SpawnService, journal: Journal) -> None:
     root = service.durable_caller("root")
     worker = root.child(service.spawn(root, intent(1, tools=["Read"])).children[0])
     service.spawn(worker, intent(1))  # positive control
@@ -204,7 +202,7 @@ def test_forged_grant_is_refused(service: AuthorityService, journal: Journal) ->
     _assert_journaled(journal, errors.GrantSignatureInvalidError)
 
 
-def test_resigned_grant_is_refused(service: AuthorityService, journal: Journal) -> None:
+def test_resigned_grant_is_refused(service: SpawnService, journal: Journal) -> None:
     """The holder widens its own grant and signs it with its own key."""
     root = service.durable_caller("root")
     worker = root.child(service.spawn(root, intent(1, tools=["Read"])).children[0])
@@ -215,7 +213,7 @@ def test_resigned_grant_is_refused(service: AuthorityService, journal: Journal) 
     _assert_journaled(journal, errors.GrantSignatureInvalidError)
 
 
-def test_grant_from_another_root_is_refused(service: AuthorityService, journal: Journal) -> None:
+def test_grant_from_another_root_is_refused(service: SpawnService, journal: Journal) -> None:
     """An outsider's key signs a root grant for agent:root and a child under it."""
     outsider = SigningKey.generate()
     fake_root = seal(
@@ -241,7 +239,7 @@ def test_grant_from_another_root_is_refused(service: AuthorityService, journal: 
     _assert_journaled(journal, errors.ForeignRootError)
 
 
-def test_chain_that_does_not_link_is_refused(service: AuthorityService, journal: Journal) -> None:
+def test_chain_that_does_not_link_is_refused(service: SpawnService, journal: Journal) -> None:
     root = service.durable_caller("root")
     result = service.spawn(root, intent(2))
     a, b = (root.child(c) for c in result.children)
@@ -255,7 +253,7 @@ def test_chain_that_does_not_link_is_refused(service: AuthorityService, journal:
         service.spawn(Caller((), root.custody_key), intent(1))
 
 
-def test_grant_never_journaled_is_refused(service: AuthorityService, journal: Journal) -> None:
+def test_grant_never_journaled_is_refused(service: SpawnService, journal: Journal) -> None:
     """A correctly signed child that was decided but never committed carries nothing."""
     root = service.durable_caller("root")
     seed = bytes(root.custody_key)
@@ -270,7 +268,7 @@ def test_grant_never_journaled_is_refused(service: AuthorityService, journal: Jo
 
 
 def test_custody_key_not_the_grants_key_is_refused(
-    service: AuthorityService, journal: Journal
+    service: SpawnService, journal: Journal
 ) -> None:
     root = service.durable_caller("root")
     worker = root.child(service.spawn(root, intent(1)).children[0])
@@ -281,7 +279,7 @@ def test_custody_key_not_the_grants_key_is_refused(
     _assert_journaled(journal, errors.CustodyKeyMismatchError)
 
 
-def test_unknown_parent_is_refused(service: AuthorityService, journal: Journal) -> None:
+def test_unknown_parent_is_refused(service: SpawnService, journal: Journal) -> None:
     ghost_key = SigningKey.generate()
     ghost = seal(
         Grant(

@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 from nacl.signing import SigningKey
 
-from charter.ledger.authority import (
-    AgentRecord,
+from charter.authority import (
     AgentRegistered,
-    AuthorityService,
     FanoutCommand,
     FixedPolicy,
     GrantMinted,
@@ -18,10 +16,12 @@ from charter.ledger.authority import (
     check_custody,
     decide,
     errors,
-    verify_chain,
+    verify_grant_chain,
 )
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
+from charter.control import AgentRecord
+from charter.control import SpawnService
+from charter.core import KeyStore
+from charter.ledger import Journal
 from tests.authority._support import NOW_MS, intent, refusals, root_grant, terms
 
 ROOT = SigningKey(b"\x01" * 32)
@@ -44,11 +44,11 @@ def chain_of(key: SigningKey, depth: int, name: str = "root") -> list[SealedGran
 
 def test_a_chain_verifies_with_only_the_grants_and_the_roots_public_key() -> None:
     chain = chain_of(ROOT, 3)
-    leaf = verify_chain(chain, bytes(ROOT.verify_key), now_ms=NOW_MS)
+    leaf = verify_grant_chain(chain, bytes(ROOT.verify_key), now_ms=NOW_MS)
     assert str(leaf.lineage) == "agent:root/sa-1/sa-1/sa-1"
     # From stored records too (what the journal holds).
     again = [SealedGrant.from_record(s.to_record()) for s in chain]
-    assert verify_chain(again, bytes(ROOT.verify_key)) == leaf
+    assert verify_grant_chain(again, bytes(ROOT.verify_key)) == leaf
 
 
 def test_every_flipped_body_byte_or_signature_byte_is_refused() -> None:
@@ -58,7 +58,7 @@ def test_every_flipped_body_byte_or_signature_byte_is_refused() -> None:
         sig = bytearray(leaf.signature)
         sig[i] ^= 0x01
         with pytest.raises(errors.GrantSignatureInvalidError):
-            verify_chain(
+            verify_grant_chain(
                 [chain[0], SealedGrant(body=leaf.body, signature=bytes(sig))],
                 bytes(ROOT.verify_key),
             )
@@ -68,7 +68,7 @@ def test_every_flipped_body_byte_or_signature_byte_is_refused() -> None:
         body[i] ^= 0x01
         try:
             forged = SealedGrant(body=bytes(body), signature=leaf.signature)
-            verify_chain([chain[0], forged], bytes(ROOT.verify_key))
+            verify_grant_chain([chain[0], forged], bytes(ROOT.verify_key))
         except (errors.GrantFormatError, errors.AuthorityRefusedError):
             refused += 1
     assert refused == len(leaf.body)
@@ -76,33 +76,33 @@ def test_every_flipped_body_byte_or_signature_byte_is_refused() -> None:
 
 def test_a_chain_from_another_root_is_refused() -> None:
     other = chain_of(OTHER, 2)
-    verify_chain(other, bytes(OTHER.verify_key))  # positive control: valid for its own root
+    verify_grant_chain(other, bytes(OTHER.verify_key))  # positive control: valid for its own root
     with pytest.raises(errors.ForeignRootError):
-        verify_chain(other, bytes(ROOT.verify_key))
+        verify_grant_chain(other, bytes(ROOT.verify_key))
     # Another root's worker grafted under this root's ceiling grant.
     mine = chain_of(ROOT, 1)
     with pytest.raises(errors.GrantChainBrokenError):
-        verify_chain([mine[0], *other[1:]], bytes(ROOT.verify_key))
+        verify_grant_chain([mine[0], *other[1:]], bytes(ROOT.verify_key))
 
 
 def test_chain_must_start_at_a_root_and_link_by_digest() -> None:
     chain = chain_of(ROOT, 2)
     with pytest.raises(errors.GrantChainBrokenError, match="start at a root"):
-        verify_chain(chain[1:], bytes(ROOT.verify_key))
+        verify_grant_chain(chain[1:], bytes(ROOT.verify_key))
     with pytest.raises(errors.GrantChainBrokenError, match="empty"):
-        verify_chain([], bytes(ROOT.verify_key))
+        verify_grant_chain([], bytes(ROOT.verify_key))
     # The same lineage minted from a different version of the root grant.
     other_root = root_grant(ROOT, t=terms(depth=4))
     with pytest.raises(errors.GrantChainBrokenError, match="different parent grant"):
-        verify_chain([other_root, *chain[1:]], bytes(ROOT.verify_key))
+        verify_grant_chain([other_root, *chain[1:]], bytes(ROOT.verify_key))
 
 
 def test_expired_links_are_refused_when_time_is_given() -> None:
     chain = chain_of(ROOT, 1)
     expiry = chain[-1].grant.terms.expires_at_ms
-    verify_chain(chain, bytes(ROOT.verify_key), now_ms=expiry - 1)
+    verify_grant_chain(chain, bytes(ROOT.verify_key), now_ms=expiry - 1)
     with pytest.raises(errors.GrantExpiredError):
-        verify_chain(chain, bytes(ROOT.verify_key), now_ms=expiry)
+        verify_grant_chain(chain, bytes(ROOT.verify_key), now_ms=expiry)
 
 
 def test_non_canonical_bytes_are_not_a_grant() -> None:
@@ -131,7 +131,7 @@ def test_directory_trust_root_one_byte_off_the_custody_key_is_a_journaled_refusa
 ) -> None:
     """The custody key in the home and the trust root in the directory differ in one
     byte: the durable agent cannot act, and the refusal is in the journal."""
-    svc = AuthorityService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
+    svc = SpawnService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
     svc.spawn(svc.durable_caller("root"), intent(1))  # positive control
     # A second agent whose directory entry is one byte off its key's public half.
     key = keystore.create("agent-skewed")
@@ -153,7 +153,7 @@ def test_directory_trust_root_one_byte_off_the_custody_key_is_a_journaled_refusa
 def test_replaced_custody_key_file_is_refused(
     journal: Journal, keystore: KeyStore, root: AgentRecord
 ) -> None:
-    svc = AuthorityService(journal, keystore=keystore)
+    svc = SpawnService(journal, keystore=keystore)
     keystore.remove("agent-root")
     keystore.create("agent-root")  # a different key under the same name
     with pytest.raises(errors.CustodyKeyMismatchError):

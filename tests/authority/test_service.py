@@ -9,23 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.authority import (
-    AgentRecord,
-    AuthorityService,
-    Ceiling,
+from charter.authority import (
     FanoutCommand,
     FixedPolicy,
     ParentState,
     Verdict,
     decide,
     errors,
-    register_root,
-    verify_chain,
+    verify_grant_chain,
 )
-from charter.ledger.errors import AppendFailedError
-from charter.ledger.events import Event
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import AppendConflictError, Committed, Journal
+from charter.budgets import ResourceClass
+from charter.control import (
+    DEFAULT_CELL,
+    AdmissionService,
+    AgentRecord,
+    Ceiling,
+    SpawnService,
+    register_root,
+)
+from charter.core import Event, KeyStore
+from charter.ledger import AppendConflictError, AppendFailedError, Committed, Journal
 from tests.authority._support import BIG, COST, intent
 from tests.authority.conftest import CEILING
 
@@ -40,7 +43,7 @@ def test_register_root_makes_a_0600_custody_key_and_journals_the_directory_entry
     types = [e.type_name for e in journal.entries()]
     assert types == ["AgentRegistered", "GrantMinted", "BudgetLedgerOpened"]
     assert root.ceiling is not None
-    assert verify_chain([root.ceiling], root.trust_root).terms == CEILING.terms(
+    assert verify_grant_chain([root.ceiling], root.trust_root).terms == CEILING.terms(
         root.ceiling.grant.issued_at_ms
     )
     # The private key is nowhere in the journal.
@@ -54,7 +57,7 @@ def test_a_second_registration_of_a_name_is_refused_and_leaves_no_key(
     with pytest.raises(errors.AgentExistsError):
         register_root(journal, keystore, "root", CEILING)
     record = register_root(journal, keystore, "second", Ceiling(budget=BIG))
-    svc = AuthorityService(journal, keystore=keystore)
+    svc = SpawnService(journal, keystore=keystore)
     assert [a.name for a in svc.agents()] == ["root", "second"]
     assert record.trust_root != root.trust_root
     with pytest.raises(errors.UnknownAgentError):
@@ -62,7 +65,7 @@ def test_a_second_registration_of_a_name_is_refused_and_leaves_no_key(
 
 
 def test_ephemeral_workers_are_never_in_the_directory(
-    service: AuthorityService, journal: Journal
+    service: SpawnService, journal: Journal
 ) -> None:
     root = service.durable_caller("root")
     workers = service.spawn(root, intent(5)).children
@@ -73,14 +76,15 @@ def test_ephemeral_workers_are_never_in_the_directory(
 
 
 def test_one_fan_out_is_one_contiguous_append_gate_first(
-    service: AuthorityService, journal: Journal
+    service: SpawnService, journal: Journal
 ) -> None:
     before = journal.head()
     assert before is not None
     result = service.spawn(service.durable_caller("root"), intent(50))
     entries = list(journal.entries(start=before[0] + 1))
-    # the gate, the mints, and (the budget stage) a lease for each child: one append
-    types = ["GateDecided"] + ["GrantMinted"] * 50 + ["LeaseGranted"]  # one, for all 50
+    # the gate, the mints, (the budget stage) a lease for each child, and (admission) a
+    # place for each child on the cell, queued here since no cell is configured: one append
+    types = ["GateDecided"] + ["GrantMinted"] * 50 + ["LeaseGranted"] + ["SlotQueued"] * 50
     assert [e.type_name for e in entries] == types
     assert result.positions == (entries[0].position, entries[-1].position)
     assert {e.recorded_at for e in entries} == {entries[0].recorded_at}  # one commit
@@ -93,7 +97,32 @@ def test_one_fan_out_is_one_contiguous_append_gate_first(
         sealed = m.sealed()  # type: ignore[attr-defined]
         assert sealed.body == child.sealed.body
         assert sealed.signature == child.sealed.signature
-        verify_chain([root.chain[0], sealed], service.agent("root").trust_root)
+        verify_grant_chain([root.chain[0], sealed], service.agent("root").trust_root)
+
+
+def test_a_fan_out_admits_to_free_slots_and_queues_the_rest_in_its_one_append(
+    service: SpawnService, journal: Journal
+) -> None:
+    AdmissionService(journal).configure(
+        DEFAULT_CELL, {ResourceClass.PROCESSING: 3}, cores=3, failover_reserve=0
+    )
+    root = service.durable_caller("root")
+    first = service.spawn(root, intent(5))
+    entries = list(journal.entries(start=first.positions[0], stop=first.positions[1]))
+    placed = [e.event for e in entries if e.type_name in ("SlotAdmitted", "SlotQueued")]
+    lineages = [str(c.lineage) for c in first.children]
+    assert [(type(p).__name__, p.lineage) for p in placed] == [  # type: ignore[attr-defined]
+        *(("SlotAdmitted", lin) for lin in lineages[:3]),
+        *(("SlotQueued", lin) for lin in lineages[3:]),
+    ]
+    assert first.admitted == tuple(lineages[:3])
+    assert first.queued == tuple(lineages[3:])
+    # The cell is full: a second fan-out is queued whole, behind the first one's queue.
+    second = service.spawn(root, intent(2))
+    assert second.admitted == ()
+    assert len(second.queued) == 2
+    slots = journal.entries(types=("SlotAdmitted",))
+    assert max(e.event.occupancy for e in slots) == 3  # type: ignore[attr-defined]
 
 
 class FailingJournal(Journal):
@@ -111,7 +140,7 @@ def test_a_failed_append_hands_out_no_grant(
 ) -> None:
     del root
     failing = FailingJournal.open(journal.location.display)
-    svc = AuthorityService(failing, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
+    svc = SpawnService(failing, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
     caller = svc.durable_caller("root")
     head = journal.head()
     with pytest.raises(AppendFailedError):
@@ -125,7 +154,7 @@ def test_a_database_that_refuses_the_mints_commits_nothing_not_even_the_gate(
     """A real SQLite trigger aborts the insert of the first GrantMinted row: the gate
     decision already inserted in the same transaction must roll back with it."""
     del root
-    svc = AuthorityService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
+    svc = SpawnService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
     caller = svc.durable_caller("root")
     db = sqlite3.connect(tmp_path / "journal.db")
     db.execute(
@@ -152,9 +181,9 @@ def test_concurrent_services_never_mint_the_same_lineage(
     journal: Journal, keystore: KeyStore, root: AgentRecord
 ) -> None:
     del root
-    one = AuthorityService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
+    one = SpawnService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
     other_journal = Journal.open(journal.location.display)
-    two = AuthorityService(other_journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
+    two = SpawnService(other_journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
     a, b = one.durable_caller("root"), two.durable_caller("root")
     results = [one.spawn(a, intent(3)), two.spawn(b, intent(3)), one.spawn(a, intent(3))]
     lineages = [str(c.lineage) for r in results for c in r.children]
@@ -168,7 +197,7 @@ def test_a_decision_on_stale_state_is_caught_by_the_pinned_append(
 ) -> None:
     """Decide on a view, let another writer spawn, then append: the pin refuses it."""
     del root
-    svc = AuthorityService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
+    svc = SpawnService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
     caller = svc.durable_caller("root")
     seed = bytes(caller.custody_key)
     state = ParentState(

@@ -9,12 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from charter.ledger.admission import AdmissionRefusedError, CapInputs, ResourceClass
-from charter.ledger.budget import Budget
-from charter.ledger.errors import StateError
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
-from charter.ledger.resources import AdmissionService
+from charter.budgets import AdmissionRefusedError, CapInputs, ResourceClass
+from charter.control import AdmissionService
+from charter.core import Budget, KeyStore, StateError
+from charter.ledger import Journal
 from tests.budgets._support import intent, service
 
 COST = Budget.parse("tokens=2k,wall=60s,cpu=10s,mem=1MiB,egress=1KB")

@@ -6,23 +6,19 @@ import random
 import sys
 import time
 
-from charter.ledger.authority import (
-    AuthorityService,
-    Caller,
-    Ceiling,
+from charter.authority import (
     Clearance,
     FixedPolicy,
     PermissionMode,
     RequestedGrant,
     SpawnIntent,
     Verdict,
-    register_root,
 )
-from charter.ledger.budget import Budget
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
-from charter.ledger.leases import LEASE_EVENTS, LeaseBook
-from charter.ledger.resources import entry_ms
+from charter.budgets import LEASE_EVENTS, LeaseBook
+from charter.control import Caller, Ceiling, register_root
+from charter.control import SpawnService
+from charter.core import Budget, KeyStore, entry_ms
+from charter.ledger import Journal
 
 ROOT_BUDGET = Budget.parse("tokens=10M,wall=10h,cpu=10h,mem=64GiB,egress=10GB")
 
@@ -40,8 +36,8 @@ def ceiling(budget: Budget = ROOT_BUDGET, depth: int = 7, fanout: int = 5000) ->
     )
 
 
-def service(journal: Journal, keystore: KeyStore) -> AuthorityService:
-    return AuthorityService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
+def service(journal: Journal, keystore: KeyStore) -> SpawnService:
+    return SpawnService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
 
 
 def intent(width: int, cost: Budget, *, fanout: int | None = None) -> SpawnIntent:
@@ -73,7 +69,7 @@ def check_every_position(journal: Journal) -> int:
 
 def hold_a_lease(url: str, home: str, cost: str) -> None:
     """A worker process: take a lease under the root, spend a little, then block."""
-    from charter.ledger.resources import BudgetService
+    from charter.control import BudgetService
 
     with Journal.open(url) as journal:
         svc = service(journal, KeyStore(__import__("pathlib").Path(home)))

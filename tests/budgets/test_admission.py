@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.admission import (
+from charter.budgets import (
     AdmissionRefused,
     AdmissionRefusedError,
     CapInputs,
@@ -21,12 +21,9 @@ from charter.ledger.admission import (
     SlotAdmitted,
     processing_cap,
 )
-from charter.ledger.authority import Caller
-from charter.ledger.budget import Budget
-from charter.ledger.errors import BadInputError, StateError
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
-from charter.ledger.resources import AdmissionService, BudgetService
+from charter.control import AdmissionService, BudgetService, Caller
+from charter.core import BadInputError, Budget, KeyStore, StateError
+from charter.ledger import Journal
 
 from ._support import ceiling, intent, register_root, service
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from charter.ledger.budget import Budget, BudgetSyntaxError
+from charter.core import Budget, BudgetSyntaxError
 
 
 def test_decimal_quantities_are_read_exactly() -> None:

@@ -14,12 +14,8 @@ from typing import Any
 
 import pytest
 
-from charter.ledger.authority import AuthorityService, SpawnRefused
-from charter.ledger.budget import Budget
-from charter.ledger.errors import CharterError
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
-from charter.ledger.leases import (
+from charter.authority import SpawnRefused
+from charter.budgets import (
     BudgetRefused,
     InsufficientBudgetError,
     LeaseEndedError,
@@ -27,7 +23,10 @@ from charter.ledger.leases import (
     NoBudgetLedgerError,
     RenewalBeyondParentError,
 )
-from charter.ledger.resources import BudgetService, now_ms
+from charter.control import BudgetService
+from charter.control import SpawnService
+from charter.core import Budget, CharterError, KeyStore, now_ms
+from charter.ledger import Journal
 
 from ._support import ROOT_BUDGET, ceiling, check_every_position, intent, register_root, service
 
@@ -113,7 +112,7 @@ def test_leases_commit_in_the_fanout_append(
     keys = KeyStore(tmp_path / "home")
     with Journal.create(f"sqlite:///{tmp_path / 'j.db'}") as journal:
         register_root(journal, keys, "root", ceiling())
-        svc: AuthorityService = service(journal, keys)
+        svc: SpawnService = service(journal, keys)
         result = svc.spawn(svc.durable_caller("root"), intent(4, ROOT_BUDGET.split(2)))
         (entry,) = journal.entries(types=("LeaseGranted",))  # one event for the fan-out
         lease = entry.event

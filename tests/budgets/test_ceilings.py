@@ -7,34 +7,33 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.authority import AuthorityService, FixedPolicy, Verdict
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
-from charter.ledger.leases import InsufficientBudgetError
-from charter.ledger.resources import (
+from charter.authority import FixedPolicy, Verdict
+from charter.budgets import (
     CeilingCheckFailedOpen,
     DepthCeilingError,
+    InsufficientBudgetError,
     PopulationCeilingError,
     RegistryFacts,
-    default_stages,
-    fabric_ceilings_fail_open,
-    now_ms,
 )
+from charter.control import RegistryRead, SpawnService
+from charter.core import KeyStore
+from charter.ledger import Journal
 
 from ._support import ROOT_BUDGET, ceiling, intent, register_root
 
 COST = ROOT_BUDGET.split(100)
 
 
-def _service(journal: Journal, keys: KeyStore, read: object) -> AuthorityService:
-    stages = [*default_stages(journal, now_ms), fabric_ceilings_fail_open(read)]  # type: ignore[arg-type]
-    return AuthorityService(
-        journal, keystore=keys, policy=FixedPolicy(Verdict.POSITIVE), extensions=stages
+def _service(journal: Journal, keys: KeyStore, read: RegistryRead) -> SpawnService:
+    return SpawnService(
+        journal, keystore=keys, policy=FixedPolicy(Verdict.POSITIVE), read_registry=read
     )
 
 
-def _registry(population_ceiling: int, depth_ceiling: int, live: int) -> object:
-    return lambda: RegistryFacts(population_ceiling, depth_ceiling, live)
+def _registry(population_ceiling: int, depth_ceiling: int, live: int) -> RegistryRead:
+    return lambda: RegistryFacts(
+        population_ceiling=population_ceiling, depth_ceiling=depth_ceiling, live_population=live
+    )
 
 
 def _broken_registry() -> RegistryFacts:

@@ -7,9 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from charter.ledger.budget import Budget
-from charter.ledger.errors import CharterError
-from charter.ledger.leases import BudgetLedgerOpened, LeaseBook, LedgerState
+from charter.budgets import BudgetLedgerOpened, LeaseBook, LedgerState
+from charter.core import Budget, CharterError
 
 ROOT = "agent:root"
 ALLOCATION = Budget(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from charter.ledger.events import Event
-from charter.ledger.journal import Journal
+from charter.core import Event
+from charter.ledger import Journal
 
 
 class Ping(Event):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.journal import Journal
+from charter.ledger import Journal
 
 from ._support import Ping
 
@@ -132,7 +132,7 @@ def test_init_that_cannot_create_the_file_leaves_no_key_behind(tmp_path: Path) -
 def test_unknown_scheme_is_a_one_line_error(tmp_path: Path) -> None:
     home = tmp_path / "home"
     result = charter("--db", "mysql://root@localhost/x", "init", home=home)
-    assert result.returncode == 1
+    assert result.returncode == 2  # bad input
     assert "sqlite:///PATH or postgresql://" in _one_line_error(result)
     assert not home.exists()
 

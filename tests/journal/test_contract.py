@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 from eventsourcing.persistence import OperationalError
 
+from charter.audit import audit_chain, verify_chain
+from charter.ledger import AlreadyTrackedError, AppendConflictError, AppendFailedError, Journal
 from charter.ledger._postgres import ChainedPostgresProcessRecorder
 from charter.ledger._sqlite import ChainedSQLiteProcessRecorder
-from charter.ledger.errors import AppendFailedError
-from charter.ledger.journal import AlreadyTrackedError, AppendConflictError, Journal
-from charter.ledger.verify import audit_chain, verify_chain
 
 from ._support import Counter, Ping
 
@@ -245,7 +244,7 @@ class _Raw:
         else:
             import psycopg
 
-            from charter.ledger.journal import resolve_location
+            from charter.ledger import resolve_location
 
             info = resolve_location(self.url).conninfo
             assert info is not None

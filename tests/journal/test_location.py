@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from charter.ledger._location import resolve_location
-from charter.ledger.journal import Journal
+from charter.ledger import Journal, resolve_location
 
 
 def test_a_resolved_location_keeps_its_password_and_path() -> None:

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from charter.ledger.journal import Journal
-from charter.ledger.verify import ChainHead, Fault, audit_chain
+from charter.audit import ChainHead, Fault, audit_chain
+from charter.ledger import Journal
 
 from ._support import Counter, Ping
 from .test_contract import _Raw
@@ -193,7 +193,7 @@ def test_parallel_chunks_report_what_one_walk_reports(
     """Chunked verification in worker processes agrees with the single walk: intact,
     then with an entry changed in the third chunk, then with a link broken at a
     chunk boundary."""
-    from charter.ledger.verify import audit_journal
+    from charter.audit.journal import audit_journal
 
     url, head, raw = tampered
 
@@ -218,7 +218,7 @@ def test_parallel_chunks_report_what_one_walk_reports(
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_progress_counts_up_to_the_size_of_the_range(journal_url: str, parallel: bool) -> None:
-    from charter.ledger.verify import audit_journal
+    from charter.audit.journal import audit_journal
 
     _fill(journal_url)
     calls: list[tuple[int, int]] = []

@@ -10,19 +10,18 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-from charter.ledger.admission import (
+from charter.authority import AgentRegistered, GrantMinted
+from charter.budgets import (
     AdmissionRefused,
     AdmissionRefusedError,
+    BudgetLedgerOpened,
     CapInputs,
     CellConfigured,
     Cells,
+    LeaseBook,
     ResourceClass,
 )
-from charter.ledger.authority import AgentRegistered, GrantMinted
-from charter.ledger.budget import Budget
-from charter.ledger.errors import CharterError
-from charter.ledger.events import Event
-from charter.ledger.leases import BudgetLedgerOpened, LeaseBook
+from charter.core import Budget, CharterError, Event
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BODY = "x" * 420  # about the size of a canonical grant body

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from charter.ledger.home import KeyStore
-from charter.ledger.journal import Journal
+from charter.core import KeyStore
+from charter.ledger import Journal
 from charter.projections._fold import _minted_fields
 from tests.budgets._support import ROOT_BUDGET, ceiling, intent, register_root, service
 

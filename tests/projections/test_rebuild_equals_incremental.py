@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from charter.ledger.admission import Cells
-from charter.ledger.journal import Journal
-from charter.ledger.leases import LeaseBook
+from charter.budgets import Cells, LeaseBook
+from charter.ledger import Journal
 from charter.projections import PositionBeyondHeadError, Projector
 from tests.projections.history import History, ms_of
 

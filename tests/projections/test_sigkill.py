@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from charter.ledger.journal import Journal
+from charter.ledger import Journal
 from charter.projections import Projector
 from tests.projections.history import History
 

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
 from charter.sandbox import Launcher, Outcome
 
 PY = "/usr/bin/python3"  # Debian's, visible inside through the read-only /usr

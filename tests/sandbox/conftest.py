@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
 from charter.sandbox import Launcher, MemorySink
 
 SMALL = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=128MiB,egress=0MB")

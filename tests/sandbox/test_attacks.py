@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
 from charter.sandbox import Launcher, MemorySink, Outcome, SandboxLeased, SandboxStarted
 
 from ._support import on_host, out, sandboxed

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
 from charter.sandbox import EgressAttempted, EgressBroker, EgressGrant, Launcher, MemorySink
 from charter.sandbox import egress as egress_module
 from charter.sandbox.egress import _parse_head

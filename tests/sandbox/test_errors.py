@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.budget import Budget
-from charter.ledger.errors import RefusedError, UnavailableError
+from charter.core import Budget, RefusedError, UnavailableError
 from charter.sandbox import (
     HostCannotIsolateError,
     Launcher,
@@ -17,7 +16,8 @@ from charter.sandbox import (
     UidPoolExhaustedError,
     WarmPool,
 )
-from charter.sandbox import _janitor as janitor
+import charter.sandbox._janitor as janitor
+from charter.sandbox._launch import RawLauncher
 from charter.sandbox._host import UID_RANGE, allocate_uid
 
 pytestmark = pytest.mark.sandbox
@@ -41,13 +41,13 @@ def test_uid_pool_exhaustion_is_a_refusal(tmp_path: Path) -> None:
 def test_a_missing_backend_is_unavailable(state_dir: Path, scratch: Path) -> None:
     missing = str(scratch / "no-such-bwrap")
     with pytest.raises(SandboxUnavailableError) as err:
-        Launcher(state_dir=state_dir, bwrap=missing, unsafe_skip_isolation_probe=True).run(
+        RawLauncher(state_dir=state_dir, bwrap=missing).run(
             B, ["/bin/true"]
         )
     assert isinstance(err.value, UnavailableError)
     # Without the (unsafe) skip, the launcher is refused before it could try.
     with pytest.raises(HostCannotIsolateError):
-        Launcher(state_dir=state_dir, bwrap=missing)
+        RawLauncher(state_dir=state_dir, bwrap=missing)
     with pytest.raises(SandboxUnavailableError):
         WarmPool(scratch / "no-such-template", B, 1, state_dir=state_dir)
     # Control: the real bwrap runs the same command.
@@ -70,7 +70,7 @@ def test_failures_after_the_uid_is_taken_leak_nothing(state_dir: Path, scratch: 
     ):
         pool.fill()  # compile_spec refuses, after the uid and the slot directory
     missing = str(scratch / "no-such-bwrap")
-    launcher = Launcher(state_dir=state_dir, bwrap=missing, unsafe_skip_isolation_probe=True)
+    launcher = RawLauncher(state_dir=state_dir, bwrap=missing)
     with pytest.raises(SandboxUnavailableError):
         launcher.run(B, ["/bin/true"], capture=True)  # after the capture memfds
     janitor.drain()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
 from charter.sandbox import Launcher, MemorySink, WarmPool, _gate
 from charter.sandbox._host import find_bwrap
 

@@ -11,7 +11,7 @@ import pytest
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
 from charter.sandbox import KeyBroker, KeyHandleError, WarmPool, framed, verify_signature
 
 B = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=0MB")

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.budget import Budget
-from charter.ledger.errors import AppendFailedError
-from charter.ledger.events import Event
-from charter.ledger.journal import Journal
+from charter.core import Budget, Event
+from charter.ledger import AppendFailedError, Journal
 from charter.sandbox import Launcher
 
 pytestmark = pytest.mark.sandbox
@@ -27,7 +25,7 @@ B = Budget.parse("tokens=0,wall=60s,cpu=60s,mem=64MiB,egress=0MB")
 CHILD = """
 import json, sys
 from pathlib import Path
-from charter.ledger.budget import Budget
+from charter.core.budget import Budget
 from charter.sandbox import Launcher
 
 class Printer:

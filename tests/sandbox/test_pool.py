@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.budget import Budget
-from charter.ledger.errors import RefusedError
+from charter.core import Budget, RefusedError
 from charter.sandbox import (
     MemorySink,
     PoolExhaustedError,

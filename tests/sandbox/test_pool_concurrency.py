@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
 from charter.sandbox import SandboxUnavailableError, WarmPool
 from charter.sandbox import pool as pool_module
 from charter.sandbox._host import UID_RANGE, UidLease, allocate_uid

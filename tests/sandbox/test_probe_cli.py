@@ -10,9 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from charter.ledger.journal import Journal
-from charter.sandbox import HostCannotIsolateError, MemorySink, SandboxProbeRefused, probe
-from charter.sandbox.probe import require_isolation
+from charter.ledger import Journal
+from charter.sandbox import (
+    HostCannotIsolateError,
+    MemorySink,
+    SandboxProbeRefused,
+    probe,
+    require_isolation,
+)
 
 pytestmark = pytest.mark.sandbox
 
@@ -72,7 +77,7 @@ def test_probe_refuses_a_weakened_sandbox(
 
 
 def test_launcher_and_pool_refuse_to_spawn_on_a_weak_host(state_dir: Path, scratch: Path) -> None:
-    from charter.ledger.budget import Budget
+    from charter.core import Budget
     from charter.sandbox import Launcher, WarmPool
 
     weak = _weak_bwrap(scratch, "--clearenv", 0)

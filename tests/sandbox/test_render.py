@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
 from charter.sandbox import (
     BwrapFds,
     CgroupMode,

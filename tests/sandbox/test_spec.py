@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from charter.ledger.budget import Budget
+from charter.core import Budget
 from charter.sandbox import HostFacts, Namespace, SandboxBudgetError, compile_spec
 from charter.sandbox.spec import CPU_PERIOD_US, MIN_MEMORY_BYTES
 

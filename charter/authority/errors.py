@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from charter.ledger.errors import BadInputError, RefusedError, StateError
+from charter.core.errors import BadInputError, RefusedError, StateError
 
 __all__ = [
     # bad input
-    "LineageError",
-    "AxisValueError",
     "GrantFormatError",
     # state
     "AgentExistsError",
@@ -43,14 +41,6 @@ __all__ = [
 ]
 
 
-class LineageError(BadInputError):
-    """A lineage path is malformed, empty, overlong, or has characters it may not have."""
-
-
-class AxisValueError(BadInputError):
-    """A grant axis value (tool, host, secret, level, …) is not valid."""
-
-
 class GrantFormatError(BadInputError):
     """Sealed-grant bytes are not a canonical Charter grant."""
 
@@ -63,7 +53,7 @@ class UnknownAgentError(StateError):
     """No durable agent of that name is in the directory."""
 
 
-class AuthorityRefusedError(RefusedError):
+class AuthorityRefusedError(RefusedError, abstract=True):
     """Base of every authority refusal; ``reason`` is the code journaled with it."""
 
     reason: ClassVar[str] = "refused"
@@ -123,7 +113,7 @@ class FanoutExhaustedError(AuthorityRefusedError):
     reason = "fanout-exhausted"
 
 
-class InvariantViolationError(AuthorityRefusedError):
+class InvariantViolationError(AuthorityRefusedError, abstract=True):
     """A minted child would not lie within its parent; the mint is refused."""
 
     reason = "invariant"

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from charter.ledger.authority._axes import (
+from charter.authority._axes import (
     Clearance,
     Destination,
     PermissionMode,
@@ -34,9 +34,8 @@ from charter.ledger.authority._axes import (
     set_meet,
     set_within,
 )
-from charter.ledger.authority._intent import MAX_FANOUT, RequestedGrant
-from charter.ledger.authority._lineage import MAX_LINEAGE_DEPTH, Lineage
-from charter.ledger.authority.errors import (
+from charter.authority._intent import MAX_FANOUT, RequestedGrant
+from charter.authority.errors import (
     AxisWidenedError,
     ClearanceRaisedError,
     DepthNotDecreasingError,
@@ -44,8 +43,9 @@ from charter.ledger.authority.errors import (
     GrantFormatError,
     PermissionModeRaisedError,
 )
-from charter.ledger.budget import Budget
-from charter.ledger.events import canonical_json
+from charter.core.budget import Budget
+from charter.core.events import canonical_json
+from charter.core.lineage import MAX_LINEAGE_DEPTH, Lineage
 
 __all__ = ["GrantTerms", "Grant", "Hex32", "attenuate", "check_invariants"]
 

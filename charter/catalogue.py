@@ -5,5 +5,4 @@ entry, whichever package wrote it."""
 from __future__ import annotations
 
 # Imported for their registrations only.
-from charter.ledger import admission, journal, leases, lifecycle, resources  # noqa: F401
-from charter.ledger.authority import _events  # noqa: F401
+from charter import authority, budgets, control, ledger, sandbox  # noqa: F401

@@ -13,16 +13,12 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from charter.ledger.errors import BadInputError, StateError
+from charter.core.errors import BadInputError, UnknownEventTypeError
 
 __all__ = ["Event", "UnknownEventTypeError", "canonical_json", "event_class", "event_types"]
 
 _TYPE_NAME = re.compile(r"^[A-Z][A-Za-z0-9]{1,63}$")
 _REGISTRY: dict[str, type[Event]] = {}
-
-
-class UnknownEventTypeError(StateError):
-    """A stored entry names an event type this version of Charter does not know."""
 
 
 def canonical_json(value: Any) -> bytes:
@@ -74,11 +70,6 @@ def event_class(topic: str) -> type[Event]:
     """Resolve a stored topic (``Name/vN``) to its event class."""
     name, _, version = topic.partition("/v")
     cls = _REGISTRY.get(name)
-    if cls is None:
-        # Load the whole catalogue once (lazily: it imports modules that import this one).
-        import charter.ledger.catalogue  # noqa: F401
-
-        cls = _REGISTRY.get(name)
     if cls is None or str(cls.schema_version) != version:
         raise UnknownEventTypeError(
             f"journal entry has event type {topic!r}, which this Charter does not know; "

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
-from charter.ledger.authority.errors import LineageError
+from charter.core.errors import LineageError
 
 __all__ = ["Lineage", "MAX_LINEAGE_CHARS", "MAX_LINEAGE_DEPTH"]
 

@@ -25,7 +25,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from charter.ledger.authority.errors import AxisValueError
+from charter.core.destination import Destination, check_destination, covers
+from charter.core.errors import AxisValueError
 
 __all__ = [
     "Clearance",
@@ -94,8 +95,6 @@ _MODE_RANK = {mode: i for i, mode in enumerate(PermissionMode)}
 
 _TOOL = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,127}")
 _SECRET = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}")
-_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
-_MAX_HOST = 253
 
 
 def check_tool(name: str) -> str:
@@ -118,23 +117,6 @@ def check_secret(name: str) -> str:
     return name
 
 
-def check_destination(entry: str) -> str:
-    """An egress destination: an exact host ``api.example.com`` or ``*.example.com``.
-
-    Lower-case DNS labels only; ``*`` alone, ports, schemes, paths and wildcards
-    anywhere but a leading ``*.`` are refused, so every entry has one meaning.
-    """
-    host = entry[2:] if entry.startswith("*.") else entry
-    labels = host.split(".")
-    if not host or len(host) > _MAX_HOST or not all(_LABEL.fullmatch(x) for x in labels):
-        raise AxisValueError(
-            f"egress destination {entry[:80]!r}: write an exact host (api.example.com) or "
-            "a pattern for its subdomains (*.example.com): lower-case letters, digits and "
-            "'-' in dot-separated labels; no scheme, port, path or bare '*'"
-        )
-    return entry
-
-
 def _after(check: Callable[[str], str]) -> AfterValidator:
     def run(value: str) -> str:
         try:
@@ -147,7 +129,6 @@ def _after(check: Callable[[str], str]) -> AfterValidator:
 
 ToolName = Annotated[str, _after(check_tool)]
 SecretName = Annotated[str, _after(check_secret)]
-Destination = Annotated[str, _after(check_destination)]
 
 
 # Sets (tools, secrets): narrower is subset, meet is intersection.
@@ -161,18 +142,8 @@ def set_meet(requested: frozenset[str], parent: frozenset[str]) -> frozenset[str
     return requested & parent
 
 
-# Egress: an entry covers the hosts it admits. An exact host admits itself; "*.d"
-# admits every host strictly below d (not d itself), at any depth.
-
-
-def covers(wider: str, narrower: str) -> bool:
-    """True when every host ``narrower`` admits is admitted by ``wider``."""
-    if wider.startswith("*."):
-        suffix = wider[1:]  # ".d"
-        inner = narrower[2:] if narrower.startswith("*.") else narrower
-        # "*.d" covers "*.d", "x.d", "*.x.d"; it does not cover "d" itself.
-        return narrower == wider or inner.endswith(suffix)
-    return narrower == wider
+# Egress: the destination vocabulary and its ``covers`` are core's (one for the
+# grant and the broker); here, how two sets of entries compare and meet.
 
 
 def egress_within(child: frozenset[str], parent: frozenset[str]) -> bool:

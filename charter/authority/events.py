@@ -11,14 +11,14 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
-from charter.ledger.authority._fast import construct
-from charter.ledger.authority._gate import Verdict
-from charter.ledger.authority._grant import Hex32
-from charter.ledger.authority._lineage import Lineage
-from charter.ledger.authority._seal import SealedGrant
-from charter.ledger.authority.errors import GrantFormatError
-from charter.ledger.budget import Budget
-from charter.ledger.events import Event
+from charter.authority._fast import construct
+from charter.authority._gate import Verdict
+from charter.authority._grant import Hex32
+from charter.authority._seal import SealedGrant
+from charter.authority.errors import GrantFormatError
+from charter.core.budget import Budget
+from charter.core.events import Event
+from charter.core.lineage import Lineage
 
 __all__ = ["AgentRegistered", "GrantMinted", "GateDecided", "SpawnRefused"]
 

@@ -1,59 +1,39 @@
-"""Budgets and slots joined to fan-outs: leases in the same append as the mints.
+"""Budgets and slots as command handlers: decide on the folded state, append pinned to
+the streams the decision read, refuse (journaled) what the rules do not allow.
 
-:class:`ResourceView` folds the lease book and the cells from the journal incrementally
-(as :class:`~charter.ledger.authority.AuthorityView` does for the directory), timing
-each entry by its commit time. :class:`LeaseStage` is the fan-out stage that carves
-each minted child's lease out of its parent's remaining budget, or refuses the whole
-fan-out (journaled) when it does not fit or the parent has no ledger.
+:class:`ResourceView` folds the lease book and the cells from the journal incrementally,
+timing each entry by its commit time. A fan-out's leases and admissions are stages of
+the spawn pipeline (:mod:`charter.control.spawn`), in the fan-out's one append.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
-from charter.ledger._follow import JournalFold, entry_ms, now_ms
-from charter.ledger.admission import (
+from charter.budgets import (
     ADMISSION_EVENTS,
+    LEASE_EVENTS,
     AdmissionRefusedError,
+    BudgetRefused,
     CapInputs,
     CellConfigured,
     Cells,
-    ResourceClass,
-    SlotAdmitted,
-)
-from charter.ledger.authority import Extension, FanoutDecision, SpawnIntent
-from charter.ledger.budget import Budget
-from charter.ledger.errors import RefusedError
-from charter.ledger.events import Event
-from charter.ledger.journal import AppendConflictError, Committed, Journal
-from charter.ledger.leases import (
-    LEASE_EVENTS,
-    BudgetRefused,
     LeaseBook,
     LeaseReleased,
     LeaseRenewed,
+    ResourceClass,
+    SlotAdmitted,
     UsageRecorded,
 )
+from charter.core import Budget, Event, RefusedError, now_ms
+from charter.core.errors import InternalError
+from charter.ledger import AppendConflictError, Journal, JournalFold
 
-__all__ = [
-    "AdmissionService",
-    "LeaseStage",
-    "CeilingCheckFailedOpen",
-    "DepthCeilingError",
-    "PopulationCeilingError",
-    "RegistryFacts",
-    "fabric_ceilings_fail_open",
-    "BudgetService",
-    "ResourceView",
-    "default_stages",
-    "entry_ms",
-]
+__all__ = ["AdmissionService", "BudgetService", "ResourceView"]
 
 _RETRIES = 5
 E = TypeVar("E", bound=Event)
-
 
 _TYPES = tuple(cls.type_name for cls in (*LEASE_EVENTS, *ADMISSION_EVENTS))
 
@@ -74,50 +54,6 @@ class ResourceView(JournalFold):
             self.book.apply(event, at_ms)
         elif isinstance(event, ADMISSION_EVENTS):
             self.cells.apply(event)
-
-
-class LeaseStage:
-    """The fan-out stage that leases each child a share of the fan-out's cost.
-
-    Each child is leased ``estimated cost / width`` (capped by its grant's budget), for
-    its wall-clock allocation, and never past its grant's expiry (nor, in
-    :meth:`LeaseBook.decide_leases`, past its parent's lease). Leases go on the parent's
-    stream, which the authority stage already pinned.
-    """
-
-    def __init__(self, journal: Journal, view: ResourceView, clock: Callable[[], int]) -> None:
-        self.journal = journal
-        self.view = view
-        self.clock = clock
-
-    def __call__(self, decision: FanoutDecision, intent: SpawnIntent) -> FanoutDecision:
-        self.view.refresh(self.journal)
-        now = self.clock()
-        share = intent.estimated_cost.split(intent.width)
-        children = []
-        lease_of: dict[int, tuple[Budget, int]] = {}  # the children of a fan-out share terms
-        for child in decision.children:
-            terms = child.grant.terms
-            lease = lease_of.get(id(terms))
-            if lease is None:
-                allocation = share.minimum(terms.budget)
-                expires = min(terms.expires_at_ms, now + allocation.wall_ms)
-                lease = lease_of[id(terms)] = (allocation, expires)
-            children.append((str(child.lineage), *lease))
-        try:
-            leases = self.view.book.decide_leases(str(decision.parent), children, now)
-        except RefusedError as error:
-            return decision.refused(error, str(decision.parent), intent)
-        return decision.joined(leases)
-
-    def on_commit(self, committed: tuple[Committed, ...]) -> None:
-        """Fold the fan-out's own commit without reading it back."""
-        self.view.applied(committed)
-
-
-def default_stages(journal: Journal, clock: Callable[[], int]) -> list[Extension]:
-    """The stages every fan-out goes through after the authority's own: leases."""
-    return [LeaseStage(journal, ResourceView(), clock)]
 
 
 class BudgetService:
@@ -217,7 +153,7 @@ class AdmissionService:
             ),
         )
         if not isinstance(event, CellConfigured):  # decide_configure makes only that
-            raise TypeError(event)
+            raise InternalError(f"decide_configure made {type(event).__name__}")
         return event
 
     def admit(
@@ -260,78 +196,3 @@ class AdmissionService:
             self.view.applied(committed)
             return events
         raise AppendConflictError(f"admission on cell {cell!r} kept racing; retry")
-
-
-class CeilingCheckFailedOpen(Event):
-    """The fabric ceilings could not be read; the fan-out went ahead without them.
-
-    Journaled in the same append as the fan-out, so auditors see every time it happened.
-    """
-
-    type_name = "CeilingCheckFailedOpen"
-    fanout: str
-    error: str
-
-
-class PopulationCeilingError(RefusedError):
-    """The fabric already runs as many workers as its population ceiling allows."""
-
-    reason = "population-ceiling"
-
-
-class DepthCeilingError(RefusedError):
-    """The fan-out would place workers deeper than the fabric's depth ceiling."""
-
-    reason = "depth-ceiling"
-
-
-@dataclass(frozen=True)
-class RegistryFacts:
-    """What the registry (a projection) says: the ceilings and the live population."""
-
-    population_ceiling: int
-    depth_ceiling: int
-    live_population: int
-
-
-def fabric_ceilings_fail_open(read_registry: Callable[[], RegistryFacts]) -> Extension:
-    """Fabric-wide population and depth ceilings, from the registry.
-
-    FAILS OPEN, on purpose (DESIGN.md §5): the registry is a projection that may lag or
-    be unreachable, and a fabric that stops spawning whenever it is would turn a
-    read-side fault into an outage. When the read fails, the fan-out proceeds and a
-    ``CeilingCheckFailedOpen`` event joins its append. Budgets and admission, which
-    protect the host and the money, stay fail-closed.
-    """
-
-    def extend(decision: FanoutDecision, intent: SpawnIntent) -> FanoutDecision:
-        try:
-            facts = read_registry()
-        except Exception as error:  # noqa: BLE001 - any registry fault fails open, journaled
-            event = CeilingCheckFailedOpen(
-                fanout=decision.fanout_id, error=f"{type(error).__name__}: {error}"
-            )
-            return decision.joined((event,))
-        depth = len(decision.parent.segments)  # a child is one segment deeper
-        if depth > facts.depth_ceiling:
-            return decision.refused(
-                DepthCeilingError(
-                    f"workers at depth {depth} would exceed the fabric's depth ceiling of "
-                    f"{facts.depth_ceiling}"
-                ),
-                str(decision.parent),
-                intent,
-            )
-        if facts.live_population + intent.width > facts.population_ceiling:
-            return decision.refused(
-                PopulationCeilingError(
-                    f"{facts.live_population} workers are live and {intent.width} more would "
-                    f"exceed the fabric's population ceiling of {facts.population_ceiling}; "
-                    "retry when some have finished"
-                ),
-                str(decision.parent),
-                intent,
-            )
-        return decision
-
-    return extend

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from charter.ledger.events import Event
+from charter.core.events import Event
 
 __all__ = [
     "EgressAttempted",

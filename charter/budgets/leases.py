@@ -18,11 +18,16 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from pydantic import Field
 
-from charter.ledger.budget import (
+from charter.budgets.errors import (
+    InsufficientBudgetError,
+    LeaseEndedError,
+    NoBudgetLedgerError,
+    RenewalBeyondParentError,
+)
+from charter.core.budget import (
     VEC_ZERO,
     Budget,
     Vec,
@@ -32,8 +37,8 @@ from charter.ledger.budget import (
     vec_of,
     vec_sub,
 )
-from charter.ledger.errors import BadInputError, RefusedError, StateError
-from charter.ledger.events import Event
+from charter.core.errors import BadInputError, StateError
+from charter.core.events import Event
 
 __all__ = [
     "BudgetLedgerOpened",
@@ -45,45 +50,7 @@ __all__ = [
     "LEASE_EVENTS",
     "LeaseBook",
     "LedgerState",
-    "BudgetRefusedError",
-    "NoBudgetLedgerError",
-    "InsufficientBudgetError",
-    "LeaseEndedError",
-    "RenewalBeyondParentError",
 ]
-
-
-# -- errors ------------------------------------------------------------------------
-
-
-class BudgetRefusedError(RefusedError):
-    """Refused by budget policy (exit 4). ``reason`` is a stable code for the journal."""
-
-    reason: ClassVar[str] = "budget"
-
-
-class NoBudgetLedgerError(BudgetRefusedError):
-    """The agent has no budget ledger, so it cannot spend or spawn (fail closed)."""
-
-    reason = "no-budget-ledger"
-
-
-class InsufficientBudgetError(BudgetRefusedError):
-    """The requested leases do not fit in what the parent still holds."""
-
-    reason = "insufficient-budget"
-
-
-class LeaseEndedError(BudgetRefusedError):
-    """The lease was released or has expired; nothing more can be recorded against it."""
-
-    reason = "lease-ended"
-
-
-class RenewalBeyondParentError(BudgetRefusedError):
-    """A renewal would outlive the parent's own lease."""
-
-    reason = "renewal-beyond-parent"
 
 
 # -- events ------------------------------------------------------------------------

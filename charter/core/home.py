@@ -13,19 +13,11 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from charter.ledger.errors import BadInputError, StateError
+from charter.core.errors import BadInputError, KeyNotFoundError, KeyPermissionsError, StateError
 
 __all__ = ["KeyStore", "KeyNotFoundError", "KeyPermissionsError", "charter_home"]
 
 _KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
-
-
-class KeyNotFoundError(StateError):
-    """No key of that name in the Charter home."""
-
-
-class KeyPermissionsError(StateError):
-    """A key file or the keys directory is readable by others; refuse to use it."""
 
 
 def charter_home() -> Path:

@@ -22,8 +22,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from charter.ledger.errors import BadInputError, RefusedError, StateError
-from charter.ledger.events import Event
+from charter.budgets.errors import AdmissionRefusedError, UnknownCellError
+from charter.core.errors import BadInputError, StateError
+from charter.core.events import Event
 
 __all__ = [
     "ResourceClass",
@@ -35,9 +36,8 @@ __all__ = [
     "ADMISSION_EVENTS",
     "CellState",
     "Cells",
-    "AdmissionRefusedError",
-    "UnknownCellError",
     "processing_cap",
+    "SlotQueued",
 ]
 
 
@@ -46,20 +46,6 @@ class ResourceClass(StrEnum):
     EGRESS = "egress"
     INFERENCE = "inference"
     COORDINATION = "coordination"
-
-
-class AdmissionRefusedError(RefusedError):
-    """Over cap: backpressure. ``retry_after_ms`` says when to try again."""
-
-    reason: ClassVar[str] = "admission"
-
-    def __init__(self, message: str, *, retry_after_ms: int) -> None:
-        super().__init__(message)
-        self.retry_after_ms = retry_after_ms
-
-
-class UnknownCellError(StateError):
-    """No cell of that name has been configured."""
 
 
 class CapInputs(BaseModel):
@@ -119,6 +105,22 @@ class SlotReleased(Event):
         return f"cell:{self.cell}"
 
 
+class SlotQueued(Event):
+    """``lineage`` waits for a slot of ``resource`` on ``cell`` (the class was full, or
+    the cell is not configured yet): backpressure that never oversubscribes. The queue
+    is first come, first served; a queued worker is admitted by a later SlotAdmitted."""
+
+    type_name = "SlotQueued"
+    cell: str
+    lineage: str
+    resource: ResourceClass
+    cap: int = Field(ge=0)
+    occupancy: int = Field(ge=0)
+
+    def stream(self) -> str:
+        return f"cell:{self.cell}"
+
+
 class AdmissionRefused(Event):
     """Backpressure, journaled: the class was full."""
 
@@ -132,7 +134,7 @@ class AdmissionRefused(Event):
     inputs: CapInputs | None = None
 
 
-ADMISSION_EVENTS = (CellConfigured, SlotAdmitted, SlotReleased, AdmissionRefused)
+ADMISSION_EVENTS = (CellConfigured, SlotAdmitted, SlotQueued, SlotReleased, AdmissionRefused)
 
 
 @dataclass
@@ -143,6 +145,10 @@ class CellState:
     failover_reserve: int
     holders: dict[ResourceClass, set[str]] = field(
         default_factory=lambda: {r: set() for r in ResourceClass}
+    )
+    # Waiting lineages per class, in arrival order (a dict keeps insertion order).
+    queued: dict[ResourceClass, dict[str, None]] = field(
+        default_factory=lambda: {r: {} for r in ResourceClass}
     )
 
     def occupancy(self, resource: ResourceClass) -> int:
@@ -171,15 +177,27 @@ class Cells:
             case CellConfigured():
                 state = CellState(event.cell, dict(event.caps), event.cores, event.failover_reserve)
                 old = self._cells.get(event.cell)
-                if old is not None:  # reconfigured: the workers holding slots still run
-                    state.holders = old.holders
+                if old is not None:  # reconfigured: holders still run, the queue still waits
+                    state.holders, state.queued = old.holders, old.queued
                 self._cells[event.cell] = state
+            case SlotQueued():
+                self._unconfigured(event.cell).queued[event.resource][event.lineage] = None
             case SlotAdmitted():
-                self._cells[event.cell].holders[event.resource].add(event.lineage)
+                state = self._cells[event.cell]
+                state.holders[event.resource].add(event.lineage)
+                state.queued[event.resource].pop(event.lineage, None)
             case SlotReleased():
                 self._cells[event.cell].holders[event.resource].discard(event.lineage)
             case _:
                 pass
+
+    def _unconfigured(self, cell: str) -> CellState:
+        """The cell, or a placeholder with no caps that holds a queue until it is
+        configured (a fan-out may be scheduled on a cell that has not started yet)."""
+        state = self._cells.get(cell)
+        if state is None:
+            state = self._cells[cell] = CellState(cell, {}, 0, 0)
+        return state
 
     def cap(
         self, cell: str, resource: ResourceClass, inputs: CapInputs | None
@@ -230,6 +248,47 @@ class Cells:
                     inputs=used_inputs,
                 )
             )
+        return tuple(events)
+
+    def decide_place(
+        self,
+        cell: str,
+        lineages: list[str],
+        resource: ResourceClass,
+        inputs: CapInputs | None = None,
+    ) -> tuple[SlotAdmitted | SlotQueued, ...]:
+        """A fan-out's placement: a slot for each child while the class has room and
+        nobody is queued ahead, the rest queued in order. Never over the cap."""
+        state = self._cells.get(cell)
+        if state is None or not state.caps:
+            cap, used_inputs, held, waiting = 0, None, set[str](), {}
+        else:
+            cap, used_inputs = self.cap(cell, resource, inputs)
+            held, waiting = state.holders[resource], state.queued[resource]
+        occupancy = len(held)
+        events: list[SlotAdmitted | SlotQueued] = []
+        for lineage in lineages:
+            if lineage in held or lineage in waiting:
+                continue
+            if occupancy < cap and not waiting:
+                occupancy += 1
+                events.append(
+                    SlotAdmitted(
+                        cell=cell,
+                        lineage=lineage,
+                        resource=resource,
+                        cap=cap,
+                        occupancy=occupancy,
+                        inputs=used_inputs,
+                    )
+                )
+            else:
+                waiting = {**waiting, lineage: None}  # later children queue behind it
+                events.append(
+                    SlotQueued(
+                        cell=cell, lineage=lineage, resource=resource, cap=cap, occupancy=occupancy
+                    )
+                )
         return tuple(events)
 
     def refusal(

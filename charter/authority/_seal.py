@@ -2,17 +2,15 @@
 
 A root's ceiling grant is signed by the root's own custody key (whose public half is the
 trust root in the directory); each child's grant is signed by its parent's custody key.
-``verify_chain`` checks a worker's chain back to the root with nothing but the grants and
+``verify_grant_chain`` checks a worker's chain back to the root with nothing but the grants and
 the root's public key. Signatures are verified by libsodium (pynacl); its errors are
 wrapped in ours. Keys are compared with ``hmac.compare_digest``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import itertools
-import struct
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any, Self
@@ -22,10 +20,9 @@ from nacl.exceptions import BadSignatureError, CryptoError
 from nacl.signing import SigningKey, VerifyKey
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from charter.ledger.authority._fast import construct
-from charter.ledger.authority._grant import Grant, check_invariants
-from charter.ledger.authority._lineage import Lineage
-from charter.ledger.authority.errors import (
+from charter.authority._fast import construct
+from charter.authority._grant import Grant, check_invariants
+from charter.authority.errors import (
     CustodyKeyMismatchError,
     ForeignRootError,
     GrantChainBrokenError,
@@ -33,20 +30,18 @@ from charter.ledger.authority.errors import (
     GrantFormatError,
     GrantSignatureInvalidError,
 )
+from charter.core.framing import child_seed, grant_digest, grant_signing_input
+from charter.core.lineage import Lineage
 
 __all__ = [
     "SealedGrant",
     "seal",
-    "verify_chain",
+    "verify_grant_chain",
     "check_custody",
     "derive_child_seed",
     "Signer",
     "grant_digest",
 ]
-
-SIGNATURE_TAG = b"charter/grant/v1\0"
-DIGEST_TAG = b"charter/grant-digest/v1\0"
-CHILD_KEY_TAG = b"charter/custody/child/v1\0"
 
 
 class SealedGrant(BaseModel):
@@ -103,11 +98,6 @@ class SealedGrant(BaseModel):
             raise GrantFormatError(f"not a sealed grant record: {e}") from e
 
 
-def grant_digest(body: bytes, signature: bytes) -> bytes:
-    """sha256 over a tagged, length-prefixed frame of a grant's body and signature."""
-    return hashlib.sha256(DIGEST_TAG + struct.pack(">I", len(body)) + body + signature).digest()
-
-
 class Signer:
     """A custody key in the form libsodium signs with (fast path for many mints)."""
 
@@ -122,7 +112,7 @@ class Signer:
 
     def seal(self, grant: Grant) -> SealedGrant:
         body = grant.canonical_body()
-        signature = crypto_sign(SIGNATURE_TAG + body, self._secret)[:64]
+        signature = crypto_sign(grant_signing_input(body), self._secret)[:64]
         return SealedGrant._trusted(grant, body, signature)
 
 
@@ -139,7 +129,7 @@ def derive_child_seed(parent_key_seed: bytes, child: Lineage) -> bytes:
     key can derive its descendants' keys, which grants nothing new: the parent can mint
     any authority for its subtree already.
     """
-    return hmac.digest(parent_key_seed, CHILD_KEY_TAG + child.encode(), "sha256")
+    return child_seed(parent_key_seed, str(child))
 
 
 def check_custody(custody_public: bytes, expected: bytes, *, who: str) -> None:
@@ -153,7 +143,7 @@ def check_custody(custody_public: bytes, expected: bytes, *, who: str) -> None:
 
 def _verify_signature(sealed: SealedGrant, public_key: bytes, *, signer: str) -> None:
     try:
-        VerifyKey(public_key).verify(SIGNATURE_TAG + sealed.body, sealed.signature)
+        VerifyKey(public_key).verify(grant_signing_input(sealed.body), sealed.signature)
     except (BadSignatureError, CryptoError, ValueError, TypeError) as e:
         raise GrantSignatureInvalidError(
             f"grant for {sealed.grant.lineage} is not signed by {signer}: it was forged "
@@ -161,7 +151,7 @@ def _verify_signature(sealed: SealedGrant, public_key: bytes, *, signer: str) ->
         ) from e
 
 
-def verify_chain(
+def verify_grant_chain(
     chain: Sequence[SealedGrant], root_public_key: bytes, *, now_ms: int | None = None
 ) -> Grant:
     """Verify a chain of grants from a root's ceiling grant down to a worker's; return

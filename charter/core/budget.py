@@ -12,11 +12,10 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from charter.ledger.errors import BadInputError
+from charter.core.errors import BudgetSyntaxError
 
 __all__ = [
     "Budget",
-    "BudgetSyntaxError",
     "VEC_ZERO",
     "Vec",
     "budget_of",
@@ -26,10 +25,6 @@ __all__ = [
     "vec_sat_sub",
     "vec_sub",
 ]
-
-
-class BudgetSyntaxError(BadInputError):
-    """A budget vector string could not be parsed."""
 
 
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")

@@ -26,8 +26,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from charter.ledger.authority._lineage import Lineage
-from charter.ledger.budget import Budget
+from charter.core.budget import Budget
+from charter.core.lineage import Lineage
 
 __all__ = [
     "Verdict",

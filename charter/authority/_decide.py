@@ -16,14 +16,12 @@ from typing import Any
 
 from nacl.signing import SigningKey
 
-from charter.ledger.authority._events import GateDecided, GrantMinted, SpawnRefused
-from charter.ledger.authority._fast import construct
-from charter.ledger.authority._gate import GateDecision, GatePolicy, GateQuestion, Verdict, ask_gate
-from charter.ledger.authority._grant import Grant, GrantTerms, attenuate, check_invariants
-from charter.ledger.authority._intent import RequestedGrant, SpawnIntent
-from charter.ledger.authority._lineage import Lineage
-from charter.ledger.authority._seal import SealedGrant, Signer, derive_child_seed
-from charter.ledger.authority.errors import (
+from charter.authority._fast import construct
+from charter.authority._gate import GateDecision, GatePolicy, GateQuestion, Verdict, ask_gate
+from charter.authority._grant import Grant, GrantTerms, attenuate, check_invariants
+from charter.authority._intent import RequestedGrant, SpawnIntent
+from charter.authority._seal import SealedGrant, Signer, derive_child_seed
+from charter.authority.errors import (
     AuthorityRefusedError,
     DepthExhaustedError,
     FanoutExhaustedError,
@@ -31,8 +29,10 @@ from charter.ledger.authority.errors import (
     GateUnknownError,
     GrantExpiredError,
 )
-from charter.ledger.errors import RefusedError
-from charter.ledger.events import Event
+from charter.authority.events import GateDecided, GrantMinted, SpawnRefused
+from charter.core.errors import RefusedError
+from charter.core.events import Event
+from charter.core.lineage import Lineage
 
 __all__ = [
     "AttenuateFn",

@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from charter.ledger.authority._axes import Clearance, Destination, PermissionMode, SecretName
-from charter.ledger.authority._axes import ToolName as _ToolName
-from charter.ledger.budget import Budget
+from charter.authority._axes import Clearance, Destination, PermissionMode, SecretName
+from charter.authority._axes import ToolName as _ToolName
+from charter.core.budget import Budget
 
 MAX_FANOUT = 1_000_000  # children one grant may allow in all
 

@@ -1,0 +1,91 @@
+"""Budgets, pure: leases carved out of a parent's remainder (the one lease formula the
+lease book, the projections and the auditor all use), admission to cells' slots, and
+the fabric ceilings. No journal, no driver: decisions return events. See
+docs/projections.md for what a lease guarantees.
+"""
+
+from charter.budgets.admission import (
+    ADMISSION_EVENTS,
+    AdmissionRefused,
+    CapInputs,
+    CellConfigured,
+    Cells,
+    CellState,
+    ResourceClass,
+    SlotAdmitted,
+    SlotQueued,
+    SlotReleased,
+    processing_cap,
+)
+from charter.budgets.ceilings import (
+    DEFAULT_DEPTH_CEILING,
+    DEFAULT_POPULATION_CEILING,
+    CeilingCheckFailedOpen,
+    FabricCeilings,
+    RegistryFacts,
+    check_ceilings,
+)
+from charter.budgets.errors import (
+    AdmissionRefusedError,
+    BudgetRefusedError,
+    DepthCeilingError,
+    InsufficientBudgetError,
+    LeaseEndedError,
+    NoBudgetLedgerError,
+    PopulationCeilingError,
+    RenewalBeyondParentError,
+    UnknownCellError,
+)
+from charter.budgets.leases import (
+    LEASE_EVENTS,
+    BudgetLedgerOpened,
+    BudgetRefused,
+    LeaseBook,
+    LeaseGranted,
+    LeaseReleased,
+    LeaseRenewed,
+    LedgerState,
+    UsageRecorded,
+)
+
+__all__ = [
+    # leases
+    "BudgetLedgerOpened",
+    "LeaseGranted",
+    "UsageRecorded",
+    "LeaseReleased",
+    "LeaseRenewed",
+    "BudgetRefused",
+    "LEASE_EVENTS",
+    "LeaseBook",
+    "LedgerState",
+    # admission
+    "ResourceClass",
+    "CapInputs",
+    "CellConfigured",
+    "SlotAdmitted",
+    "SlotQueued",
+    "SlotReleased",
+    "AdmissionRefused",
+    "ADMISSION_EVENTS",
+    "CellState",
+    "Cells",
+    "processing_cap",
+    # ceilings
+    "DEFAULT_DEPTH_CEILING",
+    "DEFAULT_POPULATION_CEILING",
+    "CeilingCheckFailedOpen",
+    "FabricCeilings",
+    "RegistryFacts",
+    "check_ceilings",
+    # errors
+    "BudgetRefusedError",
+    "NoBudgetLedgerError",
+    "InsufficientBudgetError",
+    "LeaseEndedError",
+    "RenewalBeyondParentError",
+    "AdmissionRefusedError",
+    "UnknownCellError",
+    "PopulationCeilingError",
+    "DepthCeilingError",
+]

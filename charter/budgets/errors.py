@@ -1,0 +1,76 @@
+"""Errors of the budgets package (leases, admission, fabric ceilings), over the fault
+groups in :mod:`charter.core.errors`. Each refusal has its own stable ``reason`` code."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from charter.core.errors import RefusedError, StateError
+
+__all__ = [
+    "BudgetRefusedError",
+    "NoBudgetLedgerError",
+    "InsufficientBudgetError",
+    "LeaseEndedError",
+    "RenewalBeyondParentError",
+    "AdmissionRefusedError",
+    "UnknownCellError",
+    "PopulationCeilingError",
+    "DepthCeilingError",
+]
+
+
+class BudgetRefusedError(RefusedError, abstract=True):
+    """Refused by budget policy (exit 4). ``reason`` is a stable code for the journal."""
+
+    reason: ClassVar[str] = "budget"
+
+
+class NoBudgetLedgerError(BudgetRefusedError):
+    """The agent has no budget ledger, so it cannot spend or spawn (fail closed)."""
+
+    reason = "no-budget-ledger"
+
+
+class InsufficientBudgetError(BudgetRefusedError):
+    """The requested leases do not fit in what the parent still holds."""
+
+    reason = "insufficient-budget"
+
+
+class LeaseEndedError(BudgetRefusedError):
+    """The lease was released or has expired; nothing more can be recorded against it."""
+
+    reason = "lease-ended"
+
+
+class RenewalBeyondParentError(BudgetRefusedError):
+    """A renewal would outlive the parent's own lease."""
+
+    reason = "renewal-beyond-parent"
+
+
+class AdmissionRefusedError(RefusedError):
+    """Over cap: backpressure. ``retry_after_ms`` says when to try again."""
+
+    reason: ClassVar[str] = "admission"
+
+    def __init__(self, message: str, *, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+class UnknownCellError(StateError):
+    """No cell of that name has been configured."""
+
+
+class PopulationCeilingError(RefusedError):
+    """The fabric already runs as many workers as its population ceiling allows."""
+
+    reason = "population-ceiling"
+
+
+class DepthCeilingError(RefusedError):
+    """The fan-out would place workers deeper than the fabric's depth ceiling."""
+
+    reason = "depth-ceiling"

@@ -1,0 +1,370 @@
+"""The spawn pipeline: one fan-out, from what the caller holds to grants handed out.
+
+Its stages are named, typed and required, and run in this order in :meth:`spawn`:
+
+1. **resolve**  the parent from the caller's sealed chain and custody key (server side;
+   the intent carries no identity), re-verified from the signed bytes;
+2. **gate**     asked once per fan-out (in :func:`charter.authority.decide`);
+3. **mint**     ``width`` children, each ``requested ∩ parent`` with every invariant checked;
+4. **leases**   each child's budget carved out of the parent's remainder (fail closed);
+5. **admission** each child admitted to a slot of its cell, or queued (never over a cap);
+6. **ceilings** the fabric's population and depth ceilings (FAILS OPEN on a registry
+   read error, journaled as ``CeilingCheckFailedOpen``; DESIGN §5).
+
+Everything a fan-out decides goes to the journal in one append pinned to the streams
+it read; grants are handed out only after that append commits. A refusal at any stage
+is journaled (with the gate's record, when the gate was asked) and raised.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nacl.signing import SigningKey
+
+from charter.authority import (
+    AttenuateFn,
+    CostBenefitPolicy,
+    FanoutCommand,
+    FanoutDecision,
+    GateDecision,
+    GatePolicy,
+    GrantChainBrokenError,
+    GrantNotJournaledError,
+    MintedChild,
+    ParentState,
+    SealedGrant,
+    SpawnIntent,
+    UnknownParentError,
+    attenuate,
+    check_custody,
+    decide,
+    refusal_event,
+    verify_grant_chain,
+)
+from charter.authority.errors import AuthorityRefusedError
+from charter.budgets import (
+    CapInputs,
+    CeilingCheckFailedOpen,
+    FabricCeilings,
+    RegistryFacts,
+    ResourceClass,
+    SlotAdmitted,
+    SlotQueued,
+    check_ceilings,
+)
+from charter.control.directory import AgentRecord, AuthorityView, custody_key_name
+from charter.control.resources import ResourceView
+from charter.core import Budget, Clock, InternalError, KeyStore, Lineage, RefusedError, now_ms
+from charter.ledger import AppendConflictError, AppendFailedError, Journal
+
+__all__ = [
+    "DEFAULT_CELL",
+    "Caller",
+    "RegistryRead",
+    "SpawnResult",
+    "SpawnService",
+    "host_cap_inputs",
+]
+
+DEFAULT_CELL = "local"
+_CONFLICT_RETRIES = 8
+
+RegistryRead = Callable[[], RegistryFacts]
+"""Reads the registry for the ceilings stage; may raise (the stage then fails open)."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What a caller holds: its chain of sealed grants (root first) and its custody key.
+
+    For a durable agent the chain is its ceiling grant alone; for a worker, the chain
+    from its root down to its own grant (the key broker holds its key).
+    """
+
+    chain: tuple[SealedGrant, ...]
+    custody_key: SigningKey
+
+    @property
+    def claimed(self) -> str:
+        return str(self.chain[-1].grant.lineage) if self.chain else "unknown"
+
+    def child(self, minted: MintedChild) -> Caller:
+        """The caller a minted worker becomes (Python API; the key broker in production)."""
+        return Caller((*self.chain, minted.sealed), minted.custody_key())
+
+
+@dataclass(frozen=True)
+class SpawnResult:
+    """A committed fan-out: handed out only after its append committed."""
+
+    fanout_id: str
+    parent: Lineage
+    gate: GateDecision
+    children: tuple[MintedChild, ...]
+    positions: tuple[int, int]
+    admitted: tuple[str, ...] = ()
+    queued: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "fanout": self.fanout_id,
+            "parent": str(self.parent),
+            "gate": self.gate.model_dump(mode="json"),
+            "positions": list(self.positions),
+            "children": [str(c.lineage) for c in self.children],
+            "admitted": list(self.admitted),
+            "queued": list(self.queued),
+        }
+
+
+def host_cap_inputs(cores: int, failover_reserve: int) -> CapInputs:
+    """The adaptive cap's inputs on this host: its load now, no live peers known."""
+    return CapInputs(
+        cores=cores,
+        failover_reserve=failover_reserve,
+        load_average=os.getloadavg()[0],
+        live_peers=0,
+    )
+
+
+class SpawnService:
+    """Spawns on behalf of callers, against one journal (see the module docstring)."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        *,
+        keystore: KeyStore,
+        policy: GatePolicy | None = None,
+        ceilings: FabricCeilings | None = None,
+        cell: str = DEFAULT_CELL,
+        clock: Clock = now_ms,
+        read_registry: RegistryRead | None = None,
+        attenuate_fn: AttenuateFn = attenuate,
+    ) -> None:
+        self.journal = journal
+        self.keystore = keystore
+        self.policy: GatePolicy = policy or CostBenefitPolicy()
+        self.ceilings = ceilings or FabricCeilings()
+        self.cell = cell
+        self.clock = clock
+        self.read_registry: RegistryRead = read_registry or self._registry_from_leases
+        self.attenuate_fn = attenuate_fn
+        self.view = AuthorityView()
+        self.resources = ResourceView()
+
+    # -- the directory, as a caller sees it ------------------------------------------
+
+    def agents(self) -> list[AgentRecord]:
+        self.view.refresh(self.journal)
+        return self.view.listing()
+
+    def agent(self, name: str) -> AgentRecord:
+        self.view.refresh(self.journal)
+        return self.view.agent(name)
+
+    def durable_caller(self, name: str) -> Caller:
+        """A durable agent as caller: its ceiling grant and its custody key from the home.
+
+        The key is checked against the directory's trust root before anything else;
+        a mismatch is a journaled refusal.
+        """
+        record = self.agent(name)
+        key = self.keystore.load(custody_key_name(name))
+        try:
+            check_custody(bytes(key.verify_key), record.trust_root, who=str(record.lineage))
+        except AuthorityRefusedError as error:
+            self._journal_refusal(str(record.lineage), None, error, uuid.uuid4().hex)
+            raise
+        if record.ceiling is None:
+            raise InternalError(f"agent {name!r} was registered without its ceiling grant")
+        return Caller((record.ceiling,), key)
+
+    # -- the pipeline ----------------------------------------------------------------
+
+    def spawn(self, caller: Caller, intent: SpawnIntent) -> SpawnResult:
+        """One fan-out through every stage, appended once; raises the named refusal
+        (journaled) when refused, and AppendFailedError (nothing handed out) when the
+        journal does not commit."""
+        fanout_id = uuid.uuid4().hex
+        claimed = caller.claimed
+        for _ in range(_CONFLICT_RETRIES):
+            now = self.clock()
+            # Versions first, then the views: everything the versions cover is folded.
+            version = self.journal.stream_version(claimed) if claimed != "unknown" else 0
+            cell_version = self.journal.stream_version(f"cell:{self.cell}")
+            self.view.refresh(self.journal)
+            self.resources.refresh(self.journal)
+            state = self._resolve(caller, intent, fanout_id, version, now)
+            decision = decide(  # the gate (once) and the mints
+                state,
+                FanoutCommand(fanout_id, intent, now),
+                policy=self.policy,
+                attenuate_fn=self.attenuate_fn,
+            )
+            decision = self._lease(decision, intent, now)
+            decision = self._admit(decision, cell_version)
+            decision = self._ceilings_fail_open(decision, intent)
+            try:
+                committed = self.journal.append(decision.events, expect=decision.expect)
+            except AppendConflictError:
+                continue  # a stream this decision read moved meanwhile: decide again
+            except AppendFailedError as e:
+                if decision.refusal is not None:
+                    decision.refusal.add_note(f"(the refusal could not be journaled: {e})")
+                    raise decision.refusal from e
+                raise
+            self.view.applied(committed)
+            self.resources.applied(committed)
+            if decision.refusal is not None:
+                raise decision.refusal
+            if decision.gate is None:  # decide always asks the gate before minting
+                raise InternalError("a fan-out was minted without a gate decision")
+            placed = [e for e in decision.events if isinstance(e, SlotAdmitted | SlotQueued)]
+            return SpawnResult(
+                fanout_id,
+                decision.parent,
+                decision.gate,
+                decision.children,
+                (committed[0].position, committed[-1].position),
+                admitted=tuple(e.lineage for e in placed if isinstance(e, SlotAdmitted)),
+                queued=tuple(e.lineage for e in placed if not isinstance(e, SlotAdmitted)),
+            )
+        raise AppendConflictError(
+            f"{claimed} kept changing while this fan-out was decided "
+            f"({_CONFLICT_RETRIES} tries); retry"
+        )
+
+    def _resolve(
+        self, caller: Caller, intent: SpawnIntent, fanout_id: str, version: int, now: int
+    ) -> ParentState:
+        """Stage 1: check what the caller holds; the parent is its journaled leaf grant."""
+        try:
+            leaf = self._verified_leaf(caller, now)
+        except AuthorityRefusedError as error:
+            self._journal_refusal(caller.claimed, intent, error, fanout_id)
+            raise
+        return ParentState(
+            sealed=leaf,
+            custody_seed=bytes(caller.custody_key),
+            minted=self.view.minted.get(leaf.grant.lineage, 0),
+            version=version,
+        )
+
+    def _verified_leaf(self, caller: Caller, now: int) -> SealedGrant:
+        if not caller.chain:
+            raise GrantChainBrokenError("a caller must present its chain of grants")
+        # Authority is read from the signed bytes, never from a parsed object handed in.
+        chain = tuple(SealedGrant(body=s.body, signature=s.signature) for s in caller.chain)
+        root = chain[0].grant.lineage
+        record = self.view.agents.get(root.root_name)
+        if record is None or record.lineage != root:
+            raise UnknownParentError(
+                f"{root} is not a durable agent in the directory; register it with "
+                "`charter agent add`"
+            )
+        leaf = chain[-1]
+        custody = bytes(caller.custody_key.verify_key)
+        if len(chain) == 1:
+            check_custody(custody, record.trust_root, who=str(root))
+        check_custody(custody, bytes.fromhex(leaf.grant.subject_key), who=str(leaf.grant.lineage))
+        verify_grant_chain(chain, record.trust_root, now_ms=now)
+        journaled = self.view.digests.get(leaf.grant.lineage, b"")
+        if not hmac.compare_digest(journaled, leaf.digest):
+            raise GrantNotJournaledError(
+                f"the grant presented for {leaf.grant.lineage} is not the one the journal "
+                "committed; only journaled grants carry authority"
+            )
+        return leaf
+
+    def _lease(self, decision: FanoutDecision, intent: SpawnIntent, now: int) -> FanoutDecision:
+        """Stage 4: lease each child ``estimated cost / width`` (capped by its grant's
+        budget), for its wall-clock allocation and never past its grant's expiry (nor,
+        in the lease book, past its parent's lease). Refuses the whole fan-out when the
+        leases do not fit in the parent's remainder or the parent has no ledger."""
+        if decision.refusal is not None:
+            return decision
+        share = intent.estimated_cost.split(intent.width)
+        children: list[tuple[str, Budget, int]] = []
+        lease_of: dict[int, tuple[Budget, int]] = {}  # the children of a fan-out share terms
+        for child in decision.children:
+            terms = child.grant.terms
+            lease = lease_of.get(id(terms))
+            if lease is None:
+                allocation = share.minimum(terms.budget)
+                expires = min(terms.expires_at_ms, now + allocation.wall_ms)
+                lease = lease_of[id(terms)] = (allocation, expires)
+            children.append((str(child.lineage), *lease))
+        try:
+            leases = self.resources.book.decide_leases(str(decision.parent), children, now)
+        except RefusedError as error:
+            return decision.refused(error, str(decision.parent), intent)
+        # Leases go on the parent's stream, which the mints already pinned.
+        return decision.joined(leases)
+
+    def _admit(self, decision: FanoutDecision, cell_version: int) -> FanoutDecision:
+        """Stage 5: a processing slot on the cell for each child while there is room, the
+        rest queued in order. Pinned to the cell's stream, so two fan-outs never take
+        the same last slot."""
+        if decision.refusal is not None:
+            return decision
+        cells = self.resources.cells
+        state = cells.cells().get(self.cell)
+        inputs = (
+            host_cap_inputs(state.cores, state.failover_reserve)
+            if state is not None and state.caps
+            else None
+        )
+        lineages = [str(c.lineage) for c in decision.children]
+        placed = cells.decide_place(self.cell, lineages, ResourceClass.PROCESSING, inputs)
+        return decision.joined(placed, {f"cell:{self.cell}": cell_version})
+
+    def _ceilings_fail_open(self, decision: FanoutDecision, intent: SpawnIntent) -> FanoutDecision:
+        """Stage 6: the fabric ceilings. FAILS OPEN, on purpose (DESIGN §5): the registry
+        may lag or be unreachable, and a fabric that stops spawning whenever it is would
+        turn a read-side fault into an outage. When the read fails, the fan-out proceeds
+        and ``CeilingCheckFailedOpen`` joins its append. Budgets and admission, which
+        protect the host and the money, stay fail-closed."""
+        if decision.refusal is not None:
+            return decision
+        try:
+            facts = self.read_registry()
+        except Exception as error:  # noqa: BLE001 - any registry fault fails open, journaled
+            event = CeilingCheckFailedOpen(
+                fanout=decision.fanout_id, error=f"{type(error).__name__}: {error}"
+            )
+            return decision.joined((event,))
+        refusal = check_ceilings(facts, decision.parent, intent.width)
+        if refusal is not None:
+            return decision.refused(refusal, str(decision.parent), intent)
+        return decision
+
+    def _registry_from_leases(self) -> RegistryFacts:
+        """The registry as this service's own fold sees it: live workers are the leases
+        active now (the fold is refreshed at the start of each attempt)."""
+        now = self.clock()
+        live = sum(
+            1 for ledger in self.resources.book.ledgers() if ledger.parent and ledger.active(now)
+        )
+        return RegistryFacts(
+            population_ceiling=self.ceilings.population,
+            depth_ceiling=self.ceilings.depth,
+            live_population=live,
+        )
+
+    def _journal_refusal(
+        self, actor: str, intent: SpawnIntent | None, error: RefusedError, fanout_id: str
+    ) -> None:
+        event = refusal_event(
+            fanout_id,
+            actor,
+            error,
+            width=intent.width if intent else 0,
+            objective=intent.objective if intent else "",
+        )
+        self.journal.record_refusal(event, error)

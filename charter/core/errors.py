@@ -1,0 +1,126 @@
+"""The one error base and its fault groups. Every package's ``errors`` module derives
+its errors from these; the CLI maps each group to an exit code once (see docs/cli.md).
+
+| group             | exit | meaning                                                      |
+|-------------------|------|--------------------------------------------------------------|
+| BadInputError     | 2    | the caller gave something malformed                          |
+| StateError        | 1    | the request does not fit the current state                   |
+| UnavailableError  | 1    | a backend (database, host facility) could not be used        |
+| TamperedError     | 3    | stored history does not verify                               |
+| RefusedError      | 4    | refused by policy; ``reason`` is the stable journaled code   |
+| InternalError     | 1    | a bug in Charter: the message asks the user to report it     |
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "CharterError",
+    "BadInputError",
+    "UnavailableError",
+    "StateError",
+    "TamperedError",
+    "RefusedError",
+    "InternalError",
+    # bad input in the shared vocabulary
+    "AxisValueError",
+    "BudgetSyntaxError",
+    "LineageError",
+    # state of the home and the journal's types
+    "KeyNotFoundError",
+    "KeyPermissionsError",
+    "UnknownEventTypeError",
+]
+
+
+class CharterError(Exception):
+    """Base of every error Charter raises on purpose; the message says what to do."""
+
+
+class BadInputError(CharterError):
+    """The caller gave something malformed (exit 2)."""
+
+
+class UnavailableError(CharterError):
+    """A backend (database, host facility) could not be reached or used (exit 1)."""
+
+
+class StateError(CharterError):
+    """The request does not fit the current state: already initialised, not a journal …"""
+
+
+class TamperedError(CharterError):
+    """Stored history does not verify (exit 3)."""
+
+
+class InternalError(CharterError):
+    """A broken promise inside Charter itself, never the caller's fault (exit 1)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            f"internal error: {message}. This is a bug in Charter; please report it with "
+            "the command you ran"
+        )
+
+
+class RefusedError(CharterError):
+    """Refused by policy: gate, invariant, admission, budget, or an unisolating host (exit 4).
+
+    ``reason`` is a stable code: what the journal records with the refusal. Every
+    concrete refusal class declares its own (checked when the class is defined), so no
+    two kinds of refusal are journaled under one code.
+    """
+
+    reason: ClassVar[str] = "refused"
+    _reasons: ClassVar[dict[str, type[RefusedError]]] = {}
+
+    _abstract: ClassVar[bool] = True
+
+    def __init_subclass__(cls, *, abstract: bool = False, **kwargs: Any) -> None:
+        """``abstract=True`` marks a group of refusals (never raised itself)."""
+        super().__init_subclass__(**kwargs)
+        cls._abstract = abstract
+        if abstract:
+            return
+        reason = cls.__dict__.get("reason")
+        if not isinstance(reason, str) or not reason or reason == "refused":
+            raise TypeError(
+                f"refusal class {cls.__qualname__} must declare its own stable `reason` code"
+            )
+        other = RefusedError._reasons.get(reason)
+        if other is not None and other.__qualname__ != cls.__qualname__:
+            raise TypeError(
+                f"refusal classes {other.__qualname__} and {cls.__qualname__} share the "
+                f"reason code {reason!r}"
+            )
+        RefusedError._reasons[reason] = cls
+
+    def __init__(self, *args: object) -> None:
+        if type(self)._abstract:
+            raise TypeError(f"{type(self).__qualname__} is a group of refusals; raise a member")
+        super().__init__(*args)
+
+
+class LineageError(BadInputError):
+    """A lineage path is malformed, empty, overlong, or has characters it may not have."""
+
+
+class AxisValueError(BadInputError):
+    """A grant axis value (tool, destination, secret, level, …) is not valid."""
+
+
+class BudgetSyntaxError(BadInputError):
+    """A budget vector string could not be parsed."""
+
+
+class KeyNotFoundError(StateError):
+    """No key of that name in the Charter home."""
+
+
+class KeyPermissionsError(StateError):
+    """A key file or the keys directory is readable by others; refuse to use it."""
+
+
+class UnknownEventTypeError(StateError):
+    """A stored entry names an event type this version of Charter does not know."""

@@ -1,0 +1,298 @@
+"""The launching mechanism: one budget, one command, one fresh sandbox, journaled end to
+end. :class:`RawLauncher` does not check the host; the public
+:class:`~charter.sandbox.launcher.Launcher` is this behind the fail-closed isolation
+gate, and the probe (which *is* that check) runs its canary with this one.
+
+The order is the design's rule: the lease is appended to the journal, and only after the
+append returns is anything started. If the append fails, nothing runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+import charter.sandbox._janitor as janitor
+from charter.core.budget import Budget
+from charter.core.events import Event
+from charter.sandbox._cgroup import reap_stale
+from charter.sandbox._host import (
+    allocate_uid,
+    cgroup_mode,
+    default_state_dir,
+    find_bwrap,
+    remove_tree,
+)
+from charter.sandbox._proc import How, SandboxProcess, Stdio
+from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
+from charter.sandbox.events import (
+    SandboxDiscarded,
+    SandboxExited,
+    SandboxLeased,
+    SandboxStarted,
+    SandboxUsage,
+)
+from charter.sandbox.keys import KeyBroker
+from charter.sandbox.spec import CgroupMode, HostFacts, SandboxSpec, compile_spec
+
+__all__ = [
+    "EventSink",
+    "RawLauncher",
+    "MemorySink",
+    "Outcome",
+    "host_facts",
+    "leased_event",
+    "new_sandbox_id",
+]
+
+
+class EventSink(Protocol):
+    """What the launcher needs of the journal: ``Journal.append`` fits."""
+
+    def append(self, events: Sequence[Event]) -> object: ...
+
+
+class MemorySink:
+    """An in-memory sink with the journal's append interface (for tests without a DB)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def append(self, events: Sequence[Event]) -> object:
+        self.events.extend(events)
+        return tuple(events)
+
+
+class Outcome(BaseModel):
+    """How a sandboxed command ended and what it used."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sandbox_id: str
+    exit_code: int
+    how: How
+    usage: SandboxUsage
+    stdout: bytes | None = None
+    stderr: bytes | None = None
+
+
+def new_sandbox_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def leased_event(
+    spec: SandboxSpec, budget: Budget, pool: str | None, grant: EgressGrant | None
+) -> SandboxLeased:
+    return SandboxLeased(
+        sandbox_id=spec.sandbox_id,
+        host_uid=spec.host_uid,
+        pool=pool,
+        budget=budget.model_dump(),
+        pids_max=spec.pids_max,
+        memory_bytes=spec.memory_bytes,
+        cpu_quota_us=spec.cpu_quota_us,
+        cpu_period_us=spec.cpu_period_us,
+        wall_ms=spec.wall_ms,
+        egress=grant.destinations if grant is not None else (),
+    )
+
+
+def host_facts(
+    sandbox_id: str,
+    host_uid: int,
+    workspace: str,
+    *,
+    egress: EgressBroker | None,
+    keys: KeyBroker | None,
+    cgroup_mode: CgroupMode,
+    host_cpus: int,
+) -> HostFacts:
+    """The host's side of a sandbox's spec, for the cold launcher and the warm pool alike."""
+    return HostFacts(
+        sandbox_id=sandbox_id,
+        host_uid=host_uid,
+        host_gid=host_uid,
+        workspace=workspace,
+        egress_socket=str(egress.path) if egress else None,
+        key_socket=str(keys.path) if keys and keys.path else None,
+        cgroup_mode=cgroup_mode,
+        host_cpus=host_cpus,
+    )
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_memfd(fd: int) -> bytes:
+    """Everything written to the memfd ``fd``, which is then closed."""
+    try:
+        return _read_all(fd)
+    finally:
+        os.close(fd)
+
+
+class RawLauncher:
+    """Runs commands in fresh (cold) sandboxes, on a host it does not check itself."""
+
+    def __init__(
+        self,
+        sink: EventSink | None = None,
+        *,
+        state_dir: Path | None = None,
+        egress: EgressBroker | None = None,
+        keys: KeyBroker | None = None,
+        bwrap: str | None = None,
+        host_cpus: int | None = None,
+    ) -> None:
+        self.sink = sink
+        self.keys = keys
+        self.state_dir = state_dir or default_state_dir()
+        self.egress = egress
+        self.bwrap = bwrap or find_bwrap()
+        self.mode = cgroup_mode()
+        self.host_cpus = host_cpus or os.cpu_count() or 1
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self.state_dir = self.state_dir.resolve()
+        reap_stale(self.mode)  # empty cgroups left by launchers that were SIGKILLed
+        (self.state_dir / "ws").mkdir(exist_ok=True, mode=0o755)
+
+    def _journal(self, make: Callable[[], Sequence[Event]]) -> None:
+        """Append the events ``make`` builds (built only when there is a journal)."""
+        if self.sink is not None:
+            self.sink.append(list(make()))
+
+    def run(
+        self,
+        budget: Budget,
+        command: list[str],
+        *,
+        workspace: Path | None = None,
+        grant: EgressGrant | None = None,
+        stdin: Stdio = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+        capture: bool = False,
+    ) -> Outcome:
+        """Run ``command`` in a new sandbox and return its outcome (never raises for the
+        command's own failure; raises a CharterError when the sandbox cannot be made)."""
+        sandbox_id = new_sandbox_id()
+        with allocate_uid(self.state_dir) as uid:
+            own_ws = workspace is None
+            ws = self.state_dir / "ws" / sandbox_id if workspace is None else workspace
+            if own_ws:
+                os.mkdir(ws, 0o700)
+            try:
+                if own_ws:
+                    os.chown(ws, uid.uid, uid.uid)
+                spec = compile_spec(
+                    budget,
+                    host_facts(
+                        sandbox_id,
+                        uid.uid,
+                        str(ws if own_ws else ws.resolve()),
+                        egress=self.egress,
+                        keys=self.keys,
+                        cgroup_mode=self.mode,
+                        host_cpus=self.host_cpus,
+                    ),
+                )
+                # The lease is committed before anything starts.
+                self._journal(lambda: [leased_event(spec, budget, None, grant)])
+                return self._run_spec(
+                    spec, command, grant=grant, stdio=(stdin, stdout, stderr), capture=capture
+                )
+            finally:
+                if own_ws:
+                    janitor.defer(lambda: remove_tree(ws))
+
+    def _run_spec(
+        self,
+        spec: SandboxSpec,
+        command: list[str],
+        *,
+        grant: EgressGrant | None,
+        stdio: tuple[Stdio, Stdio, Stdio],
+        capture: bool,
+    ) -> Outcome:
+        stdin, stdout, stderr = stdio
+        egress = self.egress
+        registered = False
+        out_fd = err_fd = None
+        proc: SandboxProcess | None = None
+        try:
+            if capture:
+                out_fd = os.memfd_create("stdout")
+                err_fd = os.memfd_create("stderr")
+            if egress is not None:
+                # The broker enforces the spec's egress bytes (the budget), lowered by
+                # the grant's own cap when it has one.
+                grant = grant or EgressGrant()
+                egress.register(
+                    spec.host_uid,
+                    spec.sandbox_id,
+                    grant,
+                    byte_cap=grant.byte_cap(spec.egress_bytes),
+                )
+                registered = True
+            start = time.monotonic()
+            proc = SandboxProcess(
+                spec,
+                command,
+                bwrap=self.bwrap,
+                stdin=stdin,
+                stdout=out_fd if out_fd is not None else stdout,
+                stderr=err_fd if err_fd is not None else stderr,
+            )
+            try:
+                pid = proc.pid
+                self._journal(
+                    lambda: [
+                        SandboxStarted(sandbox_id=spec.sandbox_id, pid=pid, command=tuple(command))
+                    ]
+                )
+            except BaseException:
+                proc.destroy()
+                raise
+            code, how = proc.wait()
+            wall_ms = int((time.monotonic() - start) * 1000)
+            cg = proc.usage()
+            proc.destroy(defer_removal=True)
+            tally = EgressTally()
+            if egress is not None and registered:
+                registered = False
+                tally = egress.unregister(spec.host_uid)
+            usage = SandboxUsage(wall_ms=wall_ms, egress_bytes=tally.used, **cg.model_dump())
+            self._journal(
+                lambda: [
+                    *tally.attempts,
+                    SandboxExited(sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage),
+                    SandboxDiscarded(sandbox_id=spec.sandbox_id),
+                ]
+            )
+            return Outcome(
+                sandbox_id=spec.sandbox_id,
+                exit_code=code,
+                how=how,
+                usage=usage,
+                stdout=_read_all(out_fd) if out_fd is not None else None,
+                stderr=_read_all(err_fd) if err_fd is not None else None,
+            )
+        finally:
+            if proc is not None and proc.proc.poll() is None:
+                proc.destroy()
+            if egress is not None and registered:
+                egress.unregister(spec.host_uid)
+            for fd in (out_fd, err_fd):
+                if fd is not None:
+                    os.close(fd)
