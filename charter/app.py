@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -27,14 +28,24 @@ from charter.control import (
     AgentRecord,
     BudgetService,
     Ceiling,
+    ResourceView,
     SpawnResult,
     SpawnService,
     custody_key_name,
     register_root,
 )
-from charter.core import BadInputError, CharterError, KeyStore, Lineage, StateError, charter_home
+from charter.core import (
+    BadInputError,
+    Budget,
+    CharterError,
+    KeyStore,
+    Lineage,
+    StateError,
+    charter_home,
+)
 from charter.ledger import Journal, JournalCreated, Location, resolve_location
 from charter.projections import Projector
+from charter.sandbox import WarmPool
 
 __all__ = ["JOURNAL_KEY", "CellSetup", "Charter", "Initialised", "Settings"]
 
@@ -255,6 +266,26 @@ class Charter:
             )
         service = self.spawn_service(policy)
         return service.spawn(service.durable_caller(lineage.root_name), intent)
+
+    def processing_cap(self, cell: str | None = None) -> int:
+        """The cell's committed processing cap (what ``cell configure``/``init`` journaled)."""
+        name = cell or self.settings.cell
+        resources = ResourceView()
+        resources.refresh(self.journal)
+        return resources.cells.get(name).caps.get(ResourceClass.PROCESSING, 0)
+
+    def warm_pool(self, template: Path, budget: Budget, **options: Any) -> WarmPool:
+        """A warm pool for this host's cell whose capacity *is* the cell's committed
+        processing cap: one admission mechanism, so the pool and the cell's slots can
+        never disagree. Its lifecycle is journaled here."""
+        return WarmPool(
+            template,
+            budget,
+            self.processing_cap(),
+            sink=self.journal,
+            name=self.settings.cell,
+            **options,
+        )
 
     def configure_cell(self, setup: CellSetup, cell: str | None = None) -> None:
         self.admission().configure(

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from charter.core.errors import BadInputError, TamperedError
+from charter.audit.errors import ChainBrokenError
+from charter.core.errors import BadInputError
 from charter.core.framing import GENESIS, ChainRow, entry_hash
 
 __all__ = [
@@ -73,16 +74,6 @@ class ChainReport(BaseModel):
             "fault": self.fault.value if self.fault else None,
             "reason": self.reason,
         }
-
-
-class ChainBrokenError(TamperedError):
-    """The journal does not verify; ``report`` says where and why."""
-
-    def __init__(self, report: ChainReport) -> None:
-        super().__init__(
-            f"journal does not verify at position {report.first_bad_position}: {report.reason}"
-        )
-        self.report = report
 
 
 class ChainSource(Protocol):

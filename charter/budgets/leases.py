@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
+from charter.budgets import formula
 from charter.budgets.errors import (
     InsufficientBudgetError,
     LeaseEndedError,
@@ -33,7 +34,6 @@ from charter.core.budget import (
     Vec,
     budget_of,
     vec_add,
-    vec_min,
     vec_of,
     vec_sub,
 )
@@ -169,9 +169,7 @@ class LedgerState:
     ended_charge: Vec = VEC_ZERO  # its share of its parent's ``ended`` sum
 
     def active(self, at_ms: int) -> bool:
-        if self.released_at_ms is not None and self.released_at_ms <= at_ms:
-            return False
-        return self.expires_at_ms is None or at_ms < self.expires_at_ms
+        return formula.is_active(self.released_at_ms, self.expires_at_ms, at_ms)
 
 
 class LeaseBook:
@@ -260,7 +258,7 @@ class LeaseBook:
         if ledger.parent is None:
             return
         parent = self._ledgers[ledger.parent]
-        charge = vec_min(vec_of(ledger.subtree_spent), vec_of(ledger.allocation))
+        charge = formula.charge(vec_of(ledger.allocation), vec_of(ledger.subtree_spent), False)
         parent.ended = vec_add(vec_sub(parent.ended, ledger.ended_charge), charge)
         ledger.ended_charge = charge
 
@@ -286,9 +284,11 @@ class LeaseBook:
     def charge(self, ledger: LedgerState, at_ms: int) -> Budget:
         """What a child costs its parent at ``at_ms``: all of a live lease, else only
         what its subtree spent."""
-        if ledger.active(at_ms):
-            return ledger.allocation
-        return ledger.subtree_spent.minimum(ledger.allocation)
+        return budget_of(
+            formula.charge(
+                vec_of(ledger.allocation), vec_of(ledger.subtree_spent), ledger.active(at_ms)
+            )
+        )
 
     def outstanding(self, lineage: str, at_ms: int) -> Budget:
         """The sum of the charges of ``lineage``'s children at ``at_ms``."""
@@ -310,10 +310,9 @@ class LeaseBook:
         ledger = self.get(lineage)
         if not ledger.active(at_ms):
             return Budget.zero()
-        used = vec_add(vec_of(ledger.spent), vec_of(self.outstanding(lineage, at_ms)))
-        left = vec_sub(vec_of(ledger.allocation), used)
+        outstanding = vec_of(self.outstanding(lineage, at_ms))
         return budget_of(
-            (max(0, left[0]), max(0, left[1]), max(0, left[2]), max(0, left[3]), max(0, left[4]))
+            formula.remaining(vec_of(ledger.allocation), vec_of(ledger.spent), outstanding, True)
         )
 
     # -- decisions (pure: they return events, the caller appends) -----------------

@@ -14,6 +14,7 @@ from charter.control.resources import AdmissionService, BudgetService, ResourceV
 from charter.control.spawn import (
     DEFAULT_CELL,
     Caller,
+    HostLoad,
     RegistryRead,
     SpawnResult,
     SpawnService,
@@ -32,6 +33,7 @@ __all__ = [
     "BudgetService",
     "ResourceView",
     "Caller",
+    "HostLoad",
     "RegistryRead",
     "SpawnResult",
     "SpawnService",

@@ -77,6 +77,9 @@ _CONFLICT_RETRIES = 8
 RegistryRead = Callable[[], RegistryFacts]
 """Reads the registry for the ceilings stage; may raise (the stage then fails open)."""
 
+HostLoad = Callable[[int, int], CapInputs]
+"""The adaptive processing cap's inputs for a cell of (cores, failover reserve)."""
+
 
 @dataclass(frozen=True)
 class Caller:
@@ -145,6 +148,7 @@ class SpawnService:
         cell: str = DEFAULT_CELL,
         clock: Clock = now_ms,
         read_registry: RegistryRead | None = None,
+        host_load: HostLoad | None = None,
         attenuate_fn: AttenuateFn = attenuate,
     ) -> None:
         self.journal = journal
@@ -154,6 +158,7 @@ class SpawnService:
         self.cell = cell
         self.clock = clock
         self.read_registry: RegistryRead = read_registry or self._registry_from_leases
+        self.host_load: HostLoad = host_load or host_cap_inputs
         self.attenuate_fn = attenuate_fn
         self.view = AuthorityView()
         self.resources = ResourceView()
@@ -316,7 +321,7 @@ class SpawnService:
         cells = self.resources.cells
         state = cells.cells().get(self.cell)
         inputs = (
-            host_cap_inputs(state.cores, state.failover_reserve)
+            self.host_load(state.cores, state.failover_reserve)
             if state is not None and state.caps
             else None
         )

@@ -2,8 +2,8 @@
 
 Remaining budget depends on time (a lease that has expired is charged only what its
 subtree spent), so it is computed here, at query time, from the ledger rows as of
-position ``p`` and the commit time of entry ``p``: the same formula as
-:meth:`charter.budgets.leases.LeaseBook.remaining`, over the same state.
+position ``p`` and the commit time of entry ``p``, with the one lease formula
+(:mod:`charter.budgets.formula`) that the lease book uses too.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from charter.budgets import formula
 from charter.core.budget import (
     VEC_ZERO,
     Budget,
     Vec,
     budget_of,
     vec_add,
-    vec_min,
-    vec_sat_sub,
 )
 from charter.projections._fold import (
     L_ALLOC,
@@ -41,18 +40,11 @@ def _vec(row: Sequence[Any], start: int) -> Vec:
 
 
 def _active(row: Sequence[Any], at_ms: int) -> bool:
-    released = row[L_RELEASED]
-    if released is not None and released <= at_ms:
-        return False
-    expires = row[L_EXPIRES]
-    return expires is None or at_ms < expires
+    return formula.is_active(row[L_RELEASED], row[L_EXPIRES], at_ms)
 
 
 def _status(row: Sequence[Any], at_ms: int) -> str:
-    if _active(row, at_ms):
-        return "active"
-    released = row[L_RELEASED]
-    return "released" if released is not None and released <= at_ms else "expired"
+    return formula.status(row[L_RELEASED], row[L_EXPIRES], at_ms)
 
 
 @dataclass(frozen=True)
@@ -141,15 +133,11 @@ class BudgetReport:
             for kid in children.get(lineage, ()):
                 kid_row = by_lineage[kid]
                 alloc = _vec(kid_row, L_ALLOC)
-                charge = alloc if _active(kid_row, at_ms) else vec_min(subtree_spent(kid), alloc)
+                charge = formula.charge(alloc, subtree_spent(kid), _active(kid_row, at_ms))
                 outstanding = vec_add(outstanding, charge)
             allocation = _vec(row, L_ALLOC)
             spent = _vec(row, L_SPENT)
-            remaining = (
-                vec_sat_sub(allocation, vec_add(spent, outstanding))
-                if _active(row, at_ms)
-                else VEC_ZERO
-            )
+            remaining = formula.remaining(allocation, spent, outstanding, _active(row, at_ms))
             lines.append(
                 BudgetLine(
                     lineage=lineage,

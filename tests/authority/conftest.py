@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from charter.authority import Clearance, FixedPolicy, PermissionMode, Verdict
-from charter.control import AgentRecord, Ceiling, register_root
-from charter.control import SpawnService
+from charter.control import AgentRecord, Ceiling, SpawnService, register_root
 from charter.core import KeyStore
 from charter.ledger import Journal
 from tests.authority._support import BIG

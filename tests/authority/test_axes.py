@@ -6,9 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from charter.authority import Clearance, PermissionMode, covers, egress_meet, egress_within
-from charter.authority._axes import check_destination, check_secret, check_tool
+from charter.authority import (
+    Clearance,
+    PermissionMode,
+    check_secret,
+    check_tool,
+    covers,
+    egress_meet,
+    egress_within,
+)
 from charter.core import AxisValueError
+from charter.core.destination import check_destination
 from tests.authority._support import DESTINATIONS, egress_sets
 
 

@@ -12,8 +12,7 @@ from charter.authority import (
     ask_gate,
     errors,
 )
-from charter.control import AgentRecord
-from charter.control import SpawnService
+from charter.control import AgentRecord, SpawnService
 from charter.core import Budget, KeyStore, Lineage
 from charter.ledger import Journal
 from tests.authority._support import BIG, intent

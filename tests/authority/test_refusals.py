@@ -24,8 +24,7 @@ from charter.authority import (
     errors,
     seal,
 )
-from charter.control import AgentRecord, Caller
-from charter.control import SpawnService
+from charter.control import AgentRecord, Caller, SpawnService
 from charter.core import KeyStore, Lineage
 from charter.ledger import Journal
 from tests.authority._support import COST, intent, refusals
@@ -267,9 +266,7 @@ def test_grant_never_journaled_is_refused(service: SpawnService, journal: Journa
     _assert_journaled(journal, errors.GrantNotJournaledError)
 
 
-def test_custody_key_not_the_grants_key_is_refused(
-    service: SpawnService, journal: Journal
-) -> None:
+def test_custody_key_not_the_grants_key_is_refused(service: SpawnService, journal: Journal) -> None:
     root = service.durable_caller("root")
     worker = root.child(service.spawn(root, intent(1)).children[0])
     with pytest.raises(errors.CustodyKeyMismatchError):

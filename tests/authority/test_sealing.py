@@ -18,8 +18,7 @@ from charter.authority import (
     errors,
     verify_grant_chain,
 )
-from charter.control import AgentRecord
-from charter.control import SpawnService
+from charter.control import AgentRecord, SpawnService
 from charter.core import KeyStore
 from charter.ledger import Journal
 from tests.authority._support import NOW_MS, intent, refusals, root_grant, terms

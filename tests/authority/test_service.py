@@ -18,7 +18,7 @@ from charter.authority import (
     errors,
     verify_grant_chain,
 )
-from charter.budgets import ResourceClass
+from charter.budgets import CapInputs, ResourceClass
 from charter.control import (
     DEFAULT_CELL,
     AdmissionService,
@@ -106,15 +106,22 @@ def test_a_fan_out_admits_to_free_slots_and_queues_the_rest_in_its_one_append(
     AdmissionService(journal).configure(
         DEFAULT_CELL, {ResourceClass.PROCESSING: 3}, cores=3, failover_reserve=0
     )
+    # The host's load is pinned (the adaptive cap has its own tests): a cap of exactly 3.
+    service.host_load = lambda cores, reserve: CapInputs(
+        cores=cores, failover_reserve=reserve, load_average=0.0, live_peers=0
+    )
     root = service.durable_caller("root")
     first = service.spawn(root, intent(5))
     entries = list(journal.entries(start=first.positions[0], stop=first.positions[1]))
     placed = [e.event for e in entries if e.type_name in ("SlotAdmitted", "SlotQueued")]
     lineages = [str(c.lineage) for c in first.children]
-    assert [(type(p).__name__, p.lineage) for p in placed] == [  # type: ignore[attr-defined]
-        *(("SlotAdmitted", lin) for lin in lineages[:3]),
-        *(("SlotQueued", lin) for lin in lineages[3:]),
-    ]
+    assert (
+        [(type(p).__name__, p.lineage) for p in placed]
+        == [  # type: ignore[attr-defined]
+            *(("SlotAdmitted", lin) for lin in lineages[:3]),
+            *(("SlotQueued", lin) for lin in lineages[3:]),
+        ]
+    )
     assert first.admitted == tuple(lineages[:3])
     assert first.queued == tuple(lineages[3:])
     # The cell is full: a second fan-out is queued whole, behind the first one's queue.

@@ -15,9 +15,14 @@ import pytest
 from eventsourcing.persistence import OperationalError
 
 from charter.audit import audit_chain, verify_chain
-from charter.ledger import AlreadyTrackedError, AppendConflictError, AppendFailedError, Journal
-from charter.ledger._postgres import ChainedPostgresProcessRecorder
-from charter.ledger._sqlite import ChainedSQLiteProcessRecorder
+from charter.ledger import (
+    AlreadyTrackedError,
+    AppendConflictError,
+    AppendFailedError,
+    ChainedPostgresProcessRecorder,
+    ChainedSQLiteProcessRecorder,
+    Journal,
+)
 
 from ._support import Counter, Ping
 

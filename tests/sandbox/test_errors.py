@@ -41,13 +41,11 @@ def test_uid_pool_exhaustion_is_a_refusal(tmp_path: Path) -> None:
 def test_a_missing_backend_is_unavailable(state_dir: Path, scratch: Path) -> None:
     missing = str(scratch / "no-such-bwrap")
     with pytest.raises(SandboxUnavailableError) as err:
-        RawLauncher(state_dir=state_dir, bwrap=missing).run(
-            B, ["/bin/true"]
-        )
+        RawLauncher(state_dir=state_dir, bwrap=missing).run(B, ["/bin/true"])
     assert isinstance(err.value, UnavailableError)
-    # Without the (unsafe) skip, the launcher is refused before it could try.
+    # The public launcher probes first: it is refused before it could try.
     with pytest.raises(HostCannotIsolateError):
-        RawLauncher(state_dir=state_dir, bwrap=missing)
+        Launcher(state_dir=state_dir, bwrap=missing)
     with pytest.raises(SandboxUnavailableError):
         WarmPool(scratch / "no-such-template", B, 1, state_dir=state_dir)
     # Control: the real bwrap runs the same command.

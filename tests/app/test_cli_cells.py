@@ -1,0 +1,71 @@
+"""``charter init`` configures this host's cell, ``charter slots`` shows it, and
+``charter cell configure`` journals new caps (refusing a cap below the slots held)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.journal.test_cli import charter
+
+
+def _slots(home: Path) -> dict[str, object]:
+    result = charter("--json", "slots", home=home)
+    assert result.returncode == 0, result.stderr
+    doc: dict[str, object] = json.loads(result.stdout)
+    return doc
+
+
+def test_init_configures_the_cell_and_slots_shows_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    made = charter("init", "--cores", "4", "--reserve", "1", home=home)
+    assert made.returncode == 0, made.stderr
+    (cell,) = _slots(home)["cells"]  # type: ignore[misc]
+    assert cell["cell"] == "local"
+    assert cell["cores"] == 4
+    assert cell["slots"]["processing"]["cap"] == 3
+
+    configured = charter(
+        "--json", "cell", "configure", "--cores", "4", "--processing", "2", home=home
+    )
+    assert configured.returncode == 0, configured.stderr
+    assert json.loads(configured.stdout)["caps"]["processing"] == 2
+    (cell,) = _slots(home)["cells"]  # type: ignore[misc]
+    assert cell["slots"]["processing"]["cap"] == 2
+
+
+def test_a_spawn_fills_the_cell_and_a_cap_below_its_holders_is_refused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert charter("init", "--cores", "2", home=home).returncode == 0
+    spawned = charter(
+        "--json",
+        "spawn",
+        "--parent",
+        "agent:root",
+        "--width",
+        "3",
+        "--objective",
+        "scan the estate host by host",
+        "--est-cost",
+        "tokens=30k,wall=3m,cpu=3m,mem=96MiB,egress=3MB",
+        home=home,
+    )
+    assert spawned.returncode == 0, spawned.stderr
+    doc = json.loads(spawned.stdout)
+    # The processing cap adapts to the host's load (at most 2 here): never over it.
+    assert 1 <= len(doc["admitted"]) <= 2
+    assert doc["admitted"] + doc["queued"] == doc["children"]
+    (cell,) = _slots(home)["cells"]  # type: ignore[misc]
+    assert cell["slots"]["processing"]["occupancy"] == len(doc["admitted"])
+
+    lower = charter("cell", "configure", "--cores", "2", "--processing", "0", home=home)
+    assert lower.returncode == 1
+    assert "below that" in lower.stderr
+    assert "Traceback" not in lower.stderr
+
+
+def test_a_reserve_that_leaves_no_core_is_a_usage_error(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    result = charter("init", "--cores", "2", "--reserve", "2", home=home)
+    assert result.returncode == 2
+    assert not (home / "journal.db").exists()
