@@ -8,11 +8,13 @@ lock), with the fold base that read models follow the journal with. It knows
 
 from charter.ledger._follow import JournalFold
 from charter.ledger._location import Location, resolve_location
-from charter.ledger._sqlite import sqlite_uri
+from charter.ledger._postgres import ChainedPostgresProcessRecorder
+from charter.ledger._sqlite import ChainedSQLiteProcessRecorder, sqlite_uri
 from charter.ledger.errors import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
+    DeadlinePassedError,
     UnknownSchemeError,
 )
 from charter.ledger.journal import Committed, Entry, Journal, JournalCreated
@@ -26,8 +28,13 @@ __all__ = [
     "Location",
     "resolve_location",
     "sqlite_uri",
+    # the chained recorders (selected by PROCESS_RECORDER_TOPIC; subclassed by tests
+    # that inject faults inside the write transaction)
+    "ChainedSQLiteProcessRecorder",
+    "ChainedPostgresProcessRecorder",
     "AlreadyTrackedError",
     "AppendConflictError",
     "AppendFailedError",
+    "DeadlinePassedError",
     "UnknownSchemeError",
 ]

@@ -31,11 +31,14 @@ from charter.core.framing import GENESIS, entry_hash
 from charter.ledger._rows import (
     ChainRow,
     Guards,
+    Head,
     JournalMeta,
     LastCommit,
     check_guards,
     last_commit,
     set_last_commit,
+    stamp_batch,
+    stamp_of,
 )
 
 __all__ = [
@@ -122,23 +125,14 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             "%s::bytea[], %s::bytea[], %s::bytea[]) "
         )
         self._insert_chained = SQL(insert + "RETURNING notification_id").format(**ids)
-        # Inserts only if the head is still the one this process saw last: one round
-        # trip per commit, like the stock recorder, when there is no other writer.
-        self._insert_if_head = SQL(
-            insert + "WHERE (SELECT chain_hash FROM {schema}.{table} "
-            "ORDER BY notification_id DESC LIMIT 1) = %s RETURNING notification_id"
-        ).format(**ids)
         self._select_version = SQL(
             "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
             "WHERE originator_id = %s"
         ).format(**ids)
         self._select_head = SQL(
-            "SELECT notification_id, chain_hash FROM {schema}.{table} "
-            "ORDER BY notification_id DESC LIMIT 1"
+            "SELECT notification_id, chain_hash, substring(state from 1 for 40) AS at "
+            "FROM {schema}.{table} ORDER BY notification_id DESC LIMIT 1"
         ).format(**ids)
-        # (position, hash) of the last entry this recorder committed; only a
-        # hint: every use is checked by the database under the table lock.
-        self._head_hint: tuple[int, bytes] | None = None
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
@@ -151,8 +145,6 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         """
         exc: Exception | None = None
         ids: Sequence[int] | None = None
-        # Only a committed head becomes the hint (as in the SQLite recorder).
-        hint, self._head_hint = self._head_hint, None
         set_last_commit(None)
         with self.datastore.get_connection() as conn:
             with conn.pipeline() as pipeline, conn.transaction():
@@ -162,7 +154,10 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                     with conn.cursor() as curs:
                         try:
                             self._insert_stored_events(
-                                curs, stored_events, hint=hint, guards=kwargs.get("guards") or ()
+                                curs,
+                                stored_events,
+                                guards=kwargs.get("guards") or (),
+                                deadline_ms=kwargs.get("deadline_ms"),
                             )
                             pipeline.sync()
                             ids = self._fetch_ids_after_insert_events(curs, stored_events)
@@ -171,9 +166,6 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                             raise psycopg.Rollback from None
             if exc is not None:
                 raise exc
-        commit = last_commit()
-        if commit is not None and commit.positions:
-            self._head_hint = (commit.positions[-1], commit.hashes[-1])
         return ids
 
     def _insert_stored_events(
@@ -181,45 +173,47 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         curs: psycopg.Cursor[DictRow],
         stored_events: Sequence[StoredEvent],
         *,
-        hint: tuple[int, bytes] | None = None,
         guards: Guards = (),
+        deadline_ms: int | None = None,
         **kwargs: Any,
     ) -> None:
-        """Under the library's table lock: chain the batch onto the head and insert it.
+        """Under the library's table lock: stamp the batch's commit time, chain it onto
+        the head and insert it.
 
+        The head is read after the lock is taken (the read waits for it in the
+        pipeline), so the commit time is read under the lock too: it never decreases
+        with position, and a deadline is checked against the time the batch commits.
         Positions are assigned here (head + 1, …) rather than drawn from the sequence,
-        so they are contiguous. With a head hint the insert is guarded by the actual
-        head and the result is checked in :meth:`_fetch_ids_after_insert_events`.
+        so they are contiguous.
         """
         del kwargs
         self._lock_table(curs)
         self._notify_channel(curs)
         check_guards(guards, lambda originator: self._stream_version(curs, originator))
-        if hint is None:
-            self._insert_after(curs, self._read_head(curs), stored_events, guarded=False)
-        else:
-            self._insert_after(curs, hint, stored_events, guarded=True)
+        head = self._read_head(curs)
+        stamped, stamp = stamp_batch(stored_events, head.stamp, deadline_ms)
+        self._insert_after(curs, head, stamped, stamp)
 
     def _stream_version(self, curs: psycopg.Cursor[DictRow], originator: UUID) -> int:
         curs.execute(self._select_version, (originator,))
         row = curs.fetchone()
         return int(row["version"] or 0) if row else 0
 
-    def _read_head(self, curs: psycopg.Cursor[DictRow]) -> tuple[int, bytes]:
+    def _read_head(self, curs: psycopg.Cursor[DictRow]) -> Head:
         curs.execute(self._select_head)
         row = curs.fetchone()
-        return (0, GENESIS) if row is None else (row["notification_id"], bytes(row["chain_hash"]))
+        if row is None:
+            return Head(0, GENESIS, None)
+        return Head(row["notification_id"], bytes(row["chain_hash"]), stamp_of(bytes(row["at"])))
 
     def _insert_after(
         self,
         curs: psycopg.Cursor[DictRow],
-        head: tuple[int, bytes],
+        head: Head,
         stored_events: Sequence[StoredEvent],
-        *,
-        guarded: bool,
+        stamp: bytes,
     ) -> None:
-        position, prev = head
-        guard = prev
+        position, prev = head.position, head.hash
         positions, oids, versions, topics, states, prevs, hashes = [], [], [], [], [], [], []
         for s in stored_events:
             position += 1
@@ -237,23 +231,16 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             prevs.append(prev)
             hashes.append(h)
             prev = h
-        columns = (positions, oids, versions, topics, states, prevs, hashes)
-        if guarded:
-            curs.execute(self._insert_if_head, (*columns, guard))
-        else:
-            curs.execute(self._insert_chained, columns)
-        set_last_commit(LastCommit(tuple(positions), tuple(hashes)))
+        curs.execute(
+            self._insert_chained, (positions, oids, versions, topics, states, prevs, hashes)
+        )
+        set_last_commit(LastCommit(tuple(positions), tuple(hashes), stamp))
 
     def _fetch_ids_after_insert_events(
         self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
         del kwargs
         inserted = curs.fetchall()
-        if len(inserted) != len(stored_events):
-            # The hint was stale (another writer appended): still under the lock, chain
-            # onto the real head, in the same transaction.
-            self._insert_after(curs, self._read_head(curs), stored_events, guarded=False)
-            inserted = curs.fetchall()
         commit = last_commit()
         if commit is None or [r["notification_id"] for r in inserted] != list(commit.positions):
             raise ProgrammingError("journal insert did not return the positions it chained")

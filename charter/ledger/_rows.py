@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError
+from eventsourcing.persistence import IntegrityError, StoredEvent
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from charter.core.errors import StateError
@@ -19,6 +20,11 @@ __all__ = [
     "Guards",
     "check_guards",
     "ChainRow",
+    "CommitPastDeadlineError",
+    "Head",
+    "payload_bytes",
+    "stamp_batch",
+    "stamp_of",
     "JournalMeta",
     "LastCommit",
     "PinnedStreamMovedError",
@@ -31,10 +37,80 @@ SCHEMA_VERSION = 1
 
 
 class LastCommit(NamedTuple):
-    """Positions and hashes assigned by the recorder in the last committed insert."""
+    """Positions, hashes and the commit time the recorder assigned in its last insert."""
 
     positions: tuple[int, ...]
     hashes: tuple[bytes, ...]
+    stamp: bytes  # the ISO commit time written into every entry of the batch
+
+
+class Head(NamedTuple):
+    """The last entry of the journal as a writer saw it under the write lock."""
+
+    position: int
+    hash: bytes
+    stamp: bytes | None  # its commit time (None: the journal is empty)
+
+
+class CommitPastDeadlineError(IntegrityError):
+    """Raised by a recorder, under its write lock, when the batch would commit at or
+    after a deadline its decision relied on (a lease's end, say)."""
+
+
+# Every stored state is canonical JSON with sorted keys, so it begins with the commit
+# time: b'{"at":"2026-11-30T16:19:26.123456+00:00","payload":…'. The time is 32 bytes
+# of fixed-width ISO text, so times compare as bytes and can be written in place.
+_AT_PREFIX = b'{"at":"'
+_AT_START = len(_AT_PREFIX)
+_AT_END = _AT_START + 32
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def stamp_of(state: bytes) -> bytes:
+    """The commit time stored in an entry's state (the ISO text, as bytes)."""
+    return bytes(state[_AT_START:_AT_END])
+
+
+def payload_bytes(state: bytes) -> bytes:
+    """An entry's state after its commit time: what the writer encoded, unchanged."""
+    return bytes(state[_AT_END:])
+
+
+def stamp_batch(
+    stored_events: Sequence[StoredEvent], floor: bytes | None, deadline_ms: int | None
+) -> tuple[list[StoredEvent], bytes]:
+    """Under the write lock: give the batch its commit time and write it into each
+    entry's state before the chain hashes them.
+
+    The time is the wall clock now, or the head's time if the clock is behind it, so
+    commit times never decrease with position. A batch that would commit at or after
+    ``deadline_ms`` raises :class:`CommitPastDeadlineError` and nothing is written.
+    """
+    stamp = datetime.now(UTC).isoformat(timespec="microseconds").encode()
+    if floor is not None and floor > stamp:
+        stamp = floor
+    if len(stamp) != _AT_END - _AT_START:  # years outside 1000-9999
+        raise CommitPastDeadlineError(f"commit time {stamp!r} is not a fixed-width time")
+    if deadline_ms is not None:
+        at = datetime.fromisoformat(stamp.decode())
+        if (at - _EPOCH) // timedelta(milliseconds=1) >= deadline_ms:
+            raise CommitPastDeadlineError(
+                f"the batch would commit at {stamp.decode()}, at or after the deadline "
+                f"{deadline_ms} ms its decision relied on"
+            )
+    stamped = []
+    for s in stored_events:
+        if not s.state.startswith(_AT_PREFIX):
+            raise CommitPastDeadlineError("a stored state does not begin with its time")
+        stamped.append(
+            StoredEvent(
+                originator_id=s.originator_id,
+                originator_version=s.originator_version,
+                topic=s.topic,
+                state=_AT_PREFIX + stamp + s.state[_AT_END:],
+            )
+        )
+    return stamped, stamp
 
 
 class PinnedStreamMovedError(IntegrityError):

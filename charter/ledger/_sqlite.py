@@ -28,11 +28,14 @@ from charter.core.errors import StateError, UnavailableError
 from charter.core.framing import GENESIS, entry_hash
 from charter.ledger._rows import (
     ChainRow,
+    Head,
     JournalMeta,
     LastCommit,
     check_guards,
     last_commit,
     set_last_commit,
+    stamp_batch,
+    stamp_of,
 )
 
 __all__ = [
@@ -74,7 +77,7 @@ _INSERT = (
     f"INSERT INTO {TABLE} (rowid, originator_id, originator_version, topic, state, "
     "prev_hash, chain_hash) VALUES (?,?,?,?,?,?,?)"
 )
-_HEAD = f"SELECT rowid, chain_hash FROM {TABLE} ORDER BY rowid DESC LIMIT 1"
+_HEAD = f"SELECT rowid, chain_hash, state FROM {TABLE} ORDER BY rowid DESC LIMIT 1"
 
 _Params = tuple[int, str, int, str, bytes, bytes, bytes]
 
@@ -117,7 +120,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     # commit chains onto the head read under the write lock instead. It is set only
     # after a commit succeeds, so it is never ahead of the journal (entries cannot be
     # deleted). This saves reading the head on every commit of a lone writer.
-    _head_hint: tuple[int, bytes] | None = None
+    _head_hint: Head | None = None
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
         set_last_commit(None)
@@ -131,7 +134,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             positions = self._insert_events(c, stored_events, hint=hint, **kwargs)
         commit = last_commit()
         if commit is not None and commit.positions:
-            self._head_hint = (commit.positions[-1], commit.hashes[-1])
+            self._head_hint = Head(commit.positions[-1], commit.hashes[-1], commit.stamp)
         return positions
 
     def _insert_events(
@@ -139,24 +142,28 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         c: SQLiteCursor,
         stored_events: Sequence[StoredEvent],
         *,
-        hint: tuple[int, bytes] | None = None,
+        hint: Head | None = None,
         **kwargs: Any,
     ) -> Sequence[int] | None:
+        # Everything below runs under the write lock (BEGIN IMMEDIATE has taken it).
         check_guards(kwargs.get("guards") or (), self._stream_version(c))
+        deadline = kwargs.get("deadline_ms")
         if hint is not None and stored_events:
-            params = self._chain(hint, stored_events)
+            stamped, stamp = stamp_batch(stored_events, hint.stamp, deadline)
+            params = self._chain(hint, stamped)
             try:
                 c.execute(_INSERT, params[0])
             except sqlite3.IntegrityError:
                 pass  # stale: another writer's entry is already at that position
             else:
-                return self._insert_rest(c, params, skip=1)
+                return self._insert_rest(c, params, stamp, skip=1)
         # No hint, or a stale one: chain onto the head as read under the write lock (a
         # genuine conflict, such as a stream version already taken, raises from here).
         c.execute(_HEAD)
         row = c.fetchone()
-        head = (row[0], bytes(row[1])) if row else (0, GENESIS)
-        return self._insert_rest(c, self._chain(head, stored_events), skip=0)
+        head = Head(row[0], bytes(row[1]), stamp_of(row[2])) if row else Head(0, GENESIS, None)
+        stamped, stamp = stamp_batch(stored_events, head.stamp, deadline)
+        return self._insert_rest(c, self._chain(head, stamped), stamp, skip=0)
 
     @staticmethod
     def _stream_version(c: SQLiteCursor) -> Callable[[UUID], int]:
@@ -170,8 +177,8 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         return version
 
     @staticmethod
-    def _chain(head: tuple[int, bytes], stored_events: Sequence[StoredEvent]) -> list[_Params]:
-        position, prev = head
+    def _chain(head: Head, stored_events: Sequence[StoredEvent]) -> list[_Params]:
+        position, prev = head.position, head.hash
         params = []
         for s in stored_events:
             position += 1
@@ -186,14 +193,16 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             prev = h
         return params
 
-    def _insert_rest(self, c: SQLiteCursor, params: list[_Params], *, skip: int) -> list[int]:
+    def _insert_rest(
+        self, c: SQLiteCursor, params: list[_Params], stamp: bytes, *, skip: int
+    ) -> list[int]:
         rest = params[skip:]
         if len(rest) == 1:  # a lone append: execute is ~2x cheaper than executemany here
             c.execute(_INSERT, rest[0])
         elif rest:
             c.executemany(_INSERT, rest)
         positions = tuple(p[0] for p in params)
-        set_last_commit(LastCommit(positions, tuple(p[6] for p in params)))
+        set_last_commit(LastCommit(positions, tuple(p[6] for p in params), stamp))
         return list(positions)
 
 

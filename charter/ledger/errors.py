@@ -8,6 +8,7 @@ __all__ = [
     "AlreadyTrackedError",
     "AppendConflictError",
     "AppendFailedError",
+    "DeadlinePassedError",
     "UnknownSchemeError",
 ]
 
@@ -22,6 +23,11 @@ class AppendConflictError(StateError):
 
 class AlreadyTrackedError(StateError):
     """A follower tried to record a position it (or another copy of it) already did."""
+
+
+class DeadlinePassedError(StateError):
+    """The batch would have committed at or after a deadline its decision relied on
+    (a lease's end): nothing was written. Decide again on the state as it is now."""
 
 
 class UnknownSchemeError(BadInputError):

@@ -29,11 +29,19 @@ from charter.ledger._app import (
     stream_uuid,
 )
 from charter.ledger._location import Location, resolve_location
-from charter.ledger._rows import ChainRow, JournalMeta, PinnedStreamMovedError, last_commit
+from charter.ledger._rows import (
+    ChainRow,
+    CommitPastDeadlineError,
+    JournalMeta,
+    PinnedStreamMovedError,
+    last_commit,
+    payload_bytes,
+)
 from charter.ledger.errors import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
+    DeadlinePassedError,
     UnknownSchemeError,
 )
 
@@ -275,8 +283,14 @@ class Journal:
         *,
         expect: Mapping[str, int] | None = None,
         tracking: tuple[str, int] | None = None,
+        deadline_ms: int | None = None,
     ) -> tuple[Committed, ...]:
         """Append ``events`` atomically; return their positions and hashes after commit.
+
+        The commit time is stamped by the recorder under its write lock, so it never
+        decreases with position. ``deadline_ms`` is the earliest deadline the decision
+        relied on (a lease's end): a batch that would commit at or after it raises
+        :class:`DeadlinePassedError` and nothing is written.
 
         ``expect`` pins stream versions the caller decided on, whether or not the batch
         writes to them; if another writer has appended to one of them since,
@@ -311,9 +325,12 @@ class Journal:
                     envelopes,
                     tracking=Tracking(*tracking) if tracking else None,
                     guards=guards,
+                    deadline_ms=deadline_ms,
                 )
             except PinnedStreamMovedError as e:
                 raise AppendConflictError(_STALE_DECISION) from e
+            except CommitPastDeadlineError as e:
+                raise DeadlinePassedError(str(e)) from e
             except IntegrityError as e:
                 landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
                 if landed is None:
@@ -327,8 +344,9 @@ class Journal:
             commit = last_commit()
             if commit is None or len(commit.positions) != len(batch):
                 raise AppendFailedError("journal recorder did not report the committed chain")
+            at = datetime.fromisoformat(commit.stamp.decode())
             return tuple(
-                Committed(p, h, env.event, env.timestamp)
+                Committed(p, h, env.event, at)
                 for p, h, env in zip(commit.positions, commit.hashes, envelopes, strict=True)
             )
         raise AppendConflictError(
@@ -359,7 +377,7 @@ class Journal:
         landed = self._landed(envelopes)
         if landed is not None:
             return tuple(
-                Committed(r.position, r.chain_hash, env.event, env.timestamp)
+                Committed(r.position, r.chain_hash, env.event, decode_state(r.topic, r.state)[0])
                 for r, env in zip(landed, envelopes, strict=True)
             )
         if tracking is not None and self.tracked_position(tracking[0]) >= tracking[1]:
@@ -389,7 +407,8 @@ class Journal:
         rows = []
         for env in envelopes:
             row = self._store.find(env.originator_id.bytes, env.originator_version)
-            if row is None or row.state != encode_state(env):
+            # The commit time was stamped under the lock: compare what this writer encoded.
+            if row is None or payload_bytes(row.state) != payload_bytes(encode_state(env)):
                 return None
             rows.append(row)
         return rows
