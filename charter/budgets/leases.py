@@ -281,6 +281,22 @@ class LeaseBook:
 
     # -- queries ------------------------------------------------------------------
 
+    def chain(self, lineage: str) -> list[LedgerState]:
+        """``lineage``'s ledger and every ancestor's, up to its durable root."""
+        ledger = self.get(lineage)
+        chain = [ledger]
+        while ledger.parent is not None:
+            ledger = self._ledgers[ledger.parent]
+            chain.append(ledger)
+        return chain
+
+    def deadline(self, lineage: str) -> int | None:
+        """The first instant at which ``lineage``'s lease, or an ancestor's, expires: a
+        decision that relies on the lease being live must commit before it (None when
+        nothing in the chain expires)."""
+        ends = [x.expires_at_ms for x in self.chain(lineage) if x.expires_at_ms is not None]
+        return min(ends, default=None)
+
     def charge(self, ledger: LedgerState, at_ms: int) -> Budget:
         """What a child costs its parent at ``at_ms``: all of a live lease, else only
         what its subtree spent."""

@@ -9,7 +9,7 @@ the spawn pipeline (:mod:`charter.control.spawn`), in the fan-out's one append.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from charter.budgets import (
     ADMISSION_EVENTS,
@@ -20,6 +20,7 @@ from charter.budgets import (
     CellConfigured,
     Cells,
     LeaseBook,
+    LeaseEndedError,
     LeaseReleased,
     LeaseRenewed,
     ResourceClass,
@@ -28,7 +29,7 @@ from charter.budgets import (
 )
 from charter.core import Budget, Event, RefusedError, now_ms
 from charter.core.errors import InternalError
-from charter.ledger import AppendConflictError, Journal, JournalFold
+from charter.ledger import AppendConflictError, DeadlinePassedError, Journal, JournalFold
 
 __all__ = ["AdmissionService", "BudgetService", "ResourceView"]
 
@@ -95,42 +96,50 @@ class BudgetService:
             now = self.clock()
             try:
                 event = decide(now)
-            except RefusedError as error:
-                refusal = BudgetRefused(
-                    lineage=lineage,
-                    operation=operation,
-                    reason=error.reason,
-                    message=str(error),
-                )
-                self.journal.record_refusal(refusal, error)
-                raise
-            try:
-                committed = self.journal.append([event], expect=expect)
+                # Usage and renewal rely on the lease (and every ancestor's) being live:
+                # the journal refuses, under its write lock, to commit them at or after
+                # the first of those expiries.
+                deadline = self.view.book.deadline(lineage) if operation != "release" else None
+                committed = self.journal.append([event], expect=expect, deadline_ms=deadline)
             except AppendConflictError:
                 continue
+            except DeadlinePassedError as e:
+                self._refuse(
+                    operation,
+                    lineage,
+                    LeaseEndedError(
+                        f"{lineage}'s lease (or an ancestor's) ended before the {operation} "
+                        f"could commit; nothing was charged ({e})"
+                    ),
+                )
+            except RefusedError as error:
+                self._refuse(operation, lineage, error)
             self.view.applied(committed)
             return event
         raise AppendConflictError(f"{operation} of {lineage} kept racing other writers; retry")
 
+    def _refuse(self, operation: str, lineage: str, error: RefusedError) -> NoReturn:
+        """Journal a refusal with its stable reason code, then raise it."""
+        refusal = BudgetRefused(
+            lineage=lineage, operation=operation, reason=error.reason, message=str(error)
+        )
+        self.journal.record_refusal(refusal, error)
+        raise error
+
     def _streams(self, operation: str, lineage: str) -> list[str]:
         """The streams the decision depends on. A renewal: the parent's, which holds
-        the budget (renewals go on it). Usage: the lease's own and every ancestor's,
-        since releasing an ancestor lease ends this lease too and its budget goes back
-        up (a usage decided before that release must not commit after it). A release:
-        the lease's own."""
+        the budget (renewals go on it), and its ancestors'. Usage: the lease's own and
+        every ancestor's up to the root, since releasing an ancestor lease ends this
+        lease too and a parent's fan-out spends what it has left (a usage decided before
+        either must not commit after it). A release: the lease's own."""
         if lineage not in self.view.book:
             self.view.refresh(self.journal)
         if lineage not in self.view.book:
             return [lineage]  # the decision refuses it, with its named reason
-        ledger = self.view.book.get(lineage)
+        chain = [ledger.lineage for ledger in self.view.book.chain(lineage)]
         if operation == "renew":
-            return [ledger.parent or lineage]
-        streams = [lineage]
-        while operation == "usage" and ledger.parent is not None:
-            ledger = self.view.book.get(ledger.parent)
-            if ledger.parent is not None:  # a lease (a root's ledger is never released)
-                streams.append(ledger.lineage)
-        return streams
+            return chain[1:] or chain
+        return chain if operation == "usage" else chain[:1]
 
 
 class AdmissionService:

@@ -59,8 +59,17 @@ from charter.budgets import (
 )
 from charter.control.directory import AgentRecord, AuthorityView, custody_key_name
 from charter.control.resources import ResourceView
-from charter.core import Budget, Clock, InternalError, KeyStore, Lineage, RefusedError, now_ms
-from charter.ledger import AppendConflictError, AppendFailedError, Journal
+from charter.core import (
+    Budget,
+    CharterError,
+    Clock,
+    InternalError,
+    KeyStore,
+    Lineage,
+    RefusedError,
+    now_ms,
+)
+from charter.ledger import AppendConflictError, AppendFailedError, DeadlinePassedError, Journal
 
 __all__ = [
     "DEFAULT_CELL",
@@ -135,6 +144,16 @@ def host_cap_inputs(cores: int, failover_reserve: int) -> CapInputs:
     )
 
 
+def _chain_streams(claimed: str) -> list[str]:
+    """The streams of ``claimed`` and of each of its ancestors (none if it is not a
+    lineage: resolving the caller refuses it then, journaled)."""
+    try:
+        lineage = Lineage(claimed)
+    except CharterError:
+        return []
+    return [str(lineage), *(str(a) for a in lineage.ancestors())]
+
+
 class SpawnService:
     """Spawns on behalf of callers, against one journal (see the module docstring)."""
 
@@ -198,14 +217,17 @@ class SpawnService:
         journal does not commit."""
         fanout_id = uuid.uuid4().hex
         claimed = caller.claimed
+        # The parent and every ancestor up to the root: a release or a fan-out anywhere
+        # above changes what the parent may spend, so the append is pinned to them all.
+        chain = _chain_streams(claimed)
         for _ in range(_CONFLICT_RETRIES):
             now = self.clock()
             # Versions first, then the views: everything the versions cover is folded.
-            version = self.journal.stream_version(claimed) if claimed != "unknown" else 0
+            versions = {stream: self.journal.stream_version(stream) for stream in chain}
             cell_version = self.journal.stream_version(f"cell:{self.cell}")
             self.view.refresh(self.journal)
             self.resources.refresh(self.journal)
-            state = self._resolve(caller, intent, fanout_id, version, now)
+            state = self._resolve(caller, intent, fanout_id, versions.get(claimed, 0), now)
             decision = decide(  # the gate (once) and the mints
                 state,
                 FanoutCommand(fanout_id, intent, now),
@@ -215,10 +237,18 @@ class SpawnService:
             decision = self._lease(decision, intent, now)
             decision = self._admit(decision, cell_version)
             decision = self._ceilings_fail_open(decision, intent)
+            deadline = None
+            if decision.refusal is None:
+                decision = decision.joined((), versions)
+                deadline = self._deadline(state)
             try:
-                committed = self.journal.append(decision.events, expect=decision.expect)
-            except AppendConflictError:
-                continue  # a stream this decision read moved meanwhile: decide again
+                committed = self.journal.append(
+                    decision.events, expect=decision.expect, deadline_ms=deadline
+                )
+            except (AppendConflictError, DeadlinePassedError):
+                # A stream this decision read moved, or the parent's lease (or an
+                # ancestor's) ended before the commit: decide again on the state now.
+                continue
             except AppendFailedError as e:
                 if decision.refusal is not None:
                     decision.refusal.add_note(f"(the refusal could not be journaled: {e})")
@@ -244,6 +274,14 @@ class SpawnService:
             f"{claimed} kept changing while this fan-out was decided "
             f"({_CONFLICT_RETRIES} tries); retry"
         )
+
+    def _deadline(self, state: ParentState) -> int:
+        """The first instant the decision stops being true: the parent's grant expires,
+        or its lease or an ancestor's does. The journal refuses to commit at or after it."""
+        parent = str(state.lineage)
+        grant_end = state.sealed.grant.terms.expires_at_ms
+        lease_end = self.resources.book.deadline(parent) if parent in self.resources.book else None
+        return grant_end if lease_end is None else min(grant_end, lease_end)
 
     def _resolve(
         self, caller: Caller, intent: SpawnIntent, fanout_id: str, version: int, now: int

@@ -136,9 +136,14 @@ class FailingJournal(Journal):
     """The real journal, whose appends fail as a lost database would make them."""
 
     def append(
-        self, events: Iterable[Event], *, expect: Mapping[str, int] | None = None
+        self,
+        events: Iterable[Event],
+        *,
+        expect: Mapping[str, int] | None = None,
+        tracking: tuple[str, int] | None = None,
+        deadline_ms: int | None = None,
     ) -> tuple[Committed, ...]:
-        del events, expect
+        del events, expect, tracking, deadline_ms
         raise AppendFailedError("injected: the disk went away")
 
 

@@ -1,0 +1,159 @@
+"""Whole-history invariants, checked by an independent fold over a journal.
+
+Written from the design (docs/design.md §5), not from Charter's lease code: it reads
+each entry's type name, payload dict and commit time, and keeps its own books. Used
+after concurrent, crash and fuzz runs, where a unit test of the code that keeps the
+invariant would only re-run the same mistake.
+
+The rules, for every ledger ``x`` at the commit time ``t`` of every position:
+
+- conservation: if ``x`` is live at ``t``, own spend(x) + Σ charge(c, t) over its
+  children ≤ allocation(x) on every axis, where a live child is charged its whole
+  allocation and an ended one what its subtree spent, capped at its allocation;
+- no usage after the end: a usage commits only while its lease and every ancestor's
+  are live (not released at or before ``t``, ``t`` before the expiry);
+- commit times never decrease with position.
+
+Expiry only lowers charges, so the conservation check runs, at each entry, on the
+ledgers whose sums that entry can raise: a lease grant's parent, and a usage's or a
+renewal's whole ancestor chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _ms(at: datetime) -> int:
+    delta = at - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def _vec(d: dict[str, Any]) -> list[int]:
+    return [int(d[a]) for a in AXES]
+
+
+@dataclass
+class _Ledger:
+    lineage: str
+    parent: str | None
+    allocation: list[int]
+    expires: int | None
+    released: int | None = None
+    spent: list[int] = field(default_factory=lambda: [0] * 5)
+    children: list[str] = field(default_factory=list)
+
+    def live(self, t: int) -> bool:
+        if self.released is not None and self.released <= t:
+            return False
+        return self.expires is None or t < self.expires
+
+
+@dataclass
+class Findings:
+    checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+class _Books:
+    def __init__(self) -> None:
+        self.ledgers: dict[str, _Ledger] = {}
+
+    def subtree_spent(self, lineage: str) -> list[int]:
+        total = [0] * 5
+        stack = [lineage]
+        while stack:
+            node = self.ledgers[stack.pop()]
+            total = [a + b for a, b in zip(total, node.spent, strict=True)]
+            stack.extend(node.children)
+        return total
+
+    def charge(self, child: _Ledger, t: int) -> list[int]:
+        if child.live(t):
+            return child.allocation
+        spent = self.subtree_spent(child.lineage)
+        return [min(s, a) for s, a in zip(spent, child.allocation, strict=True)]
+
+    def ancestors(self, lineage: str) -> list[_Ledger]:
+        out = []
+        node = self.ledgers[lineage]
+        while node.parent is not None:
+            node = self.ledgers[node.parent]
+            out.append(node)
+        return out
+
+    def overspent(self, lineage: str, t: int) -> str | None:
+        x = self.ledgers[lineage]
+        if not x.live(t):
+            return None
+        used = list(x.spent)
+        for c in x.children:
+            used = [u + v for u, v in zip(used, self.charge(self.ledgers[c], t), strict=True)]
+        over = [a for a, u, cap in zip(AXES, used, x.allocation, strict=True) if u > cap]
+        if over:
+            return f"{lineage} uses {used} of {x.allocation} ({', '.join(over)})"
+        return None
+
+
+def check_history(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) -> Findings:
+    """Fold ``(position, type name, payload, recorded_at)`` in position order."""
+    books = _Books()
+    found = Findings()
+    last_at: datetime | None = None
+    for position, kind, p, at in entries:
+        t = _ms(at)
+        if last_at is not None and at < last_at:
+            found.problems.append(f"{position}: commit time {at} is before {last_at}")
+        last_at = at
+        touched: list[str] = []
+        match kind:
+            case "BudgetLedgerOpened":
+                books.ledgers[p["lineage"]] = _Ledger(
+                    p["lineage"], None, _vec(p["allocation"]), None
+                )
+            case "LeaseGranted":
+                parent = books.ledgers[p["parent"]]
+                for lineage in p["lineages"]:
+                    books.ledgers[lineage] = _Ledger(
+                        lineage, p["parent"], _vec(p["allocation"]), int(p["expires_at_ms"])
+                    )
+                    parent.children.append(lineage)
+                touched = [p["parent"]]
+            case "UsageRecorded":
+                x = books.ledgers[p["lineage"]]
+                dead = [n.lineage for n in (x, *books.ancestors(x.lineage)) if not n.live(t)]
+                if dead:
+                    found.problems.append(
+                        f"{position}: usage of {x.lineage} after the end of {dead[0]}'s lease"
+                    )
+                x.spent = [a + b for a, b in zip(x.spent, _vec(p["amount"]), strict=True)]
+                touched = [x.lineage, *(n.lineage for n in books.ancestors(x.lineage))]
+            case "LeaseReleased":
+                stack = [p["lineage"]]
+                while stack:
+                    node = books.ledgers[stack.pop()]
+                    if node.released is None:
+                        node.released = t
+                    stack.extend(node.children)
+            case "LeaseRenewed":
+                books.ledgers[p["lineage"]].expires = int(p["expires_at_ms"])
+                touched = [p["parent"], *(n.lineage for n in books.ancestors(p["parent"]))]
+            case _:
+                continue
+        for lineage in touched:
+            problem = books.overspent(lineage, t)
+            if problem is not None:
+                found.problems.append(f"{position}: {problem}")
+        found.checked += 1
+    return found
+
+
+def journal_history(journal: Any) -> list[tuple[int, str, dict[str, Any], datetime]]:
+    """Every entry of a Charter journal as (position, type, payload, recorded_at)."""
+    return [(e.position, e.type_name, e.event.payload(), e.recorded_at) for e in journal.entries()]
