@@ -31,8 +31,7 @@ from charter.authority import (
     Verdict,
     decide,
 )
-from charter.control import Ceiling, register_root
-from charter.control import SpawnService
+from charter.control import Ceiling, SpawnService, register_root
 from charter.core import Budget, KeyStore
 from charter.ledger import Journal
 

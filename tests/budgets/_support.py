@@ -15,8 +15,7 @@ from charter.authority import (
     Verdict,
 )
 from charter.budgets import LEASE_EVENTS, LeaseBook
-from charter.control import Caller, Ceiling, register_root
-from charter.control import SpawnService
+from charter.control import Caller, Ceiling, SpawnService, register_root
 from charter.core import Budget, KeyStore, entry_ms
 from charter.ledger import Journal
 

@@ -23,8 +23,7 @@ from charter.budgets import (
     NoBudgetLedgerError,
     RenewalBeyondParentError,
 )
-from charter.control import BudgetService
-from charter.control import SpawnService
+from charter.control import BudgetService, SpawnService
 from charter.core import Budget, CharterError, KeyStore, now_ms
 from charter.ledger import Journal
 
