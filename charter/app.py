@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from charter.authority import GatePolicy, SpawnIntent
 from charter.budgets import FabricCeilings, ResourceClass
@@ -97,6 +97,14 @@ class CellSetup(BaseModel):
     coordination: int | None = Field(default=None, ge=0, le=1_000_000)
     egress: int | None = Field(default=None, ge=0, le=1_000_000)
     inference: int | None = Field(default=None, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _leaves_a_core(self) -> CellSetup:
+        if self.reserve >= self.cores:
+            raise ValueError(
+                f"a reserve of {self.reserve} leaves none of {self.cores} cores to run workers"
+            )
+        return self
 
     @classmethod
     def for_host(cls) -> CellSetup:

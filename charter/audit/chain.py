@@ -137,7 +137,7 @@ def audit_chain(
         )
 
     # The hot loop (a million entries in a few seconds): locals and a topic cache keep
-    # the per-entry cost to one framing and one sha256, both in _chain.entry_hash.
+    # the per-entry cost to one framing and one sha256, both in charter.core.framing.entry_hash.
     conv = source.originator_bytes
     topics: dict[str, bytes] = {}
     for batch in source.batches(start, stop):

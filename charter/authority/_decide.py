@@ -2,7 +2,7 @@
 
 ``decide`` runs nothing and reads nothing: the caller resolves the parent (server side),
 passes the gate policy in, and appends the returned events in one transaction. Grants
-are handed out only after that append commits (see ``_service``). Later stages (budget
+are handed out only after that append commits (see charter.control.spawn). Later stages (budget
 leases, admission) add their events to the same :class:`FanoutDecision` before the
 append, so a fan-out stays one atomic entry in the journal.
 """

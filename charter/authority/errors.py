@@ -1,4 +1,4 @@
-"""Errors of the authority package, grouped by fault under the ledger bases.
+"""Errors of the authority package, grouped by fault over the fault groups of charter.core.errors.
 
 Each refusal carries a stable ``reason`` code: it is what the journal records in a
 ``SpawnRefused`` event and what scripts match on, so codes never change meaning.

@@ -7,7 +7,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import click
+from pydantic import ValidationError
 
+import charter.catalogue  # noqa: F401 - journal show decodes every event type
 from charter.app import CellSetup, Charter
 from charter.audit import ChainBrokenError, parse_head
 from charter.audit.journal import audit_journal
@@ -40,12 +42,10 @@ def init(ctx: Ctx, root: str, cores: int | None, reserve: int, ceiling: Ceiling)
     """Create the journal (once), the Charter home, the journal's signing key, the root
     agent (directory entry, custody key, ceiling grant, budget ledger) and this host's
     cell with its slot caps."""
-    setup = CellSetup(cores=cores, reserve=reserve) if cores else CellSetup.for_host()
-    if setup.reserve >= setup.cores:
-        raise click.BadParameter(
-            f"a reserve of {setup.reserve} leaves none of {setup.cores} cores to run workers",
-            param_hint="--reserve",
-        )
+    try:
+        setup = CellSetup(cores=cores or CellSetup.for_host().cores, reserve=reserve)
+    except ValidationError as e:
+        raise click.BadParameter(str(e), param_hint="--cores/--reserve") from e
     charter, made = Charter.initialise(ctx.db, root=root, ceiling=ceiling, cell=setup)
     charter.close()
     ctx.status(f"initialised journal {made.location.display}")

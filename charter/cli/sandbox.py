@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 
 from charter.app import Charter
 from charter.cli._common import Ctx
@@ -98,7 +99,7 @@ def probe_cmd(ctx: Ctx) -> None:
     "egress",
     default="",
     metavar="HOST,…",
-    help="Destinations the egress broker allows (host or host:port).",
+    help="Destinations the egress broker allows: host, *.domain, either with :port.",
 )
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
@@ -112,15 +113,18 @@ def run_cmd(
     """
 
     budget = Budget.parse(budget_text)
-    destinations = tuple(d.strip() for d in egress.split(",") if d.strip())
+    # The broker caps egress at the budget's bytes (the spec's); the grant only names
+    # where to, in the grant's own destination vocabulary (validated here).
+    try:
+        grant = EgressGrant(destinations=tuple(d.strip() for d in egress.split(",") if d.strip()))
+    except ValidationError as e:
+        raise click.BadParameter(str(e), param_hint="--egress") from e
     state = default_state_dir()
     with _journal(ctx, required=True) as journal, contextlib.ExitStack() as stack:
         broker = None
-        if destinations:
+        if grant.destinations:
             broker = stack.enter_context(EgressBroker(state / f"egress-{os.getpid()}.sock"))
-        # The broker caps egress at the budget's bytes (the spec's); the grant only
-        # names where to. The Launcher passes the isolation gate (journaled) first.
-        grant = EgressGrant(destinations=destinations)
+        # The Launcher passes the isolation gate (journaled) first.
         launcher = Launcher(journal, state_dir=state, egress=broker)
         # With --json stdout carries only the result document; the command's output
         # goes to stderr.

@@ -64,6 +64,10 @@ class InternalError(CharterError):
         )
 
 
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class RefusedError(CharterError):
     """Refused by policy: gate, invariant, admission, budget, or an unisolating host (exit 4).
 
@@ -89,7 +93,7 @@ class RefusedError(CharterError):
                 f"refusal class {cls.__qualname__} must declare its own stable `reason` code"
             )
         other = RefusedError._reasons.get(reason)
-        if other is not None and other.__qualname__ != cls.__qualname__:
+        if other is not None and _name(other) != _name(cls):
             raise TypeError(
                 f"refusal classes {other.__qualname__} and {cls.__qualname__} share the "
                 f"reason code {reason!r}"

@@ -21,6 +21,10 @@ _TYPE_NAME = re.compile(r"^[A-Z][A-Za-z0-9]{1,63}$")
 _REGISTRY: dict[str, type[Event]] = {}
 
 
+def _full_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def canonical_json(value: Any) -> bytes:
     """The one canonical encoder: sorted keys, no whitespace, UTF-8."""
     return json.dumps(
@@ -48,9 +52,9 @@ class Event(BaseModel):
         name = cls.__dict__.get("type_name", "")
         if not name:
             return  # an abstract intermediate class
-        if not _TYPE_NAME.match(name):
+        if not _TYPE_NAME.fullmatch(name):
             raise BadInputError(f"event type name {name!r} must be CamelCase letters/digits")
-        if name in _REGISTRY and _REGISTRY[name].__qualname__ != cls.__qualname__:
+        if name in _REGISTRY and _full_name(_REGISTRY[name]) != _full_name(cls):
             raise BadInputError(f"event type name {name!r} is registered twice")
         _REGISTRY[name] = cls
 

@@ -33,7 +33,7 @@ class KeyStore:
         self.directory = self.home / "keys"
 
     def _path(self, name: str) -> Path:
-        if not _KEY_NAME.match(name):
+        if not _KEY_NAME.fullmatch(name):
             raise BadInputError(
                 f"key name {name!r}: use lower-case letters, digits, '.', '_' or '-'"
             )
@@ -72,13 +72,19 @@ class KeyStore:
             raise KeyNotFoundError(
                 f"no key {name!r} in {self.directory}; set CHARTER_HOME to the home that holds it"
             ) from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise KeyPermissionsError(
-                f"key file {path} is accessible by group or others (mode "
-                f"{stat.S_IMODE(mode):o}); run: chmod 600 {path}"
-            )
+        _refuse_shared(path, mode, "600")
+        _refuse_shared(self.directory, self.directory.stat().st_mode, "700")
         try:
             seed = bytes.fromhex(path.read_text().strip())
             return SigningKey(seed)
         except ValueError as e:
             raise StateError(f"key file {path} is not a Charter key: {e}") from e
+
+
+def _refuse_shared(path: Path, mode: int, private: str) -> None:
+    """A key file, or the directory of keys, that group or others can reach is refused."""
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyPermissionsError(
+            f"{path} is accessible by group or others (mode {stat.S_IMODE(mode):o}); "
+            f"run: chmod {private} {path}"
+        )

@@ -1,11 +1,12 @@
 """The PostgreSQL journal adapter: chained eventsourcing recorders, schema, raw reads.
 
 Writers are serialised by the library's own ``LOCK TABLE … IN EXCLUSIVE MODE``; under
-that lock the recorder reads the head, takes the next notification ids from the
-sequence, computes the chain and inserts. Sequence values can be lost to a rollback,
-so positions may have gaps: the chain links each entry to its predecessor row, never
-to ``id - 1``. The library's plpgsql insert function is never created (it would skip
-the lock and the chain), and ``POSTGRES_ENABLE_DB_FUNCTIONS`` is refused.
+that lock the recorder reads the head, stamps the batch's commit time, assigns the
+positions after the head (head + 1, …, so they are contiguous), computes the chain and
+inserts. The chain links each entry to its predecessor row, never to ``id - 1``, so a
+reader never depends on contiguity. The library's plpgsql insert function is never
+created (it would skip the lock and the chain), and ``POSTGRES_ENABLE_DB_FUNCTIONS`` is
+refused.
 """
 
 from __future__ import annotations

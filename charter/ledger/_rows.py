@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, StoredEvent
+from eventsourcing.persistence import IntegrityError, ProgrammingError, StoredEvent
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from charter.core.errors import StateError
@@ -90,7 +90,7 @@ def stamp_batch(
     if floor is not None and floor > stamp:
         stamp = floor
     if len(stamp) != _AT_END - _AT_START:  # years outside 1000-9999
-        raise CommitPastDeadlineError(f"commit time {stamp!r} is not a fixed-width time")
+        raise ProgrammingError(f"commit time {stamp!r} is not a fixed-width time")
     if deadline_ms is not None:
         at = datetime.fromisoformat(stamp.decode())
         if (at - _EPOCH) // timedelta(milliseconds=1) >= deadline_ms:
@@ -101,7 +101,7 @@ def stamp_batch(
     stamped = []
     for s in stored_events:
         if not s.state.startswith(_AT_PREFIX):
-            raise CommitPastDeadlineError("a stored state does not begin with its time")
+            raise ProgrammingError("a stored state does not begin with its commit time")
         stamped.append(
             StoredEvent(
                 originator_id=s.originator_id,

@@ -3,7 +3,7 @@
 The rule it serves: nothing takes effect until the event that describes it is committed.
 :meth:`Journal.append` writes a batch in one transaction and returns only after the
 commit, with each entry's position and hash; callers act after it returns. A failed
-append raises :class:`~charter.core.errors.AppendFailedError` and leaves nothing.
+append raises :class:`~charter.ledger.errors.AppendFailedError` and leaves nothing.
 """
 
 from __future__ import annotations

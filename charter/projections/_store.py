@@ -67,7 +67,7 @@ _SUBTREE = "(lineage = ? OR (lineage > ? AND lineage < ?))"
 
 
 def check_prefix(prefix: str) -> str:
-    if not _PREFIX.match(prefix):
+    if not _PREFIX.fullmatch(prefix):
         raise BadInputError(
             f"projection name {prefix!r} must be 1-31 lower-case letters, digits or '_', "
             "starting with a letter"

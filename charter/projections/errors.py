@@ -1,4 +1,4 @@
-"""Errors of the projections (each a kind of the ledger's error groups, for the CLI)."""
+"""Errors of the projections, over the fault groups of :mod:`charter.core.errors`."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from charter.ledger.journal import Journal
+from charter.core import InternalError
+from charter.ledger import Journal
 from charter.projections import _postgres, _sqlite
 from charter.projections._answers import (
     BudgetReport,
@@ -39,7 +40,7 @@ def _store_for(journal: Journal, prefix: str) -> ProjectionStore:
     tracking = f"charter.projections.{prefix}"
     if location.kind == "sqlite":
         if location.path is None:  # resolve_location always sets it
-            raise PositionBeyondHeadError("SQLite journal without a path")
+            raise InternalError("a SQLite journal location without a path")
         return _sqlite.SQLiteProjectionStore(location.path, prefix, tracking)
     return _postgres.PostgresProjectionStore(location.conninfo or {}, prefix, tracking)
 
