@@ -87,19 +87,31 @@ def new_sandbox_id() -> str:
 
 
 def leased_event(
-    spec: SandboxSpec, budget: Budget, pool: str | None, grant: EgressGrant | None
+    spec: SandboxSpec,
+    budget: Budget,
+    pool: str | None,
+    grant: EgressGrant | None,
+    *,
+    lineage: str | None = None,
+    grant_digest: str | None = None,
 ) -> SandboxLeased:
+    """The lease of the sandbox ``spec`` describes. ``lineage`` is the worker it runs
+    for, whose lease it runs under, and ``grant_digest`` the hex sha256 digest of that
+    worker's sealed grant; both None when an operator runs it on their own behalf."""
     return SandboxLeased(
         sandbox_id=spec.sandbox_id,
         host_uid=spec.host_uid,
         pool=pool,
-        budget=budget.model_dump(),
+        budget=budget,
         pids_max=spec.pids_max,
         memory_bytes=spec.memory_bytes,
         cpu_quota_us=spec.cpu_quota_us,
         cpu_period_us=spec.cpu_period_us,
         wall_ms=spec.wall_ms,
         egress=grant.destinations if grant is not None else (),
+        lineage=lineage,
+        lease=lineage,
+        grant_digest=grant_digest,
     )
 
 
@@ -183,9 +195,14 @@ class RawLauncher:
         stdout: Stdio = None,
         stderr: Stdio = None,
         capture: bool = False,
+        lineage: str | None = None,
+        grant_digest: str | None = None,
     ) -> Outcome:
         """Run ``command`` in a new sandbox and return its outcome (never raises for the
-        command's own failure; raises a CharterError when the sandbox cannot be made)."""
+        command's own failure; raises a CharterError when the sandbox cannot be made).
+
+        ``lineage`` and ``grant_digest`` name the worker the sandbox runs for and its
+        sealed grant, journaled in ``SandboxLeased`` (None: an operator's own run)."""
         sandbox_id = new_sandbox_id()
         with allocate_uid(self.state_dir) as uid:
             own_ws = workspace is None
@@ -208,7 +225,13 @@ class RawLauncher:
                     ),
                 )
                 # The lease is committed before anything starts.
-                self._journal(lambda: [leased_event(spec, budget, None, grant)])
+                self._journal(
+                    lambda: [
+                        leased_event(
+                            spec, budget, None, grant, lineage=lineage, grant_digest=grant_digest
+                        )
+                    ]
+                )
                 return self._run_spec(
                     spec, command, grant=grant, stdio=(stdin, stdout, stderr), capture=capture
                 )

@@ -10,12 +10,14 @@ Programs inside reach it as an HTTP(S) proxy on that socket. It accepts:
 
 The broker identifies the sandbox by the peer's host uid
 (``SO_PEERCRED``: unique per live sandbox, so no token can be stolen), checks the
-destination against the grant, counts bytes in both directions against the egress byte
-budget, and records every attempt, allowed or denied.
+destination against the grant (:func:`charter.core.destination.admits`: the grant's own
+vocabulary), counts bytes in both directions against the egress byte budget, and records
+every attempt, allowed or denied.
 
 Every admitted connection holds one broker thread in the control plane, outside the
-sandbox's cgroup, so admission happens on the accepting thread before any thread exists:
-a peer uid with no registration is answered 403 and closed (its attempt is kept in
+sandbox's cgroup, so admission happens on the accepting thread before any thread exists
+(:class:`~charter.sandbox._peer.PeerServer`, shared with the key broker): a peer uid
+with no registration is answered 403 and closed (its attempt is kept in
 ``unknown_attempts`` without a destination: nothing is read from it), and a registered
 uid already holding ``_MAX_CONNECTIONS_PER_UID`` connections is answered 429 and closed.
 A connection that sends no request head within ``_HEAD_TIMEOUT``, or whose tunnel moves
@@ -25,10 +27,8 @@ no byte either way for ``_IDLE_TIMEOUT``, is closed and gives its slot back.
 from __future__ import annotations
 
 import contextlib
-import os
 import selectors
 import socket
-import struct
 import threading
 from collections import deque
 from pathlib import Path
@@ -36,6 +36,8 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from charter.core.destination import Destination, admits
+from charter.sandbox._peer import PeerServer, Refusal
 from charter.sandbox.events import EgressAttempted
 
 __all__ = ["EgressBroker", "EgressGrant", "EgressTally"]
@@ -56,12 +58,19 @@ _UNKNOWN_KEPT = 256  # unknown-peer attempts remembered (any host user can conne
 
 
 class EgressGrant(BaseModel):
-    """Where a sandbox may connect (``host`` or ``host:port``), and optionally a byte cap
-    lower than its budget's (``None``: the budget's egress bytes are the cap)."""
+    """Where a sandbox may connect, and optionally a byte cap lower than its budget's
+    (``None``: the budget's egress bytes are the cap).
+
+    Destinations are written in the one egress vocabulary of
+    :mod:`charter.core.destination` (``api.example.com``, ``*.example.com``, either with
+    an optional ``:port``), the same language a worker's grant speaks, so what the grant
+    admits is exactly what the broker lets through. A malformed entry is refused here,
+    when the grant is made, not silently matched against nothing later.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    destinations: tuple[str, ...] = ()
+    destinations: tuple[Destination, ...] = ()
     byte_budget: int | None = Field(ge=0, default=None)
 
     def byte_cap(self, budget_bytes: int) -> int:
@@ -69,15 +78,8 @@ class EgressGrant(BaseModel):
         return budget_bytes if self.byte_budget is None else min(self.byte_budget, budget_bytes)
 
     def allows(self, host: str, port: int) -> bool:
-        host = host.lower().rstrip(".")
-        for entry in self.destinations:
-            name, sep, p = entry.lower().rpartition(":")
-            if sep and p.isdigit():
-                if name == host and int(p) == port:
-                    return True
-            elif entry.lower() == host and port in (80, 443):
-                return True
-        return False
+        """True when some destination admits ``host:port`` (see :func:`admits`)."""
+        return any(admits(entry, host, port) for entry in self.destinations)
 
 
 class EgressTally(NamedTuple):
@@ -105,20 +107,12 @@ class EgressBroker:
         self.path = path
         self._lock = threading.Lock()
         self._regs: dict[int, _Registration] = {}
-        self._active: dict[int, int] = {}  # peer uid -> connections holding a thread
         # (uid, "?") per refused unknown peer: it is refused before a byte is read.
         self.unknown_attempts: deque[tuple[int, str]] = deque(maxlen=_UNKNOWN_KEPT)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(str(path))
-        # Sandbox uids must connect; identity is SO_PEERCRED, not file permissions.
-        os.chmod(path, 0o666)  # noqa: S103
-        self._server.listen(64)
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True, name="egress")
-        self._closed = False
-        self._thread.start()
+        self._server = PeerServer(
+            path, name="egress", max_per_uid=_MAX_CONNECTIONS_PER_UID, backlog=64,
+            knows=self._knows, handler=self._serve, refusal=self._refusal,
+        )  # fmt: skip
 
     # registration -----------------------------------------------------------------
     def register(
@@ -155,16 +149,10 @@ class EgressBroker:
 
     def active(self, host_uid: int) -> int:
         """Connections from ``host_uid`` that hold a broker thread now."""
-        with self._lock:
-            return self._active.get(host_uid, 0)
+        return self._server.active(host_uid)
 
     def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
 
     def __enter__(self) -> EgressBroker:
         return self
@@ -172,61 +160,31 @@ class EgressBroker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # serving ------------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            self._admit(conn)
+    # admission (on the accepting thread) ---------------------------------------------
+    def _knows(self, uid: int) -> bool:
+        with self._lock:
+            return uid in self._regs
 
-    def _admit(self, conn: socket.socket) -> None:
-        """On the accepting thread: refuse unknown uids and uids at the cap without
-        reading from them or starting a thread; otherwise take a slot and start one."""
-        try:
-            uid = _peer_uid(conn)
-        except OSError:
-            conn.close()
-            return
-        admitted = record = False
+    def _refusal(self, uid: int, why: Refusal) -> bytes:
+        """The answer to a peer refused on accept, recorded where it is worth keeping."""
+        if why == "unknown":
+            with self._lock:
+                self.unknown_attempts.append((uid, "?"))
+            return _response(403, "unknown sandbox")
+        if why == "busy":
+            return _response(503, "broker busy")
         with self._lock:
             reg = self._regs.get(uid)
-            if reg is None:
-                self.unknown_attempts.append((uid, "?"))
-            elif self._active.get(uid, 0) < _MAX_CONNECTIONS_PER_UID:
-                self._active[uid] = self._active.get(uid, 0) + 1
-                reg.conns.add(conn)
-                admitted = True
-            else:
-                # One record per episode at the cap: refusals cost the sandbox almost
-                # nothing, and a record for each would grow the parent's memory instead.
-                admitted, record, reg.saturated = False, not reg.saturated, True
-        if reg is None:
-            _refuse(conn, 403, "unknown sandbox")
-            return
-        if not admitted:
-            if record:
-                self._record(uid, reg, "?", False, "too many concurrent connections")
-            _refuse(conn, 429, "too many connections")
-            return
-        try:
-            threading.Thread(target=self._serve, args=(conn, uid, reg), daemon=True,
-                             name=f"egress-conn-{uid}").start()  # fmt: skip
-        except RuntimeError:  # the process is out of threads: refuse, give the slot back
-            self._release(uid, reg, conn)
-            _refuse(conn, 503, "broker busy")
+            # One record per episode at the cap: refusals cost the sandbox almost
+            # nothing, and a record for each would grow the parent's memory instead.
+            record = reg is not None and not reg.saturated
+            if reg is not None:
+                reg.saturated = True
+        if record and reg is not None:
+            self._record(uid, reg, "?", False, "too many concurrent connections")
+        return _response(429, "too many connections")
 
-    def _release(self, uid: int, reg: _Registration, conn: socket.socket) -> None:
-        with self._lock:
-            reg.conns.discard(conn)
-            reg.saturated = False
-            left = self._active.get(uid, 0) - 1
-            if left > 0:
-                self._active[uid] = left
-            else:
-                self._active.pop(uid, None)
-
+    # serving ------------------------------------------------------------------------
     def _record(self, uid: int, reg: _Registration, dest: str, allowed: bool, reason: str,
                 *, out: int = 0, inn: int = 0) -> None:  # fmt: skip
         event = EgressAttempted(
@@ -236,15 +194,23 @@ class EgressBroker:
         with self._lock:
             reg.attempts.append(event)
 
-    def _serve(self, conn: socket.socket, uid: int, reg: _Registration) -> None:
-        """One admitted connection; its slot is given back however it ends."""
+    def _serve(self, conn: socket.socket, uid: int) -> None:
+        """One admitted connection, on its own thread (the server closes it after)."""
+        with self._lock:
+            # Registered when admitted; if it has been unregistered since, there is
+            # nothing to serve. Joining ``conns`` under the lock lets unregister cut it.
+            reg = self._regs.get(uid)
+            if reg is None:
+                return
+            reg.conns.add(conn)
         try:
             self._proxy(conn, uid, reg)
         except OSError:  # the peer went away (or was cut by unregister) mid-exchange
             pass
         finally:
-            self._release(uid, reg, conn)
-            conn.close()
+            with self._lock:
+                reg.conns.discard(conn)
+                reg.saturated = False
 
     def _proxy(self, conn: socket.socket, uid: int, reg: _Registration) -> None:
         head = _read_head(conn)
@@ -409,24 +375,13 @@ def _parse_head(data: bytes) -> tuple[str, int, bytes | None] | None:
     return None if where is None else (where[0], where[1], forward)
 
 
-def _reply(conn: socket.socket, code: int, reason: str) -> None:
+def _response(code: int, reason: str) -> bytes:
+    """A complete HTTP response carrying ``reason``; the connection closes after it."""
     body = (reason + "\n").encode()
+    head = f"HTTP/1.1 {code} {reason}\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"Connection: close\r\n\r\n" + body
+
+
+def _reply(conn: socket.socket, code: int, reason: str) -> None:
     with contextlib.suppress(OSError):
-        conn.sendall(
-            f"HTTP/1.1 {code} {reason}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n".encode()
-            + body
-        )
-
-
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
-
-
-def _refuse(conn: socket.socket, code: int, reason: str) -> None:
-    """Answer and close on the accepting thread: one non-blocking send, which a fresh
-    socket's empty buffer takes whole, so a peer that never reads cannot stall it."""
-    with conn:
-        conn.setblocking(False)
-        _reply(conn, code, reason)
+        conn.sendall(_response(code, reason))

@@ -1,13 +1,15 @@
-"""The sandbox lifecycle events (part of the ledger's event catalogue). The lease is
+"""The sandbox lifecycle events (registered in the event catalogue, charter/catalogue.py). The lease is
 journaled before the start, always."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
+from charter.core.budget import Budget
 from charter.core.events import Event
+from charter.core.lineage import Lineage
 
 __all__ = [
     "EgressAttempted",
@@ -41,19 +43,34 @@ class _SandboxEvent(Event):
         return f"sandbox:{self.sandbox_id}"
 
 
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+"""A sha256 digest as 64 lower-case hex digits."""
+
+
 class SandboxLeased(_SandboxEvent):
-    """A sandbox (cold or a warm-pool slot) is leased to run one command."""
+    """A sandbox (cold or a warm-pool slot) is leased to run one command.
+
+    ``lineage``, ``lease`` and ``grant_digest`` join the sandbox to the worker it runs
+    for: the worker's lineage, the lease it runs under (named by the lineage holding
+    it) and the digest of the worker's sealed grant. All three are None for a sandbox
+    run on an operator's own behalf (``charter sandbox run``), and in entries written
+    before they existed, which is why they have defaults. ``budget`` is stored as the
+    budget's JSON form, so entries written when it was a plain dict decode unchanged.
+    """
 
     type_name = "SandboxLeased"
     host_uid: int
     pool: str | None
-    budget: dict[str, int]
+    budget: Budget
     pids_max: int
     memory_bytes: int
     cpu_quota_us: int
     cpu_period_us: int
     wall_ms: int
     egress: tuple[str, ...]
+    lineage: Lineage | None = None
+    lease: Lineage | None = None
+    grant_digest: Sha256Hex | None = None
 
 
 class SandboxStarted(_SandboxEvent):

@@ -4,9 +4,10 @@ The sandbox holds only an opaque handle. It asks for signatures over the broker'
 socket; the broker checks that the asking peer's host uid (``SO_PEERCRED``) is the one the
 handle was issued to, frames the message with a domain-separation tag, signs it with
 Ed25519 (libsodium through PyNaCl's cffi binding) and returns the signature. Every
-connection holds a broker thread, so the peer uid is checked as soon as it is accepted:
-a uid holding no handle, or already holding ``_MAX_CONNECTIONS_PER_UID`` connections, gets
-an error line and is closed before any thread is started for it.
+connection holds a broker thread, so the peer uid is checked as soon as it is accepted
+(:class:`~charter.sandbox._peer.PeerServer`, shared with the egress broker): a uid holding
+no handle, or already holding ``_MAX_CONNECTIONS_PER_UID`` connections, gets an error line
+and is closed before any thread is started for it.
 
 Zeroising (what Python can and cannot promise; also in docs/sandbox.md):
 
@@ -26,11 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import secrets
 import socket
-import struct
 import threading
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from charter.core.framing import SANDBOX_KEY_TAG, sandbox_key_signing_input
+from charter.sandbox._peer import PeerServer, Refusal
 from charter.sandbox.errors import KeyHandleError, KeySeedError, SignatureTagError
 
 __all__ = ["KeyBroker", "SIGNING_DOMAIN", "framed", "verify_signature"]
@@ -57,7 +57,7 @@ _MAX_CONNECTIONS_PER_UID = 4
 
 def framed(tag: str, message: bytes) -> bytes:
     """The signed bytes: domain, then length-prefixed tag and message."""
-    if not _TAG.match(tag):
+    if not _TAG.fullmatch(tag):
         raise SignatureTagError(f"signature tag {tag!r} must match {_TAG.pattern}")
     return sandbox_key_signing_input(tag.encode(), message)
 
@@ -99,22 +99,17 @@ class KeyBroker:
     """Holds worker keys; hands out handles; signs for the uid a handle was issued to."""
 
     def __init__(self, path: Path | None = None) -> None:
+        """Without ``path`` the broker signs in-process only; with it, sandboxes ask
+        over a unix socket there."""
         self._keys: dict[str, _Key] = {}
         self._lock = threading.Lock()
-        self._active: dict[int, int] = {}  # peer uid -> connections holding a thread
         self.path = path
-        self._server: socket.socket | None = None
+        self._server: PeerServer | None = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._server.bind(str(path))
-            os.chmod(path, 0o666)  # noqa: S103 (identity is SO_PEERCRED, not file modes)
-            self._server.listen(16)
-            threading.Thread(
-                target=self._accept_loop, args=(self._server,), daemon=True, name="keys"
-            ).start()
+            self._server = PeerServer(
+                path, name="keys", max_per_uid=_MAX_CONNECTIONS_PER_UID, backlog=16,
+                knows=self._knows, handler=self._answer, refusal=_refusal,
+            )  # fmt: skip
 
     def issue(self, seed: bytearray, *, host_uid: int | None = None) -> str:
         """Take a 32-byte Ed25519 seed (wiped here after use); return an opaque handle."""
@@ -155,18 +150,14 @@ class KeyBroker:
             key.wipe()
 
     def close(self) -> None:
+        """Wipe every key and stop serving."""
         with self._lock:
             handles = list(self._keys)
         for handle in handles:
             self.release(handle)
         if self._server is not None:
-            with contextlib.suppress(OSError):
-                self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
             self._server = None
-            if self.path is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()
 
     def __enter__(self) -> KeyBroker:
         return self
@@ -176,64 +167,16 @@ class KeyBroker:
 
     def active(self, host_uid: int) -> int:
         """Connections from ``host_uid`` that hold a broker thread now."""
+        return self._server.active(host_uid) if self._server is not None else 0
+
+    def _knows(self, uid: int) -> bool:
+        """On the accepting thread: only a uid holding a handle is served at all."""
         with self._lock:
-            return self._active.get(host_uid, 0)
-
-    def _accept_loop(self, server: socket.socket) -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:  # closed
-                return
-            self._admit(conn)
-
-    def _admit(self, conn: socket.socket) -> None:
-        """On the accepting thread, before any thread exists for ``conn``: a uid holding
-        no handle, or already holding ``_MAX_CONNECTIONS_PER_UID`` connections, is
-        answered and closed without a byte read; otherwise it takes a slot and a thread."""
-        try:
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        except OSError:
-            conn.close()
-            return
-        _, uid, _ = struct.unpack("3i", creds)
-        refusal = None
-        with self._lock:
-            if not any(key.host_uid == uid for key in self._keys.values()):
-                refusal = "no key handle was issued to this sandbox"
-            elif self._active.get(uid, 0) >= _MAX_CONNECTIONS_PER_UID:
-                refusal = "too many connections"
-            else:
-                self._active[uid] = self._active.get(uid, 0) + 1
-        if refusal is not None:
-            _refuse(conn, refusal)
-            return
-        try:
-            threading.Thread(
-                target=self._serve, args=(conn, uid), daemon=True, name=f"keys-conn-{uid}"
-            ).start()
-        except RuntimeError:  # the process is out of threads: refuse, give the slot back
-            self._release(uid)
-            _refuse(conn, "broker busy")
-
-    def _release(self, uid: int) -> None:
-        with self._lock:
-            left = self._active.get(uid, 0) - 1
-            if left > 0:
-                self._active[uid] = left
-            else:
-                self._active.pop(uid, None)
-
-    def _serve(self, conn: socket.socket, uid: int) -> None:
-        """One admitted connection; its slot is given back however it ends."""
-        try:
-            with conn:
-                self._answer(conn, uid)
-        finally:
-            self._release(uid)
+            return any(key.host_uid == uid for key in self._keys.values())
 
     def _answer(self, conn: socket.socket, uid: int) -> None:
-        """One JSON request line: {"handle", "tag", "message_hex"} → {"signature_hex"}."""
+        """One admitted connection, on its own thread (the server closes it after): one
+        JSON request line {"handle", "tag", "message_hex"} → {"signature_hex"}."""
         # A peer that connects and never finishes its line must not hold this
         # thread (and its connection) forever.
         conn.settimeout(_REQUEST_TIMEOUT)
@@ -249,7 +192,7 @@ class KeyBroker:
                 host_uid=uid,
             )  # fmt: skip
             reply = {"signature_hex": sig.hex()}
-        except KeyHandleError as e:
+        except (KeyHandleError, SignatureTagError) as e:
             reply = {"error": str(e)}
         except (ValueError, KeyError, TypeError):
             reply = {"error": "malformed request"}
@@ -257,9 +200,13 @@ class KeyBroker:
             conn.sendall(json.dumps(reply).encode() + b"\n")
 
 
-def _refuse(conn: socket.socket, error: str) -> None:
-    """Answer and close on the accepting thread: one non-blocking send, which a fresh
-    socket's empty buffer takes whole, so a peer that never reads cannot stall it."""
-    with conn, contextlib.suppress(OSError):
-        conn.setblocking(False)
-        conn.sendall(json.dumps({"error": error}).encode() + b"\n")
+_REFUSALS: dict[Refusal, str] = {
+    "unknown": "no key handle was issued to this sandbox",
+    "at-cap": "too many connections",
+    "busy": "broker busy",
+}
+
+
+def _refusal(uid: int, why: Refusal) -> bytes:
+    """The error line a peer refused on accept is sent."""
+    return json.dumps({"error": _REFUSALS[why]}).encode() + b"\n"

@@ -307,8 +307,17 @@ class WarmPool:
                 self._dropping -= 1
                 self._cond.notify_all()
 
-    def lease(self, grant: EgressGrant | None = None, *, timeout: float = 0.0) -> Slot:
-        """Take a parked slot (journaling the lease first). Over capacity this waits up
+    def lease(
+        self,
+        grant: EgressGrant | None = None,
+        *,
+        timeout: float = 0.0,
+        lineage: str | None = None,
+        grant_digest: str | None = None,
+    ) -> Slot:
+        """Take a parked slot (journaling the lease first). ``lineage`` and
+        ``grant_digest`` name the worker it is leased for and its sealed grant, journaled
+        in ``SandboxLeased`` (None: an operator's own lease). Over capacity this waits up
         to ``timeout`` seconds, then refuses: backpressure, never oversubscription.
         When no slot is parked but not every slot is leased, the rest of the capacity is
         being built or destroyed on other threads: this waits for that (bounded by their
@@ -346,7 +355,10 @@ class WarmPool:
                     slot.spec.host_uid, slot.sandbox_id, admitted,
                     byte_cap=admitted.byte_cap(slot.spec.egress_bytes),
                 )  # fmt: skip
-            self.journal(leased_event(slot.spec, self.budget, self.name, grant))
+            leased = leased_event(
+                slot.spec, self.budget, self.name, grant, lineage=lineage, grant_digest=grant_digest
+            )
+            self.journal(leased)
         except BaseException:
             self._drop(slot, quarantine=None)
             raise

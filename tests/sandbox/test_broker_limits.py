@@ -178,14 +178,15 @@ def test_keys_refuses_a_uid_without_a_handle_before_a_thread(
     monkeypatch.setattr(keys_module, "_REQUEST_TIMEOUT", 60.0)
     with KeyBroker(state_dir / "keys-stranger.sock") as broker:
         assert broker.path is not None
+        assert broker._server is not None
         served: list[int] = []
-        serve = broker._serve
+        serve = broker._server.handler
 
         def counted(conn: socket.socket, uid: int) -> None:
             served.append(uid)
             serve(conn, uid)
 
-        monkeypatch.setattr(broker, "_serve", counted)
+        monkeypatch.setattr(broker._server, "handler", counted)
         # A handle issued to someone else does not admit this uid.
         broker.issue(bytearray(secrets.token_bytes(32)), host_uid=FLOOD_UID)
         r = json.loads(on_host(SIGN, str(broker.path), user=STRANGER_UID).stdout)

@@ -8,11 +8,20 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from charter.core import Budget
-from charter.sandbox import EgressAttempted, EgressBroker, EgressGrant, Launcher, MemorySink
+from charter.sandbox import (
+    EgressAttempted,
+    EgressBroker,
+    EgressGrant,
+    Launcher,
+    MemorySink,
+    SandboxLeased,
+)
 from charter.sandbox import egress as egress_module
 from charter.sandbox.egress import _parse_head
 
@@ -23,13 +32,14 @@ pytestmark = pytest.mark.sandbox
 B = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=10MB")
 PAYLOAD = 1024 * 1024
 
-# Inside the sandbox: a CONNECT tunnel through the broker socket, then read to EOF.
+# Inside the sandbox: a CONNECT tunnel through the broker socket, then read to EOF. The
+# argument is a port on 127.0.0.1 or a host:port asked for by name.
 CLIENT = """
 import os, socket, sys
-port = sys.argv[1]
+target = sys.argv[1] if ":" in sys.argv[1] else f"127.0.0.1:{sys.argv[1]}"
 s = socket.socket(socket.AF_UNIX)
 s.connect(os.environ["CHARTER_EGRESS_SOCKET"])
-s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\n\\r\\n".encode())
+s.sendall(f"CONNECT {target} HTTP/1.1\\r\\n\\r\\n".encode())
 head = b""
 while b"\\r\\n\\r\\n" not in head:
     chunk = s.recv(1)
@@ -202,13 +212,13 @@ def test_an_unregistered_peer_is_refused(
     # A started thread would wait a minute for the head; the client gives up after 5 s.
     monkeypatch.setattr(egress_module, "_HEAD_TIMEOUT", 60.0)
     served: list[int] = []
-    serve = broker._serve
+    serve = broker._server.handler
 
-    def counted(conn: socket.socket, uid: int, reg: object) -> None:
+    def counted(conn: socket.socket, uid: int) -> None:
         served.append(uid)
-        serve(conn, uid, reg)  # type: ignore[arg-type]
+        serve(conn, uid)
 
-    monkeypatch.setattr(broker, "_serve", counted)
+    monkeypatch.setattr(broker._server, "handler", counted)
     r = on_host(ASK, str(broker.path), "", user=60995)  # says nothing at all
     assert r.stdout.strip() == "HTTP/1.1 403 unknown sandbox|EOF"
     assert served == []
@@ -286,8 +296,62 @@ def test_parse_forms() -> None:
     assert fwd.startswith(b"GET /x HTTP/1.1")  # type: ignore[union-attr]
     assert _parse_head(b"GET /x HTTP/1.1\r\nHost: a.b\r\n\r\n")[:2] == ("a.b", 80)  # type: ignore[index]
     assert _parse_head(b"nonsense\r\n\r\n") is None
-    grant = EgressGrant(destinations=("Example.com", "10.0.0.1:8443"))
+    grant = EgressGrant(destinations=("example.com", "10.0.0.1:8443", "*.example.net"))
     assert grant.allows("example.com", 443)
+    assert grant.allows("Example.COM.", 80)  # the asked-for host is normalised
     assert not grant.allows("example.com", 22)
     assert grant.allows("10.0.0.1", 8443)
+    assert not grant.allows("10.0.0.1", 443)
     assert not grant.allows("evil.example.com", 443)
+    assert grant.allows("a.b.example.net", 443)
+    assert not grant.allows("example.net", 443)  # a pattern admits only what is below it
+
+
+@pytest.mark.parametrize(
+    "entry", ["not a host!!", "Example.com", "http://example.com", "*", "example.com/x",
+              "api.example.com:0", "api.example.com:65536", "a.*.example.com"],
+)  # fmt: skip
+def test_an_invalid_destination_is_refused_when_the_grant_is_made(entry: str) -> None:
+    with pytest.raises(ValidationError, match="egress destination"):
+        EgressGrant(destinations=("api.example.com", entry))
+    # Control: the same grant without the bad entry is made.
+    assert EgressGrant(destinations=("api.example.com",)).destinations == ("api.example.com",)
+
+
+@pytest.fixture
+def example_names(server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolve every name under example.com and example.org to the loopback test server
+    (on the host, where the broker resolves; the sandbox cannot resolve anything)."""
+    real = socket.getaddrinfo
+
+    def resolve(host: Any, port: Any, *args: Any, **kw: Any) -> Any:
+        if isinstance(host, str) and host.endswith(("example.com", "example.org")):
+            return real("127.0.0.1", server.port, *args, **kw)
+        return real(host, port, *args, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+
+
+@pytest.mark.usefixtures("example_names")
+def test_a_wildcard_grant_reaches_a_subdomain_through_the_broker(
+    egress_launcher: Launcher, sink: MemorySink
+) -> None:
+    """``*.example.com`` in the grant's own vocabulary: the broker lets a real sandbox
+    reach api.example.com (ports 80 and 443) and nothing outside the pattern."""
+    grant = EgressGrant(destinations=("*.example.com",), byte_budget=10 * PAYLOAD)
+    allowed = sandboxed(egress_launcher, B, CLIENT, "api.example.com:443", grant=grant)
+    assert out(allowed).split() == ["200", str(PAYLOAD)]
+    # The attacks, each resolvable to the same server: another domain, the pattern's
+    # apex (not below it) and a port the pattern does not admit.
+    for target in ("example.org:443", "example.com:443", "api.example.com:8443"):
+        denied = sandboxed(egress_launcher, B, CLIENT, target, grant=grant)
+        assert out(denied).split() == ["403", "0"], target
+    attempts = [(a.destination, a.allowed, a.reason) for a in _attempts(sink)]
+    assert attempts == [
+        ("api.example.com:443", True, "closed"),
+        ("example.org:443", False, "destination not in the grant"),
+        ("example.com:443", False, "destination not in the grant"),
+        ("api.example.com:8443", False, "destination not in the grant"),
+    ]
+    leases = [e for e in sink.events if isinstance(e, SandboxLeased)]
+    assert [lease.egress for lease in leases] == [("*.example.com",)] * 4

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import charter.sandbox._janitor as janitor
 from charter.core import Budget, RefusedError, UnavailableError
 from charter.sandbox import (
     HostCannotIsolateError,
@@ -16,9 +17,8 @@ from charter.sandbox import (
     UidPoolExhaustedError,
     WarmPool,
 )
-import charter.sandbox._janitor as janitor
-from charter.sandbox._launch import RawLauncher
 from charter.sandbox._host import UID_RANGE, allocate_uid
+from charter.sandbox._launch import RawLauncher
 
 pytestmark = pytest.mark.sandbox
 

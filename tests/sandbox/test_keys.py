@@ -12,7 +12,15 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from charter.core import Budget
-from charter.sandbox import KeyBroker, KeyHandleError, WarmPool, framed, verify_signature
+from charter.sandbox import (
+    KeyBroker,
+    KeyHandleError,
+    KeySeedError,
+    SignatureTagError,
+    WarmPool,
+    framed,
+    verify_signature,
+)
 
 B = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=0MB")
 
@@ -31,7 +39,7 @@ def test_sign_verify_and_domain_separation() -> None:
             VerifyKey(pk).verify(b"hello", sig)
         # Length prefixes: moving bytes between tag and message changes the signed bytes.
         assert framed("ab", b"c") != framed("a", b"bc")
-        with pytest.raises(KeyHandleError):
+        with pytest.raises(SignatureTagError):
             broker.sign(handle, "Not A Tag!", b"x")
 
 
@@ -44,7 +52,7 @@ def test_release_wipes_the_key_and_kills_the_handle() -> None:
     assert key.secret == bytearray(64)
     with pytest.raises(KeyHandleError):
         broker.sign(handle, "worker/report", b"x")
-    with pytest.raises(KeyHandleError):
+    with pytest.raises(KeySeedError):
         broker.issue(bytearray(31))
 
 
@@ -122,3 +130,29 @@ def test_a_peer_that_never_finishes_its_request_is_dropped(
             peer.settimeout(5)
             peer.sendall(b'{"handle": "kh_none", "tag": "worker/report", "message_hex": ""}\n')
             assert b"unknown or released key handle" in peer.recv(4096)
+
+
+def test_a_bad_tag_over_the_socket_is_answered(tmp_path: Path) -> None:
+    """A tag the broker refuses is an error reply to the peer, not a dead thread and a
+    silent hang-up."""
+    import json
+    import os
+    import socket
+
+    with KeyBroker(tmp_path / "keys.sock") as broker:
+        assert broker.path is not None
+        handle = broker.issue(bytearray(secrets.token_bytes(32)), host_uid=os.getuid())
+
+        def ask(tag: str) -> dict[str, str]:
+            with socket.socket(socket.AF_UNIX) as peer:
+                peer.connect(str(broker.path))
+                peer.settimeout(5)
+                request = {"handle": handle, "tag": tag, "message_hex": b"m".hex()}
+                peer.sendall(json.dumps(request).encode() + b"\n")
+                reply: dict[str, str] = json.loads(peer.makefile().readline() or "{}")
+                return reply
+
+        assert "must match" in ask("Not A Tag!")["error"]
+        # Control: a well-formed tag is signed over the same socket.
+        sig = bytes.fromhex(ask("worker/report")["signature_hex"])
+        assert verify_signature(broker.public_key(handle), "worker/report", b"m", sig)

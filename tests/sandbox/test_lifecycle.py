@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import pytest
 
 from charter.core import Budget, Event
 from charter.ledger import AppendFailedError, Journal
-from charter.sandbox import Launcher
+from charter.sandbox import Launcher, SandboxLeased, WarmPool
 
 pytestmark = pytest.mark.sandbox
 
@@ -121,3 +122,56 @@ def test_no_start_without_a_committed_lease(state_dir: Path, scratch: Path) -> N
         B, ["/bin/sh", "-c", "touch /workspace/ran"], workspace=scratch
     )
     assert (scratch / "ran").exists()
+
+
+def test_the_lease_names_the_worker_and_its_grant(
+    tmp_path: Path, state_dir: Path, scratch: Path
+) -> None:
+    """SandboxLeased joins a sandbox to its worker: lineage, the lease it runs under and
+    its sealed grant's digest, cold and warm, with the budget typed as it round-trips
+    through a real journal."""
+    worker = "agent:estate/sa-7"
+    digest = hashlib.sha256(b"a sealed grant").hexdigest()
+    with Journal.create(f"sqlite:///{tmp_path}/journal.db") as journal:
+        cold = Launcher(journal, state_dir=state_dir).run(
+            B, ["/bin/true"], lineage=worker, grant_digest=digest
+        )
+        with WarmPool(scratch, B, 1, sink=journal, state_dir=state_dir) as pool:
+            slot = pool.lease(lineage=worker, grant_digest=digest)
+            warm = slot.run(["/bin/true"])
+            pool.release(slot, refill=False)
+        # Control: an operator's own run names no worker.
+        own = Launcher(journal, state_dir=state_dir).run(B, ["/bin/true"])
+        leases = {
+            e.event.sandbox_id: e.event
+            for e in journal.entries(types=("SandboxLeased",))
+            if isinstance(e.event, SandboxLeased)
+        }
+    for outcome in (cold, warm):
+        lease = leases[outcome.sandbox_id]
+        assert (lease.lineage, lease.lease, lease.grant_digest) == (worker, worker, digest)
+        assert isinstance(lease.budget, Budget)
+        assert lease.budget == B
+    assert leases[warm.sandbox_id].pool == "default"
+    mine = leases[own.sandbox_id]
+    assert (mine.lineage, mine.lease, mine.grant_digest) == (None, None, None)
+    assert mine.budget == B
+
+
+def test_a_lease_journaled_before_the_join_fields_still_decodes() -> None:
+    """Entries written when ``budget`` was a plain dict and the join fields did not exist
+    decode under the same type name and version."""
+    stored = {
+        "sandbox_id": "0123456789abcdef", "host_uid": 60001, "pool": None,
+        "budget": {"tokens": 0, "wall_ms": 60000, "cpu_ms": 60000,
+                   "mem_bytes": 64 * 1024 * 1024, "egress_bytes": 0},
+        "pids_max": 16, "memory_bytes": 64 * 1024 * 1024, "cpu_quota_us": 100000,
+        "cpu_period_us": 100000, "wall_ms": 60000, "egress": [],
+    }  # fmt: skip
+    assert SandboxLeased.topic() == "SandboxLeased/v1"
+    lease = SandboxLeased.model_validate(stored)
+    assert lease.budget == B
+    assert (lease.lineage, lease.lease, lease.grant_digest) == (None, None, None)
+    # A digest that is not 64 lower-case hex digits is refused (control: the above).
+    with pytest.raises(ValueError, match="grant_digest"):
+        SandboxLeased.model_validate({**stored, "grant_digest": "not-a-digest"})

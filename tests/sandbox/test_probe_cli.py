@@ -130,6 +130,19 @@ def test_cli_run_passes_exit_codes_through(cli_env: dict[str, str]) -> None:
     assert types.count("SandboxLeased") == types.count("SandboxDiscarded") == 4
 
 
+def test_cli_run_refuses_a_malformed_egress_destination(cli_env: dict[str, str]) -> None:
+    r = _charter("sandbox", "run", "--egress", "api.example.com,not a host!!", "--",
+                 "/bin/true", env=cli_env, check_rc=2)  # fmt: skip
+    assert "--egress" in r.stderr
+    assert "egress destination" in r.stderr
+    # Control: the grant's vocabulary, patterns included, is accepted and the command runs.
+    _charter("sandbox", "run", "--egress", "*.example.com,api.example.org:8443", "--",
+             "/bin/true", env=cli_env, check_rc=0)  # fmt: skip
+    with Journal.open(cli_env["CHARTER_DB"]) as journal:
+        leases = [e.event for e in journal.entries(types=("SandboxLeased",))]
+    assert [lease.egress for lease in leases] == [("*.example.com", "api.example.org:8443")]  # type: ignore[attr-defined]
+
+
 def test_cli_run_requires_a_journal(tmp_path: Path, state_dir: Path) -> None:
     env = {"CHARTER_DB": f"sqlite:///{tmp_path}/none.db", "CHARTER_SANDBOX_STATE": str(state_dir)}
     r = _charter("sandbox", "run", "--", "/bin/true", env=env, check_rc=1)
@@ -178,4 +191,4 @@ def test_cli_spec_renders_without_running(tmp_path: Path) -> None:
     )
     assert spec["cgroup"]["cpu/cpu.cfs_quota_us"] == "50000"
     r = _charter("sandbox", "spec", "--budget", "nonsense", env=env)
-    assert r.returncode == 1
+    assert r.returncode == 2  # bad input is a usage error

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from charter.core import Budget
-from charter.sandbox import HostFacts, Namespace, SandboxBudgetError, compile_spec
+from charter.sandbox import HostFacts, HostFactsError, Namespace, SandboxBudgetError, compile_spec
 from charter.sandbox.spec import CPU_PERIOD_US, MIN_MEMORY_BYTES
 
 FACTS = HostFacts(sandbox_id="abc", host_uid=60001, host_gid=60001, workspace="/w", host_cpus=2)
@@ -49,9 +49,9 @@ def test_unrunnable_budgets_are_refused(text: str) -> None:
 
 
 def test_host_facts_are_validated() -> None:
-    with pytest.raises(SandboxBudgetError):
+    with pytest.raises(HostFactsError):
         HostFacts(sandbox_id="a", host_uid=60001, host_gid=60001, workspace="relative")
-    with pytest.raises(SandboxBudgetError):
+    with pytest.raises(HostFactsError):
         HostFacts(sandbox_id="a", host_uid=60001, host_gid=60001, workspace="/w", arch="mips")
     with pytest.raises(ValueError, match="greater than or equal"):
         HostFacts(sandbox_id="a", host_uid=0, host_gid=0, workspace="/w")  # never host root
