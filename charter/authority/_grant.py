@@ -43,7 +43,7 @@ from charter.authority.errors import (
     GrantFormatError,
     PermissionModeRaisedError,
 )
-from charter.core.budget import Budget
+from charter.core.budget import INT64_MAX, Budget
 from charter.core.events import canonical_json
 from charter.core.lineage import MAX_LINEAGE_DEPTH, Lineage
 
@@ -65,7 +65,7 @@ class GrantTerms(BaseModel):
     depth: int = Field(ge=0, le=MAX_LINEAGE_DEPTH)
     fanout: int = Field(ge=0, le=MAX_FANOUT)
     budget: Budget
-    expires_at_ms: int = Field(ge=0)
+    expires_at_ms: int = Field(ge=0, le=INT64_MAX)
 
     @field_validator("egress")
     @classmethod
@@ -115,7 +115,7 @@ class Grant(BaseModel):
     issuer: Lineage
     subject_key: Hex32
     parent_digest: Hex32 | None
-    issued_at_ms: int = Field(ge=0)
+    issued_at_ms: int = Field(ge=0, le=INT64_MAX)
     terms: GrantTerms
 
     @model_validator(mode="after")

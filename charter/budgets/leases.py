@@ -29,6 +29,7 @@ from charter.budgets.errors import (
     RenewalBeyondParentError,
 )
 from charter.core.budget import (
+    INT64_MAX,
     VEC_ZERO,
     Budget,
     Vec,
@@ -80,7 +81,7 @@ class LeaseGranted(Event):
     parent: str
     lineages: tuple[str, ...] = Field(min_length=1)
     allocation: Budget
-    expires_at_ms: int = Field(ge=0)
+    expires_at_ms: int = Field(ge=0, le=INT64_MAX)
 
     def stream(self) -> str:
         return self.parent
@@ -116,7 +117,7 @@ class LeaseRenewed(Event):
     type_name = "LeaseRenewed"
     lineage: str
     parent: str
-    expires_at_ms: int = Field(ge=0)
+    expires_at_ms: int = Field(ge=0, le=INT64_MAX)
 
     def stream(self) -> str:
         return self.parent

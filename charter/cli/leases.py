@@ -8,6 +8,7 @@ import click
 from charter.app import Charter
 from charter.cli._common import Ctx
 from charter.core import Budget
+from charter.core.budget import INT64_MAX
 
 __all__ = ["lease_group"]
 
@@ -46,7 +47,11 @@ def release(ctx: Ctx, lineage: str) -> None:
 @lease_group.command("renew")
 @click.argument("lineage")
 @click.option(
-    "--until-ms", "until_ms", required=True, type=click.IntRange(0), help="New expiry (epoch ms)."
+    "--until-ms",
+    "until_ms",
+    required=True,
+    type=click.IntRange(0, INT64_MAX),
+    help="New expiry (epoch ms).",
 )
 @click.pass_obj
 def renew(ctx: Ctx, lineage: str, until_ms: int) -> None:

@@ -28,6 +28,7 @@ from charter.authority import (
 from charter.authority.errors import AgentExistsError, UnknownAgentError
 from charter.budgets import BudgetLedgerOpened
 from charter.core import MAX_LINEAGE_DEPTH, Budget, Event, KeyStore, Lineage, now_ms
+from charter.core.budget import MAX_TTL_S
 from charter.core.destination import Destination
 from charter.core.framing import grant_digest
 from charter.ledger import AppendConflictError, Journal, JournalFold
@@ -62,7 +63,7 @@ class Ceiling(BaseModel):
     tools: frozenset[ToolName] = frozenset()
     egress: frozenset[Destination] = frozenset()
     secrets: frozenset[SecretName] = frozenset()
-    ttl_s: int = Field(default=DEFAULT_CEILING_TTL_S, ge=1)
+    ttl_s: int = Field(default=DEFAULT_CEILING_TTL_S, ge=1, le=MAX_TTL_S)
 
     def terms(self, now_ms: int) -> GrantTerms:
         return GrantTerms(

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from charter.core.errors import BudgetSyntaxError
 
 __all__ = [
+    "INT64_MAX",
+    "MAX_TTL_S",
     "Budget",
     "VEC_ZERO",
     "Vec",
@@ -27,7 +29,16 @@ __all__ = [
 ]
 
 
-_NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+INT64_MAX = 2**63 - 1
+"""The largest integer any event or request may carry: what both databases store (a
+SQLite INTEGER, a PostgreSQL bigint), so no accepted value can break a projection."""
+
+MAX_TTL_S = 100 * 366 * 86_400
+"""The longest lifetime a grant may ask for (a century): now + ttl stays in range."""
+
+# ASCII digits only (\d would take any script's digits, and 𝟗 would be charged as 9);
+# at most 24 digits before any unit, so no quantity is bigger than it looks.
+_NUMBER = re.compile(r"\s*([0-9]{1,24}(?:\.[0-9]{1,9})?)\s*([A-Za-z]*)\s*")
 
 _TOKEN_UNITS = {"": 1, "k": 1_000, "K": 1_000, "M": 1_000_000}
 _TIME_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
@@ -52,7 +63,7 @@ _AXES: dict[str, tuple[str, dict[str, int]]] = {
 
 
 def _parse_quantity(axis: str, text: str, units: dict[str, int]) -> int:
-    match = _NUMBER.match(text)
+    match = _NUMBER.fullmatch(text)
     if match is None or match.group(2) not in units:
         allowed = ", ".join(u for u in units if u) or "none"
         raise BudgetSyntaxError(
@@ -63,6 +74,10 @@ def _parse_quantity(axis: str, text: str, units: dict[str, int]) -> int:
     value = Decimal(match.group(1)) * units[match.group(2)]
     if value != value.to_integral_value():
         raise BudgetSyntaxError(f"budget axis {axis!r}: {text!r} is not a whole number")
+    if value > INT64_MAX:
+        raise BudgetSyntaxError(
+            f"budget axis {axis!r}: {text!r} is more than the largest amount ({INT64_MAX})"
+        )
     return int(value)
 
 
@@ -73,11 +88,11 @@ class Budget(BaseModel):
 
     AXES: ClassVar[tuple[str, ...]] = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
 
-    tokens: int = Field(ge=0)
-    wall_ms: int = Field(ge=0)
-    cpu_ms: int = Field(ge=0)
-    mem_bytes: int = Field(ge=0)
-    egress_bytes: int = Field(ge=0)
+    tokens: int = Field(ge=0, le=INT64_MAX)
+    wall_ms: int = Field(ge=0, le=INT64_MAX)
+    cpu_ms: int = Field(ge=0, le=INT64_MAX)
+    mem_bytes: int = Field(ge=0, le=INT64_MAX)
+    egress_bytes: int = Field(ge=0, le=INT64_MAX)
 
     @classmethod
     def parse(cls, text: str) -> Budget:

@@ -1,5 +1,5 @@
-"""The sandbox lifecycle events (registered in the event catalogue, charter/catalogue.py). The lease is
-journaled before the start, always."""
+"""The sandbox lifecycle events (registered in charter/catalogue.py with every other
+event type). The lease is journaled before the start, always."""
 
 from __future__ import annotations
 
