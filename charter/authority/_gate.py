@@ -7,8 +7,14 @@ fails closed.
 
 The default policy, :class:`CostBenefitPolicy`, judges from the inputs alone:
 
-1. No estimate (zero on every axis) → unknown: gain cannot be weighed against nothing.
-2. An objective of fewer than ``min_objective_words`` words → unknown: too vague to judge.
+1. No estimate (zero on every axis), or no tokens in it → unknown: gain cannot be
+   weighed against nothing, and per-worker efficiency (rule 4) is measured in tokens.
+2. An objective with too little in it → unknown: too vague to judge. "Too little" is
+   measured the same way in every script: the distinct letters and digits it uses,
+   where a letter of a caseless script (CJK ideographs, kana, Arabic, …) counts twice,
+   since one such letter carries about what two Latin letters do. Fewer than
+   ``min_objective_signs`` (7) is too vague: "x x x" (1) and "do stuff" (6) are;
+   "scan hosts" (7), "扫描主机" (8) and "Triage CVE-2024-3094" are not.
 3. The estimate, plus a fixed coordination overhead per worker, exceeds the actor's
    budget ceiling on any axis → negative: the fan-out cannot pay for itself.
 4. Overhead share: per-worker work is ``tokens / width``; efficiency is
@@ -21,6 +27,7 @@ The default policy, :class:`CostBenefitPolicy`, judges from the inputs alone:
 
 from __future__ import annotations
 
+import unicodedata
 from enum import StrEnum
 from typing import Protocol
 
@@ -37,6 +44,7 @@ __all__ = [
     "CostBenefitPolicy",
     "FixedPolicy",
     "ask_gate",
+    "objective_signs",
 ]
 
 
@@ -100,20 +108,24 @@ class CostBenefitPolicy:
         min_efficiency: float = 0.5,
         good_efficiency: float = 0.8,
         big_bet_share: float = 0.5,
-        min_objective_words: int = 3,
+        min_objective_signs: int = 7,
     ) -> None:
         self.overhead_tokens = overhead_tokens
         self.min_efficiency = min_efficiency
         self.good_efficiency = good_efficiency
         self.big_bet_share = big_bet_share
-        self.min_objective_words = min_objective_words
+        self.min_objective_signs = min_objective_signs
 
     def judge(self, question: GateQuestion) -> GateDecision:
         findings: list[tuple[Verdict, str]] = []
         cost, ceiling, width = question.estimated_cost, question.actor_ceiling, question.width
         if cost == Budget.zero():
             findings.append((Verdict.UNKNOWN, "no cost estimate: gain cannot be weighed"))
-        if len(question.objective.split()) < self.min_objective_words:
+        elif cost.tokens == 0:
+            findings.append(
+                (Verdict.UNKNOWN, "no token estimate: per-worker efficiency cannot be weighed")
+            )
+        if objective_signs(question.objective) < self.min_objective_signs:
             findings.append(
                 (Verdict.UNKNOWN, f"objective {question.objective!r} is too vague to judge")
             )
@@ -165,6 +177,14 @@ class CostBenefitPolicy:
         return GateDecision(
             verdict=worst, reason="; ".join(r for _, r in findings), policy=self.name
         )
+
+
+def objective_signs(text: str) -> int:
+    """How much an objective says, the same way in every script: its distinct letters
+    and digits, a letter of a caseless script (category Lo: ideographs, kana, Arabic …)
+    counting twice."""
+    signs = {c.casefold() for c in text if unicodedata.category(c)[0] in "LN"}
+    return sum(2 if unicodedata.category(c) == "Lo" else 1 for c in signs)
 
 
 class FixedPolicy:

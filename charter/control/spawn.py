@@ -31,8 +31,10 @@ from charter.authority import (
     CostBenefitPolicy,
     FanoutCommand,
     FanoutDecision,
+    GateDecided,
     GateDecision,
     GatePolicy,
+    GateQuestion,
     GrantChainBrokenError,
     GrantNotJournaledError,
     MintedChild,
@@ -40,6 +42,7 @@ from charter.authority import (
     SealedGrant,
     SpawnIntent,
     UnknownParentError,
+    ask_gate,
     attenuate,
     check_custody,
     decide,
@@ -144,6 +147,21 @@ def host_cap_inputs(cores: int, failover_reserve: int) -> CapInputs:
     )
 
 
+class _AskedOnce:
+    """The gate of one fan-out: the policy is asked at the first attempt, and a retry
+    after an append conflict carries that verdict instead of asking again."""
+
+    def __init__(self, policy: GatePolicy) -> None:
+        self.policy = policy
+        self.name = str(getattr(policy, "name", type(policy).__name__))
+        self.decision: GateDecision | None = None
+
+    def judge(self, question: GateQuestion) -> GateDecision:
+        if self.decision is None:
+            self.decision = ask_gate(self.policy, question)
+        return self.decision
+
+
 def _chain_streams(claimed: str) -> list[str]:
     """The streams of ``claimed`` and of each of its ancestors (none if it is not a
     lineage: resolving the caller refuses it then, journaled)."""
@@ -217,6 +235,8 @@ class SpawnService:
         journal does not commit."""
         fanout_id = uuid.uuid4().hex
         claimed = caller.claimed
+        gate = _AskedOnce(self.policy)  # a retry carries the first verdict, never re-asks
+        decision: FanoutDecision | None = None
         # The parent and every ancestor up to the root: a release or a fan-out anywhere
         # above changes what the parent may spend, so the append is pinned to them all.
         chain = _chain_streams(claimed)
@@ -231,7 +251,7 @@ class SpawnService:
             decision = decide(  # the gate (once) and the mints
                 state,
                 FanoutCommand(fanout_id, intent, now),
-                policy=self.policy,
+                policy=gate,
                 attenuate_fn=self.attenuate_fn,
             )
             decision = self._lease(decision, intent, now)
@@ -270,10 +290,15 @@ class SpawnService:
                 admitted=tuple(e.lineage for e in placed if isinstance(e, SlotAdmitted)),
                 queued=tuple(e.lineage for e in placed if not isinstance(e, SlotAdmitted)),
             )
-        raise AppendConflictError(
+        error = AppendConflictError(
             f"{claimed} kept changing while this fan-out was decided "
             f"({_CONFLICT_RETRIES} tries); retry"
         )
+        # The gate was asked once for this fan-out: its verdict is journaled even so.
+        asked = [e for e in (decision.events if decision else ()) if isinstance(e, GateDecided)]
+        if asked:
+            self.journal.record_refusal(asked[0], error)
+        raise error
 
     def _deadline(self, state: ParentState) -> int:
         """The first instant the decision stops being true: the parent's grant expires,

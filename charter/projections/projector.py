@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from charter.core import InternalError
+from charter.core import InternalError, now_ms
 from charter.ledger import Journal
 from charter.projections import _postgres, _sqlite
 from charter.projections._answers import (
@@ -195,12 +195,18 @@ class Projector:
         row = self.journal.predecessor(position + 1)
         return 0 if row is None else at_ms_of_state(row.state)
 
+    def _when(self, position: int, as_of: int | None) -> int:
+        """The time an answer is evaluated at: now for the journal as it stands (a lease
+        expires with no entry to say so), else the commit time of the asked position."""
+        committed = self.at_ms(position)
+        return committed if as_of is not None else max(now_ms(), committed)
+
     def budgets(self, lineage: str | None = None, as_of: int | None = None) -> BudgetReport:
         with self.store.read() as cur:
             p = self._as_of(cur, as_of)
             where, params = self.store.subtree(lineage)
             rows = list(self.store.select(cur, "ledgers_as_of", (p, p, *params), where))
-        return BudgetReport.from_rows(rows, p, self.at_ms(p))
+        return BudgetReport.from_rows(rows, p, self._when(p, as_of))
 
     def tree(self, lineage: str | None = None, as_of: int | None = None) -> TreeReport:
         with self.store.read() as cur:
@@ -208,7 +214,7 @@ class Projector:
             where, params = self.store.subtree(lineage)
             nodes = list(self.store.select(cur, "nodes_as_of", (p, *params), where))
             ledgers = list(self.store.select(cur, "ledgers_as_of", (p, p, *params), where))
-        at_ms = self.at_ms(p)
+        at_ms = self._when(p, as_of)
         status = {row[L_LINEAGE]: _status(row, at_ms) for row in ledgers}
         out = [
             TreeNode(

@@ -5,6 +5,7 @@ warm pool's capacity is the cell's committed processing cap."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import ResourceClass, SlotAdmitted, SlotQueued, UnknownCellError
 from charter.control import Ceiling
-from charter.core import BadInputError, Budget, KeyStore, StateError
+from charter.core import BadInputError, Budget, KeyStore, StateError, now_ms
 
 BUDGET = Budget.parse("tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB")
 COST = Budget.parse("tokens=10k,wall=1m,cpu=1m,mem=64MiB,egress=1MB")
@@ -119,3 +120,28 @@ def test_the_warm_pool_capacity_is_the_cells_committed_processing_cap(
             assert pool.capacity == 1  # reconfigured: the pool follows the journal
         finally:
             pool.close()
+
+
+def test_read_answers_evaluate_time_now_unless_a_position_is_asked(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A lease expires with no entry to say so: the budgets and the tree say so at once;
+    ``as_of`` the head still answers as of that entry's commit time."""
+    with _init(sqlite_url, tmp_path / "home") as charter:
+        short = Budget.parse("tokens=10k,wall=1s,cpu=1s,mem=1MiB,egress=1KB")
+        intent = SpawnIntent(
+            width=1, objective="scan the estate host by host", estimated_cost=short
+        )
+        result = charter.spawn("agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE))
+        child = str(result.children[0].lineage)
+        with charter.projector() as projector:
+            projector.catch_up()
+            assert projector.budgets().get(child).status == "active"
+            expires = projector.budgets().get(child).expires_at_ms
+            assert expires is not None
+            while now_ms() <= expires:  # bounded by the lease's own end
+                time.sleep(0.02)
+            head = projector.position()
+            assert projector.budgets().get(child).status == "expired"
+            assert {n.lineage: n.status for n in projector.tree().nodes}[child] == "expired"
+            assert projector.budgets(as_of=head).get(child).status == "active"

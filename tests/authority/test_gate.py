@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from charter.authority import (
     CostBenefitPolicy,
     GateDecision,
     GateQuestion,
+    GrantMinted,
     Verdict,
     ask_gate,
     errors,
 )
 from charter.control import AgentRecord, SpawnService
 from charter.core import Budget, KeyStore, Lineage
-from charter.ledger import Journal
+from charter.ledger import AppendConflictError, Journal
 from tests.authority._support import BIG, intent
 
 ACTOR = Lineage("agent:root")
@@ -156,3 +159,67 @@ def test_the_default_policy_refuses_a_wasteful_fan_out_through_the_service(
     svc.spawn(svc.durable_caller("root"), intent(10))  # positive control: 2M tokens / 10
     with pytest.raises(errors.GateRefusedError, match="efficiency"):
         svc.spawn(svc.durable_caller("root"), intent(4000))  # 500 tokens of work each
+
+
+@pytest.mark.parametrize(
+    ("objective", "vague"),
+    [
+        ("x x x", True),
+        ("do stuff", True),
+        ("主机", True),
+        ("scan hosts", False),
+        ("Triage CVE-2024-3094", False),
+        ("扫描主机", False),  # "scan hosts"
+        ("ホストをスキャンする", False),
+        ("فحص المضيفين", False),
+        ("review each module for risky calls", False),
+    ],
+)
+def test_vagueness_is_measured_the_same_way_in_every_script(objective: str, vague: bool) -> None:
+    q = question(2, CHEAP, objective=objective)
+    decision = CostBenefitPolicy().judge(q)
+    assert ("too vague" in decision.reason) is vague, decision.reason
+
+
+def test_an_estimate_without_tokens_cannot_be_weighed() -> None:
+    decision = CostBenefitPolicy().judge(
+        question(4, "tokens=0,wall=10m,cpu=10m,mem=1GiB,egress=1MB")
+    )
+    assert decision.verdict is Verdict.UNKNOWN
+    assert "no token estimate" in decision.reason
+    assert CostBenefitPolicy().judge(question(4, CHEAP)).verdict.allows  # control
+
+
+class _Conflicting(Journal):
+    """The real journal, whose first ``conflicts`` fan-out appends lose a race."""
+
+    conflicts = 0
+
+    def append(self, events: Any, **kwargs: Any) -> Any:
+        batch = tuple(events)
+        if self.conflicts and any(isinstance(e, GrantMinted) for e in batch):
+            self.conflicts -= 1
+            raise AppendConflictError("injected: another writer moved the parent's stream")
+        return super().append(batch, **kwargs)
+
+
+@pytest.mark.parametrize("conflicts", [1, 3, 100])
+def test_the_gate_is_asked_once_per_fan_out_whatever_the_retries(
+    journal: Journal, keystore: KeyStore, root: AgentRecord, conflicts: int
+) -> None:
+    del root
+    racing = _Conflicting.open(journal.location.display)
+    racing.conflicts = conflicts
+    policy = Counting(Verdict.POSITIVE)
+    svc = SpawnService(racing, keystore=keystore, policy=policy)
+    caller = svc.durable_caller("root")
+    if conflicts < 100:
+        result = svc.spawn(caller, intent(2))  # committed on the attempt after the races
+        assert len(result.children) == 2
+    else:
+        with pytest.raises(AppendConflictError):
+            svc.spawn(caller, intent(2))  # never commits: the verdict is journaled anyway
+    assert len(policy.questions) == 1
+    decided = [e.event for e in journal.entries(types=("GateDecided",))]
+    assert len(decided) == 1
+    assert decided[0].reason == "counted 1"  # type: ignore[attr-defined]
