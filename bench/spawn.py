@@ -73,7 +73,7 @@ def bench_spawn(tmp: Path, width: int, runs: int) -> tuple[list[float], list[flo
         body_len = len(result.children[0].sealed.body)
         # The pure decision alone (no journal), for the breakdown.
         seed = bytes(caller.custody_key)
-        state = ParentState(caller.chain[0], seed, minted=0, version=0)
+        state = ParentState(caller.chain[0], seed, minted=0, reserved=0, version=0)
         t0 = time.perf_counter()
         decide(state, FanoutCommand("b", intent, service.clock()), policy=service.policy)
         decide_ms = (time.perf_counter() - t0) * 1000

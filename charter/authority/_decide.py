@@ -55,13 +55,16 @@ class ParentState:
     """The parent as resolved on the server side, and what the journal says it has done.
 
     ``custody_seed`` is the parent's custody key (checked against its trust root before
-    this is built); ``minted`` is how many children it has minted; ``version`` is its
+    this is built); ``minted`` is how many children it has minted (they are numbered
+    after it); ``reserved`` is how much of its fan-out allowance they hold (each child
+    one, plus its own allowance); ``version`` is its
     stream's version, which the append is pinned to.
     """
 
     sealed: SealedGrant
     custody_seed: bytes = field(repr=False)
     minted: int
+    reserved: int
     version: int
 
     @cached_property
@@ -75,7 +78,7 @@ class ParentState:
 
     @property
     def remaining_fanout(self) -> int:
-        return self.sealed.grant.terms.fanout - self.minted
+        return self.sealed.grant.terms.fanout - self.reserved
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,12 @@ def decide(
 
     requested: RequestedGrant = intent.grant
     child_terms = attenuate_fn(
-        terms, requested, remaining_fanout=remaining, width=intent.width, now_ms=now_ms
+        terms,
+        requested,
+        remaining_fanout=remaining,
+        width=intent.width,
+        now_ms=now_ms,
+        lease=intent.estimated_cost.split(intent.width),
     )
     digest = state.sealed.digest.hex()
     children: list[MintedChild] = []
@@ -259,7 +267,7 @@ def decide(
     try:
         # One attenuation gives every child of this fan-out the same terms, so the
         # invariants are checked once, on those terms, before anything is signed.
-        check_invariants(terms, child_terms, remaining_fanout=remaining)
+        check_invariants(terms, child_terms, remaining_fanout=remaining, width=intent.width)
         sibling: dict[str, Any] | None = None
         for lineage in lineages:
             seed = derive_child_seed(state.custody_seed, lineage)

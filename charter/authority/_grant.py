@@ -190,21 +190,32 @@ def attenuate(
     remaining_fanout: int,
     width: int,
     now_ms: int,
+    lease: Budget | None = None,
 ) -> GrantTerms:
     """child = requested ∩ parent, axis by axis (an omitted axis asks for the parent's).
 
-    Depth and fan-out are capped below the parent's: depth at ``parent.depth - 1``, and
-    fan-out at what the parent has left after this fan-out (``remaining - width``).
+    Depth is capped below the parent's (``parent.depth - 1``). Fan-out bounds a whole
+    subtree: the parent's remaining allowance pays for the ``width`` children and for
+    each child's own allowance, so a child gets at most ``(remaining - width) // width``,
+    and only what its intent asks for (none if it asks for none: like a lease, an
+    allowance is carved out on request, never handed down whole).
+    With ``lease`` (the child's share of the fan-out's estimate), the grant *is* the
+    lease: its budget is at most the share, and it expires when the share's wall-clock
+    time is up, so the sealed chain narrows to what was actually leased.
     """
 
     def pick_set(req: frozenset[str] | None, par: frozenset[str]) -> frozenset[str]:
         return par if req is None else set_meet(req, par)
 
     depth_cap = parent.depth - 1
-    fanout_cap = remaining_fanout - width
+    fanout_cap = (remaining_fanout - width) // width
     expires = parent.expires_at_ms
     if requested.ttl_s is not None:
         expires = min(expires, now_ms + requested.ttl_s * 1000)
+    budget = parent.budget if requested.budget is None else requested.budget.minimum(parent.budget)
+    if lease is not None:
+        budget = budget.minimum(lease)
+        expires = min(expires, now_ms + budget.wall_ms)
     return GrantTerms(
         tools=pick_set(requested.tools, parent.tools),
         egress=parent.egress
@@ -216,19 +227,20 @@ def attenuate(
         else requested.clearance.meet(parent.clearance),
         mode=parent.mode if requested.mode is None else requested.mode.meet(parent.mode),
         depth=depth_cap if requested.depth is None else min(requested.depth, depth_cap),
-        fanout=fanout_cap if requested.fanout is None else min(requested.fanout, fanout_cap),
-        budget=parent.budget
-        if requested.budget is None
-        else requested.budget.minimum(parent.budget),
+        fanout=0 if requested.fanout is None else min(requested.fanout, fanout_cap),
+        budget=budget,
         expires_at_ms=expires,
     )
 
 
-def check_invariants(parent: GrantTerms, child: GrantTerms, *, remaining_fanout: int) -> None:
+def check_invariants(
+    parent: GrantTerms, child: GrantTerms, *, remaining_fanout: int, width: int = 1
+) -> None:
     """Raise the named error of the first invariant ``child`` breaks against ``parent``.
 
     ``remaining_fanout`` is what the parent may still spawn before this fan-out (for a
-    chain checked offline, the parent grant's own fan-out).
+    chain checked offline, the parent grant's own fan-out): ``width`` children, each
+    with this child's allowance, must fit in it.
     """
     if child.depth >= parent.depth:
         raise DepthNotDecreasingError(
@@ -261,8 +273,9 @@ def check_invariants(parent: GrantTerms, child: GrantTerms, *, remaining_fanout:
             f"child permission mode {child.mode.value!r} is more permissive than its "
             f"parent's {parent.mode.value!r}"
         )
-    if child.fanout >= remaining_fanout:
+    if width * (1 + child.fanout) > remaining_fanout:
         raise FanoutNotDecreasingError(
-            f"child fan-out {child.fanout} is not below the parent's remaining "
-            f"{remaining_fanout}; fan-out must shrink at every level"
+            f"{width} child(ren) with a fan-out of {child.fanout} each need "
+            f"{width * (1 + child.fanout)} of the parent's remaining {remaining_fanout}; "
+            "a fan-out bounds its whole subtree"
         )

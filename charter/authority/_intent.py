@@ -48,7 +48,11 @@ class RequestedGrant(BaseModel):
         default=None, ge=0, le=64, description="Levels of spawning the workers may still do."
     )
     fanout: int | None = Field(
-        default=None, ge=0, le=MAX_FANOUT, description="Children each worker may still spawn."
+        default=None,
+        ge=0,
+        le=MAX_FANOUT,
+        description="Workers each child may spawn in its whole subtree (default none): "
+        "carved out of the parent's remaining fan-out, like a budget.",
     )
     budget: Budget | None = Field(default=None, description="Per-worker budget ceiling.")
     ttl_s: int | None = Field(

@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from charter.budgets import formula
 from charter.budgets.errors import (
@@ -82,6 +82,16 @@ class LeaseGranted(Event):
     lineages: tuple[str, ...] = Field(min_length=1)
     allocation: Budget
     expires_at_ms: int = Field(ge=0, le=INT64_MAX)
+    # The fan-out the leases belong to, and each child's sealed-grant digest (hex, in
+    # the order of ``lineages``): the grant says exactly what the lease does.
+    fanout: str | None = None
+    grants: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _one_digest_per_child(self) -> LeaseGranted:
+        if self.grants and len(self.grants) != len(self.lineages):
+            raise ValueError("a lease event names one grant digest per child, or none")
+        return self
 
     def stream(self) -> str:
         return self.parent
@@ -335,13 +345,18 @@ class LeaseBook:
     # -- decisions (pure: they return events, the caller appends) -----------------
 
     def decide_leases(
-        self, parent: str, children: list[tuple[str, Budget, int]], at_ms: int
+        self,
+        parent: str,
+        children: list[tuple[str, Budget, int, str]],
+        at_ms: int,
+        fanout: str | None = None,
     ) -> tuple[LeaseGranted, ...]:
-        """Leases for ``(lineage, allocation, expires_at_ms)`` children, or refuse.
+        """Leases for ``(lineage, allocation, expires_at_ms, grant digest)`` children,
+        or refuse.
 
         Every allocation together must fit in the parent's remaining budget, on every
-        axis; a lease never outlives its parent's. Children with equal terms share one
-        event.
+        axis; a lease never outlives its parent's (one that would is refused: its grant
+        would say more than its lease). Children with equal terms share one event.
         """
         ledger = self.get(parent)
         if not ledger.active(at_ms):
@@ -350,15 +365,19 @@ class LeaseBook:
         cap = ledger.expires_at_ms
         # Group children by (allocation, expiry): a fan-out's children share both. Keyed
         # by the budget object's identity first, since hashing a model is not free.
-        groups: dict[tuple[int, int], tuple[Budget, list[str]]] = {}
+        groups: dict[tuple[int, int], tuple[Budget, list[str], list[str]]] = {}
         wanted = VEC_ZERO
-        for lineage, allocation, expires in children:
-            until = expires if cap is None else min(expires, cap)
+        for lineage, allocation, until, digest in children:
+            if cap is not None and until > cap:
+                raise LeaseEndedError(
+                    f"a lease until {until} ms would outlive {parent}'s, which ends at {cap} ms"
+                )
             group = groups.get((id(allocation), until))
             if group is None:
-                group = groups[id(allocation), until] = (allocation, [])
+                group = groups[id(allocation), until] = (allocation, [], [])
             group[1].append(lineage)
-        for allocation, members in groups.values():
+            group[2].append(digest)
+        for allocation, members, _ in groups.values():
             wanted = vec_add(wanted, tuple(len(members) * x for x in vec_of(allocation)))  # type: ignore[arg-type]
         if not budget_of(wanted).fits_within(available):
             short = budget_of(wanted).saturating_sub(available)
@@ -369,9 +388,14 @@ class LeaseBook:
             )
         return tuple(
             LeaseGranted(
-                parent=parent, lineages=tuple(lineages), allocation=allocation, expires_at_ms=until
+                parent=parent,
+                lineages=tuple(lineages),
+                allocation=allocation,
+                expires_at_ms=until,
+                fanout=fanout,
+                grants=tuple(digests),
             )
-            for (_, until), (allocation, lineages) in groups.items()
+            for (_, until), (allocation, lineages, digests) in groups.items()
         )
 
     def decide_usage(self, lineage: str, amount: Budget, at_ms: int) -> UsageRecorded:

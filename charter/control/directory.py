@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from charter.authority import (
@@ -104,7 +105,8 @@ class AgentRecord:
 
 
 class AuthorityView(JournalFold):
-    """Durable agents by name; journaled grant digests by lineage; children minted."""
+    """Durable agents by name; journaled grant digests by lineage; for each parent, the
+    children minted and the fan-out allowance they hold (each child one, plus its own)."""
 
     types = _TYPES
 
@@ -113,6 +115,8 @@ class AuthorityView(JournalFold):
         self.agents: dict[str, AgentRecord] = {}
         self.digests: dict[Lineage, bytes] = {}
         self.minted: dict[Lineage, int] = {}
+        self.reserved: dict[Lineage, int] = {}
+        self._holds: dict[Lineage, int] = {}  # what each child holds of its parent's
 
     def apply(self, event: Event, position: int, at_ms: int = 0) -> None:
         del at_ms
@@ -141,6 +145,12 @@ class AuthorityView(JournalFold):
                 number = event.lineage.segments[-1].removeprefix("sa-")
                 if number.isdigit():
                     self.minted[event.issuer] = max(self.minted.get(event.issuer, 0), int(number))
+                if event.lineage not in self._holds:  # counted once per child
+                    # The signed body's own fan-out (one small parse, not a validation:
+                    # the chain is verified whenever this child acts).
+                    allowance = int(orjson.loads(event.body)["terms"]["fanout"])
+                    self._holds[event.lineage] = 1 + allowance
+                    self.reserved[event.issuer] = self.reserved.get(event.issuer, 0) + 1 + allowance
 
     def agent(self, name: str) -> AgentRecord:
         """The directory entry of ``name`` (as of the last refresh)."""

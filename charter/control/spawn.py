@@ -63,7 +63,6 @@ from charter.budgets import (
 from charter.control.directory import AgentRecord, AuthorityView, custody_key_name
 from charter.control.resources import ResourceView
 from charter.core import (
-    Budget,
     CharterError,
     Clock,
     InternalError,
@@ -321,6 +320,7 @@ class SpawnService:
             sealed=leaf,
             custody_seed=bytes(caller.custody_key),
             minted=self.view.minted.get(leaf.grant.lineage, 0),
+            reserved=self.view.reserved.get(leaf.grant.lineage, 0),
             version=version,
         )
 
@@ -351,25 +351,25 @@ class SpawnService:
         return leaf
 
     def _lease(self, decision: FanoutDecision, intent: SpawnIntent, now: int) -> FanoutDecision:
-        """Stage 4: lease each child ``estimated cost / width`` (capped by its grant's
-        budget), for its wall-clock allocation and never past its grant's expiry (nor,
-        in the lease book, past its parent's lease). Refuses the whole fan-out when the
-        leases do not fit in the parent's remainder or the parent has no ledger."""
+        """Stage 4: lease each child exactly what its grant says (the mint made the
+        grant the child's share of the estimate, for that share's wall-clock time), out
+        of the parent's remainder. Refuses the whole fan-out when the leases do not fit,
+        would outlive the parent's, or the parent has no ledger."""
         if decision.refusal is not None:
             return decision
-        share = intent.estimated_cost.split(intent.width)
-        children: list[tuple[str, Budget, int]] = []
-        lease_of: dict[int, tuple[Budget, int]] = {}  # the children of a fan-out share terms
-        for child in decision.children:
-            terms = child.grant.terms
-            lease = lease_of.get(id(terms))
-            if lease is None:
-                allocation = share.minimum(terms.budget)
-                expires = min(terms.expires_at_ms, now + allocation.wall_ms)
-                lease = lease_of[id(terms)] = (allocation, expires)
-            children.append((str(child.lineage), *lease))
+        children = [
+            (
+                str(child.lineage),
+                child.grant.terms.budget,
+                child.grant.terms.expires_at_ms,
+                child.sealed.digest.hex(),
+            )
+            for child in decision.children
+        ]
         try:
-            leases = self.resources.book.decide_leases(str(decision.parent), children, now)
+            leases = self.resources.book.decide_leases(
+                str(decision.parent), children, now, decision.fanout_id
+            )
         except RefusedError as error:
             return decision.refused(error, str(decision.parent), intent)
         # Leases go on the parent's stream, which the mints already pinned.

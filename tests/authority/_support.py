@@ -64,6 +64,9 @@ def intent(
     cost: Budget = SMALL_COST,
     **grant: object,
 ) -> SpawnIntent:
+    # Workers fan out only as far as their intent asks (carved out of the parent's
+    # allowance): these tests ask for some, so their workers may spawn in turn.
+    grant.setdefault("fanout", 10)
     return SpawnIntent(
         width=width,
         objective=objective,

@@ -114,12 +114,17 @@ def test_no_sequence_of_spawns_widens_the_root_and_every_chain_ends(
     spawned = 0
     for requested, width in steps:
         holder = chain[-1]
-        state = ParentState(holder, seed, minted=0, version=1)
+        state = ParentState(holder, seed, minted=0, reserved=0, version=1)
         intent = SpawnIntent(width=width, objective="x y z", grant=requested, estimated_cost=COST)
         decision = decide(state, FanoutCommand("f", intent, NOW_MS), policy=policy)
         if decision.refusal is not None:
             # Only the structural limits may refuse a well-formed request here.
-            assert decision.refusal.reason in {"depth-exhausted", "fanout-exhausted"}
+            # (and a grant whose lease had no wall-clock time is over as it was made).
+            assert decision.refusal.reason in {
+                "depth-exhausted",
+                "fanout-exhausted",
+                "grant-expired",
+            }
             break
         spawned += 1
         assert len(decision.children) == width
@@ -129,7 +134,9 @@ def test_no_sequence_of_spawns_widens_the_root_and_every_chain_ends(
         chosen = decision.children[-1]
         chain.append(chosen.sealed)
         seed = chosen.seed
-        leaf = verify_grant_chain(chain, bytes(ROOT_KEY.verify_key), now_ms=NOW_MS)
+        # A grant is its lease: one with no wall-clock time left is over as it is made.
+        at = NOW_MS if chosen.grant.terms.expires_at_ms > NOW_MS else None
+        leaf = verify_grant_chain(chain, bytes(ROOT_KEY.verify_key), now_ms=at)
         assert leaf == chosen.grant
     # Depth strictly decreases, so no chain is longer than the root's depth.
     assert spawned <= root_terms.depth

@@ -120,8 +120,9 @@ def test_fanout_exhausted_and_width_counts_against_the_parent(
     small = COST.split(64 * 4)  # within the worker's lease (COST / 64), for each fan-out
     first = service.spawn(worker, intent(3, cost=small))
     assert [str(c.lineage).rsplit("/", 1)[1] for c in first.children] == ["sa-1", "sa-2", "sa-3"]
-    # Each child may spawn at most what its parent had left after this fan-out.
-    assert {c.grant.terms.fanout for c in first.children} == {2}
+    # Each child's allowance is carved out of what its parent has left: (5 - 3) // 3 = 0
+    # each, so the three children hold 3 of the worker's 5.
+    assert {c.grant.terms.fanout for c in first.children} == {0}
     with pytest.raises(errors.FanoutExhaustedError, match="wider than the 2"):
         service.spawn(worker, intent(3, cost=small))
     _assert_journaled(journal, errors.FanoutExhaustedError)
@@ -228,7 +229,7 @@ def test_grant_from_another_root_is_refused(service: SpawnService, journal: Jour
     )
     seed = bytes(outsider)
     made = decide(
-        ParentState(fake_root, seed, minted=0, version=2),
+        ParentState(fake_root, seed, minted=0, reserved=0, version=2),
         FanoutCommand("f", intent(1), service.clock()),
         policy=FixedPolicy(Verdict.POSITIVE),
     )
@@ -257,7 +258,7 @@ def test_grant_never_journaled_is_refused(service: SpawnService, journal: Journa
     root = service.durable_caller("root")
     seed = bytes(root.custody_key)
     uncommitted = decide(
-        ParentState(root.chain[0], seed, minted=99, version=2),
+        ParentState(root.chain[0], seed, minted=99, reserved=99, version=2),
         FanoutCommand("f", intent(1), service.clock()),
         policy=FixedPolicy(Verdict.POSITIVE),
     )

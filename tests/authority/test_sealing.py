@@ -32,7 +32,7 @@ def chain_of(key: SigningKey, depth: int, name: str = "root") -> list[SealedGran
     seed = bytes(key)
     for _ in range(depth):
         d = decide(
-            ParentState(chain[-1], seed, minted=0, version=1),
+            ParentState(chain[-1], seed, minted=0, reserved=0, version=1),
             FanoutCommand("f", intent(1), NOW_MS),
             policy=FixedPolicy(Verdict.POSITIVE),
         )

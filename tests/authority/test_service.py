@@ -213,7 +213,7 @@ def test_a_decision_on_stale_state_is_caught_by_the_pinned_append(
     caller = svc.durable_caller("root")
     seed = bytes(caller.custody_key)
     state = ParentState(
-        caller.chain[0], seed, minted=0, version=journal.stream_version("agent:root")
+        caller.chain[0], seed, minted=0, reserved=0, version=journal.stream_version("agent:root")
     )
     stale = decide(state, FanoutCommand("f", intent(2), svc.clock()), policy=svc.policy)
     svc.spawn(caller, intent(2))  # another fan-out lands first

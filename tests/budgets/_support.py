@@ -39,8 +39,9 @@ def service(journal: Journal, keystore: KeyStore) -> SpawnService:
     return SpawnService(journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE))
 
 
-def intent(width: int, cost: Budget, *, fanout: int | None = None) -> SpawnIntent:
-    grant = RequestedGrant(fanout=fanout) if fanout is not None else RequestedGrant()
+def intent(width: int, cost: Budget, *, fanout: int = 50) -> SpawnIntent:
+    """A fan-out whose workers may spawn ``fanout`` more in their subtrees."""
+    grant = RequestedGrant(fanout=fanout)
     return SpawnIntent(
         width=width, objective="scan the estate host by host", grant=grant, estimated_cost=cost
     )

@@ -128,7 +128,10 @@ def test_deep_tree_completes_on_two_processing_slots(tmp_path: Path) -> None:
 
         def fan_out(caller: Caller) -> list[Caller]:
             held = budgets.remaining(str(caller.chain[-1].grant.lineage))
-            return [caller.child(c) for c in svc.spawn(caller, intent(3, held.split(2))).children]
+            # Each child asks for all the fan-out it can be given: the subtree of a
+            # fan-out of 3 at every level is carved out of the root's 5000.
+            spawned = svc.spawn(caller, intent(3, held.split(2), fanout=5000))
+            return [caller.child(c) for c in spawned.children]
 
         waiting_on: dict[str, int] = {}
         parent_of: dict[str, str] = {}

@@ -75,7 +75,7 @@ def test_no_interleaving_overspends(ops: list[tuple]) -> None:  # type: ignore[t
                     for _ in range(width):
                         spawned += 1
                         lineage = f"{parent.lineage}/sa-{spawned}"
-                        children.append((lineage, each, now + 1_000 * ttl + 1))
+                        children.append((lineage, each, now + 1_000 * ttl + 1, DIGEST))
                     for event in book.decide_leases(parent.lineage, children, now):
                         book.apply(event, now)
                 case "usage":
@@ -100,12 +100,15 @@ def test_no_interleaving_overspends(ops: list[tuple]) -> None:  # type: ignore[t
         _check(book, now)
 
 
+DIGEST = "00" * 32  # the lease book carries each child's grant digest, unread
+
+
 def test_expiry_returns_unspent_budget_without_any_event() -> None:
     book = LeaseBook()
     t0 = 1_800_000_000_000
     book.apply(BudgetLedgerOpened(lineage=ROOT, allocation=ALLOCATION), t0)
     lease = _scaled(ALLOCATION, 50)
-    for event in book.decide_leases(ROOT, [(f"{ROOT}/sa-1", lease, t0 + 10_000)], t0):
+    for event in book.decide_leases(ROOT, [(f"{ROOT}/sa-1", lease, t0 + 10_000, DIGEST)], t0):
         book.apply(event, t0)
     spent = _scaled(lease, 20)
     book.apply(book.decide_usage(f"{ROOT}/sa-1", spent, t0 + 1), t0 + 1)

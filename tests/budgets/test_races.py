@@ -106,7 +106,7 @@ def test_a_release_racing_a_descendants_fan_out_never_lets_it_commit(
         half = ROOT_BUDGET.split(2)
         c = root.child(svc.spawn(root, intent(1, half)).children[0])
         g = c.child(svc.spawn(c, intent(1, half.split(2))).children[0])
-        svc.spawn(g, intent(1, half.split(100)))  # control: G may fan out while C is live
+        svc.spawn(g, intent(1, half.split(100), fanout=0))  # control: G fans out while C lives
         operator = BudgetService(journal)
         decide_leases = svc.resources.book.decide_leases
         racing = [c.claimed]
@@ -119,7 +119,7 @@ def test_a_release_racing_a_descendants_fan_out_never_lets_it_commit(
 
         svc.resources.book.decide_leases = decide_then_release  # type: ignore[method-assign]
         with pytest.raises(LeaseEndedError):
-            svc.spawn(g, intent(2, half.split(100)))
+            svc.spawn(g, intent(2, half.split(100), fanout=0))
         minted_under_g = [
             e
             for e in journal.entries(types=("GrantMinted",))

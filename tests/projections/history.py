@@ -105,20 +105,22 @@ class History:
         share = self.rng.choice([4, 8, 16, 64]) * width
         allocation = Budget(**{a: getattr(remaining, a) // share for a in Budget.AXES})
         children = []
+        cap = self.book.get(parent).expires_at_ms  # a lease never outlives its parent's
         for _ in range(width):
             self.next_id += 1
             lineage = f"{parent}/sa-{self.next_id:x}"
             ttl = self.rng.choice([-50, 150, 300, 600, 60_000, 600_000])
-            children.append((lineage, allocation, at + ttl))
+            until = at + ttl if cap is None else min(at + ttl, cap)
+            children.append((lineage, allocation, until, "00" * 32))
         leases = self.book.decide_leases(parent, children, at)
         fanout = f"f{self.next_id:x}"
         events: list[Event] = [
             GrantMinted(fanout=fanout, lineage=lin, issuer=parent, body=_BODY, signature=_SIG)
-            for lin, _, _ in children
+            for lin, _, _, _ in children
         ]
         events += leases
         cell = self.rng.choice(["c1", "c2"])
-        lineages = [lin for lin, _, _ in children]
+        lineages = [lin for lin, _, _, _ in children]
         try:
             admits = self.cells.decide_admit(cell, lineages, ResourceClass.PROCESSING, self.inputs)
         except AdmissionRefusedError as e:

@@ -42,6 +42,10 @@ def test_read_commands_are_never_stale_and_answer_as_of(journal_url: str, tmp_pa
         assert first_head is not None
         budgets = _json(charter("--db", journal_url, "--json", "budgets", home=tmp_path))
         assert budgets["as_of"] == first_head[0]
+        # Without --as-of, time is now (a lease may expire with no entry to say so);
+        # as of a position, it is that entry's commit time, so the answer is fixed.
+        then = ("--as-of", str(first_head[0]))
+        budgets = _json(charter("--db", journal_url, "--json", "budgets", *then, home=tmp_path))
         root = next(b for b in budgets["ledgers"] if b["lineage"] == "agent:r0")
         assert set(root["remaining"]) == {
             "tokens",
@@ -106,13 +110,16 @@ def test_read_commands_are_never_stale_and_answer_as_of(journal_url: str, tmp_pa
         assert beyond.returncode == 2  # bad input
         assert "past the projected position" in beyond.stderr
 
+        at_head = ("--as-of", str(head[0]))
+        tree = _json(charter("--db", journal_url, "--json", "tree", *at_head, home=tmp_path))
         rebuilt = _json(
             charter("--db", journal_url, "--json", "project", "--rebuild", home=tmp_path)
         )
         rows = sum(1 for _ in journal.rows())
         assert rebuilt["position"] == head[0]
         assert rebuilt["entries"] == rows
-        assert _json(charter("--db", journal_url, "--json", "tree", home=tmp_path)) == tree
+        again_tree = charter("--db", journal_url, "--json", "tree", *at_head, home=tmp_path)
+        assert _json(again_tree) == tree
 
 
 def test_human_amounts_never_print_an_exponent() -> None:
