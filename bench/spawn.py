@@ -1,10 +1,13 @@
 """Benchmark: one 1000-wide fan-out (gate, 1000 mints with checks and signatures, one
 commit) on SQLite, beside a plain eventsourcing ``Application.save`` of the same number
-of events measured in the same run.
+of events measured in the same run; and the same fan-out from a parent at depth 3
+(children at depth 4, the append pinned to three more ancestors' streams) beside one from
+the root (children at depth 1), alternated in the same run.
 
-    python3 bench/spawn.py [--width 1000] [--runs 30] [--target-ms 150]
+    python3 bench/spawn.py [--width 1000] [--runs 30] [--target-ms 150] [--depth-ratio 1.2]
 
-Prints p50/p90 of both and their ratio; exits 1 if the fan-out p50 misses the target.
+Prints p50/p90 and the ratios; exits 1 if the fan-out p50 misses its target or the
+depth-4 fan-out is slower than ``--depth-ratio`` times the depth-1 one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from charter.authority import (
     CostBenefitPolicy,
     FanoutCommand,
     ParentState,
+    RequestedGrant,
     SpawnIntent,
     Verdict,
     decide,
@@ -84,6 +88,41 @@ def bench_spawn(tmp: Path, width: int, runs: int) -> tuple[list[float], list[flo
     return totals, decides, body_len
 
 
+def bench_depth(tmp: Path, width: int, runs: int) -> tuple[list[float], list[float]]:
+    """Fan-outs of ``width`` from the root and from a worker at depth 3, alternated."""
+    journal = Journal.create(f"sqlite:///{tmp / 'depth.db'}")
+    keystore = KeyStore(tmp / "home-depth")
+    huge = Budget.parse("tokens=100000M,wall=100000h,cpu=100000h,mem=100000GB,egress=100000GB")
+    allowance = (runs + 3) * width
+    register_root(
+        journal, keystore, "deep", Ceiling(budget=huge, fanout=2 * allowance + 8, depth=6)
+    )
+    service = SpawnService(journal, keystore=keystore, policy=CostBenefitPolicy())
+    root = service.durable_caller("deep")
+    deep = root
+    for level in range(3):  # a chain root -> d1 -> d2 -> d3, each asking for the allowance
+        request = RequestedGrant(fanout=allowance + 3 - level)
+        share = huge.split(10 ** (level + 1))  # each level holds a tenth of the one above
+        chain = SpawnIntent(width=1, objective="descend one level", grant=request,
+                            estimated_cost=share)  # fmt: skip
+        deep = deep.child(service.spawn(deep, chain).children[0])
+    intent = SpawnIntent(
+        width=width,
+        objective="summarise each document of the corpus in one page",
+        estimated_cost=Budget.parse(f"tokens={20_000 * width},wall=1h,cpu=1h,mem=1GB,egress=1GB"),
+    )
+    shallow_ms: list[float] = []
+    deep_ms: list[float] = []
+    for i in range(runs + 2):
+        for caller, samples in ((root, shallow_ms), (deep, deep_ms)):
+            start = time.perf_counter()
+            service.spawn(caller, intent)
+            if i >= 2:
+                samples.append((time.perf_counter() - start) * 1000)
+    journal.close()
+    return shallow_ms, deep_ms
+
+
 def bench_plain(tmp: Path, events: int, runs: int, body_len: int) -> list[float]:
     env = {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(tmp / "plain.db")}
     samples = []
@@ -104,11 +143,13 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--target-ms", type=float, default=150.0)
+    parser.add_argument("--depth-ratio", type=float, default=1.2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         totals, decides, body_len = bench_spawn(tmp, args.width, args.runs)
         plain = bench_plain(tmp, args.width + 1, args.runs, body_len)
+        shallow, deep = bench_depth(tmp, args.width, args.runs)
     p50, p90 = statistics.median(totals), percentile(totals, 0.9)
     plain_p50 = statistics.median(plain)
     print(f"fan-out of {args.width} on SQLite ({args.runs} runs, after 2 warm-ups):")
@@ -123,7 +164,18 @@ def main() -> int:
     print(f"  ratio (charter p50 / plain p50): {p50 / plain_p50:.2f}x")
     ok = p50 <= args.target_ms
     print(f"  target p50 <= {args.target_ms:.0f} ms: {'met' if ok else 'MISSED'}")
-    return 0 if ok else 1
+    depth_ratio = statistics.median(deep) / statistics.median(shallow)
+    print(f"fan-out of {args.width} by depth (alternated, {args.runs} runs each):")
+    print(
+        f"  children at depth 1 (from the root): p50 {statistics.median(shallow):.1f} ms; "
+        f"at depth 4 (pinned to 3 more ancestors): p50 {statistics.median(deep):.1f} ms"
+    )
+    depth_ok = depth_ratio <= args.depth_ratio
+    print(
+        f"  ratio depth 4 / depth 1: {depth_ratio:.2f}x (target <= {args.depth_ratio}): "
+        f"{'met' if depth_ok else 'MISSED'}"
+    )
+    return 0 if ok and depth_ok else 1
 
 
 if __name__ == "__main__":

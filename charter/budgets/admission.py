@@ -106,13 +106,14 @@ class SlotReleased(Event):
 
 
 class SlotQueued(Event):
-    """``lineage`` waits for a slot of ``resource`` on ``cell`` (the class was full, or
-    the cell is not configured yet): backpressure that never oversubscribes. The queue
-    is first come, first served; a queued worker is admitted by a later SlotAdmitted."""
+    """``lineages`` wait, in this order, for a slot of ``resource`` on ``cell`` (the
+    class was full, or the cell is not configured yet): backpressure that never
+    oversubscribes. The queue is first come, first served; a queued worker is admitted
+    by a later SlotAdmitted. One event per fan-out, like its leases (decision 0003)."""
 
     type_name = "SlotQueued"
     cell: str
-    lineage: str
+    lineages: tuple[str, ...] = Field(min_length=1)
     resource: ResourceClass
     cap: int = Field(ge=0)
     occupancy: int = Field(ge=0)
@@ -181,7 +182,8 @@ class Cells:
                     state.holders, state.queued = old.holders, old.queued
                 self._cells[event.cell] = state
             case SlotQueued():
-                self._unconfigured(event.cell).queued[event.resource][event.lineage] = None
+                queue = self._unconfigured(event.cell).queued[event.resource]
+                queue.update(dict.fromkeys(event.lineages))
             case SlotAdmitted():
                 state = self._cells[event.cell]
                 state.holders[event.resource].add(event.lineage)
@@ -267,10 +269,11 @@ class Cells:
             held, waiting = state.holders[resource], state.queued[resource]
         occupancy = len(held)
         events: list[SlotAdmitted | SlotQueued] = []
+        queued: list[str] = []
         for lineage in lineages:
             if lineage in held or lineage in waiting:
                 continue
-            if occupancy < cap and not waiting:
+            if occupancy < cap and not waiting and not queued:
                 occupancy += 1
                 events.append(
                     SlotAdmitted(
@@ -283,12 +286,17 @@ class Cells:
                     )
                 )
             else:
-                waiting = {**waiting, lineage: None}  # later children queue behind it
-                events.append(
-                    SlotQueued(
-                        cell=cell, lineage=lineage, resource=resource, cap=cap, occupancy=occupancy
-                    )
+                queued.append(lineage)  # and every later child queues behind it
+        if queued:
+            events.append(
+                SlotQueued(
+                    cell=cell,
+                    lineages=tuple(queued),
+                    resource=resource,
+                    cap=cap,
+                    occupancy=occupancy,
                 )
+            )
         return tuple(events)
 
     def refusal(

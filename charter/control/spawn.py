@@ -279,15 +279,16 @@ class SpawnService:
                 raise decision.refusal
             if decision.gate is None:  # decide always asks the gate before minting
                 raise InternalError("a fan-out was minted without a gate decision")
-            placed = [e for e in decision.events if isinstance(e, SlotAdmitted | SlotQueued)]
+            admitted = [e.lineage for e in decision.events if isinstance(e, SlotAdmitted)]
+            queued = [x for e in decision.events if isinstance(e, SlotQueued) for x in e.lineages]
             return SpawnResult(
                 fanout_id,
                 decision.parent,
                 decision.gate,
                 decision.children,
                 (committed[0].position, committed[-1].position),
-                admitted=tuple(e.lineage for e in placed if isinstance(e, SlotAdmitted)),
-                queued=tuple(e.lineage for e in placed if not isinstance(e, SlotAdmitted)),
+                admitted=tuple(admitted),
+                queued=tuple(queued),
             )
         error = AppendConflictError(
             f"{claimed} kept changing while this fan-out was decided "

@@ -52,9 +52,7 @@ def test_initialise_configures_the_cell_and_spawns_admit_into_it(
             if isinstance(e.event, SlotAdmitted | SlotQueued)
         ]
         kinds = [type(p).__name__ for p in placed]
-        assert kinds == ["SlotAdmitted"] * len(result.admitted) + ["SlotQueued"] * len(
-            result.queued
-        )
+        assert kinds == ["SlotAdmitted"] * len(result.admitted) + ["SlotQueued"]
         assert all(p.resource is ResourceClass.PROCESSING for p in placed)
         with charter.projector() as projector:
             projector.catch_up()
