@@ -31,7 +31,7 @@ import unicodedata
 from enum import StrEnum
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from charter.core.budget import Budget
 from charter.core.lineage import Lineage
@@ -211,10 +211,20 @@ def ask_gate(policy: GatePolicy, question: GateQuestion) -> GateDecision:
             reason=f"policy {name} failed: {type(e).__name__}: {e}"[:500],
             policy=name,
         )
-    if not isinstance(decision, GateDecision):
+    try:
+        # Re-validated, not trusted: a policy may hand back an object built without
+        # validation (model_construct) whose verdict is not a verdict at all.
+        checked = _revalidated(decision)
+    except (TypeError, ValidationError):
         return GateDecision(
             verdict=Verdict.UNKNOWN,
-            reason=f"policy {name} answered {type(decision).__name__}, not a decision",
+            reason=f"policy {name} answered {type(decision).__name__}, not a valid decision",
             policy=name,
         )
-    return decision if decision.policy else decision.model_copy(update={"policy": name})
+    return checked if checked.policy else checked.model_copy(update={"policy": name})
+
+
+def _revalidated(decision: object) -> GateDecision:
+    if not isinstance(decision, GateDecision):
+        raise TypeError(f"{type(decision).__name__} is not a GateDecision")
+    return GateDecision.model_validate(decision.model_dump(warnings=False))

@@ -223,3 +223,30 @@ def test_the_gate_is_asked_once_per_fan_out_whatever_the_retries(
     decided = [e.event for e in journal.entries(types=("GateDecided",))]
     assert len(decided) == 1
     assert decided[0].reason == "counted 1"  # type: ignore[attr-defined]
+
+
+class _Unvalidated:
+    """A policy that hands back a decision built without validation."""
+
+    name = "sloppy"
+
+    def judge(self, q: GateQuestion) -> GateDecision:
+        del q
+        return GateDecision.model_construct(verdict="maybe", reason=7, policy="sloppy")
+
+
+def test_a_decision_built_without_validation_counts_as_unknown() -> None:
+    decision = ask_gate(_Unvalidated(), question(2, CHEAP))
+    assert decision.verdict is Verdict.UNKNOWN
+    assert "not a valid decision" in decision.reason
+
+
+def test_an_unvalidated_decision_is_a_journaled_refusal_not_a_crash(
+    journal: Journal, keystore: KeyStore, root: AgentRecord
+) -> None:
+    del root
+    svc = SpawnService(journal, keystore=keystore, policy=_Unvalidated())
+    with pytest.raises(errors.GateUnknownError):
+        svc.spawn(svc.durable_caller("root"), intent(2))
+    decided = [e.event for e in journal.entries(types=("GateDecided",))]
+    assert [d.verdict for d in decided] == [Verdict.UNKNOWN]  # type: ignore[attr-defined]
