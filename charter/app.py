@@ -11,6 +11,7 @@ goes through a :class:`Charter`::
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,7 +46,14 @@ from charter.core import (
 )
 from charter.ledger import Journal, JournalCreated, Location, resolve_location
 from charter.projections import Projector
-from charter.sandbox import WarmPool
+from charter.sandbox import (
+    EgressBroker,
+    EgressGrant,
+    Launcher,
+    Outcome,
+    WarmPool,
+    default_state_dir,
+)
 
 __all__ = ["JOURNAL_KEY", "CellSetup", "Charter", "Initialised", "Settings"]
 
@@ -294,6 +302,27 @@ class Charter:
             name=self.settings.cell,
             **options,
         )
+
+    def run_sandbox(
+        self,
+        budget: Budget,
+        command: list[str],
+        *,
+        workspace: Path | None = None,
+        egress: EgressGrant | None = None,
+        stdout: int | None = None,
+    ) -> Outcome:
+        """Run ``command`` in a fresh sandbox as the operator's own run (no worker, no
+        lease: ``SandboxLeased`` names no lineage), journaled end to end. An egress
+        broker is started for the run when the grant names a destination."""
+        state = default_state_dir()
+        with contextlib.ExitStack() as stack:
+            broker = None
+            if egress is not None and egress.destinations:
+                broker = stack.enter_context(EgressBroker(state / f"egress-{os.getpid()}.sock"))
+            # The Launcher passes the isolation gate (journaled) first.
+            launcher = Launcher(self.journal, state_dir=state, egress=broker)
+            return launcher.run(budget, command, workspace=workspace, grant=egress, stdout=stdout)
 
     def configure_cell(self, setup: CellSetup, cell: str | None = None) -> None:
         self.admission().configure(

@@ -21,12 +21,9 @@ from charter.sandbox import (
     FIRST_SANDBOX_UID,
     BwrapFds,
     CgroupMode,
-    EgressBroker,
     EgressGrant,
     HostFacts,
-    Launcher,
     compile_spec,
-    default_state_dir,
     probe,
     refuse,
     render_bwrap,
@@ -119,17 +116,11 @@ def run_cmd(
         grant = EgressGrant(destinations=tuple(d.strip() for d in egress.split(",") if d.strip()))
     except ValidationError as e:
         raise click.BadParameter(str(e), param_hint="--egress") from e
-    state = default_state_dir()
-    with _journal(ctx, required=True) as journal, contextlib.ExitStack() as stack:
-        broker = None
-        if grant.destinations:
-            broker = stack.enter_context(EgressBroker(state / f"egress-{os.getpid()}.sock"))
-        # The Launcher passes the isolation gate (journaled) first.
-        launcher = Launcher(journal, state_dir=state, egress=broker)
+    with Charter.open(ctx.db) as charter:
         # With --json stdout carries only the result document; the command's output
         # goes to stderr.
-        outcome = launcher.run(
-            budget, list(command), workspace=workspace, grant=grant,
+        outcome = charter.run_sandbox(
+            budget, list(command), workspace=workspace, egress=grant,
             stdout=sys.stderr.fileno() if ctx.as_json else None,
         )  # fmt: skip
     result = outcome.model_dump(mode="json", exclude={"stdout", "stderr"})
