@@ -55,7 +55,14 @@ class Mixer:
         self.root = self.svc.durable_caller("root")
         self.workers: list[Worker] = []
         self.tally: Counter[str] = Counter(
-            spawns=0, children=0, usages=0, usages_over=0, releases=0, renewals=0, refused=0
+            spawns=0,
+            children=0,
+            usages=0,
+            usages_over=0,
+            releases=0,
+            renewals=0,
+            refused=0,
+            refusals=0,
         )
         self.errors: Counter[str] = Counter()
 
@@ -67,9 +74,9 @@ class Mixer:
         try:
             getattr(self, op)()
         except CharterError as error:  # refused, or lost a race: an expected outcome
-            self.tally["refused"] += 1
-            kind = "refusal" if isinstance(error, RefusedError) else "other"
-            self.errors[f"{kind}:{type(error).__name__}"] += 1
+            self.tally["refused"] += 1  # every CharterError; "refusals": RefusedError only
+            self.tally["refusals"] += isinstance(error, RefusedError)
+            self.errors[f"{op}:{type(error).__name__}"] += 1
 
     def prune(self) -> None:
         """Forget workers whose grant ended a while ago (they were still tried for a

@@ -28,7 +28,7 @@ def run(url: str, home: str, seconds: float, seed: int) -> dict[str, int]:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             try:
-                result = svc.spawn(root, intent(rng.randint(1, 2), COST))
+                result = svc.spawn(root, intent(rng.randint(1, 2), COST, fanout=0))
             except StateError:  # lost the race for the root's stream three times: again
                 continue
             tally["spawns"] += 1

@@ -98,9 +98,8 @@ def test_sixteen_processes_of_mixed_load_keep_every_invariant_at_every_position(
     assert failures == [], "\n".join(failures)
     ran = time.monotonic() - started
     print(f"\n{PROCESSES} mixers, {ran:.1f} s: {dict(totals)}\nrefused: {dict(errors)}")
-    for count in ("spawns", "usages", "usages_over", "releases", "renewals", "refused"):
+    for count in ("spawns", "usages", "usages_over", "releases", "renewals", "refusals"):
         assert totals[count] > 0, (count, dict(totals))
-    assert any(e.startswith("refusal:") for e in errors), errors  # journaled refusals
 
     with Journal.open(journal_url) as journal:
         history = journal_history(journal)
