@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 __all__ = [
+    "AsciiIntRange",
     "Ctx",
     "EXIT_ERROR",
     "EXIT_REFUSED",
@@ -26,6 +27,19 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_TAMPERED = 3
 EXIT_REFUSED = 4
+
+
+class AsciiIntRange(click.IntRange):
+    """``click.IntRange`` for ASCII digits only: Python's ``int()`` also reads other
+    scripts' digits (``int("٣") == 3``), and a number in a command is a number people
+    can read the same way everywhere."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not (
+            value.isascii() and value.strip().lstrip("+-").isdigit()
+        ):
+            self.fail(f"{value!r} is not a whole number written in ASCII digits", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 @dataclass(frozen=True)

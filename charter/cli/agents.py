@@ -24,7 +24,7 @@ from charter.authority import (
     SpawnIntent,
     spawn_tool_definition,
 )
-from charter.cli._common import EXIT_REFUSED, Ctx
+from charter.cli._common import EXIT_REFUSED, AsciiIntRange, Ctx
 from charter.control import AgentRecord, Ceiling
 from charter.core import MAX_LINEAGE_DEPTH, Budget, CharterError, RefusedError
 
@@ -94,7 +94,7 @@ def grant_options(command: F) -> F:
         click.option(
             "--depth",
             "grant_depth",
-            type=click.IntRange(0, MAX_LINEAGE_DEPTH),
+            type=AsciiIntRange(0, MAX_LINEAGE_DEPTH),
             default=_default("depth"),
             show_default=True,
             help="Levels of spawning below this agent.",
@@ -102,7 +102,7 @@ def grant_options(command: F) -> F:
         click.option(
             "--fanout",
             "grant_fanout",
-            type=click.IntRange(0, MAX_FANOUT),
+            type=AsciiIntRange(0, MAX_FANOUT),
             default=_default("fanout"),
             show_default=True,
             help="Children this agent may spawn in all.",
@@ -119,7 +119,7 @@ def grant_options(command: F) -> F:
         click.option(
             "--ttl",
             "grant_ttl",
-            type=click.IntRange(1),
+            type=AsciiIntRange(1),
             default=_default("ttl_s"),
             show_default=True,
             metavar="SECONDS",
@@ -182,7 +182,7 @@ def _read_grant(value: str | None) -> RequestedGrant:
 
 @click.command("spawn")
 @click.option("--parent", required=True, metavar="LINEAGE", help="A durable agent: agent:NAME.")
-@click.option("--width", required=True, type=click.IntRange(1), help="Workers to start.")
+@click.option("--width", required=True, type=AsciiIntRange(1), help="Workers to start.")
 @click.option("--objective", required=True, help="What the workers are for.")
 @click.option("--est-cost", "est_cost", required=True, metavar="VECTOR", help="Total estimate.")
 @click.option("--grant", "grant", metavar="JSON|@FILE", help="Requested grant per worker.")

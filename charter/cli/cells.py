@@ -9,7 +9,7 @@ import click
 from pydantic import ValidationError
 
 from charter.app import CellSetup, Charter
-from charter.cli._common import Ctx
+from charter.cli._common import AsciiIntRange, Ctx
 
 __all__ = ["cell_group"]
 
@@ -22,15 +22,15 @@ def cell_group() -> None:
 
 
 def _cap(name: str, text: str) -> Callable[[FC], FC]:
-    return click.option(f"--{name}", type=click.IntRange(0, 1_000_000), default=None, help=text)
+    return click.option(f"--{name}", type=AsciiIntRange(0, 1_000_000), default=None, help=text)
 
 
 @cell_group.command("configure")
 @click.option("--id", "cell", default=None, metavar="NAME", help="The cell (default: this host's).")
-@click.option("--cores", type=click.IntRange(1, 65_536), required=True, help="The cell's cores.")
+@click.option("--cores", type=AsciiIntRange(1, 65_536), required=True, help="The cell's cores.")
 @click.option(
     "--reserve",
-    type=click.IntRange(0, 65_536),
+    type=AsciiIntRange(0, 65_536),
     default=0,
     show_default=True,
     help="Cores held back as a failover reserve.",

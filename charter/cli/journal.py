@@ -13,7 +13,7 @@ import charter.catalogue  # noqa: F401 - journal show decodes every event type
 from charter.app import CellSetup, Charter
 from charter.audit import ChainBrokenError, parse_head
 from charter.audit.journal import audit_journal
-from charter.cli._common import Ctx
+from charter.cli._common import AsciiIntRange, Ctx
 from charter.cli.agents import grant_options
 from charter.control import Ceiling
 from charter.ledger import Entry, Journal
@@ -25,13 +25,13 @@ __all__ = ["init", "journal"]
 @click.option("--root", "root", default="root", show_default=True, help="The root agent's name.")
 @click.option(
     "--cores",
-    type=click.IntRange(1, 65_536),
+    type=AsciiIntRange(1, 65_536),
     default=None,
     help="Cores of this host's cell (default: the host's).",
 )
 @click.option(
     "--reserve",
-    type=click.IntRange(0, 65_536),
+    type=AsciiIntRange(0, 65_536),
     default=0,
     show_default=True,
     help="Cores held back as the cell's failover reserve.",
@@ -81,8 +81,8 @@ def journal() -> None:
 
 
 @journal.command("verify")
-@click.option("--from", "start", type=click.IntRange(min=1), help="First position to check.")
-@click.option("--to", "stop", type=click.IntRange(min=1), help="Last position to check.")
+@click.option("--from", "start", type=AsciiIntRange(min=1), help="First position to check.")
+@click.option("--to", "stop", type=AsciiIntRange(min=1), help="Last position to check.")
 @click.option(
     "--expect-head",
     metavar="POS:HASH",
@@ -115,8 +115,8 @@ def _matches_lineage(entry: Entry, lineage: str) -> bool:
 
 
 @journal.command("show")
-@click.option("--from", "start", type=click.IntRange(min=1), help="First position.")
-@click.option("--to", "stop", type=click.IntRange(min=1), help="Last position.")
+@click.option("--from", "start", type=AsciiIntRange(min=1), help="First position.")
+@click.option("--to", "stop", type=AsciiIntRange(min=1), help="Last position.")
 @click.option("--type", "types", multiple=True, metavar="NAME", help="Only this event type.")
 @click.option("--lineage", metavar="L", help="Only events about this lineage or below it.")
 @click.pass_obj

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from charter.app import Charter
-from charter.cli._common import Ctx
+from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import Budget
 from charter.core.budget import INT64_MAX
 
@@ -50,7 +50,7 @@ def release(ctx: Ctx, lineage: str) -> None:
     "--until-ms",
     "until_ms",
     required=True,
-    type=click.IntRange(0, INT64_MAX),
+    type=AsciiIntRange(0, INT64_MAX),
     help="New expiry (epoch ms).",
 )
 @click.pass_obj

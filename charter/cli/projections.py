@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import click
 
 from charter.app import Charter
-from charter.cli._common import Ctx
+from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import Budget
 from charter.projections import BudgetReport, Projector, SlotsReport, TreeReport
 
@@ -22,7 +22,7 @@ __all__ = ["budgets", "project", "slots", "tree"]
 _AS_OF = click.option(
     "--as-of",
     "as_of",
-    type=click.IntRange(min=0),
+    type=AsciiIntRange(min=0),
     metavar="POS",
     help="Answer as of this journal position (default: the head).",
 )

@@ -146,3 +146,17 @@ def test_any_budget_the_model_accepts_projects(
             projector.catch_up()
             doc = projector.budgets().to_json()
             assert json.loads(json.dumps(doc))["ledgers"]
+
+
+@pytest.mark.parametrize("width", ["٣", "𝟗", "1e3", "3.0"])
+def test_cli_numbers_are_ascii_whole_numbers(tmp_path: Path, width: str) -> None:
+    home = tmp_path / "home"
+    assert charter("init", home=home).returncode == 0
+    before = _head(home)
+    args = ("spawn", "--parent", "agent:root", "--width", width, "--objective", "scan the hosts")
+    cost = "tokens=300k,wall=3m,cpu=3m,mem=3MiB,egress=3MB"
+    result = charter(*args, "--est-cost", cost, home=home)
+    assert result.returncode == 2, result.stderr
+    assert _head(home) == before
+    control = charter(*args[:4], "3", *args[5:], "--est-cost", cost, home=home)
+    assert control.returncode == 0, control.stderr
