@@ -52,6 +52,10 @@ class Location:
                 "POSTGRES_POOL_SIZE": "1",
                 "POSTGRES_MAX_OVERFLOW": "2",
                 "POSTGRES_CONNECT_TIMEOUT": "5",
+                # A writer stalled while holding the table lock must not block every
+                # other writer without limit: they give up after this many seconds with
+                # a clear error (SQLite's busy timeout above is the same 30 s).
+                "POSTGRES_LOCK_TIMEOUT": "30",
                 "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
                 "APPLICATION_RECORDER_TOPIC": (
                     "charter.ledger._postgres:ChainedPostgresProcessRecorder"

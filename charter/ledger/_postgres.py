@@ -11,6 +11,7 @@ refused.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 from uuid import UUID
@@ -19,6 +20,7 @@ import psycopg
 from eventsourcing.persistence import (
     InterfaceError,
     OperationalError,
+    PersistenceError,
     ProgrammingError,
     StoredEvent,
 )
@@ -102,6 +104,25 @@ def _schema_statements(schema: str, table: str) -> list[Composed]:
     ]
 
 
+class WriteLockTimeoutError(PersistenceError):
+    """Another writer held the journal's write lock past ``POSTGRES_LOCK_TIMEOUT``.
+    Not an OperationalError, so the insert's connection retry does not try again (ten
+    more waits of the whole timeout would block the caller for minutes)."""
+
+
+@contextlib.contextmanager
+def _lock_timeout_is_final() -> Iterator[None]:
+    try:
+        yield
+    except OperationalError as e:
+        if isinstance(e.__cause__, psycopg.errors.LockNotAvailable) or "lock timeout" in str(e):
+            raise WriteLockTimeoutError(
+                "another writer has held the journal's write lock for longer than the lock "
+                "timeout (POSTGRES_LOCK_TIMEOUT, 30 s by default); it may be stalled"
+            ) from e
+        raise
+
+
 class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
     """Stock recorder plus the hash chain, computed under the library's table lock."""
 
@@ -147,7 +168,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         exc: Exception | None = None
         ids: Sequence[int] | None = None
         set_last_commit(None)
-        with self.datastore.get_connection() as conn:
+        with _lock_timeout_is_final(), self.datastore.get_connection() as conn:
             with conn.pipeline() as pipeline, conn.transaction():
                 with conn.cursor() as curs:
                     self._insert_events(curs, stored_events, **kwargs)  # tracking, if any

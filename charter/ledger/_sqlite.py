@@ -65,11 +65,23 @@ _APPEND_ONLY = [
         BEGIN SELECT RAISE(ABORT, 'charter journal is append-only: UPDATE refused'); END""",
     f"""CREATE TRIGGER IF NOT EXISTS {TABLE}_no_delete BEFORE DELETE ON {TABLE}
         BEGIN SELECT RAISE(ABORT, 'charter journal is append-only: DELETE refused'); END""",
+    # REPLACE (and INSERT OR REPLACE) deletes the row it conflicts with without firing
+    # the DELETE trigger, so an insert that would meet an existing entry (its position,
+    # its stream version, or its predecessor) is refused before it can replace it.
+    f"""CREATE TRIGGER IF NOT EXISTS {TABLE}_no_replace BEFORE INSERT ON {TABLE}
+        WHEN EXISTS (SELECT 1 FROM {TABLE} WHERE rowid = NEW.rowid)
+          OR EXISTS (SELECT 1 FROM {TABLE} WHERE originator_id = NEW.originator_id
+                     AND originator_version = NEW.originator_version)
+          OR EXISTS (SELECT 1 FROM {TABLE} WHERE prev_hash = NEW.prev_hash)
+        BEGIN SELECT RAISE(ABORT, 'charter journal is append-only: REPLACE refused'); END""",
     """CREATE TABLE IF NOT EXISTS charter_meta (
         key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID""",
     """CREATE TRIGGER IF NOT EXISTS charter_meta_no_update BEFORE UPDATE ON charter_meta
         BEGIN SELECT RAISE(ABORT, 'charter_meta is write-once'); END""",
     """CREATE TRIGGER IF NOT EXISTS charter_meta_no_delete BEFORE DELETE ON charter_meta
+        BEGIN SELECT RAISE(ABORT, 'charter_meta is write-once'); END""",
+    """CREATE TRIGGER IF NOT EXISTS charter_meta_no_replace BEFORE INSERT ON charter_meta
+        WHEN EXISTS (SELECT 1 FROM charter_meta WHERE key = NEW.key)
         BEGIN SELECT RAISE(ABORT, 'charter_meta is write-once'); END""",
 ]
 
