@@ -35,9 +35,14 @@ from charter.authority import (
     Verdict,
     decide,
 )
+from charter.budgets import FabricCeilings
 from charter.control import Ceiling, SpawnService, register_root
 from charter.core import Budget, KeyStore
 from charter.ledger import Journal
+
+# The benches start tens of thousands of workers that never end: past the default
+# population ceiling, which every spawn meets.
+UNBOUNDED_POPULATION = FabricCeilings(population=10**9)
 
 
 class Plain(Aggregate):
@@ -59,7 +64,9 @@ def bench_spawn(tmp: Path, width: int, runs: int) -> tuple[list[float], list[flo
         depth=4,
     )
     register_root(journal, keystore, "bench", ceiling)
-    service = SpawnService(journal, keystore=keystore, policy=CostBenefitPolicy())
+    service = SpawnService(
+        journal, keystore=keystore, policy=CostBenefitPolicy(), ceilings=UNBOUNDED_POPULATION
+    )
     caller = service.durable_caller("bench")
     intent = SpawnIntent(
         width=width,
@@ -92,12 +99,14 @@ def bench_depth(tmp: Path, width: int, runs: int) -> tuple[list[float], list[flo
     """Fan-outs of ``width`` from the root and from a worker at depth 3, alternated."""
     journal = Journal.create(f"sqlite:///{tmp / 'depth.db'}")
     keystore = KeyStore(tmp / "home-depth")
-    huge = Budget.parse("tokens=100000M,wall=100000h,cpu=100000h,mem=100000GB,egress=100000GB")
+    huge = Budget.parse("tokens=1000000000M,wall=100000h,cpu=100000h,mem=100000GB,egress=100000GB")
     allowance = (runs + 3) * width
     register_root(
         journal, keystore, "deep", Ceiling(budget=huge, fanout=2 * allowance + 8, depth=6)
     )
-    service = SpawnService(journal, keystore=keystore, policy=CostBenefitPolicy())
+    service = SpawnService(
+        journal, keystore=keystore, policy=CostBenefitPolicy(), ceilings=UNBOUNDED_POPULATION
+    )
     root = service.durable_caller("deep")
     deep = root
     for level in range(3):  # a chain root -> d1 -> d2 -> d3, each asking for the allowance
