@@ -28,11 +28,33 @@ out["read_secret"] = attempt(lambda: open("/workspace/secret").read())
 out["read_public"] = attempt(lambda: open("/workspace/public").read())
 out["env"] = sorted(os.environ)
 out["env_canary"] = env_name in os.environ
+def environs():  # every process's initial environment, bwrap's own pid 1 included
+    found = {}
+    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                found[pid] = env_name.encode() in f.read()
+        except OSError as e:
+            found[pid] = errno.errorcode.get(e.errno, str(e.errno))
+    return found
+seen = environs()
+def init_mem():
+    with open("/proc/1/mem", "r+b"):
+        pass
+out["init_mem"] = attempt(init_mem)
+out["environ_pids"] = sorted(seen, key=int)
+out["environ_canary"] = [pid for pid, hit in seen.items() if hit is True]
 out["home_visible"] = [p for p in ("/root", "/home", "/var", "/run/user", "/sys") if os.path.exists(p)]
 def tcp():
     s = socket.create_connection(("127.0.0.1", int(port)), timeout=2); s.close()
 out["tcp_host_loopback"] = attempt(tcp)
-out["interfaces"] = [name for _, name in socket.if_nameindex()]
+# From procfs, not if_nameindex(): glibc asks netlink, an address family refused inside.
+out["interfaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])
+def family(af, kind):
+    socket.socket(af, kind).close()
+out["socket_families"] = {name: attempt(lambda af=af, kind=kind: family(af, kind)) for name, af, kind in (
+    ("unix", socket.AF_UNIX, socket.SOCK_STREAM), ("inet", socket.AF_INET, socket.SOCK_STREAM),
+    ("vsock", 40, socket.SOCK_STREAM), ("netlink", 16, socket.SOCK_RAW), ("packet", 17, socket.SOCK_RAW))}
 def resolve():
     try:
         socket.getaddrinfo("pypi.org", 443)
@@ -55,6 +77,7 @@ def ptrace_child():
     finally:
         os.kill(child, 9); os.waitpid(child, 0)
 out["ptrace_attach"] = attempt(ptrace_child)
+out["clear_pdeathsig"] = attempt(lambda: call(libc.prctl(1, ctypes.c_ulong(0), 0, 0, 0)))  # PR_SET_PDEATHSIG
 class Rlimit(ctypes.Structure):
     _fields_ = [("cur", ctypes.c_uint64), ("max", ctypes.c_uint64)]
 nofile = Rlimit()

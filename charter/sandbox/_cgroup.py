@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import os
 import select
@@ -14,12 +15,20 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from charter.sandbox._host import CGROUP_ROOT, own_cgroups
+from charter.sandbox._host import CGROUP_ROOT, UidLease, own_cgroups, uid_lock_dir
 from charter.sandbox.errors import SandboxUnavailableError
 from charter.sandbox.render import render_cgroup
 from charter.sandbox.spec import CgroupMode, SandboxSpec
 
-__all__ = ["Cgroup", "CgroupUsage", "home_fds", "reap_stale"]
+__all__ = [
+    "Cgroup",
+    "CgroupUsage",
+    "cgroup_dirs",
+    "home_fds",
+    "reap_cgroups",
+    "reap_stale",
+    "settle",
+]
 
 _V1_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
 _PARENT = "charter"
@@ -223,9 +232,97 @@ class Cgroup:
                     time.sleep(0.0005)
 
 
-def reap_stale(mode: CgroupMode) -> int:
-    """Remove empty cgroups left by launchers that were SIGKILLed; returns how many."""
-    removed = 0
+def cgroup_dirs(mode: CgroupMode, name: str) -> tuple[str, ...]:
+    """The directories :class:`Cgroup` makes for the sandbox cgroup ``name``."""
+    return tuple(str(p / name) for p in _parent_dirs(mode))
+
+
+def _is_sandbox_cgroup(path: Path) -> bool:
+    return (
+        path.is_absolute()
+        and ".." not in path.parts
+        and CGROUP_ROOT in path.parents
+        and path.name.startswith("charter-sbx-")
+    )
+
+
+_REAP_TIMEOUT = 10.0
+
+
+def reap_cgroups(dirs: tuple[str, ...], timeout: float = _REAP_TIMEOUT) -> bool:
+    """SIGKILL every process in the sandbox cgroups ``dirs`` until none is left, then
+    remove the directories. True when they emptied in time (only paths of sandbox
+    cgroups under the cgroup root are touched)."""
+    paths = [p for p in map(Path, dirs) if _is_sandbox_cgroup(p)]
+    deadline = time.monotonic() + timeout
+    while True:
+        members: set[int] = set()
+        for d in paths:
+            with contextlib.suppress(FileNotFoundError):
+                members.update(int(x) for x in _read(d / "cgroup.procs").split())
+        if not members:
+            break
+        if time.monotonic() > deadline:
+            return False
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)  # killed tasks leave the cgroup once they are reaped
+    for d in reversed(paths):
+        with contextlib.suppress(OSError):  # EBUSY a moment longer: reap_stale retries
+            d.rmdir()
+    return True
+
+
+def settle(lease: UidLease) -> UidLease:
+    """Make a freshly taken uid safe to use: if its last holder died while its sandbox
+    ran (the lock file still names that sandbox's cgroups), kill what is left of that
+    sandbox first, holding the uid meanwhile, so no survivor shares the uid with the
+    next sandbox. Raises (the stale record kept) when they cannot be killed."""
+    if lease.stale:
+        if not reap_cgroups(lease.stale):
+            raise SandboxUnavailableError(
+                f"processes of an unsupervised sandbox of uid {lease.uid} survive SIGKILL"
+            )
+        lease.clear()
+    return lease
+
+
+def _reap_unsupervised(state_dir: Path) -> int:
+    """Every sandbox uid whose holder died while its sandbox ran (a SIGKILLed launcher
+    drops its flocks; its lock files still name the sandboxes' cgroups): take the uid,
+    kill the sandbox's processes, remove its cgroups, give the uid back."""
+    reaped = 0
+    locks = uid_lock_dir(state_dir)
+    try:
+        names = [n for n in os.listdir(locks) if n.isdigit()]
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        try:
+            fd = os.open(locks / name, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # held: a live launcher supervises that sandbox
+            continue
+        lease = UidLease(int(name), fd)
+        try:
+            if lease.stale and reap_cgroups(lease.stale):
+                lease.clear()
+                reaped += 1
+        finally:
+            lease.release()
+    return reaped
+
+
+def reap_stale(mode: CgroupMode, state_dir: Path | None = None) -> int:
+    """Kill the sandboxes of launchers that were SIGKILLed (found through the uid lock
+    files of ``state_dir``), then remove empty cgroups they left; returns how many
+    sandboxes and cgroups were cleaned up."""
+    removed = _reap_unsupervised(state_dir) if state_dir is not None else 0
     for parent in _parent_dirs(mode):
         if not parent.is_dir():
             continue

@@ -8,6 +8,7 @@ import os
 import secrets
 import shutil
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from charter.sandbox.errors import SandboxUnavailableError, UidPoolExhaustedError
@@ -17,6 +18,7 @@ __all__ = [
     "CGROUP_ROOT",
     "UidLease",
     "allocate_uid",
+    "uid_lock_dir",
     "cgroup_mode",
     "default_state_dir",
     "find_bwrap",
@@ -24,6 +26,7 @@ __all__ = [
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+_MARK_MAX = 4096
 UID_RANGE = 1000
 """Host uids FIRST_SANDBOX_UID .. FIRST_SANDBOX_UID+UID_RANGE-1 are reserved for sandboxes."""
 
@@ -64,14 +67,46 @@ def own_cgroups(text: str | None = None) -> dict[str, str]:
 
 
 class UidLease:
-    """An unprivileged host uid held (by an flock) for one live sandbox."""
+    """An unprivileged host uid held (by an flock) for one live sandbox.
+
+    The lock file also names the sandbox's cgroup directories while it runs
+    (:meth:`mark`), and is emptied when the lease is released, after the sandbox's last
+    process is gone. A holder that dies (a SIGKILLed launcher) drops the flock but not
+    that content: whoever takes the uid next finds the cgroups of a sandbox nobody
+    supervises in :attr:`stale`, and must empty them before the uid is used again (see
+    ``_cgroup.settle``): otherwise a survivor would share its uid with the next sandbox
+    (its egress grant, its key handles, its processes)."""
 
     def __init__(self, uid: int, fd: int) -> None:
         self.uid = uid
         self._fd: int | None = fd
+        self._marked = False
+        text = os.pread(fd, _MARK_MAX, 0).decode(errors="replace")
+        self.stale: tuple[str, ...] = tuple(line for line in text.splitlines() if line)
+
+    def mark(self, cgroup_dirs: Sequence[str]) -> None:
+        """Record the sandbox's cgroup directories (before they are made)."""
+        if self._fd is None:
+            raise SandboxUnavailableError(f"uid {self.uid} was released")
+        data = "".join(f"{d}\n" for d in cgroup_dirs).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+        self._marked = True
+
+    def clear(self) -> None:
+        """Forget the recorded (or stale) cgroups: none of their processes remain."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+        self._marked = False
+        self.stale = ()
 
     def release(self) -> None:
+        """Give the uid back; call it once no process of the sandbox remains. A stale
+        record that was not cleared stays for the next holder."""
         if self._fd is not None:
+            if self._marked:
+                os.ftruncate(self._fd, 0)
+                self._marked = False
             os.close(self._fd)  # closing drops the flock
             self._fd = None
 
@@ -87,10 +122,16 @@ _cursor_lock = threading.Lock()
 _lock_dirs: set[str] = set()
 
 
+def uid_lock_dir(state_dir: Path) -> Path:
+    """One lock file per sandbox uid (named by the uid), flocked while it is held."""
+    return state_dir / "uids"
+
+
 def allocate_uid(state_dir: Path) -> UidLease:
     """Hold the first free sandbox uid. The flock is released by :meth:`UidLease.release`
-    or when the holding process dies, so uids never leak past their holder."""
-    locks = state_dir / "uids"
+    or when the holding process dies, so uids never leak past their holder. The lease's
+    ``stale`` names cgroups a dead holder left running: settle them before use."""
+    locks = uid_lock_dir(state_dir)
     if str(locks) not in _lock_dirs:
         locks.mkdir(parents=True, exist_ok=True, mode=0o700)
         _lock_dirs.add(str(locks))

@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 import charter.sandbox._janitor as janitor
 from charter.core.budget import Budget
 from charter.core.events import Event
-from charter.sandbox._cgroup import reap_stale
+from charter.sandbox._cgroup import cgroup_dirs, reap_stale, settle
 from charter.sandbox._host import (
     allocate_uid,
     cgroup_mode,
@@ -42,6 +42,7 @@ from charter.sandbox.keys import KeyBroker
 from charter.sandbox.spec import CgroupMode, HostFacts, SandboxSpec, compile_spec
 
 __all__ = [
+    "MAX_OUTPUT_BYTES",
     "EventSink",
     "RawLauncher",
     "MemorySink",
@@ -69,8 +70,16 @@ class MemorySink:
         return tuple(events)
 
 
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024
+"""The most of each captured stream (stdout, stderr) the parent reads back. A capture is
+a memfd the sandbox holds open: it can write to it, or ftruncate it to any size (a
+sparse file costs the sandbox nothing), so the parent never reads it whole. Past the cap
+the output is cut and the Outcome says so (``stdout_truncated``/``stderr_truncated``)."""
+
+
 class Outcome(BaseModel):
-    """How a sandboxed command ended and what it used."""
+    """How a sandboxed command ended and what it used. ``stdout``/``stderr`` (when
+    captured) hold at most ``max_output_bytes`` each; ``*_truncated`` says more was there."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -80,6 +89,9 @@ class Outcome(BaseModel):
     usage: SandboxUsage
     stdout: bytes | None = None
     stderr: bytes | None = None
+    # Facts about the captured bytes, left out of dumps as the bytes themselves are.
+    stdout_truncated: bool = Field(default=False, exclude=True)
+    stderr_truncated: bool = Field(default=False, exclude=True)
 
 
 def new_sandbox_id() -> str:
@@ -138,18 +150,29 @@ def host_facts(
     )
 
 
-def _read_all(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, 1 << 16):
-        chunks.append(chunk)
-    return b"".join(chunks)
+def read_capped(fd: int, limit: int = MAX_OUTPUT_BYTES) -> tuple[bytes, bool]:
+    """At most ``limit`` bytes from the start of the capture file ``fd`` (positional
+    reads: the sandbox may have moved the shared offset), and whether there was more.
+    Never allocates more than ``limit``, whatever size the sandbox gave the file."""
+    size = os.fstat(fd).st_size
+    want = min(size, max(0, limit))
+    buf = bytearray(want)
+    view = memoryview(buf)
+    got = 0
+    while got < want:
+        n = os.preadv(fd, [view[got:]], got)
+        if n == 0:  # shrunk meanwhile
+            break
+        got += n
+    del view
+    del buf[got:]
+    return bytes(buf), size > got
 
 
-def read_memfd(fd: int) -> bytes:
-    """Everything written to the memfd ``fd``, which is then closed."""
+def read_memfd(fd: int, limit: int = MAX_OUTPUT_BYTES) -> tuple[bytes, bool]:
+    """:func:`read_capped` of the memfd ``fd``, which is then closed."""
     try:
-        return _read_all(fd)
+        return read_capped(fd, limit)
     finally:
         os.close(fd)
 
@@ -176,7 +199,8 @@ class RawLauncher:
         self.host_cpus = host_cpus or os.cpu_count() or 1
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.state_dir = self.state_dir.resolve()
-        reap_stale(self.mode)  # empty cgroups left by launchers that were SIGKILLed
+        # Sandboxes (and empty cgroups) left by launchers that were SIGKILLed.
+        reap_stale(self.mode, self.state_dir)
         (self.state_dir / "ws").mkdir(exist_ok=True, mode=0o755)
 
     def _journal(self, make: Callable[[], Sequence[Event]]) -> None:
@@ -197,14 +221,17 @@ class RawLauncher:
         capture: bool = False,
         lineage: str | None = None,
         grant_digest: str | None = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
     ) -> Outcome:
         """Run ``command`` in a new sandbox and return its outcome (never raises for the
         command's own failure; raises a CharterError when the sandbox cannot be made).
 
         ``lineage`` and ``grant_digest`` name the worker the sandbox runs for and its
-        sealed grant, journaled in ``SandboxLeased`` (None: an operator's own run)."""
+        sealed grant, journaled in ``SandboxLeased`` (None: an operator's own run).
+        With ``capture``, at most ``max_output_bytes`` of each stream is returned."""
         sandbox_id = new_sandbox_id()
         with allocate_uid(self.state_dir) as uid:
+            settle(uid)
             own_ws = workspace is None
             ws = self.state_dir / "ws" / sandbox_id if workspace is None else workspace
             if own_ws:
@@ -224,6 +251,10 @@ class RawLauncher:
                         host_cpus=self.host_cpus,
                     ),
                 )
+                # Named in the uid's lock file before the cgroup exists: should this
+                # process die, the next holder of the uid (or the next launcher's
+                # reap_stale) kills what is left of the sandbox.
+                uid.mark(cgroup_dirs(self.mode, spec.cgroup_name))
                 # The lease is committed before anything starts.
                 self._journal(
                     lambda: [
@@ -233,7 +264,11 @@ class RawLauncher:
                     ]
                 )
                 return self._run_spec(
-                    spec, command, grant=grant, stdio=(stdin, stdout, stderr), capture=capture
+                    spec,
+                    command,
+                    grant=grant,
+                    stdio=(stdin, stdout, stderr),
+                    capture=max_output_bytes if capture else None,
                 )
             finally:
                 if own_ws:
@@ -246,15 +281,16 @@ class RawLauncher:
         *,
         grant: EgressGrant | None,
         stdio: tuple[Stdio, Stdio, Stdio],
-        capture: bool,
+        capture: int | None,
     ) -> Outcome:
+        """``capture``: None, or how many bytes of each captured stream to read back."""
         stdin, stdout, stderr = stdio
         egress = self.egress
         registered = False
         out_fd = err_fd = None
         proc: SandboxProcess | None = None
         try:
-            if capture:
+            if capture is not None:
                 out_fd = os.memfd_create("stdout")
                 err_fd = os.memfd_create("stderr")
             if egress is not None:
@@ -303,13 +339,18 @@ class RawLauncher:
                     SandboxDiscarded(sandbox_id=spec.sandbox_id),
                 ]
             )
+            limit = capture if capture is not None else 0
+            out, out_cut = read_capped(out_fd, limit) if out_fd is not None else (None, False)
+            err, err_cut = read_capped(err_fd, limit) if err_fd is not None else (None, False)
             return Outcome(
                 sandbox_id=spec.sandbox_id,
                 exit_code=code,
                 how=how,
                 usage=usage,
-                stdout=_read_all(out_fd) if out_fd is not None else None,
-                stderr=_read_all(err_fd) if err_fd is not None else None,
+                stdout=out,
+                stderr=err,
+                stdout_truncated=out_cut,
+                stderr_truncated=err_cut,
             )
         finally:
             if proc is not None and proc.proc.poll() is None:

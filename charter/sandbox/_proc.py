@@ -34,6 +34,13 @@ _cstr = ctypes.c_char_p
 _libc.mount.argtypes = [_cstr, _cstr, _cstr, ctypes.c_ulong, _cstr]
 _libc.unshare.argtypes = [ctypes.c_int]
 
+# bwrap itself starts with an empty environment. Its --clearenv clears only the
+# command's: bwrap's own process, and so the pid 1 it forks inside the sandbox (same
+# uid, dumpable), would otherwise keep the launcher's whole environment, readable from
+# inside at /proc/1/environ. The command's environment is the spec's (--setenv), and
+# bwrap needs nothing from its own (the binary's path is absolute).
+_BWRAP_ENV: dict[str, str] = {}
+
 Stdio = int | IO[Any] | None
 How = Literal["exited", "signalled", "wall_clock"]
 
@@ -121,6 +128,7 @@ class SandboxProcess:
             else:
                 self.proc = subprocess.Popen(
                     argv,
+                    env=_BWRAP_ENV,
                     stdin=stdin,
                     stdout=stdout,
                     stderr=stderr,
@@ -176,8 +184,9 @@ class SandboxProcess:
                 for fd in self.cgroup.join_fds:
                     os.write(fd, b"0")
                 return subprocess.Popen(
-                    argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=fds,
-                    close_fds=True, user=spec.host_uid, group=spec.host_gid, extra_groups=[],
+                    argv, env=_BWRAP_ENV, stdin=stdin, stdout=stdout, stderr=stderr,
+                    pass_fds=fds, close_fds=True,
+                    user=spec.host_uid, group=spec.host_gid, extra_groups=[],
                 )  # fmt: skip
             finally:
                 for fd in home:

@@ -3,8 +3,11 @@
 The program checks the architecture (anything else is killed), refuses the x32 ABI,
 answers EPERM for every denied system call, ENOSYS for ``clone3`` (its flags live behind
 a pointer BPF cannot read, and libc falls back to ``clone``), EPERM for ``clone`` with any
-namespace flag, and EPERM for ``prlimit64`` with a new limit (a non-NULL third argument;
-reading a limit stays allowed). Everything else is allowed.
+namespace flag, EPERM for ``prlimit64`` with a new limit (a non-NULL third argument;
+reading a limit stays allowed), EAFNOSUPPORT for ``socket`` and ``socketpair`` in any
+address family but the allowed ones (AF_UNIX, AF_INET, AF_INET6), and EPERM for the
+``prctl`` options that would undo the launcher's hold (PR_SET_PDEATHSIG and friends).
+Everything else is allowed.
 """
 
 from __future__ import annotations
@@ -14,7 +17,14 @@ import struct
 
 from charter.core.errors import InternalError
 
-__all__ = ["DENIED_SYSCALLS", "SUPPORTED_ARCHES", "compile_bpf", "syscall_numbers"]
+__all__ = [
+    "DENIED_PRCTL",
+    "DENIED_SYSCALLS",
+    "SOCKET_FAMILIES",
+    "SUPPORTED_ARCHES",
+    "compile_bpf",
+    "syscall_numbers",
+]
 
 # What each denial protects: mounting and namespaces (escape the filesystem view),
 # ptrace and process_vm_* (reach another process's memory), modules/kexec/bpf/perf
@@ -37,6 +47,22 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "setrlimit",
 )  # fmt: skip
 
+# The address families socket(2) and socketpair(2) may use: AF_UNIX (the brokers),
+# AF_INET and AF_INET6 (inside the network namespace, only a down 'lo'). A network
+# namespace does not isolate every family: AF_VSOCK reaches the hypervisor and its other
+# guests, AF_NETLINK, AF_PACKET, AF_BLUETOOTH, AF_ALG and the rest are kernel attack
+# surface. Any other family gets EAFNOSUPPORT, as if the kernel lacked it.
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+SOCKET_FAMILIES: tuple[int, ...] = (AF_UNIX, AF_INET, AF_INET6)
+
+# prctl options refused with EPERM (the option is prctl's first argument, an int).
+# PR_SET_PDEATHSIG: bwrap's --die-with-parent is a parent-death signal on its processes;
+# the filter is in force in bwrap's pid 1 too, so nothing inside can clear it and
+# outlive a SIGKILLed launcher. PR_SET_PTRACER: lets another process ptrace the caller (Yama).
+# PR_SET_MM: rewrites the caller's memory map layout (needs CAP_SYS_RESOURCE as well).
+PR_SET_PDEATHSIG, PR_SET_MM, PR_SET_PTRACER = 1, 35, 0x59616D61
+DENIED_PRCTL: tuple[int, ...] = (PR_SET_PDEATHSIG, PR_SET_MM, PR_SET_PTRACER)
+
 _X86_64: dict[str, int] = {
     "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272,
     "setns": 308, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "move_mount": 429,
@@ -50,7 +76,7 @@ _X86_64: dict[str, int] = {
     "reboot": 169, "acct": 163, "settimeofday": 164, "clock_settime": 227,
     "clock_adjtime": 305, "adjtimex": 159, "syslog": 103, "quotactl": 179, "ioperm": 173,
     "iopl": 172, "vhangup": 153, "setrlimit": 160, "clone": 56, "clone3": 435,
-    "prlimit64": 302,
+    "prlimit64": 302, "socket": 41, "socketpair": 53, "prctl": 157,
 }  # fmt: skip
 
 _ARCHES: dict[str, tuple[int, dict[str, int]]] = {"x86_64": (0xC000003E, _X86_64)}
@@ -77,8 +103,15 @@ def syscall_numbers(arch: str) -> dict[str, int]:
     return dict(_ARCHES[arch][1])
 
 
-def compile_bpf(arch: str, denied: tuple[str, ...]) -> bytes:
-    """The filter as the ``struct sock_filter`` array bwrap's ``--seccomp FD`` reads."""
+def compile_bpf(
+    arch: str,
+    denied: tuple[str, ...],
+    socket_families: tuple[int, ...],
+    denied_prctl: tuple[int, ...] = DENIED_PRCTL,
+) -> bytes:
+    """The filter as the ``struct sock_filter`` array bwrap's ``--seccomp FD`` reads.
+    ``socket_families`` are the address families socket(2)/socketpair(2) may use;
+    ``denied_prctl`` the prctl options refused."""
     audit_arch, table = _ARCHES[arch]
     # (code, jump-true label, jump-false label, k) or a label's name, placed where it
     # stands; jumps only go forward and are resolved below.
@@ -90,6 +123,9 @@ def compile_bpf(arch: str, denied: tuple[str, ...]) -> bytes:
     ]
     prog += [(_JEQ_K, "eperm", None, table[name]) for name in denied]
     prog += [
+        (_JEQ_K, "socket", None, table["socket"]),
+        (_JEQ_K, "socket", None, table["socketpair"]),
+        (_JEQ_K, "prctl", None, table["prctl"]),
         (_JEQ_K, "enosys", None, table["clone3"]),
         (_JEQ_K, "prlimit64", None, table["prlimit64"]),
         (_JEQ_K, None, "allow", table["clone"]),
@@ -100,6 +136,16 @@ def compile_bpf(arch: str, denied: tuple[str, ...]) -> bytes:
         (_JEQ_K, None, "eperm", 0),
         (_LD_W_ABS, None, None, _OFF_ARG2_HI),
         (_JEQ_K, "allow", "eperm", 0),
+        # socket(domain, ...), socketpair(domain, ...): the domain is an int, so the
+        # kernel reads only the low word of the argument.
+        "socket",
+        (_LD_W_ABS, None, None, _OFF_ARG0),
+        *[(_JEQ_K, "allow", None, family) for family in socket_families],
+        (_RET_K, None, None, _RET_ERRNO | errno.EAFNOSUPPORT),
+        "prctl",  # prctl(option, ...): option is an int, its low word is what counts
+        (_LD_W_ABS, None, None, _OFF_ARG0),
+        *[(_JEQ_K, "eperm", None, option) for option in denied_prctl],
+        (_RET_K, None, None, _RET_ALLOW),
         "allow",
         (_RET_K, None, None, _RET_ALLOW),
         "eperm",

@@ -21,9 +21,11 @@ from pathlib import Path
 
 from charter.core.budget import Budget
 from charter.core.events import Event
+from charter.sandbox._cgroup import cgroup_dirs, settle
 from charter.sandbox._gate import ensure_isolation
 from charter.sandbox._host import UidLease, allocate_uid, cgroup_mode, default_state_dir, find_bwrap
 from charter.sandbox._launch import (
+    MAX_OUTPUT_BYTES,
     EventSink,
     Outcome,
     host_facts,
@@ -88,6 +90,7 @@ class Slot:
         self.host_uid = self._uid.uid
         ready_r = ready_w = args_r = -1
         try:  # from here on, any failure gives back the uid, the directory and every fd
+            settle(self._uid)  # no survivor of a dead holder's sandbox keeps this uid
             self.slot_dir.mkdir(parents=True, mode=0o755)
             self._made_dir = True
             self.overlay = Overlay(pool.template, self.slot_dir, 0)
@@ -104,6 +107,7 @@ class Slot:
                 ),
             )
             self.overlay.size_bytes = self.spec.tmp_bytes
+            self._uid.mark(cgroup_dirs(pool.mode, self.spec.cgroup_name))
             ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
             args_r, self._args_w = os.pipe2(os.O_CLOEXEC)
             self._out = os.memfd_create("stdout", os.MFD_CLOEXEC)
@@ -134,12 +138,15 @@ class Slot:
         if not _wait_readable(ready_r, _PARK_TIMEOUT) or os.read(ready_r, 1) != b"r":
             raise SandboxUnavailableError(
                 "a warm-pool slot did not reach its parked state "
-                f"(stderr: {read_memfd(os.dup(self._err))[-500:]!r})"
+                f"(stderr: {read_memfd(os.dup(self._err), 4096)[0][-500:]!r})"
             )
 
-    def run(self, command: list[str], *, capture: bool = True) -> Outcome:
+    def run(
+        self, command: list[str], *, capture: bool = True, max_output_bytes: int = MAX_OUTPUT_BYTES
+    ) -> Outcome:
         """Exec ``command`` in this leased slot and wait (wall clock from the budget).
-        Pooled sandboxes have no stdin."""
+        Pooled sandboxes have no stdin. With ``capture``, at most ``max_output_bytes`` of
+        each stream is read back (the Outcome says when more was there)."""
         if self.state is not SlotState.LEASED or self.proc is None:
             raise SlotStateError(f"slot {self.sandbox_id} is {self.state}; lease a fresh one")
         if not command:
@@ -162,11 +169,13 @@ class Slot:
             *attempts,
             SandboxExited(sandbox_id=self.sandbox_id, exit_code=code, how=how, usage=usage),
         )
-        out = read_memfd(os.dup(self._out)) if capture else None
-        err = read_memfd(os.dup(self._err)) if capture else None
+        no: tuple[None, bool] = (None, False)
+        out, out_cut = read_memfd(os.dup(self._out), max_output_bytes) if capture else no
+        err, err_cut = read_memfd(os.dup(self._err), max_output_bytes) if capture else no
         return Outcome(
-            sandbox_id=self.sandbox_id, exit_code=code, how=how, usage=usage, stdout=out, stderr=err
-        )
+            sandbox_id=self.sandbox_id, exit_code=code, how=how, usage=usage, stdout=out,
+            stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut,
+        )  # fmt: skip
 
     def _destroy(self) -> None:
         """Kill the slot's processes; its mount namespace (and overlay upper) dies with them."""

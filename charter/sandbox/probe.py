@@ -124,6 +124,7 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
     outside = ("/x", "/usr/x", "/etc/x", "/dev/x", "/proc/x")
     root_only, public = f["read_secret"], f["read_public"]
     tmp, shm, stopped = f["tmp_bytes"], f["shm_bytes"], f["fork_stopped_at"]
+    fam = f["socket_families"]
     return [
         ProbeCheck(name="canary_ran", ok=True, detail=f"sandbox {outcome.sandbox_id}"),
         ProbeCheck(name="unprivileged_host_uid", ok=canary_owner not in (None, 0),
@@ -142,18 +143,31 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
         ProbeCheck(name="environment_cleared",
                    ok=not f["env_canary"] and set(f["env"]) <= allowed_env,
                    detail=",".join(f["env"])),
+        ProbeCheck(name="init_environment_clean",
+                   ok="1" in f["environ_pids"] and not f["environ_canary"],
+                   detail=f"environ of pids {','.join(f['environ_pids'])} checked; host "
+                          f"variable in: {','.join(f['environ_canary']) or 'none'}"),
+        ProbeCheck(name="init_process_hidden", ok=f["init_mem"] != "allowed",
+                   detail=f"open /proc/1/mem (bwrap's init) for writing: {f['init_mem']}"),
         ProbeCheck(name="no_host_home", ok=not f["home_visible"],
                    detail=",".join(f["home_visible"]) or "none visible"),
         ProbeCheck(name="no_host_loopback", ok=f["tcp_host_loopback"] != "allowed",
                    detail=f["tcp_host_loopback"]),
         ProbeCheck(name="only_loopback_interface", ok=f["interfaces"] == ["lo"],
                    detail=",".join(f["interfaces"])),
+        ProbeCheck(name="socket_families_allow_listed",
+                   ok=all(v == "allowed" for k, v in fam.items() if k in ("unix", "inet"))
+                   and all(v == "EAFNOSUPPORT" for k, v in fam.items()
+                           if k in ("vsock", "netlink", "packet")),
+                   detail=json.dumps(fam)),
         ProbeCheck(name="no_name_resolution", ok=f["resolve"] != "allowed", detail=f["resolve"]),
         ProbeCheck(name="no_nested_userns", ok=f["unshare_user"] != "allowed",
                    detail=f["unshare_user"]),
         ProbeCheck(name="no_mount", ok=f["mount"] != "allowed", detail=f["mount"]),
         ProbeCheck(name="no_ptrace", ok=f["ptrace_attach"] != "allowed",
                    detail=f["ptrace_attach"]),
+        ProbeCheck(name="parent_death_signal_kept", ok=f["clear_pdeathsig"] != "allowed",
+                   detail=f"prctl(PR_SET_PDEATHSIG, 0): {f['clear_pdeathsig']}"),
         ProbeCheck(name="rlimits_final",
                    ok=f["rlimit_raise"] != "allowed" and f["core_soft"] == 0
                    and 0 < f["nofile"][0] <= NOFILE,

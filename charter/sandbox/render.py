@@ -15,6 +15,9 @@ from charter.sandbox.spec import SHM, TMP, CgroupMode, Namespace, SandboxSpec
 
 __all__ = ["BwrapFds", "render_bwrap", "render_cgroup", "render_oci", "render_seccomp"]
 
+_INIT_PROC = "/proc/1"
+_PAGE = 4096
+
 
 class BwrapFds:
     """The fd numbers the launcher passes to bwrap: the BPF program and one per file."""
@@ -98,6 +101,12 @@ def render_bwrap(
         argv += ["--ro-bind-data", str(fd), path]
     # A private /proc for the new pid namespace: host processes are not listed.
     argv += ["--proc", "/proc"]
+    # bwrap's own init is pid 1 inside: same uid as the command and dumpable (bwrap 0.8
+    # writes its uid map through /proc/self, which a non-dumpable process cannot), so
+    # without this its /proc entry is open to the command: /proc/1/environ (bwrap's
+    # environment) and /proc/1/mem, its memory, writable. An empty read-only tmpfs
+    # hides it (mount and umount are refused inside).
+    argv += ["--size", str(_PAGE), "--tmpfs", _INIT_PROC, "--remount-ro", _INIT_PROC]
     argv += [
         # bwrap's /dev is a tmpfs writable by the sandbox user: a second writable place.
         # It is remounted read-only after a size-capped /dev/shm is put in it.
@@ -152,12 +161,29 @@ def render_cgroup(spec: SandboxSpec, mode: CgroupMode | None = None) -> dict[str
 
 def render_seccomp(spec: SandboxSpec) -> bytes:
     """The compiled BPF program for bwrap's ``--seccomp FD``."""
-    return _compiled(spec.arch, spec.seccomp_denied)
+    return _compiled(spec.arch, spec.seccomp_denied, spec.socket_families, spec.prctl_denied)
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled(arch: str, denied: tuple[str, ...]) -> bytes:
-    return compile_bpf(arch, denied)
+def _compiled(
+    arch: str, denied: tuple[str, ...], families: tuple[int, ...], prctl: tuple[int, ...]
+) -> bytes:
+    return compile_bpf(arch, denied, families, prctl)
+
+
+def _oci_socket_rules(families: tuple[int, ...]) -> list[dict[str, Any]]:
+    """EAFNOSUPPORT for socket/socketpair in any other family. libseccomp takes one
+    comparison per argument and rule, so the gaps are listed, then everything above."""
+    top = max(families)
+    refused = [
+        {"index": 0, "value": v, "op": "SCMP_CMP_EQ"} for v in range(top) if v not in families
+    ]
+    refused.append({"index": 0, "value": top, "op": "SCMP_CMP_GT"})
+    return [
+        {"names": ["socket", "socketpair"], "action": "SCMP_ACT_ERRNO", "errnoRet": 97,
+         "args": [arg]}
+        for arg in refused
+    ]  # fmt: skip
 
 
 def _oci_namespace(ns: Namespace) -> str:  # noqa: PLR0911 (one return per namespace)
@@ -259,6 +285,17 @@ def render_oci(spec: SandboxSpec, command: list[str], *, rootfs: str = "rootfs")
                         "errnoRet": 1,
                         "args": [{"index": 2, "value": 0, "op": "SCMP_CMP_NE"}],
                     },
+                    *_oci_socket_rules(spec.socket_families),
+                    # The prctl options that would undo the launcher's hold.
+                    *[
+                        {
+                            "names": ["prctl"],
+                            "action": "SCMP_ACT_ERRNO",
+                            "errnoRet": 1,
+                            "args": [{"index": 0, "value": option, "op": "SCMP_CMP_EQ"}],
+                        }
+                        for option in spec.prctl_denied
+                    ],
                 ],
             },
         },

@@ -13,7 +13,12 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from charter.core.budget import Budget
-from charter.sandbox._seccomp import DENIED_SYSCALLS, SUPPORTED_ARCHES
+from charter.sandbox._seccomp import (
+    DENIED_PRCTL,
+    DENIED_SYSCALLS,
+    SOCKET_FAMILIES,
+    SUPPORTED_ARCHES,
+)
 from charter.sandbox.errors import HostFactsError, SandboxBudgetError
 
 __all__ = [
@@ -149,6 +154,8 @@ class SandboxSpec(BaseModel):
     cgroup_name: str
     arch: str
     seccomp_denied: tuple[str, ...]
+    socket_families: tuple[int, ...]
+    prctl_denied: tuple[int, ...]
     no_new_privs: bool
     capabilities: tuple[str, ...]
     die_with_parent: bool
@@ -227,6 +234,8 @@ def compile_spec(budget: Budget, host: HostFacts) -> SandboxSpec:
         cgroup_name=f"charter-sbx-{host.sandbox_id}",
         arch=host.arch,
         seccomp_denied=DENIED_SYSCALLS,
+        socket_families=SOCKET_FAMILIES,
+        prctl_denied=DENIED_PRCTL,
         no_new_privs=True,
         capabilities=(),
         die_with_parent=True,

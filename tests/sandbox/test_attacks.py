@@ -436,3 +436,272 @@ def test_hard_rlimits_cannot_be_raised(
         assert seen["before"] == [cap, hard], (name, seen)
         assert seen["attempts"] == ["raised"] * 3, (name, seen)
         assert seen["after"] == [hard, hard], (name, seen)
+
+
+ENVIRONS = """
+import glob, json, os, sys
+seen = {}
+for d in sorted(glob.glob("/proc/[0-9]*")):
+    try:
+        with open(d + "/environ", "rb") as f:
+            seen[d] = f.read().decode(errors="replace")
+    except OSError as e:
+        seen[d] = "error %d" % e.errno
+print(json.dumps({"self": os.getpid(), "environs": seen}), flush=True)
+sys.stdin.read()  # held open until the host has looked at every process of the sandbox
+"""
+
+
+def _cgroup_environs(sandbox_id: str) -> dict[int, str]:
+    """The host's view: /proc/PID/environ of every process in the sandbox's cgroup
+    (bwrap, its pid 1 and the command)."""
+    seen = {}
+    for d in Path("/sys/fs/cgroup/pids").rglob(f"charter-sbx-{sandbox_id}"):
+        for pid in (d / "cgroup.procs").read_text().split():
+            try:
+                seen[int(pid)] = Path(f"/proc/{pid}/environ").read_bytes().decode()
+            except OSError:
+                continue
+    return seen
+
+
+@pytest.mark.parametrize("path", ["cold", "warm"])
+def test_no_launcher_secret_in_any_proc_environ(
+    launcher: Launcher, sink: MemorySink, scratch: Path, state_dir: Path, path: str
+) -> None:
+    """bwrap's --clearenv clears only the command's environment: bwrap's own pid 1
+    inside the sandbox (same uid, dumpable) would keep the launcher's, readable at
+    /proc/1/environ. bwrap itself is started with an empty environment (and pid 1's
+    /proc entry is hidden as well)."""
+    from charter.sandbox import WarmPool
+
+    from ._support import PY
+
+    secret = "hunter2-" + os.urandom(6).hex()
+    os.environ["CHARTER_TEST_SECRET"] = secret
+    release_r, release_w = os.pipe()
+    try:
+        box: list[Outcome] = []
+        if path == "cold":
+            t = threading.Thread(
+                target=lambda: box.append(
+                    launcher.run(B, [PY, "-I", "-c", ENVIRONS], capture=True, stdin=release_r)
+                )
+            )
+            t.start()
+            _wait_for(lambda: any(isinstance(e, SandboxStarted) for e in sink.events), 10, "start")
+            sid = next(e.sandbox_id for e in sink.events if isinstance(e, SandboxLeased))
+            _wait_for(lambda: len(_cgroup_environs(sid)) >= 3, 10, "the sandbox's processes")
+            members = _cgroup_environs(sid)
+            os.close(release_w)
+            release_w = -1
+            t.join(timeout=30)
+            o = box[0]
+        else:
+            with WarmPool(scratch, B, 1, state_dir=state_dir) as pool:
+                slot = pool.lease()
+                members = _cgroup_environs(slot.sandbox_id)  # the parked slot: bwrap, pid 1
+                os.close(release_w)  # the pooled command has no stdin: it reads EOF
+                release_w = -1
+                o = slot.run([PY, "-I", "-c", ENVIRONS])
+                pool.release(slot, refill=False)
+        # Positive control: a process started on the host with the secret shows it in
+        # its /proc/PID/environ, read the same way (by itself, once its exec is done).
+        host_environ = subprocess.run(
+            ["cat", "/proc/self/environ"], capture_output=True, check=True, timeout=30
+        ).stdout.decode()
+    finally:
+        del os.environ["CHARTER_TEST_SECRET"]
+        os.close(release_r)
+        if release_w >= 0:
+            os.close(release_w)
+    assert secret in host_environ
+    # From the host: no process of the sandbox (bwrap, its init, the command) holds it.
+    assert len(members) >= 2, members
+    for pid, text in members.items():
+        assert secret not in text, (pid, text)
+        assert "CHARTER_TEST_SECRET" not in text, (pid, text)
+    # From inside: no /proc/*/environ shows it; pid 1's (bwrap's init) is hidden.
+    report = json.loads(out(o))
+    environs: dict[str, str] = report["environs"]
+    assert environs.get("/proc/1") in ("", "error 2"), environs
+    for proc, text in environs.items():
+        assert secret not in text, (proc, text)
+        assert "CHARTER_TEST_SECRET" not in text, (proc, text)
+    # Control inside: the same read shows the command's own, spec-defined environment.
+    own = environs[f"/proc/{report['self']}"]
+    assert "PATH=/usr/local/bin:/usr/bin:/bin\0" in own
+    assert "HOME=/workspace\0" in own
+
+
+SOCKETS = """
+import json, os, socket
+def attempt(make):
+    try:
+        make().close()
+        return "allowed"
+    except OSError as e:
+        return e.errno
+def pair(af, kind):
+    a, b = socket.socketpair(af, kind)
+    b.close()
+    return a
+seen = {
+    "vsock": attempt(lambda: socket.socket(40, socket.SOCK_STREAM)),  # AF_VSOCK
+    "netlink": attempt(lambda: socket.socket(16, socket.SOCK_RAW, 0)),  # AF_NETLINK, ROUTE
+    "packet": attempt(lambda: socket.socket(17, socket.SOCK_RAW, 0)),  # AF_PACKET
+    "netlink_pair": attempt(lambda: pair(16, socket.SOCK_RAW)),
+    "unix": attempt(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)),
+    "unix_pair": attempt(lambda: pair(socket.AF_UNIX, socket.SOCK_STREAM)),
+    "inet": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)),
+    "inet6": attempt(lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM)),
+}
+print(json.dumps(seen))
+"""
+EAFNOSUPPORT = 97
+
+
+def test_only_unix_and_inet_sockets_can_be_made(launcher: Launcher) -> None:
+    """A network namespace does not isolate every address family: AF_VSOCK reaches the
+    hypervisor, AF_NETLINK and AF_PACKET are kernel surface. The seccomp filter allows
+    socket/socketpair in AF_UNIX, AF_INET and AF_INET6 only."""
+    host = json.loads(on_host(SOCKETS).stdout)  # root, outside any sandbox
+    inside = json.loads(out(sandboxed(launcher, B, SOCKETS)))
+    for family in ("vsock", "netlink", "packet", "netlink_pair"):
+        assert inside[family] == EAFNOSUPPORT, (family, inside)
+    # Positive control inside: the allowed families still work.
+    assert inside["unix"] == inside["unix_pair"] == inside["inet"] == "allowed", inside
+    if host["inet6"] == "allowed":  # only when the host kernel has IPv6 at all
+        assert inside["inet6"] == "allowed", inside
+    # Positive control outside: the host makes the refused families, or refuses them
+    # for its own reason, never with the sandbox's errno.
+    if host["vsock"] == EAFNOSUPPORT:
+        pytest.skip("this kernel has no AF_VSOCK, so the control cannot show the attack")
+    assert host["vsock"] == host["netlink"] == host["packet"] == "allowed", host
+    assert host["netlink_pair"] != EAFNOSUPPORT, host  # EOPNOTSUPP: netlink has no pairs
+    unprivileged = json.loads(on_host(SOCKETS, user=60994).stdout)
+    assert unprivileged["vsock"] == unprivileged["netlink"] == "allowed", unprivileged
+
+
+OUTPUT_BOMB = """
+import os, sys
+size, written = int(sys.argv[1]), int(sys.argv[2])
+os.write(1, b"head\\n")
+if size:
+    os.ftruncate(1, size)  # the capture is a memfd: a sparse giant costs the sandbox nothing
+os.write(2, b"e" * written)
+"""
+
+
+@pytest.mark.parametrize("path", ["cold", "warm"])
+def test_captured_output_is_read_back_bounded(
+    launcher: Launcher, scratch: Path, state_dir: Path, path: str
+) -> None:
+    """A sandbox can ftruncate its captured stdout (a memfd) to any size, or write more
+    than anyone wants: the parent reads back at most MAX_OUTPUT_BYTES of each stream and
+    says it cut them, so its own memory stays bounded."""
+    import resource
+
+    from charter.sandbox import WarmPool
+    from charter.sandbox._launch import MAX_OUTPUT_BYTES
+
+    from ._support import PY
+
+    def run(*args: str) -> Outcome:
+        if path == "cold":
+            return sandboxed(launcher, B, OUTPUT_BOMB, *args)
+        with WarmPool(scratch, B, 1, state_dir=state_dir) as pool:
+            slot = pool.lease()
+            o = slot.run([PY, "-I", "-c", OUTPUT_BOMB, *args])
+            pool.release(slot, refill=False)
+            return o
+
+    huge = 1 << 30  # 1 GiB of stdout, and stderr 2 MiB past the cap
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, a high-water mark
+    o = run(str(huge), str(MAX_OUTPUT_BYTES + 2 * 1024**2))
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert o.exit_code == 0, o.stderr
+    assert o.stdout is not None
+    assert o.stderr is not None
+    assert len(o.stdout) == MAX_OUTPUT_BYTES
+    assert o.stdout.startswith(b"head\n")
+    assert len(o.stderr) == MAX_OUTPUT_BYTES
+    assert o.stdout_truncated
+    assert o.stderr_truncated
+    assert grown * 1024 < 64 * 1024**2, f"the parent grew by {grown} KiB reading the output"
+    # Positive control: output under the cap comes back whole and is not marked cut.
+    ok = run("0", str(1024**2))
+    assert ok.stdout == b"head\n"
+    assert ok.stderr == b"e" * 1024**2
+    assert not ok.stdout_truncated
+    assert not ok.stderr_truncated
+
+
+def test_the_output_cap_is_the_callers(launcher: Launcher) -> None:
+    o = launcher.run(B, ["/bin/echo", "0123456789abcdef"], capture=True, max_output_bytes=10)
+    assert o.stdout == b"0123456789"
+    assert o.stdout_truncated
+    assert o.stderr == b""
+    assert not o.stderr_truncated
+    whole = launcher.run(B, ["/bin/echo", "0123456789abcdef"], capture=True)  # control
+    assert whole.stdout == b"0123456789abcdef\n"
+    assert not whole.stdout_truncated
+
+
+PDEATHSIG = """
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+def prctl(option, arg):
+    rc = libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0)
+    return [rc, ctypes.get_errno() if rc else 0]
+seen = {"set_pdeathsig_0": prctl(1, 0), "set_pdeathsig_kill": prctl(1, 9),
+        "set_ptracer_any": prctl(0x59616D61, (1 << 64) - 1),
+        "set_name": [libc.prctl(15, b"renamed", 0, 0, 0), 0]}
+sig = ctypes.c_int(-1)
+libc.prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG: reading stays allowed
+seen["pdeathsig_after"] = sig.value
+print(json.dumps(seen))
+"""
+
+
+def test_parent_death_signal_cannot_be_cleared(launcher: Launcher) -> None:
+    """--die-with-parent is a parent-death signal; prctl(PR_SET_PDEATHSIG, 0) from inside
+    (or from code written into bwrap's pid 1, under the same filter) would let the
+    sandbox outlive a SIGKILLed launcher. The seccomp filter refuses it (EPERM)."""
+    inside = json.loads(out(sandboxed(launcher, B, PDEATHSIG)))
+    assert inside["set_pdeathsig_0"] == [-1, 1], inside
+    assert inside["set_pdeathsig_kill"] == [-1, 1], inside
+    assert inside["set_ptracer_any"] == [-1, 1], inside
+    assert inside["set_name"] == [0, 0], inside  # control: other options still work
+    # Positive control: an unprivileged host process sets and clears its own.
+    host = json.loads(on_host(PDEATHSIG, user=60993).stdout)
+    assert host["set_pdeathsig_0"] == host["set_pdeathsig_kill"] == [0, 0], host
+    assert host["pdeathsig_after"] == 9, host
+
+
+INIT_MEM = """
+import json, os
+def attempt(path, mode):
+    try:
+        with open(path, mode):
+            return "opened"
+    except OSError as e:
+        return e.errno
+os.kill(1, 0)  # pid 1 (bwrap's init) is there: only its /proc entry is hidden
+print(json.dumps({"init_mem": attempt("/proc/1/mem", "r+b"),
+                  "init_environ": attempt("/proc/1/environ", "rb"),
+                  "own_mem": attempt("/proc/self/mem", "r+b"),
+                  "pid1_listed": "1" in os.listdir("/proc")}))
+"""
+
+
+def test_bwraps_init_memory_is_out_of_reach(launcher: Launcher) -> None:
+    """bwrap's pid 1 runs as the command's uid and is dumpable (bwrap 0.8 cannot make
+    it otherwise), so /proc/1/mem would let the command rewrite its memory. Its /proc
+    entry is hidden under an empty read-only tmpfs."""
+    seen = json.loads(out(sandboxed(launcher, B, INIT_MEM)))
+    assert seen["init_mem"] == seen["init_environ"] == 2, seen  # ENOENT
+    # Control: the same open of a process's memory works (its own), and procfs still
+    # lists pid 1: without the tmpfs the open would reach it.
+    assert seen["own_mem"] == "opened", seen
+    assert seen["pid1_listed"] is True, seen

@@ -175,3 +175,107 @@ def test_a_lease_journaled_before_the_join_fields_still_decodes() -> None:
     # A digest that is not 64 lower-case hex digits is refused (control: the above).
     with pytest.raises(ValueError, match="grant_digest"):
         SandboxLeased.model_validate({**stored, "grant_digest": "not-a-digest"})
+
+
+# A launcher whose sandboxes do not die with it: its bwrap drops --die-with-parent (what a
+# sandbox that undid its parent-death signal would amount to). RawLauncher: no probe gate.
+UNTIED_CHILD = """
+import json, sys
+from pathlib import Path
+from charter.core.budget import Budget
+from charter.sandbox._launch import RawLauncher
+
+class Printer:
+    def append(self, events):
+        for e in events:
+            print(json.dumps({"type": type(e).type_name, **e.model_dump(mode="json")}), flush=True)
+
+RawLauncher(Printer(), state_dir=Path(sys.argv[1]), bwrap=sys.argv[2]).run(
+    Budget.parse("tokens=0,wall=120s,cpu=60s,mem=64MiB,egress=0MB"), ["/bin/sleep", "300"])
+"""
+
+UNTIED_BWRAP = """#!/usr/bin/python3
+import os, sys
+os.execv("/usr/bin/bwrap", ["bwrap", *[a for a in sys.argv[1:] if a != "--die-with-parent"]])
+"""
+
+
+def _uid_processes(uid: int) -> list[int]:
+    """Live (non-zombie) processes running as host uid ``uid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if int(fields["Uid"].split()[0]) == uid and _live(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("reaper", ["next_launcher", "next_holder_of_the_uid"])
+def test_a_sandbox_outliving_its_launcher_is_reaped(
+    state_dir: Path, scratch: Path, reaper: str
+) -> None:
+    """A SIGKILLed launcher whose sandbox survives it (its parent-death signal undone):
+    the next launcher's start (reap_stale), or the next allocation of the same uid,
+    kills what is left of the sandbox before anything else uses that uid."""
+    from charter.sandbox._cgroup import settle
+    from charter.sandbox._host import UidLease, uid_lock_dir
+    from charter.sandbox._launch import RawLauncher
+
+    untied = scratch / "bwrap-untied"
+    untied.write_text(UNTIED_BWRAP)
+    untied.chmod(0o755)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", UNTIED_CHILD, str(state_dir), str(untied)],
+        stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert parent.stdout is not None
+    leased = started = None
+    for line in parent.stdout:
+        event = json.loads(line)
+        if event["type"] == "SandboxLeased":
+            leased = event
+        if event["type"] == "SandboxStarted":
+            started = event
+            break
+    assert leased is not None
+    assert started is not None
+    uid = leased["host_uid"]
+    deadline = time.monotonic() + 10
+    while len(_uid_processes(uid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    # Positive control: without a reaper the sandbox outlives its launcher.
+    time.sleep(0.5)
+    survivors = _uid_processes(uid)
+    assert len(survivors) >= 3, survivors
+    lock = uid_lock_dir(state_dir) / str(uid)
+    assert f"charter-sbx-{started['sandbox_id']}" in lock.read_text()
+    try:
+        t = time.monotonic()
+        if reaper == "next_launcher":
+            RawLauncher(state_dir=state_dir)  # its start reaps unsupervised sandboxes
+        else:
+            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what allocate_uid does
+            with settle(UidLease(uid, fd)):
+                assert _uid_processes(uid) == []  # gone before the uid is handed out
+        deadline = time.monotonic() + 10
+        while _uid_processes(uid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _uid_processes(uid) == [], "processes of the sandbox's uid survive"
+        assert time.monotonic() - t < 10
+        assert lock.read_text() == ""  # the uid is clean for its next holder
+        assert _members(started["sandbox_id"]) == []
+        assert not list(Path("/sys/fs/cgroup").glob(f"*/**/charter-sbx-{started['sandbox_id']}"))
+    finally:
+        for pid in _uid_processes(uid):
+            os.kill(pid, signal.SIGKILL)

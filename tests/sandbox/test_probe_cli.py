@@ -52,7 +52,8 @@ def test_probe_passes_on_this_host(state_dir: Path) -> None:
     for name in ("root_only_file_unreadable", "environment_cleared", "no_host_loopback",
                  "no_nested_userns", "seccomp_filter", "pids_cap", "memory_cap",
                  "all_namespaces_unshared", "unprivileged_host_uid", "read_only_root",
-                 "rlimits_final"):  # fmt: skip
+                 "rlimits_final", "init_environment_clean", "init_process_hidden",
+                 "socket_families_allow_listed", "parent_death_signal_kept"):  # fmt: skip
         assert name in names
 
 
@@ -74,6 +75,41 @@ def test_probe_refuses_a_weakened_sandbox(
     refused = [e for e in sink.events if isinstance(e, SandboxProbeRefused)]
     assert len(refused) == 1
     assert caught_by in refused[0].failed
+
+
+LEAKY_BWRAP = """#!/usr/bin/python3
+# A bwrap started with the launcher's environment: the probe's canary variable (named in
+# the canary's argv) is put back into bwrap's own environment, so bwrap's pid 1 holds it;
+# and pid 1's /proc entry is not hidden (the --tmpfs /proc/1 and its remount dropped).
+import os, sys
+leaked = {a: "leaked" for a in sys.argv if a.startswith("CHARTER_PROBE_CANARY_")}
+argv = sys.argv[1:]
+if "--proc" in argv:
+    i = argv.index("--proc") + 2
+    assert argv[i:i + 6] == ["--size", "4096", "--tmpfs", "/proc/1", "--remount-ro", "/proc/1"]
+    del argv[i:i + 6]
+os.execve("/usr/bin/bwrap", ["bwrap", *argv], {**os.environ, **leaked})
+"""
+
+
+def test_probe_refuses_a_bwrap_whose_init_holds_the_environment(
+    state_dir: Path, scratch: Path
+) -> None:
+    """--clearenv still clears the command's environment, but bwrap's own pid 1 (readable
+    at /proc/1/environ inside once its /proc entry is not hidden) holds the launcher's:
+    the probe catches both."""
+    leaky = scratch / "bwrap-leaky"
+    leaky.write_text(LEAKY_BWRAP)
+    leaky.chmod(0o755)
+    sink = MemorySink()
+    with pytest.raises(HostCannotIsolateError):
+        require_isolation(sink, state_dir=state_dir, bwrap=str(leaky))
+    refused = [e for e in sink.events if isinstance(e, SandboxProbeRefused)]
+    assert len(refused) == 1
+    assert set(refused[0].failed) == {"init_environment_clean", "init_process_hidden"}
+    # Control: the same probe through the real bwrap passes that check.
+    report = probe(state_dir=state_dir)
+    assert {c.name: c.ok for c in report.checks}["init_environment_clean"] is True
 
 
 def test_launcher_and_pool_refuse_to_spawn_on_a_weak_host(state_dir: Path, scratch: Path) -> None:

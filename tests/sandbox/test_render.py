@@ -122,6 +122,18 @@ def test_oci_invariants() -> None:
     rw = [m for m in config["mounts"] if m["type"] == "bind" and "rw" in m.get("options", [])]
     assert [m["destination"] for m in rw] == ["/workspace"]
     assert config["process"]["env"] == [f"{k}={v}" for k, v in SPEC.env]
+    # socket/socketpair: every family but the allowed ones is refused with EAFNOSUPPORT.
+    refused: set[int] = set()
+    for rule in config["linux"]["seccomp"]["syscalls"]:
+        if rule["names"] == ["socket", "socketpair"]:
+            assert rule["errnoRet"] == 97
+            (arg,) = rule["args"]
+            if arg["op"] == "SCMP_CMP_EQ":
+                refused.add(arg["value"])
+            else:
+                assert arg["op"] == "SCMP_CMP_GT"
+                refused |= set(range(arg["value"] + 1, 64))  # AF_MAX is 46 today
+    assert set(range(64)) - refused == set(SPEC.socket_families) == {1, 2, 10}
 
 
 def test_seccomp_program_shape() -> None:
@@ -155,6 +167,7 @@ def _run_bpf(bpf: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 0xC000
 
 
 ALLOW, EPERM, ENOSYS, KILL = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
+EAFNOSUPPORT = 0x00050000 | 97
 
 
 @pytest.mark.parametrize(
@@ -172,6 +185,23 @@ ALLOW, EPERM, ENOSYS, KILL = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
         ("clone3", (), ENOSYS),
         ("mount", (), EPERM),
         ("read", (), ALLOW),
+        ("socket", (1, 1, 0), ALLOW),  # AF_UNIX
+        ("socket", (2, 1, 0), ALLOW),  # AF_INET
+        ("socket", (10, 2, 0), ALLOW),  # AF_INET6
+        ("socket", (40, 1, 0), EAFNOSUPPORT),  # AF_VSOCK
+        ("socket", (16, 3, 0), EAFNOSUPPORT),  # AF_NETLINK
+        ("socket", (17, 3, 0), EAFNOSUPPORT),  # AF_PACKET
+        ("socket", (0, 1, 0), EAFNOSUPPORT),  # AF_UNSPEC
+        ("socket", ((1 << 32) | 40, 1, 0), EAFNOSUPPORT),  # the kernel reads an int: 40
+        ("socketpair", (1, 1, 0, 0x7FFD_0000_1000), ALLOW),
+        ("socketpair", (16, 3, 0, 0x7FFD_0000_1000), EAFNOSUPPORT),
+        ("prctl", (1, 0), EPERM),  # PR_SET_PDEATHSIG
+        ("prctl", (1, 9), EPERM),
+        ("prctl", (35, 1), EPERM),  # PR_SET_MM
+        ("prctl", (0x59616D61, 1), EPERM),  # PR_SET_PTRACER
+        ("prctl", (2, 0x7FFD_0000_1000), ALLOW),  # PR_GET_PDEATHSIG
+        ("prctl", (15, 0x7FFD_0000_1000), ALLOW),  # PR_SET_NAME
+        ("prctl", (38, 1), ALLOW),  # PR_SET_NO_NEW_PRIVS
     ],
 )
 def test_seccomp_actions(name: str, args: tuple[int, ...], action: int) -> None:
