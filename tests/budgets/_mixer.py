@@ -25,7 +25,11 @@ from tests.budgets._support import intent, service
 
 LIFETIME_MS = (1_000, 4_000)  # a lease's wall-clock allocation is its lifetime
 PAUSE_S = (0.002, 0.01)  # between operations, so 16 processes on 2 cores interleave
-STALE_MS = 1_500  # a worker is still tried this long after its grant ended (refusals)
+# An operation starts at most this often (s): bounds the history on a fast machine, since
+# the independent fold's cost grows with the square of the root's children.
+PERIOD_S = (0.1, 0.25)
+EDGE_MS = 150  # a usage or renewal may wait this long for a lease's last moments
+STALE_MS = 500  # a worker is still tried this long after its lease ended (refusals)
 OPERATIONS = ("fanout", "usage", "release", "renew", "idle")
 WEIGHTS = (30, 35, 10, 12, 13)
 
@@ -33,6 +37,10 @@ WEIGHTS = (30, 35, 10, 12, 13)
 @dataclass
 class Worker:
     caller: Caller
+    lease_end_ms: int = 0  # as last renewed by this process (its grant's end before)
+
+    def __post_init__(self) -> None:
+        self.lease_end_ms = max(self.lease_end_ms, self.grant_end_ms)
 
     @property
     def lineage(self) -> str:
@@ -63,6 +71,7 @@ class Mixer:
             renewals=0,
             refused=0,
             refusals=0,
+            at_the_edge=0,
         )
         self.errors: Counter[str] = Counter()
 
@@ -79,23 +88,40 @@ class Mixer:
             self.errors[f"{op}:{type(error).__name__}"] += 1
 
     def prune(self) -> None:
-        """Forget workers whose grant ended a while ago (they were still tried for a
-        moment after it ended: those attempts are refused)."""
+        """Forget workers whose lease ended a while ago (they are still tried for a
+        moment after it ends: those attempts are refused)."""
         now = now_ms()
-        self.workers = [w for w in self.workers if w.grant_end_ms + STALE_MS > now]
+        self.workers = [w for w in self.workers if w.lease_end_ms + STALE_MS > now]
 
-    def pick(self) -> Worker:
-        return self.rng.choice(self.workers)
+    def pick(self, workers: list[Worker] | None = None) -> Worker:
+        return self.rng.choice(self.workers if workers is None else workers)
+
+    def pick_at_the_edge(self) -> Worker:
+        """Half the time, a worker whose lease ends within EDGE_MS, once it is within
+        a few ms of the end: the decision sees it live, the commit may come too late
+        (then the journal's deadline must refuse it). Otherwise any worker."""
+        now = now_ms()
+        ending = [w for w in self.workers if 0 < w.lease_end_ms - now <= EDGE_MS]
+        if not ending or self.rng.random() < 0.5:
+            return self.pick()
+        worker = self.pick(ending)
+        time.sleep(max(0.0, worker.lease_end_ms - now - self.rng.uniform(0, 15)) / 1000)
+        self.tally["at_the_edge"] += 1
+        return worker
 
     # -- the operations -----------------------------------------------------------
 
     def fanout(self) -> None:
         rng = self.rng
-        if not self.workers or rng.random() < 0.5:
-            caller, fraction, width, allowance = self.root, rng.uniform(0.001, 0.02), 3, 6
-        else:
-            caller, fraction, width, allowance = self.pick().caller, rng.uniform(0.1, 0.9), 2, 2
-        width = rng.randint(1, width)
+        now = now_ms()
+        # A worker spawns under its grant, which a renewal of its lease does not extend.
+        spawners = [w for w in self.workers if w.grant_end_ms > now]
+        if not spawners or rng.random() < 0.5:  # the root: a sliver of its budget
+            caller, fraction = self.root, rng.uniform(0.001, 0.02)
+            width, allowance = rng.randint(1, 3), 6
+        else:  # a worker: a good part of what it holds
+            caller, fraction = self.pick(spawners).caller, rng.uniform(0.1, 0.9)
+            width, allowance = rng.randint(1, 2), 2
         held = self.budgets.remaining(caller.claimed)
         cost = scaled(held, fraction)
         lifetime = rng.randint(*LIFETIME_MS)
@@ -107,7 +133,7 @@ class Mixer:
         self.workers.extend(Worker(caller.child(minted)) for minted in result.children)
 
     def usage(self) -> None:
-        worker = self.pick()
+        worker = self.pick_at_the_edge()
         held = self.budgets.remaining(worker.lineage)
         over = self.rng.random() < 0.15
         fraction = self.rng.uniform(1.0, 2.0) if over else self.rng.uniform(0.02, 0.5)
@@ -128,14 +154,15 @@ class Mixer:
         ]
 
     def renew(self) -> None:
-        """Extend a worker's lease a little past where it ends now (as this process last
-        saw it): other processes' releases and expiries may still refuse it."""
-        worker = self.pick()
+        """Extend a worker's lease a little past where it ends now (as the journal says):
+        refused if it or an ancestor has ended, or if it would outlive its parent's."""
+        worker = self.pick_at_the_edge()
         self.budgets.remaining(worker.lineage)  # brings the view up to date
         ends = self.budgets.view.book.get(worker.lineage).expires_at_ms or 0
         until = max(ends, now_ms()) + self.rng.randint(300, 2_000)
         self.budgets.renew(worker.lineage, until)
         self.tally["renewals"] += 1
+        worker.lease_end_ms = until
 
     def idle(self) -> None:
         time.sleep(self.rng.uniform(0.05, 0.4))
@@ -147,8 +174,9 @@ def run(url: str, home: str, seconds: float, seed: int) -> dict[str, object]:
         mixer = Mixer(journal, Path(home), rng)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
+            period_ends = time.monotonic() + rng.uniform(*PERIOD_S)
             mixer.step()
-            time.sleep(rng.uniform(*PAUSE_S))
+            time.sleep(max(rng.uniform(*PAUSE_S), period_ends - time.monotonic()))
     return {**mixer.tally, "errors": dict(sorted(mixer.errors.items()))}
 
 
