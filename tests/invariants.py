@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import charter.catalogue  # noqa: F401 - every event type registered, to read any entry
+
 AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

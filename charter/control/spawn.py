@@ -391,6 +391,11 @@ class SpawnService:
         )
         lineages = [str(c.lineage) for c in decision.children]
         placed = cells.decide_place(self.cell, lineages, ResourceClass.PROCESSING, inputs)
+        if not any(isinstance(e, SlotAdmitted) for e in placed):
+            # Only queued: a queue never oversubscribes, so the cell's stream is not
+            # pinned and concurrent fan-outs do not race for it (the journal orders
+            # their SlotQueued events on that stream itself).
+            return decision.joined(placed)
         return decision.joined(placed, {f"cell:{self.cell}": cell_version})
 
     def _ceilings_fail_open(self, decision: FanoutDecision, intent: SpawnIntent) -> FanoutDecision:

@@ -15,6 +15,7 @@ from charter.ledger.errors import (
     AppendConflictError,
     AppendFailedError,
     DeadlinePassedError,
+    UndecodableEntryError,
     UnknownSchemeError,
 )
 from charter.ledger.journal import Committed, Entry, Journal, JournalCreated
@@ -36,5 +37,6 @@ __all__ = [
     "AppendConflictError",
     "AppendFailedError",
     "DeadlinePassedError",
+    "UndecodableEntryError",
     "UnknownSchemeError",
 ]

@@ -16,6 +16,7 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import Mapper, StoredEvent
 
 from charter.core.events import Event, canonical_json, event_class
+from charter.ledger.errors import UndecodableEntryError
 
 __all__ = ["Envelope", "CanonicalMapper", "JournalApplication", "stream_uuid", "decode_state"]
 
@@ -53,9 +54,20 @@ def encode_state(envelope: Envelope) -> bytes:
 
 
 def decode_state(topic: str, state: bytes) -> tuple[datetime, Event]:
-    """Stored bytes back to (recorded_at, event); the bytes themselves never change."""
-    data: dict[str, Any] = json.loads(state)
-    return datetime.fromisoformat(data["at"]), event_class(topic).model_validate(data["payload"])
+    """Stored bytes back to (recorded_at, event); the bytes themselves never change.
+
+    Bytes that do not decode as the type they name (altered, or written by another
+    version of that type) raise :class:`UndecodableEntryError`, never a driver's or
+    pydantic's own error."""
+    cls = event_class(topic)
+    try:
+        data: dict[str, Any] = json.loads(state)
+        return datetime.fromisoformat(data["at"]), cls.model_validate(data["payload"])
+    except (ValueError, KeyError, TypeError) as e:  # ValidationError is a ValueError
+        raise UndecodableEntryError(
+            f"a journal entry of type {topic!r} does not decode as that type ({e}); "
+            "run `charter journal verify` to see whether it was altered"
+        ) from e
 
 
 class CanonicalMapper(Mapper[UUID]):

@@ -9,6 +9,7 @@ __all__ = [
     "AppendConflictError",
     "AppendFailedError",
     "DeadlinePassedError",
+    "UndecodableEntryError",
     "UnknownSchemeError",
 ]
 
@@ -28,6 +29,10 @@ class AlreadyTrackedError(StateError):
 class DeadlinePassedError(StateError):
     """The batch would have committed at or after a deadline its decision relied on
     (a lease's end): nothing was written. Decide again on the state as it is now."""
+
+
+class UndecodableEntryError(StateError):
+    """A stored entry's bytes do not decode as the event type they name."""
 
 
 class UnknownSchemeError(BadInputError):

@@ -38,6 +38,7 @@ from charter.ledger import (
     AppendConflictError,
     DeadlinePassedError,
     Journal,
+    UndecodableEntryError,
     UnknownSchemeError,
 )
 from charter.projections import ProjectionConflictError
@@ -289,3 +290,29 @@ def test_projecting_a_position_twice_is_a_conflict(charter_app: Charter) -> None
         head = charter_app.journal.head()
         assert head is not None
         assert projector.catch_up() == head[0]  # control
+
+
+def test_an_entry_that_does_not_decode_as_its_type(tmp_path: Path) -> None:
+    """Bytes that name a known type but do not validate as it (altered, or from another
+    version of the type): a named state error, and one line from the CLI (exit 1)."""
+    home, path = tmp_path / "home", tmp_path / "journal.db"
+    db = f"sqlite:///{path}"
+    assert _cli("--db", db, "init", home=home).returncode == 0
+    with Journal.open(db) as journal:
+        assert list(journal.entries())  # control: every entry decodes
+        head = journal.head()
+    assert head is not None
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("DROP TRIGGER stored_events_no_update")  # as an attacker would
+    conn.execute(
+        "UPDATE stored_events SET state = replace(state, '\"lineage\"', '\"lineagE\"') "
+        "WHERE topic = 'AgentRegistered/v1'"
+    )
+    conn.close()
+    with Journal.open(db) as journal, pytest.raises(UndecodableEntryError) as err:
+        list(journal.entries())
+    assert isinstance(err.value, StateError)
+    result = _cli("--db", db, "journal", "show", home=home)
+    assert result.returncode == 1, result.stderr
+    assert "does not decode" in result.stderr
+    assert "Traceback" not in result.stderr
