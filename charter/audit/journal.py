@@ -9,6 +9,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import Any
 
@@ -61,18 +63,23 @@ def audit_journal(
     chunks = [(a, min(a + chunk - 1, hi)) for a in range(lo, hi + 1, chunk)]
     checked = 0
     tip: ChainHead | None = None
-    # spawn, not fork: the parent may hold database connections a fork would share.
+    # spawn, not fork: the parent may hold database connections a fork would share. An
+    # executor, not a Pool: a worker that dies (killed, out of memory) breaks it with an
+    # error instead of leaving the walk waiting forever; the walk then runs here.
     context = multiprocessing.get_context("spawn")
-    with context.Pool(min(workers, len(chunks))) as pool:
-        for report in pool.imap(partial(_audit_range, journal.location), chunks):
-            if not report.ok:
-                return report.model_copy(
-                    update={"checked": checked + report.checked, "head": report.head or tip}
-                )
-            checked += report.checked
-            tip = report.head or tip
-            if tick is not None:
-                tick(checked)
+    try:
+        with ProcessPoolExecutor(min(workers, len(chunks)), mp_context=context) as pool:
+            for report in pool.map(partial(_audit_range, journal.location), chunks):
+                if not report.ok:
+                    return report.model_copy(
+                        update={"checked": checked + report.checked, "head": report.head or tip}
+                    )
+                checked += report.checked
+                tip = report.head or tip
+                if tick is not None:
+                    tick(checked)
+    except BrokenProcessPool:
+        return audit_chain(journal, start=start, stop=stop, expect_head=expect_head, progress=tick)
     return finish_report(journal, checked, tip, expect_head)
 
 
