@@ -147,6 +147,16 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             "%s::bytea[], %s::bytea[], %s::bytea[]) "
         )
         self._insert_chained = SQL(insert + "RETURNING notification_id").format(**ids)
+        # The fast path: inserts only if the head is still the one this recorder
+        # committed last (so no other writer came in between), in the same round trip
+        # as the lock, like the stock recorder.
+        self._insert_if_head = SQL(
+            insert + "WHERE (SELECT chain_hash FROM {schema}.{table} "
+            "ORDER BY notification_id DESC LIMIT 1) = %s RETURNING notification_id"
+        ).format(**ids)
+        # The head this recorder committed last; only a hint, checked by the database
+        # under the table lock on every use.
+        self._head_hint: Head | None = None
         self._select_version = SQL(
             "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
             "WHERE originator_id = %s"
@@ -168,6 +178,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         exc: Exception | None = None
         ids: Sequence[int] | None = None
         set_last_commit(None)
+        hint, self._head_hint = self._head_hint, None  # only a committed head is a hint
         with _lock_timeout_is_final(), self.datastore.get_connection() as conn:
             with conn.pipeline() as pipeline, conn.transaction():
                 with conn.cursor() as curs:
@@ -180,6 +191,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                                 stored_events,
                                 guards=kwargs.get("guards") or (),
                                 deadline_ms=kwargs.get("deadline_ms"),
+                                hint=hint,
                             )
                             pipeline.sync()
                             ids = self._fetch_ids_after_insert_events(curs, stored_events)
@@ -188,6 +200,9 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                             raise psycopg.Rollback from None
             if exc is not None:
                 raise exc
+        commit = last_commit()
+        if commit is not None and commit.positions:
+            self._head_hint = Head(commit.positions[-1], commit.hashes[-1], commit.stamp)
         return ids
 
     def _insert_stored_events(
@@ -197,21 +212,30 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         *,
         guards: Guards = (),
         deadline_ms: int | None = None,
+        hint: Head | None = None,
         **kwargs: Any,
     ) -> None:
         """Under the library's table lock: stamp the batch's commit time, chain it onto
-        the head and insert it.
+        the head and insert it. Positions are assigned here (head + 1, …) rather than
+        drawn from the sequence, so they are contiguous.
 
-        The head is read after the lock is taken (the read waits for it in the
-        pipeline), so the commit time is read under the lock too: it never decreases
-        with position, and a deadline is checked against the time the batch commits.
-        Positions are assigned here (head + 1, …) rather than drawn from the sequence,
-        so they are contiguous.
+        A batch with a deadline (or pinned streams) reads the head after the lock is
+        taken (the read waits for it in the pipeline), so its time is read under the
+        lock and the deadline is checked against the time it commits. Any other batch
+        takes the fast path when this recorder committed the head last: stamped just
+        before the lock, never earlier than that head, and inserted only if the head
+        is still that one (checked by the database under the lock); otherwise
+        :meth:`_fetch_ids_after_insert_events` chains it onto the real head, under the
+        lock, in the same transaction.
         """
         del kwargs
         self._lock_table(curs)
         self._notify_channel(curs)
         check_guards(guards, lambda originator: self._stream_version(curs, originator))
+        if hint is not None and deadline_ms is None and not guards:
+            stamped, stamp = stamp_batch(stored_events, hint.stamp, None)
+            self._insert_after(curs, hint, stamped, stamp, guarded=True)
+            return
         head = self._read_head(curs)
         stamped, stamp = stamp_batch(stored_events, head.stamp, deadline_ms)
         self._insert_after(curs, head, stamped, stamp)
@@ -234,6 +258,8 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         head: Head,
         stored_events: Sequence[StoredEvent],
         stamp: bytes,
+        *,
+        guarded: bool = False,
     ) -> None:
         position, prev = head.position, head.hash
         positions, oids, versions, topics, states, prevs, hashes = [], [], [], [], [], [], []
@@ -253,9 +279,11 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             prevs.append(prev)
             hashes.append(h)
             prev = h
-        curs.execute(
-            self._insert_chained, (positions, oids, versions, topics, states, prevs, hashes)
-        )
+        columns = (positions, oids, versions, topics, states, prevs, hashes)
+        if guarded:
+            curs.execute(self._insert_if_head, (*columns, head.hash))
+        else:
+            curs.execute(self._insert_chained, columns)
         set_last_commit(LastCommit(tuple(positions), tuple(hashes), stamp))
 
     def _fetch_ids_after_insert_events(
@@ -263,6 +291,13 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
     ) -> Sequence[int] | None:
         del kwargs
         inserted = curs.fetchall()
+        if len(inserted) != len(stored_events):
+            # The hint was stale (another writer appended): still under the lock, chain
+            # onto the real head and stamp again, in the same transaction.
+            head = self._read_head(curs)
+            stamped, stamp = stamp_batch(stored_events, head.stamp, None)
+            self._insert_after(curs, head, stamped, stamp)
+            inserted = curs.fetchall()
         commit = last_commit()
         if commit is None or [r["notification_id"] for r in inserted] != list(commit.positions):
             raise ProgrammingError("journal insert did not return the positions it chained")
