@@ -89,7 +89,7 @@ _INSERT = (
     f"INSERT INTO {TABLE} (rowid, originator_id, originator_version, topic, state, "
     "prev_hash, chain_hash) VALUES (?,?,?,?,?,?,?)"
 )
-_HEAD = f"SELECT rowid, chain_hash, state FROM {TABLE} ORDER BY rowid DESC LIMIT 1"
+_HEAD = f"SELECT rowid, chain_hash, substr(state, 1, 40) FROM {TABLE} ORDER BY rowid DESC LIMIT 1"
 
 _Params = tuple[int, str, int, str, bytes, bytes, bytes]
 
