@@ -14,6 +14,14 @@ destination against the grant (:func:`charter.core.destination.admits`: the gran
 vocabulary), counts bytes in both directions against the egress byte budget, and records
 every attempt, allowed or denied.
 
+Attempts are recorded in aggregate, so a sandbox cannot grow the control plane's memory
+(or the journal written at its exit) by flooding the broker: one record per
+(destination, allowed, reason) with a count (and the bytes of its allowed connections
+summed), destinations cut to ``_DESTINATION_KEPT`` characters, at most
+``_MAX_RECORDS`` distinct records per sandbox, and every attempt beyond those counted in
+one overflow record (destination ``(other)``, reason ``over the record cap``). A sandbox
+therefore journals at most ``_MAX_RECORDS + 1`` EgressAttempted entries, whatever it does.
+
 Every admitted connection holds one broker thread in the control plane, outside the
 sandbox's cgroup, so admission happens on the accepting thread before any thread exists
 (:class:`~charter.sandbox._peer.PeerServer`, shared with the key broker): a peer uid
@@ -55,6 +63,12 @@ _IDLE_TIMEOUT = 300.0
 # handful more) and bounds a sandbox's share of the control plane at 16 threads.
 _MAX_CONNECTIONS_PER_UID = 16
 _UNKNOWN_KEPT = 256  # unknown-peer attempts remembered (any host user can connect)
+# Distinct (destination, allowed, reason) records kept per sandbox; attempts beyond them
+# are counted in one overflow record. Generous for a worker's real destinations.
+_MAX_RECORDS = 64
+_DESTINATION_KEPT = 255  # characters of a destination kept in its record (a DNS name's max)
+OVERFLOW_DESTINATION = "(other)"
+OVERFLOW_REASON = "over the record cap"
 
 
 class EgressGrant(BaseModel):
@@ -89,15 +103,56 @@ class EgressTally(NamedTuple):
     used: int = 0
 
 
+class _Record:
+    """The running totals of one (destination, allowed, reason) record."""
+
+    __slots__ = ("bytes_in", "bytes_out", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes_out = 0
+        self.bytes_in = 0
+
+
+_Key = tuple[str, bool, str]  # destination, allowed, reason
+
+
 class _Registration:
     def __init__(self, sandbox_id: str, grant: EgressGrant, byte_cap: int) -> None:
         self.sandbox_id = sandbox_id
         self.grant = grant
         self.cap = byte_cap
         self.used = 0
-        self.attempts: list[EgressAttempted] = []
+        # At most _MAX_RECORDS, in the order first seen; the rest go to ``overflow``.
+        self.records: dict[_Key, _Record] = {}
+        self.overflow = _Record()
         self.conns: set[socket.socket] = set()  # every admitted connection, until it ends
-        self.saturated = False  # a refusal at the cap was recorded and no slot freed since
+
+    def add(self, dest: str, allowed: bool, reason: str, out: int, inn: int) -> None:
+        """Count one attempt into its record (or the overflow); the caller holds the lock."""
+        key = (dest[:_DESTINATION_KEPT], allowed, reason)
+        record = self.records.get(key)
+        if record is None:
+            if len(self.records) < _MAX_RECORDS:
+                record = self.records[key] = _Record()
+            else:
+                record = self.overflow
+        record.count += 1
+        record.bytes_out += out
+        record.bytes_in += inn
+
+    def events(self, uid: int) -> list[EgressAttempted]:
+        """The records as events (the caller holds the lock): at most _MAX_RECORDS + 1."""
+        keyed = list(self.records.items())
+        if self.overflow.count:
+            keyed.append(((OVERFLOW_DESTINATION, False, OVERFLOW_REASON), self.overflow))
+        events = []
+        for (dest, allowed, reason), r in keyed:
+            events.append(EgressAttempted(
+                sandbox_id=self.sandbox_id, host_uid=uid, destination=dest, allowed=allowed,
+                reason=reason, count=r.count, bytes_out=r.bytes_out, bytes_in=r.bytes_in,
+            ))  # fmt: skip
+        return events
 
 
 class EgressBroker:
@@ -135,7 +190,7 @@ class EgressBroker:
             for conn in reg.conns:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
-            return EgressTally(tuple(reg.attempts), reg.used)
+            return EgressTally(tuple(reg.events(host_uid)), reg.used)
 
     def used(self, host_uid: int) -> int:
         with self._lock:
@@ -145,7 +200,7 @@ class EgressBroker:
     def attempts(self, host_uid: int) -> list[EgressAttempted]:
         with self._lock:
             reg = self._regs.get(host_uid)
-            return list(reg.attempts) if reg else []
+            return reg.events(host_uid) if reg else []
 
     def active(self, host_uid: int) -> int:
         """Connections from ``host_uid`` that hold a broker thread now."""
@@ -175,24 +230,15 @@ class EgressBroker:
             return _response(503, "broker busy")
         with self._lock:
             reg = self._regs.get(uid)
-            # One record per episode at the cap: refusals cost the sandbox almost
-            # nothing, and a record for each would grow the parent's memory instead.
-            record = reg is not None and not reg.saturated
-            if reg is not None:
-                reg.saturated = True
-        if record and reg is not None:
+        if reg is not None:  # counted into one record, however many there are
             self._record(uid, reg, "?", False, "too many concurrent connections")
         return _response(429, "too many connections")
 
     # serving ------------------------------------------------------------------------
     def _record(self, uid: int, reg: _Registration, dest: str, allowed: bool, reason: str,
                 *, out: int = 0, inn: int = 0) -> None:  # fmt: skip
-        event = EgressAttempted(
-            sandbox_id=reg.sandbox_id, host_uid=uid, destination=dest, allowed=allowed,
-            reason=reason, bytes_out=out, bytes_in=inn,
-        )  # fmt: skip
         with self._lock:
-            reg.attempts.append(event)
+            reg.add(dest, allowed, reason, out, inn)
 
     def _serve(self, conn: socket.socket, uid: int) -> None:
         """One admitted connection, on its own thread (the server closes it after)."""
@@ -210,7 +256,6 @@ class EgressBroker:
         finally:
             with self._lock:
                 reg.conns.discard(conn)
-                reg.saturated = False
 
     def _proxy(self, conn: socket.socket, uid: int, reg: _Registration) -> None:
         head = _read_head(conn)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from charter.core.budget import Budget
 from charter.core.events import Event
@@ -110,7 +110,15 @@ class SandboxProbeRefused(Event):
 
 
 class EgressAttempted(_SandboxEvent):
-    """One attempt to leave a sandbox through the egress broker, allowed or denied."""
+    """Attempts to leave a sandbox through the egress broker, allowed or denied.
+
+    The broker aggregates: one entry stands for ``count`` attempts with the same
+    destination, outcome and reason, and ``bytes_out``/``bytes_in`` are their sums. A
+    sandbox journals a bounded number of them; destination ``(other)`` with reason
+    ``over the record cap`` counts the attempts beyond that bound (its ``allowed`` is
+    False whatever they were, and its bytes are those of any allowed ones among them).
+    Entries written before ``count`` existed stand for one attempt, hence its default.
+    """
 
     type_name = "EgressAttempted"
     host_uid: int
@@ -119,3 +127,4 @@ class EgressAttempted(_SandboxEvent):
     reason: str
     bytes_out: int = 0
     bytes_in: int = 0
+    count: int = Field(default=1, ge=1)

@@ -130,7 +130,7 @@ def test_egress_caps_the_connections_of_one_uid(
                 }
                 assert len(threads) == cap
                 assert broker.active(FLOOD_UID) == cap
-            # Refusals are journaled once per stretch at the cap, not once each.
+            # Refusals at the cap are counted into one record, not journaled once each.
             reasons = [a.reason for a in broker.attempts(FLOOD_UID)]
             assert reasons.count("too many concurrent connections") == 1
             # Every thread ends once its connection closes, and gives its slot back.
