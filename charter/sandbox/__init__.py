@@ -18,6 +18,7 @@ from charter.sandbox.errors import (
 )
 from charter.sandbox.events import (
     EgressAttempted,
+    EgressOpened,
     SandboxDiscarded,
     SandboxExited,
     SandboxLeased,
@@ -75,6 +76,7 @@ __all__ = [
     "default_state_dir",
     # lifecycle events
     "EgressAttempted",
+    "EgressOpened",
     "SandboxDiscarded",
     "SandboxExited",
     "SandboxLeased",

@@ -293,17 +293,23 @@ class RawLauncher:
             if capture is not None:
                 out_fd = os.memfd_create("stdout")
                 err_fd = os.memfd_create("stderr")
+            cgroup = cgroup_dirs(self.mode, spec.cgroup_name)
             if egress is not None:
                 # The broker enforces the spec's egress bytes (the budget), lowered by
-                # the grant's own cap when it has one.
+                # the grant's own cap when it has one; it knows the peer by uid and cgroup
+                # and journals each connection it opens before opening it.
                 grant = grant or EgressGrant()
                 egress.register(
                     spec.host_uid,
                     spec.sandbox_id,
                     grant,
                     byte_cap=grant.byte_cap(spec.egress_bytes),
+                    cgroup=cgroup,
+                    journal=lambda events: self._journal(lambda: events),
                 )
                 registered = True
+            if self.keys is not None:
+                self.keys.register(spec.host_uid, spec.sandbox_id, cgroup=cgroup)
             start = time.monotonic()
             proc = SandboxProcess(
                 spec,
@@ -357,6 +363,8 @@ class RawLauncher:
                 proc.destroy()
             if egress is not None and registered:
                 egress.unregister(spec.host_uid)
+            if self.keys is not None:  # wipes every key issued to this sandbox
+                self.keys.unregister(spec.host_uid)
             for fd in (out_fd, err_fd):
                 if fd is not None:
                     os.close(fd)

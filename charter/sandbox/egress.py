@@ -1,18 +1,22 @@
 """The egress broker: the only way out of a sandbox is this unix socket.
 
-Programs inside reach it as an HTTP(S) proxy on that socket. It accepts:
+Programs inside reach it as an HTTP(S) proxy on that socket; the request head is parsed
+by h11 (:mod:`charter.sandbox._http`: ``CONNECT host:port`` or ``CONNECT [v6]:port``,
+absolute-form ``GET http://host/...``, origin-form ``GET /path`` with a ``Host`` header,
+or a raw TLS ClientHello, whose SNI names the destination).
 
-* ``CONNECT host:port`` (a proxy tunnel, for any TLS client that can use a unix socket);
-* absolute-form ``GET http://host/...`` (a forward proxy request);
-* origin-form ``GET /path`` with a ``Host`` header, and a raw TLS ClientHello, whose SNI
-  names the destination (port 443). These two are what ``curl --unix-socket
-  $CHARTER_EGRESS_SOCKET http://host/`` and ``https://host/`` send.
-
-The broker identifies the sandbox by the peer's host uid
-(``SO_PEERCRED``: unique per live sandbox, so no token can be stolen), checks the
-destination against the grant (:func:`charter.core.destination.admits`: the grant's own
-vocabulary), counts bytes in both directions against the egress byte budget, and records
-every attempt, allowed or denied.
+The broker identifies the sandbox by the peer's host uid (``SO_PEERCRED``) *and* its
+cgroup (:class:`~charter.sandbox._peer.PeerServer`, shared with the key broker), checks
+the destination against the grant by name (:func:`charter.core.destination.admits`),
+then resolves the name once and connects to an address it picked from that one answer:
+a global address, or one an address entry of the grant names
+(:func:`~charter.core.destination.grants_address`). Loopback, link-local (cloud
+metadata), private, unspecified, multicast and other non-global addresses are refused
+otherwise, and DNS rebinding cannot get around it: the address checked is the address
+connected to. Before it connects, the broker journals :class:`EgressOpened` through the
+callback the sandbox was registered with; if that append fails, nothing is opened. It
+counts bytes in both directions against the egress byte budget, and records every
+attempt, allowed or denied.
 
 Attempts are recorded in aggregate, so a sandbox cannot grow the control plane's memory
 (or the journal written at its exit) by flooding the broker: one record per
@@ -20,14 +24,16 @@ Attempts are recorded in aggregate, so a sandbox cannot grow the control plane's
 summed), destinations cut to ``_DESTINATION_KEPT`` characters, at most
 ``_MAX_RECORDS`` distinct records per sandbox, and every attempt beyond those counted in
 one overflow record (destination ``(other)``, reason ``over the record cap``). A sandbox
-therefore journals at most ``_MAX_RECORDS + 1`` EgressAttempted entries, whatever it does.
+therefore journals at most ``_MAX_RECORDS + 1`` EgressAttempted entries at its exit,
+plus one EgressOpened per allowed connection, which its request allowance
+(``_REQUESTS_PER_SECOND``, ``_REQUEST_BURST``) bounds.
 
 Every admitted connection holds one broker thread in the control plane, outside the
-sandbox's cgroup, so admission happens on the accepting thread before any thread exists
-(:class:`~charter.sandbox._peer.PeerServer`, shared with the key broker): a peer uid
-with no registration is answered 403 and closed (its attempt is kept in
-``unknown_attempts`` without a destination: nothing is read from it), and a registered
-uid already holding ``_MAX_CONNECTIONS_PER_UID`` connections is answered 429 and closed.
+sandbox's cgroup, so admission happens on the accepting thread before any thread exists:
+a peer uid with no registration is answered 403 and closed (its attempt is kept in
+``unknown_attempts`` without a destination: nothing is read from it), as is a process
+with a registered uid outside that sandbox's cgroup; a sandbox over its request rate is
+answered 429, and so is one already holding ``_MAX_CONNECTIONS_PER_UID`` connections.
 A connection that sends no request head within ``_HEAD_TIMEOUT``, or whose tunnel moves
 no byte either way for ``_IDLE_TIMEOUT``, is closed and gives its slot back.
 """
@@ -35,20 +41,37 @@ no byte either way for ``_IDLE_TIMEOUT``, is closed and gives its slot back.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import selectors
 import socket
 import threading
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from charter.core.destination import Destination, admits
-from charter.sandbox._peer import PeerServer, Refusal
-from charter.sandbox.events import EgressAttempted
+from charter.core.destination import Destination, IPAddress, admits, grants_address, is_global
+from charter.core.events import Event
+from charter.sandbox._http import Head, read_head, response
+from charter.sandbox._peer import Allowance, Member, PeerServer, Refusal
+from charter.sandbox.events import EgressAttempted, EgressOpened
 
-__all__ = ["EgressBroker", "EgressGrant", "EgressTally"]
+__all__ = ["EgressBroker", "EgressGrant", "EgressJournal", "EgressTally", "Resolver"]
+
+EgressJournal = Callable[[Sequence[Event]], object]
+"""Where the broker commits ``EgressOpened`` before it connects (``Journal.append``, an
+``EventSink``'s ``append``); it must raise when the append did not commit."""
+
+Resolver = Callable[[str, int], Sequence[tuple[Any, ...]]]
+"""``socket.getaddrinfo``'s shape: (host, port) → [(family, type, proto, canonname,
+sockaddr), ...]. Tests inject one to play a rebinding DNS server."""
+
+
+def _getaddrinfo(host: str, port: int) -> Sequence[tuple[Any, ...]]:
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
 
 _HEAD_LIMIT = 8192
 _CONNECT_TIMEOUT = 10.0  # seconds to reach the destination
@@ -67,6 +90,13 @@ _UNKNOWN_KEPT = 256  # unknown-peer attempts remembered (any host user can conne
 # are counted in one overflow record. Generous for a worker's real destinations.
 _MAX_RECORDS = 64
 _DESTINATION_KEPT = 255  # characters of a destination kept in its record (a DNS name's max)
+# A sandbox's request allowance: connections admitted per second, and the burst. Each
+# costs the control plane an accept, a cgroup read, a parse and (when allowed) a name
+# resolution and a journal append, outside the sandbox's cgroup. 20 a second with a
+# burst of 40 covers a worker's page loads and package fetches; a flood beyond it is
+# answered 429 on the accepting thread, for the price of an accept and a cgroup read.
+_REQUESTS_PER_SECOND = 20.0
+_REQUEST_BURST = 40.0
 OVERFLOW_DESTINATION = "(other)"
 OVERFLOW_REASON = "over the record cap"
 
@@ -118,10 +148,19 @@ _Key = tuple[str, bool, str]  # destination, allowed, reason
 
 
 class _Registration:
-    def __init__(self, sandbox_id: str, grant: EgressGrant, byte_cap: int) -> None:
+    def __init__(
+        self,
+        sandbox_id: str,
+        grant: EgressGrant,
+        byte_cap: int,
+        member: Member,
+        journal: EgressJournal,
+    ) -> None:
         self.sandbox_id = sandbox_id
         self.grant = grant
         self.cap = byte_cap
+        self.member = member
+        self.journal = journal
         self.used = 0
         # At most _MAX_RECORDS, in the order first seen; the rest go to ``overflow``.
         self.records: dict[_Key, _Record] = {}
@@ -158,25 +197,40 @@ class _Registration:
 class EgressBroker:
     """A threaded HTTP-proxy server on a unix socket, bound into every sandbox."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, resolver: Resolver = _getaddrinfo) -> None:
+        """Serve on the unix socket ``path``; names are resolved with ``resolver`` (the
+        host's ``getaddrinfo`` unless a test plays DNS)."""
         self.path = path
+        self.resolver = resolver
         self._lock = threading.Lock()
         self._regs: dict[int, _Registration] = {}
         # (uid, "?") per refused unknown peer: it is refused before a byte is read.
         self.unknown_attempts: deque[tuple[int, str]] = deque(maxlen=_UNKNOWN_KEPT)
         self._server = PeerServer(
             path, name="egress", max_per_uid=_MAX_CONNECTIONS_PER_UID, backlog=64,
-            knows=self._knows, handler=self._serve, refusal=self._refusal,
+            member=self._member, handler=self._serve, refusal=self._refusal,
         )  # fmt: skip
 
     # registration -----------------------------------------------------------------
     def register(
-        self, host_uid: int, sandbox_id: str, grant: EgressGrant, *, byte_cap: int
+        self,
+        host_uid: int,
+        sandbox_id: str,
+        grant: EgressGrant,
+        *,
+        byte_cap: int,
+        cgroup: tuple[str, ...],
+        journal: EgressJournal,
     ) -> None:
-        """Admit the sandbox running as ``host_uid``: ``grant``'s destinations, at most
-        ``byte_cap`` bytes in both directions together (see :meth:`EgressGrant.byte_cap`)."""
+        """Admit the sandbox running as ``host_uid`` in the cgroup directories ``cgroup``
+        (a peer must be in all of them; an empty tuple admits no one): ``grant``'s
+        destinations, at most ``byte_cap`` bytes in both directions together (see
+        :meth:`EgressGrant.byte_cap`). Each allowed connection is committed to
+        ``journal`` as :class:`EgressOpened` before it is opened."""
+        allowance = Allowance(per_second=_REQUESTS_PER_SECOND, burst=_REQUEST_BURST)
+        member = Member(tuple(cgroup), allowance)
         with self._lock:
-            self._regs[host_uid] = _Registration(sandbox_id, grant, byte_cap)
+            self._regs[host_uid] = _Registration(sandbox_id, grant, byte_cap, member, journal)
 
     def unregister(self, host_uid: int) -> EgressTally:
         """Forget a sandbox, cut its open connections (their threads then end) and return
@@ -216,23 +270,27 @@ class EgressBroker:
         self.close()
 
     # admission (on the accepting thread) ---------------------------------------------
-    def _knows(self, uid: int) -> bool:
+    def _member(self, uid: int) -> Member | None:
         with self._lock:
-            return uid in self._regs
+            reg = self._regs.get(uid)
+            return reg.member if reg is not None else None
 
     def _refusal(self, uid: int, why: Refusal) -> bytes:
         """The answer to a peer refused on accept, recorded where it is worth keeping."""
-        if why == "unknown":
+        if why in ("unknown", "outside"):
+            # Not the sandbox: nothing of it goes into the sandbox's records.
             with self._lock:
-                self.unknown_attempts.append((uid, "?"))
-            return _response(403, "unknown sandbox")
+                self.unknown_attempts.append((uid, "?" if why == "unknown" else "outside"))
+            return response(403, "unknown sandbox" if why == "unknown" else "not the sandbox")
         if why == "busy":
-            return _response(503, "broker busy")
+            return response(503, "broker busy")
         with self._lock:
             reg = self._regs.get(uid)
+        over = why == "over-rate"
         if reg is not None:  # counted into one record, however many there are
-            self._record(uid, reg, "?", False, "too many concurrent connections")
-        return _response(429, "too many connections")
+            reason = "over the request rate" if over else "too many concurrent connections"
+            self._record(uid, reg, "?", False, reason)
+        return response(429, "over the request rate" if over else "too many connections")
 
     # serving ------------------------------------------------------------------------
     def _record(self, uid: int, reg: _Registration, dest: str, allowed: bool, reason: str,
@@ -258,41 +316,79 @@ class EgressBroker:
                 reg.conns.discard(conn)
 
     def _proxy(self, conn: socket.socket, uid: int, reg: _Registration) -> None:
-        head = _read_head(conn)
-        parsed = _parse_head(head) if head is not None else None
-        dest = f"{parsed[0]}:{parsed[1]}" if parsed else "?"
+        read = read_head(conn, timeout=_HEAD_TIMEOUT, limit=_HEAD_LIMIT)
         conn.settimeout(_IDLE_TIMEOUT)  # no send to this peer may stall forever
-        if parsed is None:
-            self._record(uid, reg, dest, False, "malformed proxy request")
-            _reply(conn, 400, "malformed proxy request")
-            return
-        host, port, forward = parsed
-        if not reg.grant.allows(host, port):
-            self._record(uid, reg, dest, False, "destination not in the grant")
-            _reply(conn, 403, "destination not in the grant")
-            return
-        if reg.used >= reg.cap:
-            self._record(uid, reg, dest, False, "egress byte budget exhausted")
-            _reply(conn, 403, "egress byte budget exhausted")
-            return
+        dest = _destination(read) if read is not None else "?"
         try:
-            upstream = socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT)
-        except OSError as e:
-            self._record(uid, reg, dest, False, f"cannot connect: {e.strerror or e}")
-            _reply(conn, 502, "cannot connect")
+            upstream, head = self._open(uid, reg, read, dest)
+        except _Refused as e:
+            self._record(uid, reg, dest, False, e.reason)
+            _reply(conn, e.code, e.reason)
             return
         with upstream:
             upstream.settimeout(_IDLE_TIMEOUT)
-            if forward is None:
+            if head.tunnel:
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            elif self._charge(reg, len(forward)) < len(forward):
+            first = head.forward  # for a tunnel: what the client sent right after its head
+            if self._charge(reg, len(first)) < len(first):
                 self._record(uid, reg, dest, False, "egress byte budget exhausted")
                 return
-            else:
-                upstream.sendall(forward)
-            out, inn, reason = self._relay(conn, upstream, reg, len(forward or b""))
+            if first:
+                upstream.sendall(first)
+            out, inn, reason = self._relay(conn, upstream, reg, len(first))
         cut = reason == "egress byte budget exhausted"
         self._record(uid, reg, dest, not cut, reason, out=out, inn=inn)
+
+    def _open(
+        self, uid: int, reg: _Registration, head: Head | None, dest: str
+    ) -> tuple[socket.socket, Head]:
+        """Check the head and the grant, resolve once, journal, connect: the upstream
+        socket and the head, or _Refused with the reply's code and the recorded reason."""
+        if head is None:
+            raise _Refused(400, "malformed proxy request")
+        if not reg.grant.allows(head.host, head.port):
+            raise _Refused(403, "destination not in the grant")
+        if reg.used >= reg.cap:
+            raise _Refused(403, "egress byte budget exhausted")
+        family, sockaddr = self._pick(reg, head)
+        try:  # committed before anything is opened; no commit, no connection
+            reg.journal([EgressOpened(
+                sandbox_id=reg.sandbox_id, host_uid=uid,
+                destination=dest[:_DESTINATION_KEPT], address=str(sockaddr[0]),
+            )])  # fmt: skip
+        except Exception as e:  # any failure of the append refuses the connection
+            raise _Refused(503, "journal append failed") from e
+        upstream = None
+        try:
+            upstream = socket.socket(family, socket.SOCK_STREAM)
+            upstream.settimeout(_CONNECT_TIMEOUT)
+            upstream.connect(sockaddr)
+        except OSError as e:
+            if upstream is not None:
+                upstream.close()
+            raise _Refused(502, f"cannot connect: {e.strerror or e}") from e
+        return upstream, head
+
+    def _pick(self, reg: _Registration, head: Head) -> tuple[int, tuple[Any, ...]]:
+        """Resolve the destination once and pick the first address the grant lets the
+        sandbox reach: a global one, or one an address entry grants. Raises _Refused."""
+        try:
+            answers = self.resolver(head.host, head.port)
+        except (OSError, UnicodeError) as e:
+            raise _Refused(502, "cannot resolve") from e
+        for family, kind, _proto, _name, sockaddr in answers:
+            if family not in (socket.AF_INET, socket.AF_INET6) or kind != socket.SOCK_STREAM:
+                continue
+            address = _ip(str(sockaddr[0]))
+            if address is None:
+                continue
+            if is_global(address) or any(
+                grants_address(entry, address, head.port) for entry in reg.grant.destinations
+            ):
+                return family, tuple(sockaddr)
+        if not answers:
+            raise _Refused(502, "cannot resolve")
+        raise _Refused(403, "non-global address not granted")
 
     def _relay(self, conn: socket.socket, upstream: socket.socket, reg: _Registration,
                already: int) -> tuple[int, int, str]:  # fmt: skip
@@ -335,98 +431,28 @@ class EgressBroker:
             return granted
 
 
-def _read_head(conn: socket.socket) -> bytes | None:
-    """The HTTP head (through the blank line) or a whole first TLS record; None when the
-    peer closes, sends too much or takes longer than ``_HEAD_TIMEOUT``."""
-    conn.settimeout(_HEAD_TIMEOUT)
-    data = b""
+class _Refused(Exception):  # noqa: N818 (internal control flow, never escapes)
+    """A request the broker answers with ``code`` and records with ``reason``."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _ip(text: str) -> IPAddress | None:
     try:
-        while not _head_complete(data):
-            chunk = conn.recv(4096)
-            if not chunk:
-                return None
-            data += chunk
-            if len(data) > _HEAD_LIMIT:
-                return None
-    except OSError:
+        return ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
         return None
-    return data
 
 
-def _head_complete(data: bytes) -> bool:
-    if data[:1] == b"\x16":  # a TLS handshake record: wait for the whole record
-        return len(data) >= 5 and len(data) >= 5 + int.from_bytes(data[3:5], "big")
-    return b"\r\n\r\n" in data
-
-
-def _sni(record: bytes) -> str | None:
-    """The server name of a TLS ClientHello record, or None."""
-    try:
-        p = 5 + 4 + 2 + 32  # record header, handshake header, version, random
-        if record[5] != 1:
-            return None
-        p += 1 + record[p]  # session id
-        p += 2 + int.from_bytes(record[p : p + 2], "big")  # cipher suites
-        p += 1 + record[p]  # compression methods
-        end = p + 2 + int.from_bytes(record[p : p + 2], "big")
-        p += 2
-        while p + 4 <= end:
-            kind, size = (
-                int.from_bytes(record[p : p + 2], "big"),
-                int.from_bytes(record[p + 2 : p + 4], "big"),
-            )
-            if kind == 0:  # server_name: list length, name type, name length, name
-                name_len = int.from_bytes(record[p + 7 : p + 9], "big")
-                return record[p + 9 : p + 9 + name_len].decode("ascii")
-            p += 4 + size
-    except (IndexError, UnicodeDecodeError):
-        return None
-    return None
-
-
-def _authority(text: str, default_port: int) -> tuple[str, int] | None:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        host, port = text, str(default_port)
-    host = host.strip("[]")
-    return (host, int(port)) if host else None
-
-
-def _parse_head(data: bytes) -> tuple[str, int, bytes | None] | None:
-    """(host, port, bytes to forward, or None for CONNECT); None when unreadable."""
-    if data[:1] == b"\x16":
-        name = _sni(data)
-        return (name, 443, data) if name else None
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    parts = lines[0].decode("latin-1").split()
-    if len(parts) != 3:
-        return None
-    method, target, version = parts
-    forward: bytes | None = data
-    if method == "CONNECT":
-        where, forward = _authority(target, 443), None
-    elif target.startswith("/"):  # origin form: the Host header names the destination
-        hosts = [ln[5:].strip().decode("latin-1") for ln in lines[1:] if ln[:5].lower() == b"host:"]
-        where = _authority(hosts[0], 80) if len(hosts) == 1 else None
-    elif target.startswith("http://"):
-        authority, slash, path = target[len("http://") :].partition("/")
-        where = _authority(authority, 80)
-        request = f"{method} {slash}{path} {version}".encode("latin-1")
-        kept = [ln for ln in lines[1:] if not ln.lower().startswith(b"proxy-")]
-        forward = b"\r\n".join([request, *kept]) + b"\r\n\r\n" + rest
-    else:
-        where = None
-    return None if where is None else (where[0], where[1], forward)
-
-
-def _response(code: int, reason: str) -> bytes:
-    """A complete HTTP response carrying ``reason``; the connection closes after it."""
-    body = (reason + "\n").encode()
-    head = f"HTTP/1.1 {code} {reason}\r\nContent-Length: {len(body)}\r\n"
-    return head.encode() + b"Connection: close\r\n\r\n" + body
+def _destination(head: Head) -> str:
+    """``host:port`` as recorded (``[v6]:port`` for an IPv6 literal)."""
+    host = f"[{head.host}]" if ":" in head.host else head.host
+    return f"{host}:{head.port}"
 
 
 def _reply(conn: socket.socket, code: int, reason: str) -> None:
     with contextlib.suppress(OSError):
-        conn.sendall(_response(code, reason))
+        conn.sendall(response(code, reason))

@@ -13,6 +13,7 @@ from charter.core.lineage import Lineage
 
 __all__ = [
     "EgressAttempted",
+    "EgressOpened",
     "SandboxDiscarded",
     "SandboxExited",
     "SandboxLeased",
@@ -128,3 +129,16 @@ class EgressAttempted(_SandboxEvent):
     bytes_out: int = 0
     bytes_in: int = 0
     count: int = Field(default=1, ge=1)
+
+
+class EgressOpened(_SandboxEvent):
+    """An allowed egress connection, committed before the broker opens it: ``destination``
+    is what the sandbox asked for (``host:port``), ``address`` the one address the name
+    was resolved to and that the broker then connects to. Whether the connection then
+    succeeded, and the bytes it moved, are in the sandbox's ``EgressAttempted`` records
+    at its exit; this entry is there even if the launcher never gets that far."""
+
+    type_name = "EgressOpened"
+    host_uid: int
+    destination: str
+    address: str

@@ -1,13 +1,24 @@
 """The key broker: a worker's private key stays in this (parent) process.
 
-The sandbox holds only an opaque handle. It asks for signatures over the broker's unix
-socket; the broker checks that the asking peer's host uid (``SO_PEERCRED``) is the one the
-handle was issued to, frames the message with a domain-separation tag, signs it with
-Ed25519 (libsodium through PyNaCl's cffi binding) and returns the signature. Every
-connection holds a broker thread, so the peer uid is checked as soon as it is accepted
-(:class:`~charter.sandbox._peer.PeerServer`, shared with the egress broker): a uid holding
-no handle, or already holding ``_MAX_CONNECTIONS_PER_UID`` connections, gets an error line
-and is closed before any thread is started for it.
+The sandbox holds only an opaque handle. The launcher registers each sandbox (its host
+uid, its id and its cgroup) when it is leased and unregisters it when it is discarded;
+a handle is issued *to a sandbox* (its id), not to a host uid, and is wiped with that
+sandbox's registration, so a later sandbox that gets the same host uid cannot use it.
+The sandbox asks for signatures over the broker's unix socket; the broker identifies the
+peer by its host uid (``SO_PEERCRED``) and its cgroup, checks that the handle was issued
+to that sandbox, frames the message with a domain-separation tag, signs it with Ed25519
+(libsodium through PyNaCl's cffi binding) and returns the signature.
+
+Every connection holds a broker thread, and its work runs in the parent, outside the
+sandbox's cgroup, so the peer is checked as soon as it is accepted
+(:class:`~charter.sandbox._peer.PeerServer`, shared with the egress broker): a uid with
+no registered sandbox holding a handle, a process outside that sandbox's cgroup, a
+sandbox over its request allowance, or one already holding ``_MAX_CONNECTIONS_PER_UID``
+connections, gets an error line and is closed before any thread is started for it. A
+request is at most ``_REQUEST_LIMIT`` bytes (a ``_MESSAGE_LIMIT`` message in hex and
+the JSON around it), and the bytes a sandbox's requests carry are charged to a byte
+allowance (``_BYTES_PER_SECOND``), so the parent's CPU spent on one sandbox is bounded
+by its allowance, whatever it sends.
 
 Zeroising (what Python can and cannot promise; also in docs/sandbox.md):
 
@@ -38,7 +49,7 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from charter.core.framing import SANDBOX_KEY_TAG, sandbox_key_signing_input
-from charter.sandbox._peer import PeerServer, Refusal
+from charter.sandbox._peer import Allowance, Member, PeerServer, Refusal
 from charter.sandbox.errors import KeyHandleError, KeySeedError, SignatureTagError
 
 __all__ = ["KeyBroker", "SIGNING_DOMAIN", "framed", "verify_signature"]
@@ -46,7 +57,18 @@ __all__ = ["KeyBroker", "SIGNING_DOMAIN", "framed", "verify_signature"]
 SIGNING_DOMAIN = SANDBOX_KEY_TAG
 _TAG = re.compile(r"^[a-z0-9][a-z0-9./-]{0,63}$")
 _SEED, _SK, _PK, _SIG = 32, 64, 32, 64
-_REQUEST_LIMIT = 1 << 20
+# The largest message a sandbox may have signed. What a worker signs is a report or a
+# digest (a result over 64 KiB is hashed and the digest signed), so 64 KiB is generous;
+# the request carries it in hex, with a handle (~35 bytes), a tag (<= 64) and JSON keys.
+_MESSAGE_LIMIT = 64 * 1024
+_REQUEST_LIMIT = 2 * _MESSAGE_LIMIT + 512
+# A sandbox's allowance of broker work: requests a second (and burst), and request bytes
+# a second (each one is read, JSON-parsed, hex-decoded and hashed twice by Ed25519). At
+# these rates the parent spends a small fraction of one core on the busiest sandbox.
+_REQUESTS_PER_SECOND = 20.0
+_REQUEST_BURST = 20.0
+_BYTES_PER_SECOND = 256 * 1024
+_BYTE_BURST = 2 * _REQUEST_LIMIT
 _REQUEST_TIMEOUT = 10.0  # seconds a peer may take to send its request line
 # Concurrent connections per peer uid. Each holds a broker thread in the parent (outside
 # the sandbox's cgroup) until its one line is answered or _REQUEST_TIMEOUT passes. A
@@ -72,8 +94,8 @@ def verify_signature(public_key: bytes, tag: str, message: bytes, signature: byt
 
 
 class _Key:
-    def __init__(self, seed: bytearray, host_uid: int | None) -> None:
-        self.host_uid = host_uid
+    def __init__(self, seed: bytearray, sandbox_id: str | None) -> None:
+        self.sandbox_id = sandbox_id
         self.secret = bytearray(_SK)
         self.public = bytearray(_PK)
         lib.sodium_mlock(ffi.from_buffer(self.secret), _SK)
@@ -95,34 +117,75 @@ class _Key:
         lib.sodium_munlock(ffi.from_buffer(self.secret), _SK)  # munlock also zeroes
 
 
+class _Sandbox:
+    """A registered sandbox: its id, and what the peer server checks of it."""
+
+    def __init__(self, sandbox_id: str, member: Member) -> None:
+        self.sandbox_id = sandbox_id
+        self.member = member
+
+
 class KeyBroker:
-    """Holds worker keys; hands out handles; signs for the uid a handle was issued to."""
+    """Holds worker keys; hands out handles bound to a sandbox; signs for that sandbox."""
 
     def __init__(self, path: Path | None = None) -> None:
         """Without ``path`` the broker signs in-process only; with it, sandboxes ask
         over a unix socket there."""
         self._keys: dict[str, _Key] = {}
+        self._sandboxes: dict[int, _Sandbox] = {}  # host uid -> the live sandbox on it
         self._lock = threading.Lock()
         self.path = path
         self._server: PeerServer | None = None
         if path is not None:
             self._server = PeerServer(
                 path, name="keys", max_per_uid=_MAX_CONNECTIONS_PER_UID, backlog=16,
-                knows=self._knows, handler=self._answer, refusal=_refusal,
+                member=self._member, handler=self._answer, refusal=_refusal,
             )  # fmt: skip
 
-    def issue(self, seed: bytearray, *, host_uid: int | None = None) -> str:
-        """Take a 32-byte Ed25519 seed (wiped here after use); return an opaque handle."""
+    def register(self, host_uid: int, sandbox_id: str, *, cgroup: tuple[str, ...]) -> None:
+        """The sandbox ``sandbox_id`` runs as ``host_uid`` in the cgroup directories
+        ``cgroup`` (a peer must be in all of them; an empty tuple admits no one)."""
+        allowance = Allowance(
+            per_second=_REQUESTS_PER_SECOND, burst=_REQUEST_BURST,
+            bytes_per_second=_BYTES_PER_SECOND, byte_burst=_BYTE_BURST,
+        )  # fmt: skip
+        with self._lock:
+            self._sandboxes[host_uid] = _Sandbox(sandbox_id, Member(tuple(cgroup), allowance))
+
+    def unregister(self, host_uid: int) -> None:
+        """The sandbox on ``host_uid`` is discarded: forget it and wipe every key issued
+        to it, so its handles die with it (a later sandbox on the uid cannot use them)."""
+        with self._lock:
+            gone = self._sandboxes.pop(host_uid, None)
+            handles = (
+                [h for h, k in self._keys.items() if k.sandbox_id == gone.sandbox_id]
+                if gone is not None
+                else []
+            )
+        for handle in handles:
+            self.release(handle)
+
+    def issue(self, seed: bytearray, *, sandbox_id: str | None = None) -> str:
+        """Take a 32-byte Ed25519 seed (wiped here after use); return an opaque handle
+        for the registered sandbox ``sandbox_id`` (None: for in-process signing only)."""
         if len(seed) != _SEED:
+            lib.sodium_memzero(ffi.from_buffer(seed), len(seed))
             raise KeySeedError(f"an Ed25519 seed is {_SEED} bytes, not {len(seed)}")
+        if sandbox_id is not None and not self._registered(sandbox_id):
+            lib.sodium_memzero(ffi.from_buffer(seed), len(seed))
+            raise KeyHandleError(f"sandbox {sandbox_id[:40]!r} is not registered (or gone)")
         try:
-            key = _Key(seed, host_uid)
+            key = _Key(seed, sandbox_id)
         finally:
             lib.sodium_memzero(ffi.from_buffer(seed), len(seed))
         handle = "kh_" + secrets.token_urlsafe(24)
         with self._lock:
             self._keys[handle] = key
         return handle
+
+    def _registered(self, sandbox_id: str) -> bool:
+        with self._lock:
+            return any(s.sandbox_id == sandbox_id for s in self._sandboxes.values())
 
     def public_key(self, handle: str) -> bytes:
         """The handle's public key (not secret: the parent uses it to verify)."""
@@ -132,13 +195,16 @@ class KeyBroker:
             raise KeyHandleError("unknown or released key handle")
         return bytes(key.public)
 
-    def sign(self, handle: str, tag: str, message: bytes, *, host_uid: int | None = None) -> bytes:
-        """Sign ``framed(tag, message)``; ``host_uid`` is the asking peer (None: in-process)."""
+    def sign(
+        self, handle: str, tag: str, message: bytes, *, sandbox_id: str | None = None
+    ) -> bytes:
+        """Sign ``framed(tag, message)``; ``sandbox_id`` is the asking sandbox (None:
+        in-process, which may use any handle)."""
         with self._lock:
             key = self._keys.get(handle)
         if key is None:
             raise KeyHandleError("unknown or released key handle")
-        if host_uid is not None and key.host_uid != host_uid:
+        if sandbox_id is not None and key.sandbox_id != sandbox_id:
             raise KeyHandleError("this key handle was issued to another sandbox")
         return key.sign(framed(tag, message))
 
@@ -153,6 +219,7 @@ class KeyBroker:
         """Wipe every key and stop serving."""
         with self._lock:
             handles = list(self._keys)
+            self._sandboxes.clear()
         for handle in handles:
             self.release(handle)
         if self._server is not None:
@@ -169,39 +236,54 @@ class KeyBroker:
         """Connections from ``host_uid`` that hold a broker thread now."""
         return self._server.active(host_uid) if self._server is not None else 0
 
-    def _knows(self, uid: int) -> bool:
-        """On the accepting thread: only a uid holding a handle is served at all."""
+    def _member(self, uid: int) -> Member | None:
+        """On the accepting thread: only a registered sandbox holding a handle is served."""
         with self._lock:
-            return any(key.host_uid == uid for key in self._keys.values())
+            sbx = self._sandboxes.get(uid)
+            if sbx is None or not any(k.sandbox_id == sbx.sandbox_id for k in self._keys.values()):
+                return None
+            return sbx.member
 
     def _answer(self, conn: socket.socket, uid: int) -> None:
         """One admitted connection, on its own thread (the server closes it after): one
         JSON request line {"handle", "tag", "message_hex"} → {"signature_hex"}."""
+        with self._lock:
+            sbx = self._sandboxes.get(uid)
+        if sbx is None:  # unregistered since it was admitted: nothing to serve
+            return
         # A peer that connects and never finishes its line must not hold this
         # thread (and its connection) forever.
         conn.settimeout(_REQUEST_TIMEOUT)
         try:
             with conn.makefile("rb") as reader:
-                line = reader.readline(_REQUEST_LIMIT)
+                line = reader.readline(_REQUEST_LIMIT + 1)
         except OSError:  # timed out or reset: there is nobody to answer
             return
-        try:
-            req = json.loads(line)
-            sig = self.sign(
-                str(req["handle"]), str(req["tag"]), bytes.fromhex(req["message_hex"]),
-                host_uid=uid,
-            )  # fmt: skip
-            reply = {"signature_hex": sig.hex()}
-        except (KeyHandleError, SignatureTagError) as e:
-            reply = {"error": str(e)}
-        except (ValueError, KeyError, TypeError):
-            reply = {"error": "malformed request"}
+        sbx.member.allowance.charge(len(line))
+        reply = self._reply(line, sbx.sandbox_id)
         with contextlib.suppress(OSError):
             conn.sendall(json.dumps(reply).encode() + b"\n")
+
+    def _reply(self, line: bytes, sandbox_id: str) -> dict[str, str]:
+        if len(line) > _REQUEST_LIMIT:
+            return {"error": f"request too large (at most {_REQUEST_LIMIT} bytes)"}
+        try:
+            req = json.loads(line)
+            message = bytes.fromhex(req["message_hex"])
+            if len(message) > _MESSAGE_LIMIT:
+                return {"error": f"message too large (at most {_MESSAGE_LIMIT} bytes)"}
+            sig = self.sign(str(req["handle"]), str(req["tag"]), message, sandbox_id=sandbox_id)
+        except (KeyHandleError, SignatureTagError) as e:
+            return {"error": str(e)}
+        except (ValueError, KeyError, TypeError):
+            return {"error": "malformed request"}
+        return {"signature_hex": sig.hex()}
 
 
 _REFUSALS: dict[Refusal, str] = {
     "unknown": "no key handle was issued to this sandbox",
+    "outside": "not the sandbox",
+    "over-rate": "over the request rate",
     "at-cap": "too many connections",
     "busy": "broker busy",
 }

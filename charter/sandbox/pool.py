@@ -189,6 +189,8 @@ class Slot:
             self.proc.destroy()
         if self.pool.egress is not None:
             self.pool.egress.unregister(self.host_uid)
+        if self.pool.keys is not None:  # wipes every key issued to this slot
+            self.pool.keys.unregister(self.host_uid)
         if self._made_dir:
             self._made_dir = False
             with contextlib.suppress(FileNotFoundError):
@@ -356,14 +358,19 @@ class WarmPool:
                 self._building += 1  # a cold fill within capacity, built outside the lock
         slot = parked if parked is not None else self._lease_cold()
         try:
+            cgroup = cgroup_dirs(self.mode, slot.spec.cgroup_name)
             if self.egress is not None:
                 # The broker enforces the spec's egress bytes (the budget), lowered by
-                # the grant's own cap when it has one.
+                # the grant's own cap when it has one; it knows the peer by uid and cgroup
+                # and journals each connection it opens before opening it.
                 admitted = grant or EgressGrant()
                 self.egress.register(
                     slot.spec.host_uid, slot.sandbox_id, admitted,
                     byte_cap=admitted.byte_cap(slot.spec.egress_bytes),
+                    cgroup=cgroup, journal=lambda events: self.journal(*events),
                 )  # fmt: skip
+            if self.keys is not None:  # handles issued to the slot die with it
+                self.keys.register(slot.spec.host_uid, slot.sandbox_id, cgroup=cgroup)
             leased = leased_event(
                 slot.spec, self.budget, self.name, grant, lineage=lineage, grant_digest=grant_digest
             )
