@@ -382,8 +382,9 @@ class EgressBroker:
             address = _ip(str(sockaddr[0]))
             if address is None:
                 continue
+            port = int(sockaddr[1])  # the port connected to, as the address is
             if is_global(address) or any(
-                grants_address(entry, address, head.port) for entry in reg.grant.destinations
+                grants_address(entry, address, port) for entry in reg.grant.destinations
             ):
                 return family, tuple(sockaddr)
         if not answers:

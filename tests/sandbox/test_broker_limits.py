@@ -19,6 +19,7 @@ from charter.sandbox import EgressBroker, EgressGrant, KeyBroker, verify_signatu
 from charter.sandbox import egress as egress_module
 from charter.sandbox import keys as keys_module
 
+from ._brokers import HERE, Appended
 from ._support import PY, on_host
 from .test_egress import CLIENT, PAYLOAD, _Server
 
@@ -120,7 +121,8 @@ def test_egress_caps_the_connections_of_one_uid(
     try:
         with EgressBroker(state_dir / "egress-flood.sock") as broker:
             grant = EgressGrant(destinations=(f"127.0.0.1:{server.port}",))
-            broker.register(FLOOD_UID, "sbx-flood", grant, byte_cap=10 * PAYLOAD)
+            broker.register(FLOOD_UID, "sbx-flood", grant, byte_cap=10 * PAYLOAD,
+                            cgroup=HERE, journal=Appended())  # fmt: skip
             # The attack: far more idle connections than the cap, from one sandbox uid.
             with _flood(broker.path, FLOOD_UID, cap) as report:
                 threads = _threads(name)
@@ -153,7 +155,8 @@ def test_keys_caps_the_connections_of_one_uid(
     name = f"keys-conn-{FLOOD_UID}"
     with KeyBroker(state_dir / "keys-flood.sock") as broker:
         assert broker.path is not None
-        handle = broker.issue(bytearray(secrets.token_bytes(32)), host_uid=FLOOD_UID)
+        broker.register(FLOOD_UID, "sbx-flood", cgroup=HERE)
+        handle = broker.issue(bytearray(secrets.token_bytes(32)), sandbox_id="sbx-flood")
         with _flood(broker.path, FLOOD_UID, cap) as report:
             threads = _threads(name)
             assert report == {
@@ -187,13 +190,16 @@ def test_keys_refuses_a_uid_without_a_handle_before_a_thread(
             serve(conn, uid)
 
         monkeypatch.setattr(broker._server, "handler", counted)
-        # A handle issued to someone else does not admit this uid.
-        broker.issue(bytearray(secrets.token_bytes(32)), host_uid=FLOOD_UID)
+        # A handle issued to someone else does not admit this uid, nor does a
+        # registration with no handle.
+        broker.register(FLOOD_UID, "sbx-flood", cgroup=HERE)
+        broker.register(STRANGER_UID, "sbx-stranger", cgroup=HERE)
+        broker.issue(bytearray(secrets.token_bytes(32)), sandbox_id="sbx-flood")
         r = json.loads(on_host(SIGN, str(broker.path), user=STRANGER_UID).stdout)
         assert r == {"reply": {"error": "no key handle was issued to this sandbox"}, "end": "EOF"}
         assert served == []
         # Control: once a handle is issued to the uid, it gets a thread and a signature.
-        handle = broker.issue(bytearray(secrets.token_bytes(32)), host_uid=STRANGER_UID)
+        handle = broker.issue(bytearray(secrets.token_bytes(32)), sandbox_id="sbx-stranger")
         r = json.loads(on_host(SIGN, str(broker.path), handle, user=STRANGER_UID).stdout)
         assert "signature_hex" in r["reply"]
         assert served == [STRANGER_UID]

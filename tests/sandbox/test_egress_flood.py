@@ -38,7 +38,7 @@ for i in range(n):
         target = "blocked.test:443"
     s = socket.socket(socket.AF_UNIX)
     s.connect(path)
-    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\n\\r\\n".encode())
+    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
     data = b""
     try:
         while chunk := s.recv(4096):
@@ -58,7 +58,7 @@ import os, socket, sys
 for target in sys.argv[1:]:
     s = socket.socket(socket.AF_UNIX)
     s.connect(os.environ["CHARTER_EGRESS_SOCKET"])
-    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\n\\r\\n".encode())
+    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
     data = b""
     while b"\\r\\n\\r\\n" not in data and (chunk := s.recv(4096)):
         data += chunk
@@ -82,7 +82,10 @@ class _Watch:
 
 
 @pytest.fixture
-def broker(state_dir: Path) -> Iterator[EgressBroker]:
+def broker(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[EgressBroker]:
+    # These tests are about the records a flood leaves, so every attempt must reach the
+    # head parser: no request allowance here (test_broker_budget.py tests that).
+    monkeypatch.setattr(egress_module, "_REQUEST_BURST", 1e9)
     with EgressBroker(state_dir / "egress.sock") as b:
         yield b
 

@@ -22,6 +22,8 @@ from charter.sandbox import (
     verify_signature,
 )
 
+from ._brokers import HERE
+
 B = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=64MiB,egress=0MB")
 
 
@@ -83,9 +85,9 @@ def test_a_sandbox_signs_only_with_its_own_handle(keyed_pool: tuple[WarmPool, Ke
 
     pool, keys = keyed_pool
     mine, other = pool.lease(), pool.lease()
-    handle = keys.issue(bytearray(secrets.token_bytes(32)), host_uid=mine.spec.host_uid)
+    handle = keys.issue(bytearray(secrets.token_bytes(32)), sandbox_id=mine.sandbox_id)
     # The other sandbox holds a handle of its own, so the broker admits its connection.
-    theirs = keys.issue(bytearray(secrets.token_bytes(32)), host_uid=other.spec.host_uid)
+    theirs = keys.issue(bytearray(secrets.token_bytes(32)), sandbox_id=other.sandbox_id)
     try:
         # The attack: another sandbox presents the handle.
         stolen = json.loads(
@@ -116,7 +118,8 @@ def test_a_peer_that_never_finishes_its_request_is_dropped(
     with KeyBroker(tmp_path / "keys.sock") as broker:
         assert broker.path is not None
         # This process's uid holds a handle: only such peers are admitted at all.
-        broker.issue(bytearray(secrets.token_bytes(32)), host_uid=os.getuid())
+        broker.register(os.getuid(), "sbx-here", cgroup=HERE)
+        broker.issue(bytearray(secrets.token_bytes(32)), sandbox_id="sbx-here")
         with socket.socket(socket.AF_UNIX) as silent:
             silent.connect(str(broker.path))
             silent.settimeout(5)
@@ -141,7 +144,8 @@ def test_a_bad_tag_over_the_socket_is_answered(tmp_path: Path) -> None:
 
     with KeyBroker(tmp_path / "keys.sock") as broker:
         assert broker.path is not None
-        handle = broker.issue(bytearray(secrets.token_bytes(32)), host_uid=os.getuid())
+        broker.register(os.getuid(), "sbx-here", cgroup=HERE)
+        handle = broker.issue(bytearray(secrets.token_bytes(32)), sandbox_id="sbx-here")
 
         def ask(tag: str) -> dict[str, str]:
             with socket.socket(socket.AF_UNIX) as peer:
