@@ -89,7 +89,7 @@ class _Resolver:
         n = self.lookups.get(host, 0)
         self.lookups[host] = n + 1
         batches = self.answers[host]
-        out = []
+        out: list[tuple[Any, ...]] = []
         for address in batches[min(n, len(batches) - 1)]:
             if ":" in address:
                 out.append((socket.AF_INET6, socket.SOCK_STREAM, 6, "", (address, port, 0, 0)))
