@@ -15,6 +15,7 @@ head longer than the limit, is malformed: the broker answers 400 and records it.
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 from typing import NamedTuple
@@ -159,6 +160,7 @@ def _sni(record: bytes) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=64)
 def response(code: int, reason: str) -> bytes:
     """A complete HTTP response carrying ``reason``; the connection closes after it."""
     body = (reason + "\n").encode()

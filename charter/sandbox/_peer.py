@@ -123,6 +123,16 @@ class Allowance:
         if not math.isinf(self._bytes):
             self._bytes = min(self.byte_burst, self._bytes + elapsed * self.bytes_per_second)
 
+    def could_admit(self) -> bool:
+        """Whether :meth:`admit` would take a request now (nothing is taken; a refusal
+        is counted)."""
+        with self._lock:
+            self._refill()
+            if self._requests >= 1 and self._bytes > 0:
+                return True
+            self.refused += 1
+            return False
+
     def admit(self) -> bool:
         """Take one request if both buckets allow it."""
         with self._lock:
@@ -225,6 +235,13 @@ class PeerServer:
         member = self.member(uid)
         if member is None:
             self._refuse(conn, uid, "unknown")
+            return
+        # A sandbox flooding past its allowance is turned away for the price of the
+        # lookups above; the cgroup is read only for a request the allowance would
+        # admit, and the allowance is charged only for one from inside the sandbox (so a
+        # process outside it cannot spend the sandbox's allowance).
+        if not member.allowance.could_admit():
+            self._refuse(conn, uid, "over-rate")
             return
         if not _peer_in(conn, pid, member.cgroup):
             self._refuse(conn, uid, "outside")

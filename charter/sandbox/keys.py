@@ -289,6 +289,11 @@ _REFUSALS: dict[Refusal, str] = {
 }
 
 
+_REFUSAL_LINES = {
+    why: json.dumps({"error": text}).encode() + b"\n" for why, text in _REFUSALS.items()
+}
+
+
 def _refusal(uid: int, why: Refusal) -> bytes:
     """The error line a peer refused on accept is sent."""
-    return json.dumps({"error": _REFUSALS[why]}).encode() + b"\n"
+    return _REFUSAL_LINES[why]
