@@ -160,3 +160,34 @@ def test_dns_rebinding_cannot_reach_loopback(
         s.sendall(b"go\n")
         assert s.recv(1) == b"x"
     assert server.accepted == 1
+
+
+@pytest.mark.parametrize(
+    "entry", ["::1", "[::1", "[10.0.0.1]", "10.0.0.1/8", "[::1]x", "[::1]:0", "[fe80::1%eth0]",
+              "10.0.0.0/33", "1.2.3.4:65536", "[::1]:44\xb2"],
+)  # fmt: skip
+def test_a_malformed_address_entry_is_refused(entry: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="egress destination"):
+        EgressGrant(destinations=(entry,))
+    # Control: the well-formed address entries of the vocabulary are accepted.
+    good = ("10.0.0.7:8443", "10.0.0.0/8", "[::1]:443", "[fd00::/8]", "[::1]")
+    assert EgressGrant(destinations=good).destinations == good
+
+
+def test_address_entries_admit_and_cover_by_value() -> None:
+    from charter.core.destination import covers
+
+    grant = EgressGrant(destinations=("[::1]:443", "10.0.0.0/8"))
+    assert grant.allows("::1", 443)
+    assert grant.allows("[0:0::1]", 443)  # the same address, written otherwise
+    assert not grant.allows("::2", 443)
+    assert grant.allows("10.9.8.7", 80)
+    assert not grant.allows("11.0.0.1", 80)
+    assert not grant.allows("ten.example", 80)  # an address entry admits no name
+    assert covers("10.0.0.0/8", "10.1.0.0/16")
+    assert covers("[::/0]:443", "[::1]:443")
+    assert not covers("10.1.0.0/16", "10.0.0.0/8")  # a narrower range covers no wider one
+    assert not covers("10.0.0.0/8", "ten.example")  # names and addresses never cover
+    assert not covers("*.example", "10.0.0.1")
