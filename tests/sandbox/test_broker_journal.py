@@ -31,9 +31,9 @@ def _opened_in(url: str) -> list[str]:
 
 
 def test_an_allowed_connection_is_committed_before_it_opens(
-    tmp_path: Path, state_dir: Path
+    journal_url: str, state_dir: Path
 ) -> None:
-    url = f"sqlite:///{tmp_path}/journal.db"
+    url = journal_url  # SQLite and PostgreSQL: the append runs on a broker thread
     seen_at_accept: list[list[str]] = []
     server = Server(on_accept=lambda: seen_at_accept.append(_opened_in(url)))
     try:
