@@ -94,7 +94,7 @@ _DESTINATION_KEPT = 255  # characters of a destination kept in its record (a DNS
 # costs the control plane an accept, a cgroup read, a parse and (when allowed) a name
 # resolution and a journal append, outside the sandbox's cgroup. 20 a second with a
 # burst of 40 covers a worker's page loads and package fetches; a flood beyond it is
-# answered 429 on the accepting thread, for the price of an accept and a cgroup read.
+# answered 429 on the accepting thread, for the price of an accept and two lookups.
 _REQUESTS_PER_SECOND = 20.0
 _REQUEST_BURST = 40.0
 OVERFLOW_DESTINATION = "(other)"
@@ -106,8 +106,9 @@ class EgressGrant(BaseModel):
     (``None``: the budget's egress bytes are the cap).
 
     Destinations are written in the one egress vocabulary of
-    :mod:`charter.core.destination` (``api.example.com``, ``*.example.com``, either with
-    an optional ``:port``), the same language a worker's grant speaks, so what the grant
+    :mod:`charter.core.destination` (``api.example.com``, ``*.example.com``, an address
+    or range such as ``10.0.0.7``, ``10.0.0.0/8``, ``[::1]``, each with an optional
+    ``:port``), the same language a worker's grant speaks, so what the grant
     admits is exactly what the broker lets through. A malformed entry is refused here,
     when the grant is made, not silently matched against nothing later.
     """
