@@ -171,10 +171,12 @@ class Charter:
         keys: KeyStore | None = None,
         settings: Settings | None = None,
         env: Mapping[str, str] | None = None,
+        read_only: bool = False,
     ) -> Charter:
-        """Open an existing journal (``--db``, ``CHARTER_DB`` or the home's SQLite file)."""
+        """Open an existing journal (``--db``, ``CHARTER_DB`` or the home's SQLite file);
+        ``read_only``: only to read it (see :meth:`Journal.open`)."""
         return cls(
-            Journal.open(db, env=env),
+            Journal.open(db, env=env, read_only=read_only),
             keys or KeyStore(charter_home()),
             settings or Settings.from_env(),
         )

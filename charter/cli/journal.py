@@ -92,7 +92,7 @@ def journal() -> None:
 def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | None) -> None:
     """Recompute every hash from the stored bytes; exit 3 at the first bad entry."""
     expected = parse_head(expect_head) if expect_head else None
-    with Journal.open(ctx.db) as j, _progress(ctx) as progress:
+    with Journal.open(ctx.db, read_only=True) as j, _progress(ctx) as progress:
         report = audit_journal(j, start=start, stop=stop, expect_head=expected, progress=progress)
     if report.ok:
         head_text = (
@@ -124,7 +124,7 @@ def show(
     ctx: Ctx, start: int | None, stop: int | None, types: tuple[str, ...], lineage: str | None
 ) -> None:
     """One entry a line; with --json, JSON lines."""
-    with Journal.open(ctx.db) as j:
+    with Journal.open(ctx.db, read_only=True) as j:
         for entry in j.entries(start, stop, types):
             if lineage and not _matches_lineage(entry, lineage):
                 continue
