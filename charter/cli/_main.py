@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from charter.cli._common import Ctx, run_guarded
+from charter.cli._common import Ctx, run_guarded, stdout_closed
 
 __all__ = ["main"]
 
@@ -45,6 +45,12 @@ class _LazyGroup(click.Group):
         module, attr, _ = found
         command: click.Command = getattr(importlib.import_module(f"charter.cli.{module}"), attr)
         return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise stdout_closed() from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, short) for name, (_, _, short) in _COMMANDS.items()]

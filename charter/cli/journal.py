@@ -13,10 +13,9 @@ import charter.catalogue  # noqa: F401 - journal show decodes every event type
 from charter.app import CellSetup, Charter
 from charter.audit import ChainBrokenError, parse_head
 from charter.audit.journal import audit_journal
-from charter.cli._common import AsciiIntRange, Ctx
+from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
 from charter.cli.agents import grant_options
 from charter.control import Ceiling
-from charter.ledger import Entry, Journal
 
 __all__ = ["init", "journal"]
 
@@ -45,7 +44,8 @@ def init(ctx: Ctx, root: str, cores: int | None, reserve: int, ceiling: Ceiling)
     try:
         setup = CellSetup(cores=cores or CellSetup.for_host().cores, reserve=reserve)
     except ValidationError as e:
-        raise click.BadParameter(str(e), param_hint="--cores/--reserve") from e
+        raise click.BadParameter(describe_invalid(e), param_hint="--cores/--reserve") from e
+    ctx.refuse_missing_journal()
     charter, made = Charter.initialise(ctx.db, root=root, ceiling=ceiling, cell=setup)
     charter.close()
     ctx.status(f"initialised journal {made.location.display}")
@@ -92,7 +92,7 @@ def journal() -> None:
 def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | None) -> None:
     """Recompute every hash from the stored bytes; exit 3 at the first bad entry."""
     expected = parse_head(expect_head) if expect_head else None
-    with Journal.open(ctx.db, read_only=True) as j, _progress(ctx) as progress:
+    with ctx.open_journal() as j, _progress(ctx) as progress:
         report = audit_journal(j, start=start, stop=stop, expect_head=expected, progress=progress)
     if report.ok:
         head_text = (
@@ -107,11 +107,18 @@ def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | Non
     raise ChainBrokenError(report)
 
 
-def _matches_lineage(entry: Entry, lineage: str) -> bool:
-    for value in entry.event.payload().values():
-        if isinstance(value, str) and (value == lineage or value.startswith(lineage + "/")):
-            return True
-    return False
+def _names_lineage(value: object, lineage: str) -> bool:
+    """Whether ``value`` (a payload, walked through its lists and mappings) names
+    ``lineage`` or a lineage below it."""
+    match value:
+        case str():
+            return value == lineage or value.startswith(lineage + "/")
+        case dict():
+            return any(_names_lineage(v, lineage) for v in value.values())
+        case list() | tuple():
+            return any(_names_lineage(v, lineage) for v in value)
+        case _:
+            return False
 
 
 @journal.command("show")
@@ -124,9 +131,9 @@ def show(
     ctx: Ctx, start: int | None, stop: int | None, types: tuple[str, ...], lineage: str | None
 ) -> None:
     """One entry a line; with --json, JSON lines."""
-    with Journal.open(ctx.db, read_only=True) as j:
+    with ctx.open_journal() as j:
         for entry in j.entries(start, stop, types):
-            if lineage and not _matches_lineage(entry, lineage):
+            if lineage and not _names_lineage(entry.event.payload(), lineage):
                 continue
             if ctx.as_json:
                 click.echo(json.dumps(entry.to_json(), sort_keys=True))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import click
 
-from charter.app import Charter
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import Budget
 from charter.core.budget import INT64_MAX
@@ -24,7 +23,7 @@ def lease_group() -> None:
 @click.pass_obj
 def usage(ctx: Ctx, lineage: str, amount: str) -> None:
     """Charge consumption to LINEAGE's lease (clamped to what it holds)."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         event = charter.budgets().record_usage(lineage, Budget.parse(amount))
     text = f"charged {event.amount.render()} to {lineage}"
     if event.exhausted:
@@ -39,7 +38,7 @@ def usage(ctx: Ctx, lineage: str, amount: str) -> None:
 @click.pass_obj
 def release(ctx: Ctx, lineage: str) -> None:
     """End LINEAGE's lease (and its subtree's); the unspent part returns to its parent."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         event = charter.budgets().release(lineage)
     ctx.emit(event.payload(), f"released {lineage}")
 
@@ -56,6 +55,6 @@ def release(ctx: Ctx, lineage: str) -> None:
 @click.pass_obj
 def renew(ctx: Ctx, lineage: str, until_ms: int) -> None:
     """Extend LINEAGE's lease, never past its parent's."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         event = charter.budgets().renew(lineage, until_ms)
     ctx.emit(event.payload(), f"renewed {lineage} until {event.expires_at_ms} ms")

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import NoReturn
 
 import click
 
-from charter.app import Charter
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import Budget
 from charter.projections import BudgetReport, Projector, SlotsReport, TreeReport
@@ -30,9 +30,18 @@ _AS_OF = click.option(
 
 @contextmanager
 def _projector(ctx: Ctx) -> Iterator[Projector]:
-    with Charter.open(ctx.db) as charter, charter.projector() as projector:
+    with ctx.open_charter() as charter, charter.projector() as projector:
         projector.catch_up()
         yield projector
+
+
+def _unknown(lineage: str, as_of: int) -> NoReturn:
+    """An empty answer for a lineage the journal never named is a typo, not a fact."""
+    raise click.BadParameter(
+        f"no lineage {lineage} in the journal as of position {as_of} "
+        "(`charter tree` lists them all)",
+        param_hint="LINEAGE",
+    )
 
 
 def _ms(value: int | None) -> str:
@@ -130,6 +139,8 @@ def budgets(ctx: Ctx, lineage: str | None, as_of: int | None) -> None:
     """Budget ledgers (remaining, spent, status) of LINEAGE and below, or of all."""
     with _projector(ctx) as projector:
         report = projector.budgets(lineage, as_of)
+    if lineage and not report.ledgers:
+        _unknown(lineage, report.as_of)
     ctx.emit(report.to_json(), lambda: _render_budgets(report))
 
 
@@ -141,6 +152,8 @@ def tree(ctx: Ctx, lineage: str | None, as_of: int | None) -> None:
     """The lineage tree (derived from the paths) under LINEAGE, or every root."""
     with _projector(ctx) as projector:
         report = projector.tree(lineage, as_of)
+    if lineage and not report.nodes:
+        _unknown(lineage, report.as_of)
     ctx.emit(report.to_json(), lambda: _render_tree(report))
 
 
@@ -160,7 +173,7 @@ def slots(ctx: Ctx, as_of: int | None) -> None:
 @click.pass_obj
 def project(ctx: Ctx, rebuild: bool, follow: bool) -> None:
     """Bring the projections up to the journal head (exactly once, resumable)."""
-    with Charter.open(ctx.db) as charter, charter.projector() as projector:
+    with ctx.open_charter() as charter, charter.projector() as projector:
         before = projector.position()
         position = projector.rebuild() if rebuild else projector.catch_up()
         ctx.status(f"projected to position {position}")

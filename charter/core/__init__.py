@@ -9,7 +9,9 @@ from charter.core.errors import (
     BadInputError,
     BudgetSyntaxError,
     CharterError,
+    HomeUnusableError,
     InternalError,
+    JournalMissingError,
     KeyNotFoundError,
     KeyPermissionsError,
     LineageError,
@@ -35,6 +37,8 @@ __all__ = [
     "AxisValueError",
     "BudgetSyntaxError",
     "LineageError",
+    "HomeUnusableError",
+    "JournalMissingError",
     "KeyNotFoundError",
     "KeyPermissionsError",
     # values

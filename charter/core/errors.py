@@ -28,6 +28,8 @@ __all__ = [
     "BudgetSyntaxError",
     "LineageError",
     # state of the home and the journal's types
+    "HomeUnusableError",
+    "JournalMissingError",
     "KeyNotFoundError",
     "KeyPermissionsError",
     "UnknownEventTypeError",
@@ -116,6 +118,15 @@ class AxisValueError(BadInputError):
 
 class BudgetSyntaxError(BadInputError):
     """A budget vector string could not be parsed."""
+
+
+class HomeUnusableError(StateError):
+    """The Charter home is not a directory, or this user may not read or write it."""
+
+
+class JournalMissingError(StateError):
+    """The home holds the signing key of a journal that is no longer where the home
+    keeps it (deleted or moved): neither a read nor a new ``init`` can go on."""
 
 
 class KeyNotFoundError(StateError):

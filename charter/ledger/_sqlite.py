@@ -273,8 +273,15 @@ class SQLiteJournalStore:
 
     def read_meta(self) -> JournalMeta:
         """The journal's metadata; raises StateError if this is not a Charter journal."""
-        if not self.path.is_file():
-            raise StateError(f"no Charter journal at {self.path}; run `charter init` to create one")
+        try:
+            present = self.path.is_file()
+        except OSError as e:  # is_file() hides "not there", not "may not look"
+            raise UnavailableError(f"cannot read the journal {self.path}: {e.strerror}") from e
+        if not present:
+            raise StateError(
+                f"no Charter journal at {self.path}; run `charter init` to create one, or "
+                "point --db (or CHARTER_HOME) at an existing journal"
+            )
         if not os.access(self.path, os.R_OK):
             raise UnavailableError(
                 f"cannot read the journal {self.path}: permission denied; ask its owner "
