@@ -14,6 +14,7 @@ from charter.app import CellSetup, Charter
 from charter.audit import ChainBrokenError, parse_head
 from charter.audit.journal import audit_journal
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
+from charter.cli._render import brief_payload, decode_nested
 from charter.cli.agents import grant_options
 from charter.control import Ceiling
 
@@ -98,8 +99,15 @@ def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | Non
         head_text = (
             f"head {report.head.position}:{report.head.hash}" if report.head else "empty journal"
         )
-        noun = "entry verifies" if report.checked == 1 else "entries verify"
-        ctx.emit(report.to_json(), f"ok: {report.checked} {noun}; {head_text}")
+        noun = "entry" if report.checked == 1 else "entries"
+        also = f", and it holds the expected head {expect_head}" if expected else ""
+        ctx.emit(
+            report.to_json(),
+            f"ok: the hash chain of {report.checked} {noun} verifies (each hash recomputed "
+            f"from the stored bytes, each entry linked to the one before){also}; "
+            f"{head_text}\nnot checked by this command: grant signatures, and whether "
+            "what the entries say is consistent (budgets, attenuation)",
+        )
         return
     if ctx.as_json:
         click.echo(json.dumps(report.to_json(), sort_keys=True))
@@ -126,20 +134,38 @@ def _names_lineage(value: object, lineage: str) -> bool:
 @click.option("--to", "stop", type=AsciiIntRange(min=1), help="Last position.")
 @click.option("--type", "types", multiple=True, metavar="NAME", help="Only this event type.")
 @click.option("--lineage", metavar="L", help="Only events about this lineage or below it.")
+@click.option("--limit", type=AsciiIntRange(min=1), help="At most this many entries.")
+@click.option("--full", is_flag=True, help="Whole payloads (nested JSON decoded), not shortened.")
 @click.pass_obj
 def show(
-    ctx: Ctx, start: int | None, stop: int | None, types: tuple[str, ...], lineage: str | None
+    ctx: Ctx,
+    start: int | None,
+    stop: int | None,
+    types: tuple[str, ...],
+    lineage: str | None,
+    limit: int | None,
+    full: bool,
 ) -> None:
-    """One entry a line; with --json, JSON lines."""
+    """One entry a line, its payload shortened (--full for all of it); with --json,
+    JSON lines of the stored payloads."""
+    shown = 0
     with ctx.open_journal() as j:
         for entry in j.entries(start, stop, types):
+            if limit is not None and shown >= limit:
+                break
             if lineage and not _names_lineage(entry.event.payload(), lineage):
                 continue
+            shown += 1
             if ctx.as_json:
                 click.echo(json.dumps(entry.to_json(), sort_keys=True))
-            else:
-                payload = json.dumps(entry.event.payload(), sort_keys=True, separators=(",", ":"))
-                click.echo(
-                    f"{entry.position:>8}  {entry.recorded_at:%Y-%m-%dT%H:%M:%S.%fZ}  "
-                    f"{entry.type_name:<22} {entry.hash.hex()[:16]}  {payload}"
-                )
+                continue
+            payload = entry.event.payload()
+            text = (
+                json.dumps(decode_nested(payload), sort_keys=True, separators=(",", ":"))
+                if full
+                else brief_payload(payload)
+            )
+            click.echo(
+                f"{entry.position:>6} {entry.recorded_at:%Y-%m-%d %H:%M:%S}Z "
+                f"{entry.type_name} {text}"
+            )

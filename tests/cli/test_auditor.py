@@ -77,7 +77,7 @@ def test_verify_and_show_in_a_read_only_directory(evidence: Path) -> None:
 
     verified = charter("--db", _url(evidence), "journal", "verify", uid=AUDITOR)
     assert verified.returncode == 0, verified.stderr
-    assert "5 entries verify" in verified.stdout
+    assert "hash chain of 5 entries verifies" in verified.stdout
     shown = charter("--db", _url(evidence), "--json", "journal", "show", uid=AUDITOR)
     assert shown.returncode == 0, shown.stderr
     assert len(shown.stdout.splitlines()) == 5
