@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import click
@@ -69,12 +70,17 @@ class Ctx:
         else:
             click.echo(text)
 
-    def open_charter(self) -> Charter:
-        """The journal at --db (or the home's) with its home, to read and write."""
+    def open_charter(self, *, reader: bool = False) -> Charter:
+        """The journal at --db (or the home's) with its home, to read and write; a
+        ``reader`` (tree, budgets, slots) given a SQLite file this user may not write
+        opens it read-only, and folds its projections into a private scratch file."""
         from charter.app import Charter
+        from charter.ledger import resolve_location
 
         self.refuse_missing_journal()
-        return Charter.open(self.db)
+        path = resolve_location(self.db).path
+        read_only = reader and path is not None and not _may_write(path)
+        return Charter.open(self.db, read_only=read_only)
 
     def open_journal(self) -> Journal:
         """The journal at --db (or the home's), only to read (verify, show): nothing is
@@ -175,6 +181,10 @@ def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
     if isinstance(result, int) and result != 0:
         sys.exit(result)
     return result
+
+
+def _may_write(path: Path) -> bool:
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
 
 
 def _is_validation_error(error: Exception) -> TypeGuard[ValidationError]:

@@ -31,7 +31,7 @@ _AS_OF = click.option(
 
 @contextmanager
 def _projector(ctx: Ctx) -> Iterator[Projector]:
-    with ctx.open_charter() as charter, charter.projector() as projector:
+    with ctx.open_charter(reader=True) as charter, charter.projector() as projector:
         projector.catch_up()
         yield projector
 

@@ -10,12 +10,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Run as another user: the interpreter lives under a directory only root may enter, so
-# the child imports everything the command needs first, then drops to the user.
+# the child imports every module the command may need first, then drops to the user.
 _AS_USER = """
-import os, sys
+import importlib, os, pkgutil, sys
 sys.path.insert(0, {root!r})
-import charter.catalogue, charter.cli._main, charter.cli.journal, charter.cli.projections
-import rich.console, rich.markup, rich.progress, rich.table, rich.tree
+import charter, click, rich
+import difflib, textwrap  # what click and rich import lazily
+for package in (charter, click, rich):
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        try:
+            if not info.name.endswith("__main__"):
+                importlib.import_module(info.name)
+        except Exception:  # another platform's module (click._winconsole)
+            pass
 os.setgroups([]); os.setgid({uid}); os.setuid({uid})
 from charter.cli import main
 main(sys.argv[1:])

@@ -3,6 +3,7 @@ another user, in a directory it may not write, and leaves nothing beside it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from charter.app import Charter
 from charter.core.errors import StateError
 from charter.ledger import Journal, JournalCreated
 from tests.cli._run import charter
@@ -123,3 +125,31 @@ def test_a_read_only_journal_refuses_to_append(evidence: Path) -> None:
     with Journal.open(_url(evidence)) as journal:  # control: the same append, writable
         journal.append([JournalCreated(created_at="x", journal_key="")])
         assert journal.head() != head
+
+
+def test_projections_for_an_auditor_match_the_owners(evidence: Path) -> None:
+    owner = {c: charter("--json", "--db", _url(evidence), c) for c in ("tree", "budgets")}
+    _hand_over(evidence, file_mode=0o644, dir_mode=0o555)
+    for command, mine in owner.items():
+        theirs = charter("--json", "--db", _url(evidence), command, uid=AUDITOR)
+        assert theirs.returncode == 0, theirs.stderr
+        expected, got = json.loads(mine.stdout), json.loads(theirs.stdout)
+        expected.pop("at_ms", None)
+        got.pop("at_ms", None)
+        assert got == expected
+    slots = charter("--json", "--db", _url(evidence), "slots", uid=AUDITOR)
+    assert slots.returncode == 0, slots.stderr
+    assert sorted(p.name for p in evidence.parent.iterdir()) == ["journal.db"]
+
+
+def test_a_read_only_projection_folds_into_a_scratch_file_removed_on_close(
+    evidence: Path,
+) -> None:
+    with Charter.open(_url(evidence), read_only=True) as app, app.projector() as projector:
+        scratch = Path(projector.store.path)  # type: ignore[attr-defined]
+        assert scratch != evidence
+        assert scratch.exists()
+        projector.catch_up()
+        assert projector.tree().nodes
+    assert not scratch.exists()
+    assert sorted(p.name for p in evidence.parent.iterdir()) == ["journal.db"]
