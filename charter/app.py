@@ -43,6 +43,7 @@ from charter.core import (
     Lineage,
     StateError,
     charter_home,
+    describe_invalid,
 )
 from charter.ledger import Journal, JournalCreated, Location, resolve_location
 from charter.projections import Projector
@@ -91,7 +92,9 @@ class Settings(BaseModel):
                 ceilings=FabricCeilings(**ceilings), cell=env.get("CHARTER_CELL", DEFAULT_CELL)
             )
         except ValidationError as e:
-            raise BadInputError(f"Charter settings from the environment: {e}") from e
+            raise BadInputError(
+                f"Charter settings from the environment: {describe_invalid(e)}"
+            ) from e
 
 
 class CellSetup(BaseModel):

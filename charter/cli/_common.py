@@ -134,14 +134,11 @@ def exit_code_for(error: BaseException) -> int | None:
 
 
 def describe_invalid(error: ValidationError) -> str:
-    """A pydantic error as one line for people: each field and what is wrong with it,
-    without pydantic's type codes, inputs and web links."""
-    parts = []
-    for item in error.errors(include_url=False):
-        where = ".".join(str(part) for part in item["loc"]) or error.title
-        message = str(item["msg"]).removeprefix("Value error, ")
-        parts.append(f"{where}: {message}")
-    return "; ".join(parts)
+    """:func:`charter.core.errors.describe_invalid` (imported when needed: `charter
+    --help` loads no pydantic)."""
+    from charter.core.errors import describe_invalid as describe
+
+    return describe(error)
 
 
 def run_guarded(command: click.Command, argv: list[str] | None) -> Any:

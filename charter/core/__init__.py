@@ -20,6 +20,7 @@ from charter.core.errors import (
     TamperedError,
     UnavailableError,
     UnknownEventTypeError,
+    describe_invalid,
 )
 from charter.core.events import Event, canonical_json, event_class
 from charter.core.home import KeyStore, charter_home
@@ -41,6 +42,7 @@ __all__ = [
     "JournalMissingError",
     "KeyNotFoundError",
     "KeyPermissionsError",
+    "describe_invalid",
     # values
     "Budget",
     "Lineage",

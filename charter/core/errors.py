@@ -13,9 +13,13 @@ its errors from these; the CLI maps each group to an exit code once (see docs/cl
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 __all__ = [
+    "describe_invalid",
     "CharterError",
     "BadInputError",
     "UnavailableError",
@@ -139,3 +143,15 @@ class KeyPermissionsError(StateError):
 
 class UnknownEventTypeError(StateError):
     """A stored entry names an event type this version of Charter does not know."""
+
+
+def describe_invalid(error: ValidationError) -> str:
+    """A pydantic error as one line for people: each field and what is wrong with it,
+    without pydantic's type codes, inputs and web links (the one translation, used
+    wherever a model's refusal becomes a BadInputError or a CLI message)."""
+    parts = []
+    for item in error.errors(include_url=False):
+        where = ".".join(str(part) for part in item["loc"]) or error.title
+        message = str(item["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)

@@ -181,3 +181,12 @@ def test_a_closed_stdout_pipe_ends_quietly(home: Path) -> None:
     assert b"JournalCreated" in first
     assert code == 141, stderr
     assert stderr == ""
+
+
+def test_a_malformed_setting_in_the_environment_is_one_line(home: Path) -> None:
+    done = charter("agent", "list", home=home, env={"CHARTER_CELL": "Bad Cell"})
+    assert done.returncode == 2
+    assert "Charter settings from the environment: cell:" in done.stderr
+    for tell in _PYDANTIC_TELLS:
+        assert tell not in done.stderr
+    assert charter("agent", "list", home=home).returncode == 0  # control
