@@ -43,6 +43,7 @@ from charter.core import (
     Lineage,
     StateError,
     charter_home,
+    describe_invalid,
 )
 from charter.ledger import Journal, JournalCreated, Location, resolve_location
 from charter.projections import Projector
@@ -91,7 +92,9 @@ class Settings(BaseModel):
                 ceilings=FabricCeilings(**ceilings), cell=env.get("CHARTER_CELL", DEFAULT_CELL)
             )
         except ValidationError as e:
-            raise BadInputError(f"Charter settings from the environment: {e}") from e
+            raise BadInputError(
+                f"Charter settings from the environment: {describe_invalid(e)}"
+            ) from e
 
 
 class CellSetup(BaseModel):
@@ -171,10 +174,12 @@ class Charter:
         keys: KeyStore | None = None,
         settings: Settings | None = None,
         env: Mapping[str, str] | None = None,
+        read_only: bool = False,
     ) -> Charter:
-        """Open an existing journal (``--db``, ``CHARTER_DB`` or the home's SQLite file)."""
+        """Open an existing journal (``--db``, ``CHARTER_DB`` or the home's SQLite file);
+        ``read_only``: only to read it (see :meth:`Journal.open`)."""
         return cls(
-            Journal.open(db, env=env),
+            Journal.open(db, env=env, read_only=read_only),
             keys or KeyStore(charter_home()),
             settings or Settings.from_env(),
         )

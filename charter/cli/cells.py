@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
-from charter.app import CellSetup, Charter
-from charter.cli._common import AsciiIntRange, Ctx
+from charter.app import CellSetup
+from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
 
 __all__ = ["cell_group"]
 
@@ -61,8 +61,8 @@ def configure(
             inference=inference,
         )
     except ValidationError as e:
-        raise click.BadParameter(str(e)) from e
-    with Charter.open(ctx.db) as charter:
+        raise click.BadParameter(describe_invalid(e)) from e
+    with ctx.open_charter() as charter:
         name = cell or charter.settings.cell
         charter.configure_cell(setup, name)
     caps = {str(k): v for k, v in setup.caps().items()}

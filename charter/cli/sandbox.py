@@ -14,7 +14,7 @@ import click
 from pydantic import ValidationError
 
 from charter.app import Charter
-from charter.cli._common import Ctx
+from charter.cli._common import Ctx, describe_invalid
 from charter.core import Budget, StateError
 from charter.ledger import Journal
 from charter.sandbox import (
@@ -22,6 +22,7 @@ from charter.sandbox import (
     BwrapFds,
     CgroupMode,
     EgressGrant,
+    HostCannotIsolateError,
     HostFacts,
     compile_spec,
     probe,
@@ -110,12 +111,17 @@ def run_cmd(
     """
 
     budget = Budget.parse(budget_text)
+    if os.geteuid() != 0:  # before anything touches the root-owned sandbox state
+        raise HostCannotIsolateError(
+            "charter sandbox run needs root (it sets up user namespaces, cgroups and the "
+            "sandbox uid range); run it as root"
+        )
     # The broker caps egress at the budget's bytes (the spec's); the grant only names
     # where to, in the grant's own destination vocabulary (validated here).
     try:
         grant = EgressGrant(destinations=tuple(d.strip() for d in egress.split(",") if d.strip()))
     except ValidationError as e:
-        raise click.BadParameter(str(e), param_hint="--egress") from e
+        raise click.BadParameter(describe_invalid(e), param_hint="--egress") from e
     with Charter.open(ctx.db) as charter:
         # With --json stdout carries only the result document; the command's output
         # goes to stderr.

@@ -8,6 +8,7 @@ across processes with "database is locked" after reading the head.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -235,19 +236,34 @@ class SQLiteJournalStore:
         self.path = path
 
     def _connect(self, *, readonly: bool) -> sqlite3.Connection:
-        # Readers open read-write but query-only: a mode=ro connection cannot remove the
-        # WAL index files when it closes, and would leave them behind after every read.
-        # mode=rw (not rwc) never creates a missing file.
-        mode = "rw" if readonly else "rwc"
         try:
             conn = sqlite3.connect(
-                sqlite_uri(self.path, mode), uri=True, isolation_level=None, timeout=30
+                self._read_uri() if readonly else sqlite_uri(self.path, "rwc"),
+                uri=True,
+                isolation_level=None,
+                timeout=30,
             )
             if readonly:
                 conn.execute("PRAGMA query_only = 1")
         except sqlite3.Error as e:
             raise UnavailableError(f"cannot open SQLite journal {self.path}: {e}") from e
         return conn
+
+    def _read_uri(self) -> str:
+        """How a reader opens the file, leaving nothing beside it. Where this process
+        may write the file and its directory: read-write but query-only (a mode=ro
+        connection cannot remove the WAL side files when it closes, and would leave
+        them behind after every read; mode=rw never creates a missing file). Where it
+        may not (an auditor's copy): mode=ro, reading the WAL side files when a writer
+        left both; without them, immutable=1, so that SQLite creates no -wal/-shm of
+        its own (which it cannot in a read-only directory, and must not beside
+        someone else's evidence)."""
+        path, directory = str(self.path), str(self.path.parent)
+        if os.access(path, os.W_OK) and os.access(directory, os.W_OK):
+            return sqlite_uri(self.path, "rw")
+        if all(os.access(f"{path}{suffix}", os.R_OK) for suffix in ("-wal", "-shm")):
+            return sqlite_uri(self.path, "ro")
+        return sqlite_uri(self.path, "ro") + "&immutable=1"
 
     def close(self) -> None:
         """Nothing is held open between reads."""
@@ -257,11 +273,30 @@ class SQLiteJournalStore:
 
     def read_meta(self) -> JournalMeta:
         """The journal's metadata; raises StateError if this is not a Charter journal."""
-        if not self.path.is_file():
-            raise StateError(f"no Charter journal at {self.path}; run `charter init` to create one")
+        try:
+            present = self.path.is_file()
+        except OSError as e:  # is_file() hides "not there", not "may not look"
+            raise UnavailableError(f"cannot read the journal {self.path}: {e.strerror}") from e
+        if not present:
+            raise StateError(
+                f"no Charter journal at {self.path}; run `charter init` to create one, or "
+                "point --db (or CHARTER_HOME) at an existing journal"
+            )
+        if not os.access(self.path, os.R_OK):
+            raise UnavailableError(
+                f"cannot read the journal {self.path}: permission denied; ask its owner "
+                "for read access (a copy works too)"
+            )
         conn = self._connect(readonly=True)
         try:
             rows = conn.execute("SELECT key, value FROM charter_meta").fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such table" not in str(e):  # a journal this process cannot read
+                raise UnavailableError(f"cannot read the journal {self.path}: {e}") from e
+            raise StateError(
+                f"{self.path} is not a Charter journal ({e}); point --db at a journal "
+                "made by `charter init`"
+            ) from None
         except sqlite3.DatabaseError as e:
             raise StateError(
                 f"{self.path} is not a Charter journal ({e}); point --db at a journal "

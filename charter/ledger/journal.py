@@ -140,10 +140,16 @@ class Journal:
         store: Store,
         meta: JournalMeta,
         env: Mapping[str, str] | None = None,
+        *,
+        read_only: bool = False,
     ) -> None:
         self.location = location
         self.meta = meta
+        self.read_only = read_only
         self._store = store
+        self._app: JournalApplication | None = None
+        if read_only:  # no eventsourcing application: nothing opens the file to write
+            return
         app_env = location.app_env()
         for key, value in (env or {}).items():
             app_env[key] = app_env[f"CHARTER_{key}"] = value
@@ -154,7 +160,12 @@ class Journal:
         recorder = self._app.recorder
         if not isinstance(recorder, ProcessRecorder):  # pinned by Location.app_env
             raise StateError(f"journal recorder {type(recorder).__name__} cannot track positions")
-        self._recorder: ProcessRecorder = recorder
+        self._recorder = recorder
+
+    def _writer(self) -> tuple[JournalApplication, ProcessRecorder]:
+        if self._app is None:
+            raise StateError(f"journal {self.location.display} was opened read-only")
+        return self._app, self._recorder
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -213,20 +224,27 @@ class Journal:
 
     @classmethod
     def open(
-        cls, url: str | Location | None = None, *, env: Mapping[str, str] | None = None
+        cls,
+        url: str | Location | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        read_only: bool = False,
     ) -> Journal:
         """Open an existing journal; never creates or changes anything.
 
         ``env`` adds eventsourcing settings (tests select fault-injecting subclasses of
         the chained recorders this way); the chained recorders refuse unsafe settings.
+        ``read_only`` opens only the raw reader (verify, show): appending raises
+        StateError, and a SQLite file nobody may write is read without side files.
         """
         location = resolve_location(url)
         store = _store_for(location)
         meta = store.read_meta()
-        return cls(location, store, meta, env)
+        return cls(location, store, meta, env, read_only=read_only)
 
     def close(self) -> None:
-        self._app.close()
+        if self._app is not None:
+            self._app.close()
         self._store.close()
 
     def __enter__(self) -> Journal:
@@ -243,20 +261,20 @@ class Journal:
     @property
     def application(self) -> JournalApplication:
         """The underlying eventsourcing Application (notification log, followers)."""
-        return self._app
+        return self._writer()[0]
 
     # -- writing -------------------------------------------------------------------
 
     def tracked_position(self, follower: str) -> int:
         """The last journal position ``follower`` recorded (0 if none)."""
-        return int(self._recorder.max_tracking_id(follower) or 0)
+        return int(self._writer()[1].max_tracking_id(follower) or 0)
 
     def stream_version(self, stream: str) -> int:
         """The version of ``stream`` now (0 when it has no events)."""
         return self._version(stream_uuid(stream))
 
     def _version(self, originator: UUID) -> int:
-        last = self._recorder.select_events(originator, desc=True, limit=1)
+        last = self._writer()[1].select_events(originator, desc=True, limit=1)
         return last[0].originator_version if last else 0
 
     def _envelopes(
@@ -321,7 +339,7 @@ class Journal:
                 # The application's event store: one recorder insert, one transaction
                 # (what Application.save does, minus a per-event runtime Protocol
                 # isinstance check that costs ~20 ms per 1000 events on Python 3.11).
-                self._app.events.put(
+                self._writer()[0].events.put(
                     envelopes,
                     tracking=Tracking(*tracking) if tracking else None,
                     guards=guards,
