@@ -152,13 +152,19 @@ class Slot:
         if not command:
             raise SlotStateError("an empty command cannot run")
         self.state = SlotState.RAN
+        pool, proc = self.pool, self.proc
+        started = SandboxStarted(sandbox_id=self.sandbox_id, pid=proc.pid, command=tuple(command))
+        # The start is committed before the command can run: the stub is still parked
+        # (reading its argv). If the append fails the stub is killed, never fed.
+        try:
+            pool.journal(started)
+        except BaseException:
+            self._destroy()
+            raise
         start = time.monotonic()
         os.write(self._args_w, b"".join(a.encode() + b"\0" for a in command))
         os.close(self._args_w)
         self._args_w = -1
-        pool, proc = self.pool, self.proc
-        started = SandboxStarted(sandbox_id=self.sandbox_id, pid=proc.pid, command=tuple(command))
-        pool.journal(started)
         code, how = proc.wait(deadline=start + self.spec.wall_ms / 1000)
         wall_ms = int((time.monotonic() - start) * 1000)
         cg = proc.usage()
