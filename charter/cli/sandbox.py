@@ -35,6 +35,7 @@ from charter.sandbox import (
 __all__ = ["sandbox_group"]
 
 DEFAULT_BUDGET = "tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=0MB"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: a Ctrl-C, as a shell reports it (docs/cli.md)
 
 
 @contextlib.contextmanager
@@ -119,10 +120,16 @@ def run_cmd(
     with Charter.open(ctx.db) as charter:
         # With --json stdout carries only the result document; the command's output
         # goes to stderr.
-        outcome = charter.run_sandbox(
-            budget, list(command), workspace=workspace, egress=grant,
-            stdout=sys.stderr.fileno() if ctx.as_json else None,
-        )  # fmt: skip
+        try:
+            outcome = charter.run_sandbox(
+                budget, list(command), workspace=workspace, egress=grant,
+                stdout=sys.stderr.fileno() if ctx.as_json else None,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            # Ctrl-C: the launcher killed the sandbox and journaled its end (how
+            # "interrupted"); the exit code is a shell's for SIGINT.
+            ctx.status("interrupted: the sandbox was killed and its end journaled")
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     result = outcome.model_dump(mode="json", exclude={"stdout", "stderr"})
     if ctx.as_json:
         ctx.emit(result, "")

@@ -9,6 +9,7 @@ append returns is anything started. If the append fails, nothing runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -29,7 +30,7 @@ from charter.sandbox._host import (
     find_bwrap,
     remove_tree,
 )
-from charter.sandbox._proc import How, SandboxProcess, Stdio
+from charter.sandbox._proc import EXIT_INTERRUPTED, How, SandboxProcess, Stdio
 from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
 from charter.sandbox.events import (
     SandboxDiscarded,
@@ -283,10 +284,12 @@ class RawLauncher:
         stdio: tuple[Stdio, Stdio, Stdio],
         capture: int | None,
     ) -> Outcome:
-        """``capture``: None, or how many bytes of each captured stream to read back."""
+        """Start, wait, journal the end. ``capture``: None, or how many bytes of each
+        captured stream to read back. Whatever goes wrong after the lease was journaled,
+        the lease gets its end (``SandboxDiscarded`` at least): no lease dangles."""
         stdin, stdout, stderr = stdio
         egress = self.egress
-        registered = False
+        registered = ended = False
         out_fd = err_fd = None
         proc: SandboxProcess | None = None
         try:
@@ -305,25 +308,16 @@ class RawLauncher:
                 )
                 registered = True
             start = time.monotonic()
-            proc = SandboxProcess(
+            proc = self._start(
                 spec,
                 command,
-                bwrap=self.bwrap,
-                stdin=stdin,
-                stdout=out_fd if out_fd is not None else stdout,
-                stderr=err_fd if err_fd is not None else stderr,
+                (
+                    stdin,
+                    out_fd if out_fd is not None else stdout,
+                    err_fd if err_fd is not None else stderr,
+                ),
             )
-            try:
-                pid = proc.pid
-                self._journal(
-                    lambda: [
-                        SandboxStarted(sandbox_id=spec.sandbox_id, pid=pid, command=tuple(command))
-                    ]
-                )
-            except BaseException:
-                proc.destroy()
-                raise
-            code, how = proc.wait()
+            code, how = _wait_interruptible(proc)
             wall_ms = int((time.monotonic() - start) * 1000)
             cg = proc.usage()
             proc.destroy(defer_removal=True)
@@ -332,6 +326,7 @@ class RawLauncher:
                 registered = False
                 tally = egress.unregister(spec.host_uid)
             usage = SandboxUsage(wall_ms=wall_ms, egress_bytes=tally.used, **cg.model_dump())
+            ended = True  # from here the end is journaled, or its failure is the error
             self._journal(
                 lambda: [
                     *tally.attempts,
@@ -339,19 +334,25 @@ class RawLauncher:
                     SandboxDiscarded(sandbox_id=spec.sandbox_id),
                 ]
             )
+            if how == "interrupted":
+                # The end is on record; now the caller learns it was interrupted.
+                raise KeyboardInterrupt  # noqa: TRY301 (the wait caught the original)
             limit = capture if capture is not None else 0
             out, out_cut = read_capped(out_fd, limit) if out_fd is not None else (None, False)
             err, err_cut = read_capped(err_fd, limit) if err_fd is not None else (None, False)
             return Outcome(
-                sandbox_id=spec.sandbox_id,
-                exit_code=code,
-                how=how,
-                usage=usage,
-                stdout=out,
-                stderr=err,
-                stdout_truncated=out_cut,
-                stderr_truncated=err_cut,
-            )
+                sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage,
+                stdout=out, stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut,
+            )  # fmt: skip
+        except BaseException:
+            if proc is not None and proc.proc.poll() is None:
+                proc.destroy()
+            if not ended:
+                # The lease is on record: give it its end, so no lease dangles. The
+                # original error is what the caller needs; a second one is dropped.
+                with contextlib.suppress(Exception):
+                    self._journal(lambda: [SandboxDiscarded(sandbox_id=spec.sandbox_id)])
+            raise
         finally:
             if proc is not None and proc.proc.poll() is None:
                 proc.destroy()
@@ -360,3 +361,30 @@ class RawLauncher:
             for fd in (out_fd, err_fd):
                 if fd is not None:
                     os.close(fd)
+
+    def _start(
+        self, spec: SandboxSpec, command: list[str], stdio: tuple[Stdio, Stdio, Stdio]
+    ) -> SandboxProcess:
+        """Start bwrap and commit ``SandboxStarted``; if that append fails, kill it."""
+        stdin, stdout, stderr = stdio
+        proc = SandboxProcess(
+            spec, command, bwrap=self.bwrap, stdin=stdin, stdout=stdout, stderr=stderr
+        )
+        try:
+            pid = proc.pid
+            started = SandboxStarted(sandbox_id=spec.sandbox_id, pid=pid, command=tuple(command))
+            self._journal(lambda: [started])
+        except BaseException:
+            proc.destroy()
+            raise
+        return proc
+
+
+def _wait_interruptible(proc: SandboxProcess) -> tuple[int, How]:
+    """``proc.wait()``; on Ctrl-C (SIGINT at the launcher) the sandbox is killed and its
+    end reported as ``interrupted`` with exit code 130, for the caller to journal."""
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.kill()
+        return EXIT_INTERRUPTED, "interrupted"

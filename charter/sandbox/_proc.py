@@ -22,9 +22,10 @@ from charter.sandbox.errors import SandboxUnavailableError
 from charter.sandbox.render import BwrapFds, render_bwrap, render_seccomp
 from charter.sandbox.spec import CgroupMode, SandboxSpec
 
-__all__ = ["EXIT_WALL_CLOCK", "Overlay", "SandboxProcess", "exit_code_of"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_WALL_CLOCK", "Overlay", "SandboxProcess", "exit_code_of"]
 
 EXIT_WALL_CLOCK = 124
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 _LIMITED = (resource.RLIMIT_NPROC, resource.RLIMIT_NOFILE, resource.RLIMIT_CORE)
 _spawn_lock = threading.Lock()  # the cold spawn lowers process-wide soft rlimits for a fork
 _CLONE_NEWNS = 0x00020000
@@ -42,7 +43,7 @@ _libc.unshare.argtypes = [ctypes.c_int]
 _BWRAP_ENV: dict[str, str] = {}
 
 Stdio = int | IO[Any] | None
-How = Literal["exited", "signalled", "wall_clock"]
+How = Literal["exited", "signalled", "wall_clock", "interrupted"]
 
 
 def exit_code_of(returncode: int) -> int:

@@ -1,0 +1,98 @@
+"""Ctrl-C at ``charter sandbox run``: the sandbox is killed, its end journaled, exit 130."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from charter.ledger import Journal
+
+pytestmark = pytest.mark.sandbox
+
+REPO = Path(__file__).resolve().parents[2]
+TYPES = ("SandboxLeased", "SandboxStarted", "SandboxExited", "SandboxDiscarded")
+
+
+def _charter(env: dict[str, str], *args: str, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "charter", *args], text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw,  # type: ignore[call-overload]
+    )  # fmt: skip
+
+
+def _lifecycle(url: str) -> list[tuple[str, object]]:
+    with Journal.open(url) as journal:
+        return [(e.type_name, e.event) for e in journal.entries(types=TYPES)]
+
+
+def _uid_alive(uid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+            if int(fields["Uid"].split()[0]) == uid and not fields["State"].startswith("Z"):
+                return True
+    return False
+
+
+@pytest.fixture
+def env(tmp_path: Path, state_dir: Path) -> dict[str, str]:
+    env = {
+        "CHARTER_HOME": str(tmp_path / "home"),
+        "CHARTER_DB": f"sqlite:///{tmp_path}/journal.db",
+        "CHARTER_SANDBOX_STATE": str(state_dir),
+    }
+    init = _charter(env, "init")
+    assert init.wait(60) == 0, init.communicate()
+    return env
+
+
+def _started(url: str, proc: subprocess.Popen[str]) -> list[tuple[str, object]]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen = _lifecycle(url)
+        if any(name == "SandboxStarted" for name, _ in seen):
+            return seen
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("the sandbox never started")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_kills_the_sandbox_journals_its_end_and_exits_130(
+    env: dict[str, str], signum: int
+) -> None:
+    url = env["CHARTER_DB"]
+    run = _charter(env, "sandbox", "run", "--", "/bin/sleep", "300")
+    seen = _started(url, run)
+    uid = next(e.host_uid for name, e in seen if name == "SandboxLeased")  # type: ignore[attr-defined]
+    assert _uid_alive(uid)  # the sandbox runs
+    run.send_signal(signum)
+    _, err = run.communicate(timeout=60)
+    if signum == signal.SIGTERM:
+        # Control: a launcher killed without the interrupt path leaves the start open.
+        assert run.returncode == -signal.SIGTERM
+        names = [name for name, _ in _lifecycle(url)]
+        assert names == ["SandboxLeased", "SandboxStarted"]
+        return
+    assert run.returncode == 130, err
+    assert "Traceback" not in err
+    names = [name for name, _ in _lifecycle(url)]
+    assert names == list(TYPES)
+    exited = next(e for name, e in _lifecycle(url) if name == "SandboxExited")
+    assert exited.how == "interrupted"  # type: ignore[attr-defined]
+    assert exited.exit_code == 130  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while _uid_alive(uid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _uid_alive(uid)  # nothing of the sandbox runs on
