@@ -15,6 +15,7 @@ from charter.sandbox.errors import (
     SignatureTagError,
     SlotStateError,
     UidPoolExhaustedError,
+    WorkspaceRefusedError,
 )
 from charter.sandbox.events import (
     EgressAttempted,
@@ -94,4 +95,5 @@ __all__ = [
     "SandboxUnavailableError",
     "SlotStateError",
     "UidPoolExhaustedError",
+    "WorkspaceRefusedError",
 ]

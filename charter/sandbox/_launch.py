@@ -19,7 +19,6 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import charter.sandbox._janitor as janitor
 from charter.core.budget import Budget
 from charter.core.events import Event
 from charter.sandbox._cgroup import cgroup_dirs, reap_stale, settle
@@ -28,9 +27,9 @@ from charter.sandbox._host import (
     cgroup_mode,
     default_state_dir,
     find_bwrap,
-    remove_tree,
 )
 from charter.sandbox._proc import EXIT_INTERRUPTED, How, SandboxProcess, Stdio
+from charter.sandbox._workspace import bind_source, open_workspace, strip_setid
 from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
 from charter.sandbox.events import (
     SandboxDiscarded,
@@ -131,7 +130,7 @@ def leased_event(
 def host_facts(
     sandbox_id: str,
     host_uid: int,
-    workspace: str,
+    workspace: str | None,
     *,
     egress: EgressBroker | None,
     keys: KeyBroker | None,
@@ -202,7 +201,6 @@ class RawLauncher:
         self.state_dir = self.state_dir.resolve()
         # Sandboxes (and empty cgroups) left by launchers that were SIGKILLed.
         reap_stale(self.mode, self.state_dir)
-        (self.state_dir / "ws").mkdir(exist_ok=True, mode=0o755)
 
     def _journal(self, make: Callable[[], Sequence[Event]]) -> None:
         """Append the events ``make`` builds (built only when there is a journal)."""
@@ -231,21 +229,18 @@ class RawLauncher:
         sealed grant, journaled in ``SandboxLeased`` (None: an operator's own run).
         With ``capture``, at most ``max_output_bytes`` of each stream is returned."""
         sandbox_id = new_sandbox_id()
-        with allocate_uid(self.state_dir) as uid:
-            settle(uid)
-            own_ws = workspace is None
-            ws = self.state_dir / "ws" / sandbox_id if workspace is None else workspace
-            if own_ws:
-                os.mkdir(ws, 0o700)
-            try:
-                if own_ws:
-                    os.chown(ws, uid.uid, uid.uid)
+        # A persistent workspace is opened first, never through a symlink, and bound by
+        # its descriptor; without one the workspace is a private size-capped tmpfs.
+        ws_fd = open_workspace(workspace) if workspace is not None else None
+        try:
+            with allocate_uid(self.state_dir) as uid:
+                settle(uid)
                 spec = compile_spec(
                     budget,
                     host_facts(
                         sandbox_id,
                         uid.uid,
-                        str(ws if own_ws else ws.resolve()),
+                        bind_source(ws_fd) if ws_fd is not None else None,
                         egress=self.egress,
                         keys=self.keys,
                         cgroup_mode=self.mode,
@@ -270,10 +265,16 @@ class RawLauncher:
                     grant=grant,
                     stdio=(stdin, stdout, stderr),
                     capture=max_output_bytes if capture else None,
+                    pass_fds=(ws_fd,) if ws_fd is not None else (),
                 )
-            finally:
-                if own_ws:
-                    janitor.defer(lambda: remove_tree(ws))
+        finally:
+            if ws_fd is not None:
+                try:
+                    # No process of the sandbox is left (the run waited for its cgroup to
+                    # empty): nothing it wrote keeps a setuid or setgid bit on the host.
+                    strip_setid(ws_fd)
+                finally:
+                    os.close(ws_fd)
 
     def _run_spec(
         self,
@@ -283,6 +284,7 @@ class RawLauncher:
         grant: EgressGrant | None,
         stdio: tuple[Stdio, Stdio, Stdio],
         capture: int | None,
+        pass_fds: tuple[int, ...] = (),
     ) -> Outcome:
         """Start, wait, journal the end. ``capture``: None, or how many bytes of each
         captured stream to read back. Whatever goes wrong after the lease was journaled,
@@ -311,6 +313,7 @@ class RawLauncher:
             proc = self._start(
                 spec,
                 command,
+                pass_fds,
                 (
                     stdin,
                     out_fd if out_fd is not None else stdout,
@@ -363,13 +366,18 @@ class RawLauncher:
                     os.close(fd)
 
     def _start(
-        self, spec: SandboxSpec, command: list[str], stdio: tuple[Stdio, Stdio, Stdio]
+        self,
+        spec: SandboxSpec,
+        command: list[str],
+        pass_fds: tuple[int, ...],
+        stdio: tuple[Stdio, Stdio, Stdio],
     ) -> SandboxProcess:
         """Start bwrap and commit ``SandboxStarted``; if that append fails, kill it."""
         stdin, stdout, stderr = stdio
         proc = SandboxProcess(
-            spec, command, bwrap=self.bwrap, stdin=stdin, stdout=stdout, stderr=stderr
-        )
+            spec, command, bwrap=self.bwrap, extra_fds=pass_fds,
+            stdin=stdin, stdout=stdout, stderr=stderr,
+        )  # fmt: skip
         try:
             pid = proc.pid
             started = SandboxStarted(sandbox_id=spec.sandbox_id, pid=pid, command=tuple(command))

@@ -89,7 +89,9 @@ class HostFacts(BaseModel):
     sandbox_id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     host_uid: int = Field(ge=FIRST_SANDBOX_UID, lt=2**31)
     host_gid: int = Field(ge=FIRST_SANDBOX_UID, lt=2**31)
-    workspace: str
+    workspace: str | None = None
+    """The host directory bound at /workspace; None for a private, size-capped tmpfs
+    workspace that vanishes with the sandbox."""
     egress_socket: str | None = None
     key_socket: str | None = None
     cgroup_mode: CgroupMode = CgroupMode.V1
@@ -132,8 +134,9 @@ class SandboxSpec(BaseModel):
     ro_binds: tuple[tuple[str, str], ...]
     symlinks: tuple[tuple[str, str], ...]
     files: tuple[tuple[str, str], ...]
-    workspace_src: str
+    workspace_src: str | None
     workspace_dest: str
+    workspace_bytes: int
     tmp_bytes: int
     shm_bytes: int
     egress_socket_src: str | None
@@ -212,6 +215,9 @@ def compile_spec(budget: Budget, host: HostFacts) -> SandboxSpec:
         files=files,
         workspace_src=host.workspace,
         workspace_dest=WORKSPACE,
+        # A private workspace is a tmpfs: its pages are charged to the memory cap too,
+        # so /workspace, /tmp and /dev/shm together never hold more than the memory.
+        workspace_bytes=_page_floor(memory // 2),
         tmp_bytes=_page_floor(memory // 4),
         shm_bytes=_page_floor(memory // 16),
         egress_socket_src=host.egress_socket,

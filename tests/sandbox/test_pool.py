@@ -196,9 +196,7 @@ class _StartFails:
         return tuple(events)
 
 
-def test_a_warm_start_is_committed_before_the_command_runs(
-    template: Path, state_dir: Path
-) -> None:
+def test_a_warm_start_is_committed_before_the_command_runs(template: Path, state_dir: Path) -> None:
     failing = _StartFails()
     with WarmPool(template, B, capacity=1, sink=failing, state_dir=state_dir) as p:
         # Positive control: the watcher sees a command that a slot does exec.
