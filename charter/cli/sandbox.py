@@ -25,6 +25,7 @@ from charter.sandbox import (
     HostFacts,
     compile_spec,
     probe,
+    reap_host,
     refuse,
     render_bwrap,
     render_cgroup,
@@ -136,6 +137,15 @@ def run_cmd(
     else:
         ctx.status(f"sandbox {outcome.sandbox_id}: {outcome.how}, exit {outcome.exit_code}")
     raise click.exceptions.Exit(outcome.exit_code)
+
+
+@sandbox_group.command("reap")
+@click.pass_obj
+def reap_cmd(ctx: Ctx) -> None:
+    """Clean up after launchers that were killed: their sandboxes, cgroups and sockets."""
+
+    removed = reap_host()
+    ctx.emit({"removed": removed}, f"removed {removed}")
 
 
 @sandbox_group.command("spec")

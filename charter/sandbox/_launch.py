@@ -28,6 +28,7 @@ from charter.sandbox._host import (
     default_state_dir,
     find_bwrap,
 )
+from charter.sandbox._janitor import sweep_slots, sweep_sockets
 from charter.sandbox._proc import EXIT_INTERRUPTED, How, SandboxProcess, Stdio
 from charter.sandbox._workspace import bind_source, open_workspace, strip_setid
 from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
@@ -50,6 +51,7 @@ __all__ = [
     "host_facts",
     "leased_event",
     "new_sandbox_id",
+    "reap",
 ]
 
 
@@ -92,6 +94,14 @@ class Outcome(BaseModel):
     # Facts about the captured bytes, left out of dumps as the bytes themselves are.
     stdout_truncated: bool = Field(default=False, exclude=True)
     stderr_truncated: bool = Field(default=False, exclude=True)
+
+
+def reap(mode: CgroupMode, state_dir: Path) -> int:
+    """Clean up after launchers that died without doing it (SIGKILLed): kill what is left
+    of their sandboxes and remove their cgroups, then remove their broker sockets and
+    warm-pool slot directories. Returns how many things were removed."""
+    removed = reap_stale(mode, state_dir)
+    return removed + sweep_sockets(state_dir) + sweep_slots(state_dir)
 
 
 def new_sandbox_id() -> str:
@@ -199,8 +209,9 @@ class RawLauncher:
         self.host_cpus = host_cpus or os.cpu_count() or 1
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.state_dir = self.state_dir.resolve()
-        # Sandboxes (and empty cgroups) left by launchers that were SIGKILLed.
-        reap_stale(self.mode, self.state_dir)
+        # Sandboxes, empty cgroups and broker sockets left by launchers that were
+        # SIGKILLed.
+        reap(self.mode, self.state_dir)
 
     def _journal(self, make: Callable[[], Sequence[Event]]) -> None:
         """Append the events ``make`` builds (built only when there is a journal)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from charter.sandbox._gate import ensure_isolation
+from charter.sandbox._host import cgroup_mode, default_state_dir
 from charter.sandbox._launch import (
     EventSink,
     MemorySink,
@@ -14,6 +15,7 @@ from charter.sandbox._launch import (
     host_facts,
     leased_event,
     new_sandbox_id,
+    reap,
 )
 from charter.sandbox.egress import EgressBroker
 from charter.sandbox.keys import KeyBroker
@@ -26,6 +28,7 @@ __all__ = [
     "host_facts",
     "leased_event",
     "new_sandbox_id",
+    "reap_host",
 ]
 
 
@@ -51,3 +54,11 @@ class Launcher(RawLauncher):
             sink, state_dir=state_dir, egress=egress, keys=keys, bwrap=bwrap, host_cpus=host_cpus
         )
         ensure_isolation(sink, state_dir=self.state_dir, bwrap=self.bwrap)
+
+
+def reap_host(state_dir: Path | None = None) -> int:
+    """``charter sandbox reap``: what every launcher and pool does as it starts, on its
+    own. Kills the sandboxes of launchers that were SIGKILLed (their uid records name
+    their cgroups), removes their cgroups, broker sockets and slot directories; returns
+    how many things were removed."""
+    return reap(cgroup_mode(), (state_dir or default_state_dir()).resolve())

@@ -32,6 +32,7 @@ from charter.sandbox._launch import (
     leased_event,
     new_sandbox_id,
     read_memfd,
+    reap,
 )
 from charter.sandbox._proc import Overlay, SandboxProcess
 from charter.sandbox.egress import EgressBroker, EgressGrant
@@ -253,6 +254,7 @@ class WarmPool:
         self.mode = cgroup_mode()
         self.host_cpus = os.cpu_count() or 1
         ensure_isolation(sink, state_dir=self.state_dir, bwrap=self.bwrap)  # fail closed
+        reap(self.mode, self.state_dir)  # what launchers that were SIGKILLed left running
         self._parked: list[Slot] = []
         self._leased: set[Slot] = set()
         self._building = 0  # reserved capacity whose slot is being built (outside the lock)
