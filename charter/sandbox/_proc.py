@@ -18,6 +18,7 @@ from typing import IO, Any, Literal
 
 import charter.sandbox._janitor as janitor
 from charter.sandbox._cgroup import Cgroup, CgroupUsage, home_fds
+from charter.sandbox._tty import TerminalGuard
 from charter.sandbox.errors import SandboxUnavailableError
 from charter.sandbox.render import BwrapFds, render_bwrap, render_seccomp
 from charter.sandbox.spec import CgroupMode, SandboxSpec
@@ -116,7 +117,15 @@ class SandboxProcess:
         stderr: Stdio = None,
     ) -> None:
         self.spec = spec
-        self.cgroup = Cgroup(spec)
+        # No terminal descriptor reaches the sandbox (see _tty): stdin that is one is
+        # /dev/null, stdout/stderr that are one are relayed through pipes.
+        self._terminal = TerminalGuard(stdin, stdout, stderr)
+        stdin, stdout, stderr = self._terminal.stdin, self._terminal.stdout, self._terminal.stderr
+        try:
+            self.cgroup = Cgroup(spec)
+        except BaseException:
+            self._terminal.finish()
+            raise
         fds: list[int] = []
         try:
             seccomp = _memfd("seccomp", render_seccomp(spec))
@@ -144,6 +153,7 @@ class SandboxProcess:
             for fd in fds:
                 os.close(fd)
             self.cgroup.close_join_fds()
+            self._terminal.spawned()
         self.started_at = time.monotonic()
         self._pidfd = os.pidfd_open(self.proc.pid)
 
@@ -247,6 +257,7 @@ class SandboxProcess:
             self.kill()
         if not self.cgroup.wait_empty():
             self.cgroup.kill_all()
+        self._terminal.finish()  # no process holds the relays' pipes now
         if defer_removal:
             janitor.defer(self.cgroup.remove)
         else:
