@@ -61,20 +61,21 @@ def sandbox_group() -> None:
 @sandbox_group.command("probe")
 @click.pass_obj
 def probe_cmd(ctx: Ctx) -> None:
-    """Run the live canary; exit 0 with every property checked, or 4 naming what fails."""
+    """Run the live canary; exit 0 with every property checked, or 4 naming what fails.
+    The canary sandbox and a refusal are journaled when a journal exists at --db."""
 
-    report = probe()
-
-    def text() -> None:
-        for check in report.checks:
-            click.echo(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
-
-    ctx.emit(report.model_dump(mode="json"), text)
-    if report.ok:
-        return
     with _journal(ctx, required=False) as journal:
         if journal is None:
-            ctx.status("no journal at --db: this refusal is not journaled")
+            ctx.status("no journal at --db: the canary and any refusal are not journaled")
+        report = probe(journal)
+
+        def text() -> None:
+            for check in report.checks:
+                click.echo(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
+
+        ctx.emit(report.model_dump(mode="json"), text)
+        if report.ok:
+            return
         refusal = refuse(report, journal)
     raise refusal
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from charter.core.budget import Budget
 from charter.core.events import Event
 from charter.sandbox._cgroup import cgroup_dirs, settle
-from charter.sandbox._gate import ensure_isolation
+from charter.sandbox._gate import ensure_isolation, forget_pass
 from charter.sandbox._host import UidLease, allocate_uid, cgroup_mode, default_state_dir, find_bwrap
 from charter.sandbox._launch import (
     MAX_OUTPUT_BYTES,
@@ -37,6 +37,7 @@ from charter.sandbox._launch import (
 from charter.sandbox._proc import Overlay, SandboxProcess
 from charter.sandbox.egress import EgressBroker, EgressGrant
 from charter.sandbox.errors import (
+    HostCannotIsolateError,
     PoolCapacityError,
     PoolExhaustedError,
     SandboxUnavailableError,
@@ -250,10 +251,10 @@ class WarmPool:
         self.keys = keys
         self.state_dir = state_dir or default_state_dir()
         self.name = name
+        ensure_isolation(sink, state_dir=self.state_dir, bwrap=bwrap)  # fail closed, first
         self.bwrap = bwrap or find_bwrap()
         self.mode = cgroup_mode()
         self.host_cpus = os.cpu_count() or 1
-        ensure_isolation(sink, state_dir=self.state_dir, bwrap=self.bwrap)  # fail closed
         reap(self.mode, self.state_dir)  # what launchers that were SIGKILLed left running
         self._parked: list[Slot] = []
         self._leased: set[Slot] = set()
@@ -309,6 +310,12 @@ class WarmPool:
         """Build a slot whose capacity the caller reserved; a failed build gives it back."""
         try:
             return Slot(self)
+        except HostCannotIsolateError:
+            forget_pass(self.state_dir)  # unusable cgroups since the pass: probe again
+            with self._cond:
+                self._building -= 1
+                self._cond.notify_all()
+            raise
         except BaseException:
             with self._cond:
                 self._building -= 1

@@ -188,13 +188,16 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
     ]  # fmt: skip
 
 
-def probe(*, state_dir: Path | None = None, bwrap: str | None = None) -> ProbeReport:
-    """Run every check and report (never raises for a failed check: any error is a failure)."""
+def probe(
+    sink: EventSink | None = None, *, state_dir: Path | None = None, bwrap: str | None = None
+) -> ProbeReport:
+    """Run every check and report (never raises for a failed check: any error is a
+    failure). The canary sandbox is journaled through ``sink`` like any other."""
     checks: list[ProbeCheck] = []
     try:
         path = bwrap or find_bwrap()
         checks += _static_checks(path)
-        launcher = RawLauncher(state_dir=state_dir or default_state_dir(), bwrap=path)
+        launcher = RawLauncher(sink, state_dir=state_dir or default_state_dir(), bwrap=path)
         checks += _live_checks(launcher)
     except Exception as e:  # noqa: BLE001 (fail closed: any error at all is a refusal)
         failure = f"{type(e).__name__}: {e}"
@@ -206,7 +209,7 @@ def require_isolation(
     sink: EventSink | None = None, *, state_dir: Path | None = None, bwrap: str | None = None
 ) -> ProbeReport:
     """Probe; if the host cannot isolate, journal the refusal and raise (exit 4)."""
-    report = probe(state_dir=state_dir, bwrap=bwrap)
+    report = probe(sink, state_dir=state_dir, bwrap=bwrap)
     if not report.ok:
         raise refuse(report, sink)
     return report

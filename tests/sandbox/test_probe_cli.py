@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from charter.core import Event
 from charter.ledger import Journal
 from charter.sandbox import (
     HostCannotIsolateError,
     MemorySink,
     SandboxProbeRefused,
+    SandboxStarted,
     probe,
     require_isolation,
 )
+from charter.sandbox._canary import CANARY
 
 pytestmark = pytest.mark.sandbox
 
@@ -112,6 +115,11 @@ def test_probe_refuses_a_bwrap_whose_init_holds_the_environment(
     assert {c.name: c.ok for c in report.checks}["init_environment_clean"] is True
 
 
+def _canary_only(events: list[Event]) -> bool:
+    """Every sandbox started among ``events`` is the probe's canary."""
+    return all(CANARY in e.command for e in events if isinstance(e, SandboxStarted))
+
+
 def test_launcher_and_pool_refuse_to_spawn_on_a_weak_host(state_dir: Path, scratch: Path) -> None:
     from charter.core import Budget
     from charter.sandbox import Launcher, WarmPool
@@ -123,8 +131,12 @@ def test_launcher_and_pool_refuse_to_spawn_on_a_weak_host(state_dir: Path, scrat
     with pytest.raises(HostCannotIsolateError):
         WarmPool(scratch, Budget.parse("tokens=0,wall=5s,cpu=5s,mem=64MiB,egress=0MB"), 1,
                  sink=sink, state_dir=state_dir, bwrap=weak)  # fmt: skip
-    assert [type(e) for e in sink.events] == [SandboxProbeRefused, SandboxProbeRefused]
-    assert not any(type(e).__name__ == "SandboxLeased" for e in sink.events)
+    # Each refusal is journaled after its canary's own lifecycle (the canary is a
+    # sandbox like any other); no other sandbox was leased.
+    assert [type(e) for e in sink.events if isinstance(e, SandboxProbeRefused)] == [
+        SandboxProbeRefused, SandboxProbeRefused,
+    ]  # fmt: skip
+    assert _canary_only(sink.events)
 
 
 def _charter(
@@ -163,7 +175,10 @@ def test_cli_run_passes_exit_codes_through(cli_env: dict[str, str]) -> None:
         # The lifecycle, in order, for each of the four runs.
         wanted = ("SandboxLeased", "SandboxStarted", "SandboxExited", "SandboxDiscarded")
         types = [e.type_name for e in journal.entries(types=wanted)]
-    assert types.count("SandboxLeased") == types.count("SandboxDiscarded") == 4
+        commands = [e.event.command for e in journal.entries(types=("SandboxStarted",))]
+    runs = [c for c in commands if CANARY not in c]
+    assert len(runs) == 4
+    assert types.count("SandboxLeased") == types.count("SandboxDiscarded") == len(commands)
 
 
 def test_cli_run_refuses_a_malformed_egress_destination(cli_env: dict[str, str]) -> None:
@@ -198,10 +213,11 @@ def test_cli_probe_and_refusal(cli_env: dict[str, str], scratch: Path) -> None:
     assert not (scratch / "ran").exists()
     with Journal.open(cli_env["CHARTER_DB"]) as journal:
         refusals = list(journal.entries(types=("SandboxProbeRefused",)))
-        started = list(journal.entries(types=("SandboxStarted",)))
+        started = [e.event for e in journal.entries(types=("SandboxStarted",))]
     assert len(refusals) == 2
     assert "environment_cleared" in refusals[0].event.failed  # type: ignore[attr-defined]
-    assert started == []
+    assert started  # the canaries are journaled ...
+    assert _canary_only(started)  # ... and nothing but them ever started
 
 
 def test_cli_spec_renders_without_running(tmp_path: Path) -> None:
