@@ -56,7 +56,8 @@ def test_probe_passes_on_this_host(state_dir: Path) -> None:
                  "no_nested_userns", "seccomp_filter", "pids_cap", "memory_cap",
                  "all_namespaces_unshared", "unprivileged_host_uid", "read_only_root",
                  "rlimits_final", "init_environment_clean", "init_process_hidden",
-                 "socket_families_allow_listed", "parent_death_signal_kept"):  # fmt: skip
+                 "socket_families_allow_listed", "parent_death_signal_kept",
+                 "workspace_nosuid_nodev"):  # fmt: skip
         assert name in names
 
 
@@ -113,6 +114,27 @@ def test_probe_refuses_a_bwrap_whose_init_holds_the_environment(
     # Control: the same probe through the real bwrap passes that check.
     report = probe(state_dir=state_dir)
     assert {c.name: c.ok for c in report.checks}["init_environment_clean"] is True
+
+
+DEV_BIND_BWRAP = """#!/usr/bin/python3
+# A bwrap that binds the workspace with devices allowed (--dev-bind: no nodev).
+import os, sys
+argv = sys.argv[1:]
+if "--bind" in argv:
+    argv[argv.index("--bind")] = "--dev-bind"
+os.execv("/usr/bin/bwrap", ["bwrap", *argv])
+"""
+
+
+def test_probe_refuses_a_workspace_mounted_with_devices(state_dir: Path, scratch: Path) -> None:
+    weak = scratch / "bwrap-dev-bind"
+    weak.write_text(DEV_BIND_BWRAP)
+    weak.chmod(0o755)
+    sink = MemorySink()
+    with pytest.raises(HostCannotIsolateError):
+        require_isolation(sink, state_dir=state_dir, bwrap=str(weak))
+    refused = [e for e in sink.events if isinstance(e, SandboxProbeRefused)]
+    assert refused[0].failed == ("workspace_nosuid_nodev",)  # control: the rest passed
 
 
 def _canary_only(events: list[Event]) -> bool:
