@@ -17,7 +17,7 @@ from pathlib import Path
 
 from charter.sandbox._host import uid_lock_dir
 
-__all__ = ["SOCKET_NAME", "defer", "drain", "sweep_slots", "sweep_sockets"]
+__all__ = ["SOCKET_NAME", "defer", "drain", "sweep_orphans", "sweep_sockets"]
 
 SOCKET_NAME = re.compile(r"^[a-z]+-(?P<pid>[1-9][0-9]{0,9})\.sock$")
 """A broker socket in the sandbox state directory is named ``KIND-PID.sock`` after the
@@ -87,18 +87,19 @@ def sweep_sockets(state_dir: Path) -> int:
     return removed
 
 
-_SLOT_GRACE_S = 60.0
-"""A slot directory younger than this may belong to a slot being built (its directory
-is made a moment before its uid record names it): never swept."""
+_GRACE_S = 60.0
+"""A slot or workspace directory younger than this may belong to a sandbox being set up
+(its directory is made a moment before its uid record names it): never swept."""
 
 
-def sweep_slots(state_dir: Path) -> int:
-    """Remove warm-pool slot directories (``slots/ID``, empty mount points on the host)
-    that no uid record names any more: their pool died (a SIGKILLed launcher) and the
-    uid reaper has killed their sandboxes. Call it after that reaper; returns how many."""
-    slots = state_dir / "slots"
+def sweep_orphans(state_dir: Path, kind: str, remove: Callable[[Path], None]) -> int:
+    """Remove with ``remove`` the per-sandbox directories ``state_dir/kind/ID`` (warm-pool
+    slot mount points, persistent workspaces' overlays) that no uid record names any
+    more: their launcher died (SIGKILLed) and the uid reaper has killed their sandboxes.
+    Call it after that reaper; returns how many."""
+    parent = state_dir / kind
     try:
-        names = os.listdir(slots)
+        names = os.listdir(parent)
     except FileNotFoundError:
         return 0
     live: set[str] = set()
@@ -111,7 +112,7 @@ def sweep_slots(state_dir: Path) -> int:
         if name in live:
             continue
         with contextlib.suppress(OSError):  # gone meanwhile, or in use: left for later
-            if time.time() - os.lstat(slots / name).st_mtime > _SLOT_GRACE_S:
-                os.rmdir(slots / name)
+            if time.time() - os.lstat(parent / name).st_mtime > _GRACE_S:
+                remove(parent / name)
                 removed += 1
     return removed

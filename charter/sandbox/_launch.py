@@ -28,9 +28,9 @@ from charter.sandbox._host import (
     default_state_dir,
     find_bwrap,
 )
-from charter.sandbox._janitor import sweep_slots, sweep_sockets
+from charter.sandbox._janitor import sweep_orphans, sweep_sockets
 from charter.sandbox._proc import EXIT_INTERRUPTED, How, SandboxProcess, Stdio
-from charter.sandbox._workspace import bind_source, open_workspace, strip_setid
+from charter.sandbox._workspace import PersistentWorkspace, unmount_stale
 from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
 from charter.sandbox.events import (
     SandboxDiscarded,
@@ -40,7 +40,7 @@ from charter.sandbox.events import (
     SandboxUsage,
 )
 from charter.sandbox.keys import KeyBroker
-from charter.sandbox.spec import CgroupMode, HostFacts, SandboxSpec, compile_spec
+from charter.sandbox.spec import CgroupMode, HostFacts, SandboxSpec, compile_spec, workspace_cap
 
 __all__ = [
     "MAX_OUTPUT_BYTES",
@@ -98,10 +98,12 @@ class Outcome(BaseModel):
 
 def reap(mode: CgroupMode, state_dir: Path) -> int:
     """Clean up after launchers that died without doing it (SIGKILLed): kill what is left
-    of their sandboxes and remove their cgroups, then remove their broker sockets and
-    warm-pool slot directories. Returns how many things were removed."""
-    removed = reap_stale(mode, state_dir)
-    return removed + sweep_sockets(state_dir) + sweep_slots(state_dir)
+    of their sandboxes and remove their cgroups, then remove their broker sockets,
+    warm-pool slot directories and persistent workspaces' overlays (whose changes are
+    discarded: only a run that ended commits). Returns how many things were removed."""
+    removed = reap_stale(mode, state_dir) + sweep_sockets(state_dir)
+    removed += sweep_orphans(state_dir, "slots", os.rmdir)
+    return removed + sweep_orphans(state_dir, "ws", unmount_stale)
 
 
 def new_sandbox_id() -> str:
@@ -212,6 +214,8 @@ class RawLauncher:
         # Sandboxes, empty cgroups and broker sockets left by launchers that were
         # SIGKILLed.
         reap(self.mode, self.state_dir)
+        # Persistent workspaces' overlays, made by root: traversable, not listable.
+        (self.state_dir / "ws").mkdir(exist_ok=True, mode=0o711)
 
     def _journal(self, make: Callable[[], Sequence[Event]]) -> None:
         """Append the events ``make`` builds (built only when there is a journal)."""
@@ -240,9 +244,17 @@ class RawLauncher:
         sealed grant, journaled in ``SandboxLeased`` (None: an operator's own run).
         With ``capture``, at most ``max_output_bytes`` of each stream is returned."""
         sandbox_id = new_sandbox_id()
-        # A persistent workspace is opened first, never through a symlink, and bound by
-        # its descriptor; without one the workspace is a private size-capped tmpfs.
-        ws_fd = open_workspace(workspace) if workspace is not None else None
+        # A persistent workspace is reached without following any symlink and overlaid
+        # with a size-capped tmpfs that takes every write; its changes are applied to
+        # the directory once the sandbox is gone. Without one the workspace is a private
+        # size-capped tmpfs.
+        ws = (
+            PersistentWorkspace(
+                workspace, self.state_dir / "ws" / sandbox_id, workspace_cap(budget)
+            )
+            if workspace is not None
+            else None
+        )
         try:
             with allocate_uid(self.state_dir) as uid:
                 settle(uid)
@@ -251,7 +263,7 @@ class RawLauncher:
                     host_facts(
                         sandbox_id,
                         uid.uid,
-                        bind_source(ws_fd) if ws_fd is not None else None,
+                        str(ws.merged) if ws is not None else None,
                         egress=self.egress,
                         keys=self.keys,
                         cgroup_mode=self.mode,
@@ -276,16 +288,15 @@ class RawLauncher:
                     grant=grant,
                     stdio=(stdin, stdout, stderr),
                     capture=max_output_bytes if capture else None,
-                    pass_fds=(ws_fd,) if ws_fd is not None else (),
                 )
         finally:
-            if ws_fd is not None:
+            if ws is not None:
                 try:
-                    # No process of the sandbox is left (the run waited for its cgroup to
-                    # empty): nothing it wrote keeps a setuid or setgid bit on the host.
-                    strip_setid(ws_fd)
+                    # No process of the sandbox is left (the run waited for its cgroup
+                    # to empty): its writes go to the directory now, setuid bits cleared.
+                    ws.commit()
                 finally:
-                    os.close(ws_fd)
+                    ws.close()
 
     def _run_spec(
         self,
@@ -295,7 +306,6 @@ class RawLauncher:
         grant: EgressGrant | None,
         stdio: tuple[Stdio, Stdio, Stdio],
         capture: int | None,
-        pass_fds: tuple[int, ...] = (),
     ) -> Outcome:
         """Start, wait, journal the end. ``capture``: None, or how many bytes of each
         captured stream to read back. Whatever goes wrong after the lease was journaled,
@@ -324,7 +334,6 @@ class RawLauncher:
             proc = self._start(
                 spec,
                 command,
-                pass_fds,
                 (
                     stdin,
                     out_fd if out_fd is not None else stdout,
@@ -380,14 +389,12 @@ class RawLauncher:
         self,
         spec: SandboxSpec,
         command: list[str],
-        pass_fds: tuple[int, ...],
         stdio: tuple[Stdio, Stdio, Stdio],
     ) -> SandboxProcess:
         """Start bwrap and commit ``SandboxStarted``; if that append fails, kill it."""
         stdin, stdout, stderr = stdio
         proc = SandboxProcess(
-            spec, command, bwrap=self.bwrap, extra_fds=pass_fds,
-            stdin=stdin, stdout=stdout, stderr=stderr,
+            spec, command, bwrap=self.bwrap, stdin=stdin, stdout=stdout, stderr=stderr,
         )  # fmt: skip
         try:
             pid = proc.pid

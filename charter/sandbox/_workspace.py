@@ -1,29 +1,34 @@
-"""A persistent workspace (``--workspace DIR``) on the host side: opened without ever
-following a symlink, bound into the sandbox through that open descriptor, and left with
-no setuid or setgid file once the sandbox is gone.
+"""A persistent workspace (``--workspace DIR``) on the host side: reached without ever
+following a symlink, overlaid with a size-capped tmpfs that takes every write, and
+updated from it once the sandbox is gone, with no setuid or setgid bit carried over.
 
-A sandbox writes into its workspace as its host uid. Two things it could leave there
-would outlive it and work against the host: a symlink where the next sandbox's
-workspace path is looked up (a link to ``/`` once bound the host's root read-write into
-the next sandbox), and a setuid file (bwrap binds the directory nosuid, so the bit does
-nothing inside, but the host's own mount honours it: any local user could run it as the
-sandbox's host uid, reach the egress broker as that sandbox, and signal or ptrace a later
-sandbox given the same uid). The first is closed by :func:`open_workspace` (each path
-component opened ``O_NOFOLLOW``; bwrap binds the opened directory itself, through
-``/proc/self/fd``, so no later swap of a path component is followed either), the second
-by :func:`strip_setid`, run after the sandbox's last process is gone.
+A sandbox writing straight into a host directory could do three things that outlive it:
+plant a symlink where the next sandbox's workspace path is looked up (a link to ``/``
+once bound the host's root read-write into the next sandbox); leave a setuid file (bwrap
+binds nosuid, so the bit does nothing inside, but the host's own mount honours it: any
+local user could run it as the sandbox's host uid, reach the egress broker as that
+sandbox, and signal or ptrace a later sandbox given the same uid); and fill the host's
+disk. So :func:`open_workspace` opens each path component ``O_NOFOLLOW`` (a link is
+refused), the opened directory is the overlay's lower layer (given to the kernel by its
+descriptor, so no later swap of a path component is followed), every write lands in a
+tmpfs of the workspace cap (ENOSPC past it; both mounts nosuid), and
+:meth:`PersistentWorkspace.commit` applies the changes through descriptors, never
+following a link, clearing setuid and setgid bits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import shutil
 import stat
+import threading
 from pathlib import Path
 
 from charter.sandbox.errors import WorkspaceRefusedError
 
-__all__ = ["bind_source", "open_workspace", "strip_setid"]
+__all__ = ["PersistentWorkspace", "bind_source", "open_workspace", "unmount_stale"]
 
 _SETID = stat.S_ISUID | stat.S_ISGID
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -61,47 +66,190 @@ def bind_source(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def strip_setid(fd: int) -> int:
-    """Clear the setuid and setgid bits of everything under the directory ``fd`` (and of
-    the directory itself); returns how many entries had one. Symlinks are never
-    followed. Call it once no process of the sandbox remains: nothing races it then but
-    another sandbox sharing the workspace, whose entries it reaches only through the
-    descriptors of directories it opened itself."""
-    stripped = 0
-    top = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-    try:
-        for _, _, files, dir_fd in os.fwalk(dir_fd=top, follow_symlinks=False):
-            for name in files:
-                stripped += _clear_entry(dir_fd, name)
-            stripped += _clear(dir_fd)
-    finally:
-        os.close(top)
-    return stripped
+class PersistentWorkspace:
+    """A ``--workspace`` as the sandbox sees it: an overlay whose lower layer is the
+    directory (reached by :func:`open_workspace`) and whose upper layer, where every
+    write of the sandbox goes, is a tmpfs of ``size_bytes`` in a root-only directory of
+    the state directory. Writes past the cap fail inside with ENOSPC and never reach the
+    host disk; nothing the sandbox writes is reachable by other host users while it
+    runs. :meth:`commit`, once no process of the sandbox is left, applies the upper
+    layer to the directory (files copied, deletions done, symlinks made, never followed;
+    setuid and setgid bits cleared); :meth:`close` unmounts and removes the rest."""
 
-
-def _clear(fd: int) -> int:
-    mode = os.fstat(fd).st_mode
-    if mode & _SETID:
-        os.chmod(fd, stat.S_IMODE(mode) & ~_SETID)
-        return 1
-    return 0
-
-
-def _clear_entry(dir_fd: int, name: str) -> int:
-    """Clear the bits of ``name`` in ``dir_fd`` (a file, fifo, socket; never a symlink's
-    target), through an ``O_PATH`` descriptor of the entry itself."""
-    with contextlib.suppress(FileNotFoundError):
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if stat.S_ISLNK(st.st_mode) or not st.st_mode & _SETID:
-            return 0
-        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    def __init__(self, path: Path, home: Path, size_bytes: int) -> None:
+        if any(c in str(home) for c in ",:\\"):
+            raise WorkspaceRefusedError(f"path {home} cannot hold an overlay layer")
+        self.home = home
+        self.dest = open_workspace(path)
+        self._mounted: list[Path] = []
         try:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISLNK(mode):
-                return 0
-            # chmod through the descriptor's /proc link: it names this inode, not a path.
-            os.chmod(bind_source(fd), stat.S_IMODE(mode) & ~_SETID)
-            return 1
+            # Traversable (bwrap resolves the bind source as the sandbox's uid), not
+            # listable; both mounts are nosuid, so no setuid bit works through them.
+            os.mkdir(home, 0o711)
+            _mount(b"tmpfs", home, b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                   f"size={size_bytes},mode=0711".encode())  # fmt: skip
+            self._mounted.append(home)
+            for name in ("upper", "work", "merged"):
+                os.mkdir(home / name, 0o700)
+            # The merged root takes the upper root's owner and mode: the directory's own.
+            st = os.stat(self.dest)
+            os.chown(home / "upper", st.st_uid, st.st_gid)
+            os.chmod(home / "upper", stat.S_IMODE(st.st_mode))
+            layers = f"lowerdir={bind_source(self.dest)},upperdir={home}/upper,workdir={home}/work"
+            _mount(b"overlay", home / "merged", b"overlay", _MS_NOSUID | _MS_NODEV,
+                   layers.encode())  # fmt: skip
+            self._mounted.append(home / "merged")
+        except OSError as e:
+            self.close()
+            raise WorkspaceRefusedError(f"workspace {path} cannot be overlaid: {e}") from e
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def merged(self) -> Path:
+        """What bwrap binds at /workspace: a path only the launcher (root) makes."""
+        return self.home / "merged"
+
+    def commit(self) -> None:
+        """Apply the sandbox's changes to the directory (call it once no process of the
+        sandbox remains: nothing changes the upper layer then)."""
+        upper = os.open(self.home / "upper", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        dest = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.dest)
+        try:
+            _apply(upper, dest)
+            _copy_attrs(os.fstat(upper), dest)
         finally:
-            os.close(fd)
-    return 0
+            os.close(upper)
+            os.close(dest)
+
+    def close(self) -> None:
+        """Unmount the overlay and its tmpfs (the upper layer's bytes go with it)."""
+        while self._mounted:
+            _umount(self._mounted.pop())
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.home)
+        if self.dest >= 0:
+            os.close(self.dest)
+            self.dest = -1
+
+
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 0x2, 0x4, 0x2
+_WHITEOUT_DEV = 0
+_OPAQUE = "trusted.overlay.opaque"
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]  # fmt: skip
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+def _mount(source: bytes, target: Path, fstype: bytes, flags: int, data: bytes) -> None:
+    if _libc.mount(source, bytes(target), fstype, flags, data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype.decode()} at {target}: {os.strerror(err)}")
+
+
+def _umount(target: Path) -> None:
+    """Detach ``target`` (lazily: an open file keeps the mount, not the path)."""
+    _libc.umount2(bytes(target), _MNT_DETACH)
+
+
+def unmount_stale(home: Path) -> None:
+    """Unmount and remove a workspace's overlay and tmpfs left by a launcher that died
+    (its changes are discarded: only a run that ended commits)."""
+    _umount(home / "merged")
+    _umount(home)
+    with contextlib.suppress(OSError):
+        shutil.rmtree(home)
+
+
+def _copy_attrs(st: os.stat_result, fd: int) -> None:
+    """Owner and mode of ``st`` onto ``fd``, never a setuid or setgid bit."""
+    os.fchown(fd, st.st_uid, st.st_gid)
+    os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~_SETID)
+
+
+def _remove(dest: int, name: str) -> None:
+    """Remove ``name`` from the directory ``dest``, a tree without following links."""
+    try:
+        st = os.stat(name, dir_fd=dest, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dest)
+    else:
+        os.unlink(name, dir_fd=dest)
+
+
+def _apply(upper: int, dest: int) -> None:
+    """Make the directory ``dest`` what the overlay showed: every entry of the upper
+    layer ``upper`` applied, through descriptors (no path is looked up twice, no
+    symlink in ``dest`` is followed)."""
+    for entry in os.scandir(upper):
+        name = entry.name
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == _WHITEOUT_DEV:
+            _remove(dest, name)  # deleted in the sandbox
+        elif stat.S_ISDIR(st.st_mode):
+            _apply_dir(upper, dest, name, st)
+        elif stat.S_ISREG(st.st_mode):
+            _apply_file(upper, dest, name, st)
+        elif stat.S_ISLNK(st.st_mode):
+            target = os.readlink(name, dir_fd=upper)
+            _remove(dest, name)
+            os.symlink(target, name, dir_fd=dest)
+            os.chown(name, st.st_uid, st.st_gid, dir_fd=dest, follow_symlinks=False)
+        # fifos and sockets made in the sandbox are not carried over
+
+
+def _apply_dir(upper: int, dest: int, name: str, st: os.stat_result) -> None:
+    sub_upper = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=upper)
+    try:
+        opaque = False
+        with contextlib.suppress(OSError):
+            opaque = os.getxattr(sub_upper, _OPAQUE) == b"y"
+        existing = None
+        with contextlib.suppress(FileNotFoundError):
+            existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
+        if existing is not None and (opaque or not stat.S_ISDIR(existing.st_mode)):
+            _remove(dest, name)  # replaced in the sandbox: nothing of the old one stays
+            existing = None
+        if existing is None:
+            os.mkdir(name, 0o700, dir_fd=dest)
+        sub_dest = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dest)
+        try:
+            _apply(sub_upper, sub_dest)
+            _copy_attrs(st, sub_dest)
+        finally:
+            os.close(sub_dest)
+    finally:
+        os.close(sub_upper)
+
+
+def _apply_file(upper: int, dest: int, name: str, st: os.stat_result) -> None:
+    """Copy the file into a fresh temporary entry of ``dest``, then rename it over
+    ``name`` (a directory there is removed first)."""
+    temp = f".charter-commit-{os.getpid()}-{threading.get_ident()}"
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=upper)
+    try:
+        _remove(dest, temp)
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                      dir_fd=dest)  # fmt: skip
+        try:
+            offset = 0
+            while offset < st.st_size:
+                sent = os.sendfile(out, src, offset, st.st_size - offset)
+                if sent == 0:
+                    break
+                offset += sent
+            _copy_attrs(st, out)
+        finally:
+            os.close(out)
+        existing = None
+        with contextlib.suppress(FileNotFoundError):
+            existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
+        if existing is not None and stat.S_ISDIR(existing.st_mode):
+            _remove(dest, name)
+        os.rename(temp, name, src_dir_fd=dest, dst_dir_fd=dest)
+    finally:
+        os.close(src)

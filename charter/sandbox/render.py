@@ -122,8 +122,9 @@ def render_bwrap(
         # fill the host's disk, outlive the sandbox and could leave setuid files there.
         argv += ["--size", str(spec.workspace_bytes), "--tmpfs", spec.workspace_dest]
     else:
-        # The one writable host directory (bwrap binds it nosuid: nothing setuid in it
-        # works inside; the launcher strips setuid bits from it on the host side).
+        # The one writable bind: a persistent workspace's overlay, which the launcher
+        # mounts nosuid,nodev with every write on a size-capped tmpfs (a direct bind of
+        # the host directory would let writes fill its disk and leave setuid files).
         argv += ["--bind", spec.workspace_src, spec.workspace_dest]
     if spec.egress_socket_src is not None:
         # The only route outward: no network device but 'lo' exists inside.

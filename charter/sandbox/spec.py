@@ -29,6 +29,7 @@ __all__ = [
     "compile_spec",
     "FIRST_SANDBOX_UID",
     "MIN_MEMORY_BYTES",
+    "workspace_cap",
 ]
 
 PAGE = 4096
@@ -90,8 +91,9 @@ class HostFacts(BaseModel):
     host_uid: int = Field(ge=FIRST_SANDBOX_UID, lt=2**31)
     host_gid: int = Field(ge=FIRST_SANDBOX_UID, lt=2**31)
     workspace: str | None = None
-    """The host directory bound at /workspace; None for a private, size-capped tmpfs
-    workspace that vanishes with the sandbox."""
+    """The host path bound at /workspace (for a persistent workspace, the overlay the
+    launcher made over it); None for a private, size-capped tmpfs workspace that
+    vanishes with the sandbox."""
     egress_socket: str | None = None
     key_socket: str | None = None
     cgroup_mode: CgroupMode = CgroupMode.V1
@@ -169,6 +171,13 @@ def _page_floor(n: int) -> int:
     return n - n % PAGE
 
 
+def workspace_cap(budget: Budget) -> int:
+    """The most a sandbox can write to its workspace, private or persistent: half its
+    memory, as a tmpfs whose pages are charged to the memory cap too (so /workspace,
+    /tmp and /dev/shm together never hold more than the memory)."""
+    return _page_floor(_page_floor(budget.mem_bytes) // 2)
+
+
 def compile_spec(budget: Budget, host: HostFacts) -> SandboxSpec:
     """Derive a sandbox's exact kernel values from its budget (pure)."""
     if budget.wall_ms <= 0:
@@ -215,9 +224,7 @@ def compile_spec(budget: Budget, host: HostFacts) -> SandboxSpec:
         files=files,
         workspace_src=host.workspace,
         workspace_dest=WORKSPACE,
-        # A private workspace is a tmpfs: its pages are charged to the memory cap too,
-        # so /workspace, /tmp and /dev/shm together never hold more than the memory.
-        workspace_bytes=_page_floor(memory // 2),
+        workspace_bytes=workspace_cap(budget),
         tmp_bytes=_page_floor(memory // 4),
         shm_bytes=_page_floor(memory // 16),
         egress_socket_src=host.egress_socket,

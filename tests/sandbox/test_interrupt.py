@@ -28,8 +28,16 @@ def _charter(env: dict[str, str], *args: str, **kw: object) -> subprocess.Popen[
 
 
 def _lifecycle(url: str) -> list[tuple[str, object]]:
+    """The lifecycle of the sandbox running ``sleep`` (not of the gate's probe canary,
+    which is journaled too)."""
     with Journal.open(url) as journal:
-        return [(e.type_name, e.event) for e in journal.entries(types=TYPES)]
+        entries = [(e.type_name, e.event) for e in journal.entries(types=TYPES)]
+    ours = {
+        e.sandbox_id  # type: ignore[attr-defined]
+        for name, e in entries
+        if name == "SandboxStarted" and e.command[0] == "/bin/sleep"  # type: ignore[attr-defined]
+    }
+    return [(n, e) for n, e in entries if e.sandbox_id in ours]  # type: ignore[attr-defined]
 
 
 def _uid_alive(uid: int) -> bool:

@@ -117,24 +117,31 @@ def test_probe_refuses_a_bwrap_whose_init_holds_the_environment(
 
 
 DEV_BIND_BWRAP = """#!/usr/bin/python3
-# A bwrap that binds the workspace with devices allowed (--dev-bind: no nodev).
+# A bwrap that binds a plain host directory at /workspace with devices allowed
+# (--dev-bind), instead of the launcher's nosuid,nodev overlay.
 import os, sys
 argv = sys.argv[1:]
-if "--bind" in argv:
-    argv[argv.index("--bind")] = "--dev-bind"
+for i in range(len(argv) - 2):
+    if argv[i] == "--bind" and argv[i + 2] == "/workspace":
+        argv[i:i + 3] = ["--dev-bind", {host_dir!r}, "/workspace"]
+        break
 os.execv("/usr/bin/bwrap", ["bwrap", *argv])
 """
 
 
 def test_probe_refuses_a_workspace_mounted_with_devices(state_dir: Path, scratch: Path) -> None:
+    host_dir = scratch / "plain"
+    host_dir.mkdir(mode=0o777)
+    host_dir.chmod(0o777)
     weak = scratch / "bwrap-dev-bind"
-    weak.write_text(DEV_BIND_BWRAP)
+    weak.write_text(DEV_BIND_BWRAP.format(host_dir=str(host_dir)))
     weak.chmod(0o755)
     sink = MemorySink()
     with pytest.raises(HostCannotIsolateError):
         require_isolation(sink, state_dir=state_dir, bwrap=str(weak))
     refused = [e for e in sink.events if isinstance(e, SandboxProbeRefused)]
-    assert refused[0].failed == ("workspace_nosuid_nodev",)  # control: the rest passed
+    assert "workspace_nosuid_nodev" in refused[0].failed
+    assert "canary_ran" not in refused[0].failed  # control: the canary ran and reported
 
 
 def _canary_only(events: list[Event]) -> bool:

@@ -1,5 +1,6 @@
 """A SIGKILLed launcher, cold or warm: nothing of its sandbox outlives the reaper (no
-process of the sandbox's uid, no cgroup, no broker socket, no workspace or slot dir)."""
+process of the sandbox's uid, no cgroup, no broker socket, no workspace overlay or slot
+directory, nothing mounted)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ import os
 from charter.sandbox import EgressBroker, EgressGrant, Launcher
 with EgressBroker(state / f"egress-{os.getpid()}.sock") as broker:
     Launcher(Printer(), state_dir=state, egress=broker).run(
-        budget, command, grant=EgressGrant(destinations=("example.com",)))
+        budget, command, grant=EgressGrant(destinations=("example.com",)),
+        workspace=Path(sys.argv[2]))
 """
 )
 
@@ -118,12 +120,14 @@ def test_a_killed_launchers_sandbox_is_gone_after_the_reaper(
         stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert launcher.stdout is not None
-    leased = None
+    leases, leased = {}, None
     for line in launcher.stdout:
         event = json.loads(line)
         if event["type"] == "SandboxLeased":
-            leased = event
-        if event["type"] == "SandboxStarted":
+            leases[event["sandbox_id"]] = event
+        # The gate's probe canary (journaled too) may come first: wait for the command.
+        if event["type"] == "SandboxStarted" and ESCAPE in event["command"]:
+            leased = leases[event["sandbox_id"]]
             break
     assert leased is not None
     uid, sandbox_id = leased["host_uid"], leased["sandbox_id"]
@@ -145,13 +149,14 @@ def test_a_killed_launchers_sandbox_is_gone_after_the_reaper(
         assert time.monotonic() - started < 10
         assert not socket.exists()
         assert not list(Path("/sys/fs/cgroup").glob(f"*/**/charter-sbx-{sandbox_id}"))
+        # The slot's mount point, or the persistent workspace's overlay (its changes
+        # discarded), is young: the sweep leaves it a minute, then removes it.
         leftovers = [p for p in state_dir.rglob("*") if sandbox_id in p.name]
-        if kind == "warm":  # the slot's mount point is young: the sweep leaves it a minute
-            assert leftovers == [state_dir / "slots" / sandbox_id]
-            os.utime(leftovers[0], (0, 0))
-            _reap(state_dir)
-            leftovers = [p for p in state_dir.rglob("*") if sandbox_id in p.name]
-        assert leftovers == []  # no workspace, no slot directory
+        assert leftovers == [state_dir / ("slots" if kind == "warm" else "ws") / sandbox_id]
+        os.utime(leftovers[0], (0, 0))
+        _reap(state_dir)
+        assert [p for p in state_dir.rglob("*") if sandbox_id in p.name] == []
+        assert sandbox_id not in Path("/proc/self/mounts").read_text()  # nothing mounted
         assert (state_dir / "uids" / str(uid)).read_text() == ""  # the uid is clean
     finally:
         for pid in _uid_cmdlines(uid):

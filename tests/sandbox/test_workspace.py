@@ -13,6 +13,8 @@ import pytest
 
 from charter.core import Budget, RefusedError
 from charter.sandbox import Launcher, MemorySink, SandboxLeased, WorkspaceRefusedError
+from charter.sandbox._workspace import PersistentWorkspace
+from charter.sandbox.spec import workspace_cap
 
 from ._support import PY, out, sandboxed
 
@@ -89,25 +91,28 @@ def test_a_real_directory_is_a_workspace(launcher: Launcher, shared: Path) -> No
     assert out(o).split()[1:] == ["given"]
 
 
-def test_a_workspace_bound_by_descriptor_ignores_a_later_swap(
-    launcher: Launcher, shared: Path, host_dir: Path
+def test_a_workspace_path_swapped_after_it_is_opened_changes_nothing(
+    launcher: Launcher, shared: Path, host_dir: Path, state_dir: Path
 ) -> None:
-    """The bind source is the directory opened at the start: renaming it away and
-    putting a link in its place (what a concurrent sandbox could do) changes nothing."""
+    """The overlay's lower layer is the directory opened at the start, by descriptor:
+    renaming it away and putting a link in its place (what a concurrent sandbox could
+    do) neither shows the link's target nor sends the commit there."""
     ws = shared / "ws"
     ws.mkdir(mode=0o777)
     (ws / "mine").write_text("mine\n")
     (ws / "mine").chmod(0o644)
-    from charter.sandbox._workspace import bind_source, open_workspace
-
-    fd = open_workspace(ws)
+    overlay = PersistentWorkspace(ws, state_dir / "ws-swap-test", 1 << 20)
     try:
         ws.rename(shared / "moved")
         ws.symlink_to(host_dir)
-        assert Path(bind_source(fd)).resolve() == shared / "moved"
-        assert sorted(os.listdir(bind_source(fd))) == ["mine"]
+        assert sorted(os.listdir(overlay.merged)) == ["mine"]
+        (overlay.merged / "new").write_text("new\n")
+        overlay.commit()
     finally:
-        os.close(fd)
+        overlay.close()
+    assert (shared / "moved" / "new").read_text() == "new\n"
+    assert not (host_dir / "new").exists()
+    assert not (state_dir / "ws-swap-test").exists()
 
 
 def _setid_files(root: Path) -> list[str]:
@@ -173,16 +178,69 @@ def test_a_surviving_setuid_file_would_run_as_the_sandbox_uid(
     assert r.stdout.strip() == str(uid), r.stderr
 
 
-def test_the_private_workspace_is_capped_and_never_on_the_host_disk(
-    launcher: Launcher, shared: Path
-) -> None:
-    cap = 64 * 1024 * 1024  # half the budget's memory
-    fill = f"dd if=/dev/zero of={{}}/big bs=1M count={cap // 2**20 + 8} 2>&1; stat -f -c %T {{}}"
-    code, text = _sh(launcher, fill.format("/workspace", "/workspace"))
+FILL = "dd if=/dev/zero of=/workspace/big bs=1M count={mib} 2>&1; stat -f -c %T /workspace"
+
+
+def test_the_private_workspace_is_capped_and_never_on_the_host_disk(launcher: Launcher) -> None:
+    cap = workspace_cap(B)
+    code, text = _sh(launcher, FILL.format(mib=cap // 2**20 + 8))
     assert code == 0, text
     assert "No space left on device" in text  # ENOSPC inside, at the cap
     assert text.split()[-1] == "tmpfs"  # the bytes are in memory (charged to its cgroup)
-    # Positive control: on a host directory the same write passes the cap, onto the disk.
-    code, text = _sh(launcher, fill.format("/workspace", "/workspace"), workspace=shared)
-    assert "No space left on device" not in text
-    assert (shared / "big").stat().st_size > cap
+
+
+def test_a_persistent_workspace_is_capped_on_the_host_disk(
+    launcher: Launcher, shared: Path
+) -> None:
+    cap = workspace_cap(B)
+    _, text = _sh(launcher, FILL.format(mib=cap // 2**20 + 8), workspace=shared)
+    assert "No space left on device" in text, text  # ENOSPC inside, at the cap
+    assert text.split()[-1] == "overlayfs"
+    written = (shared / "big").stat().st_size
+    assert 0 < written <= cap  # what reached the host disk stays within the cap
+    # Positive control: the directory's own disk takes more than the cap.
+    dd = ["dd", "if=/dev/zero", f"of={shared}/big2", "bs=1M", f"count={cap // 2**20 + 8}"]
+    subprocess.run(dd, check=True, capture_output=True, timeout=60)
+    assert (shared / "big2").stat().st_size > cap
+
+
+CHANGES = """
+set -e
+cd /workspace
+echo new > created
+echo changed > kept
+rm gone
+rm -r gone_dir
+rm -r replaced && echo file > replaced
+mkdir -p deep/er && echo deep > deep/er/f
+ln -s /etc/passwd link
+mv renamed_from renamed_to
+ls -A
+"""
+
+
+def test_a_persistent_workspace_keeps_what_the_sandbox_did(
+    launcher: Launcher, shared: Path
+) -> None:
+    (shared / "kept").write_text("old\n")
+    (shared / "gone").write_text("x\n")
+    (shared / "gone_dir" / "sub").mkdir(parents=True)
+    (shared / "gone_dir" / "sub" / "f").write_text("x\n")
+    (shared / "replaced").mkdir()
+    (shared / "replaced" / "f").write_text("x\n")
+    (shared / "renamed_from").write_text("moved\n")
+    for path in [shared, *shared.rglob("*")]:
+        path.chmod(0o777 if path.is_dir() else 0o666)
+    code, text = _sh(launcher, CHANGES, workspace=shared)
+    assert code == 0, text
+    inside = sorted(text.split())
+    assert sorted(p.name for p in shared.iterdir()) == inside  # the host sees what it saw
+    assert (shared / "created").read_text() == "new\n"
+    assert (shared / "kept").read_text() == "changed\n"
+    assert (shared / "replaced").read_text() == "file\n"
+    assert (shared / "deep" / "er" / "f").read_text() == "deep\n"
+    assert (shared / "renamed_to").read_text() == "moved\n"
+    assert os.readlink(shared / "link") == "/etc/passwd"  # made as a link, not followed
+    assert not (shared / "gone").exists()
+    assert not (shared / "gone_dir").exists()
+    assert not list(shared.glob(".charter-commit-*"))
