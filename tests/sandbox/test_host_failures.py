@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from charter.ledger import Journal
+from tests.invariants import journal_history
+
+from .test_interrupt import dangling_leases
 
 pytestmark = pytest.mark.sandbox
 
@@ -79,6 +82,8 @@ def test_unusable_cgroups_after_a_remembered_pass_are_refused_and_end_the_lease(
     assert "Traceback" not in r.stderr
     names = [name for name, _ in _entries(env["CHARTER_DB"], *LIFECYCLE)[before:]]
     assert names == ["SandboxLeased", "SandboxDiscarded"]  # the lease has its end; no start
+    with Journal.open(env["CHARTER_DB"]) as journal:
+        assert dangling_leases(journal_history(journal)) == set()
     assert not (state_dir / "probe-pass").exists()  # the pass is forgotten: probe again
     # The next run on the healthy host probes again, and runs.
     assert _charter(env, *run).returncode == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from charter.ledger import Journal
+from tests.invariants import check_history, journal_history
 
 pytestmark = pytest.mark.sandbox
 
@@ -104,3 +105,20 @@ def test_ctrl_c_kills_the_sandbox_journals_its_end_and_exits_130(
     while _uid_alive(uid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not _uid_alive(uid)  # nothing of the sandbox runs on
+    with Journal.open(url) as journal:
+        history = journal_history(journal)
+    assert check_history(history).problems == []
+    assert dangling_leases(history) == set()  # every sandbox lease, the canary's too, ended
+
+
+def dangling_leases(history: list[tuple[int, str, dict[str, object], object]]) -> set[str]:
+    """Sandboxes leased with no SandboxDiscarded or SandboxQuarantined after the lease
+    (an independent fold over the whole journal, by type name and payload)."""
+    open_: set[str] = set()
+    for _, name, payload, _ in history:
+        sandbox = str(payload.get("sandbox_id"))
+        if name.startswith("SandboxLeased"):
+            open_.add(sandbox)
+        elif name.startswith(("SandboxDiscarded", "SandboxQuarantined")):
+            open_.discard(sandbox)
+    return open_
