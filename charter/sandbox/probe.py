@@ -87,6 +87,9 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
     canary_env = "CHARTER_PROBE_CANARY_" + secrets.token_hex(4).upper()
     ws = Path(tempfile.mkdtemp(prefix="charter-probe-"))
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # The canary is handed a terminal as stdin (a fresh pty): the launcher must not let
+    # it reach the sandbox.
+    terminal, terminal_slave = os.openpty()
     os.environ[canary_env] = "leaked"
     try:
         os.chmod(ws, 0o777)  # noqa: S103 (the canary's own scratch workspace)
@@ -103,12 +106,14 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
             PROBE_BUDGET,
             [_CANARY_PYTHON, "-I", "-c", CANARY, str(port), canary_env, str(os.getsid(0)),
              str(spec_pids), str(PROBE_BUDGET.mem_bytes), *host_ns],
-            workspace=ws, capture=True, stdin=subprocess.DEVNULL,
+            workspace=ws, capture=True, stdin=terminal_slave,
         )  # fmt: skip
         canary_owner = (ws / "canary").stat().st_uid if (ws / "canary").exists() else None
     finally:
         os.environ.pop(canary_env, None)
         listener.close()
+        os.close(terminal)
+        os.close(terminal_slave)
         for name in ("secret", "public", "canary"):
             with contextlib.suppress(FileNotFoundError):
                 (ws / name).unlink()
@@ -184,6 +189,8 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
         ProbeCheck(name="all_namespaces_unshared", ok=not f["ns_shared"],
                    detail="shared: " + (",".join(f["ns_shared"]) or "none")),
         ProbeCheck(name="new_session", ok=f["sid_differs"], detail=str(f["sid_differs"])),
+        ProbeCheck(name="no_terminal", ok=f["terminal_fds"] == [],
+                   detail=f"terminal fds given a terminal stdin: {f['terminal_fds'] or 'none'}"),
         ProbeCheck(name="pids_cap", ok=stopped is not None and stopped < spec_pids,
                    detail=f"fork refused after {stopped} children (pids.max {spec_pids})"),
         ProbeCheck(name="memory_cap", ok=f["memory_hog_rc"] == -9,

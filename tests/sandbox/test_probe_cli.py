@@ -57,7 +57,7 @@ def test_probe_passes_on_this_host(state_dir: Path) -> None:
                  "all_namespaces_unshared", "unprivileged_host_uid", "read_only_root",
                  "rlimits_final", "init_environment_clean", "init_process_hidden",
                  "socket_families_allow_listed", "parent_death_signal_kept",
-                 "workspace_nosuid_nodev"):  # fmt: skip
+                 "workspace_nosuid_nodev", "no_terminal"):  # fmt: skip
         assert name in names
 
 
