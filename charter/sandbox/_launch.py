@@ -29,7 +29,7 @@ from charter.sandbox._host import (
     find_bwrap,
 )
 from charter.sandbox._janitor import sweep_orphans, sweep_sockets
-from charter.sandbox._proc import EXIT_INTERRUPTED, How, SandboxProcess, Stdio
+from charter.sandbox._proc import How, SandboxProcess, Stdio
 from charter.sandbox._workspace import PersistentWorkspace, unmount_stale
 from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
 from charter.sandbox.events import (
@@ -340,7 +340,7 @@ class RawLauncher:
                     err_fd if err_fd is not None else stderr,
                 ),
             )
-            code, how = _wait_interruptible(proc)
+            code, how = proc.wait_or_interrupt()
             wall_ms = int((time.monotonic() - start) * 1000)
             cg = proc.usage()
             proc.destroy(defer_removal=True)
@@ -404,13 +404,3 @@ class RawLauncher:
             proc.destroy()
             raise
         return proc
-
-
-def _wait_interruptible(proc: SandboxProcess) -> tuple[int, How]:
-    """``proc.wait()``; on Ctrl-C (SIGINT at the launcher) the sandbox is killed and its
-    end reported as ``interrupted`` with exit code 130, for the caller to journal."""
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.kill()
-        return EXIT_INTERRUPTED, "interrupted"

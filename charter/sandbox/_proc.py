@@ -241,6 +241,16 @@ class SandboxProcess:
         rc = self.proc.wait()
         return exit_code_of(rc), ("signalled" if rc < 0 or rc > 128 else "exited")
 
+    def wait_or_interrupt(self, deadline: float | None = None) -> tuple[int, How]:
+        """:meth:`wait`; on Ctrl-C (SIGINT at the launcher) the sandbox is killed and its
+        end reported as ``interrupted`` with exit code 130, for the caller to journal
+        before it passes the interrupt on."""
+        try:
+            return self.wait(deadline)
+        except KeyboardInterrupt:
+            self.kill()
+            return EXIT_INTERRUPTED, "interrupted"
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(signal.SIGKILL)

@@ -167,7 +167,7 @@ class Slot:
         os.write(self._args_w, b"".join(a.encode() + b"\0" for a in command))
         os.close(self._args_w)
         self._args_w = -1
-        code, how = proc.wait(deadline=start + self.spec.wall_ms / 1000)
+        code, how = proc.wait_or_interrupt(deadline=start + self.spec.wall_ms / 1000)
         wall_ms = int((time.monotonic() - start) * 1000)
         cg = proc.usage()
         attempts = pool.egress.attempts(self.spec.host_uid) if pool.egress else []
@@ -177,6 +177,8 @@ class Slot:
             *attempts,
             SandboxExited(sandbox_id=self.sandbox_id, exit_code=code, how=how, usage=usage),
         )
+        if how == "interrupted":
+            raise KeyboardInterrupt  # its end is on record; the caller releases the slot
         no: tuple[None, bool] = (None, False)
         out, out_cut = read_memfd(os.dup(self._out), max_output_bytes) if capture else no
         err, err_cut = read_memfd(os.dup(self._err), max_output_bytes) if capture else no

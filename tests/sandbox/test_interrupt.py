@@ -122,3 +122,57 @@ def dangling_leases(history: list[tuple[int, str, dict[str, object], object]]) -
         elif name.startswith(("SandboxDiscarded", "SandboxQuarantined")):
             open_.discard(sandbox)
     return open_
+
+
+WARM = """
+import json, sys
+from pathlib import Path
+from charter.core.budget import Budget
+from charter.sandbox import WarmPool
+
+class Printer:
+    def append(self, events):
+        for e in events:
+            print(json.dumps({"type": type(e).type_name, **e.model_dump(mode="json")}), flush=True)
+
+pool = WarmPool(Path(sys.argv[2]), Budget.parse("tokens=0,wall=120s,cpu=60s,mem=64MiB,egress=0MB"),
+                capacity=1, sink=Printer(), state_dir=Path(sys.argv[1]))
+pool.fill()
+slot = pool.lease()
+try:
+    slot.run(["/bin/sleep", "300"])
+except KeyboardInterrupt:
+    pool.release(slot, refill=False)
+    pool.close()
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_in_a_warm_slot_journals_its_end(state_dir: Path, scratch: Path) -> None:
+    import json
+
+    template = scratch / "template"
+    template.mkdir(mode=0o755)
+    child = subprocess.Popen(
+        [sys.executable, "-c", WARM, str(state_dir), str(template)], stdout=subprocess.PIPE,
+        text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert child.stdout is not None
+    events: list[dict[str, object]] = []
+    for line in child.stdout:
+        event = json.loads(line)
+        events.append(event)
+        if event["type"] == "SandboxStarted" and event["command"] == ["/bin/sleep", "300"]:
+            break
+    sandbox_id = events[-1]["sandbox_id"]
+    uid = next(e["host_uid"] for e in events if e.get("sandbox_id") == sandbox_id
+               and e["type"] == "SandboxLeased")  # fmt: skip
+    assert _uid_alive(int(uid))  # type: ignore[call-overload]
+    child.send_signal(signal.SIGINT)
+    rest, _ = child.communicate(timeout=60)
+    assert child.returncode == 130
+    events += [json.loads(line) for line in rest.splitlines()]
+    mine = [e for e in events if e.get("sandbox_id") == sandbox_id]
+    assert [e["type"] for e in mine] == list(TYPES)
+    assert (mine[2]["how"], mine[2]["exit_code"]) == ("interrupted", 130)
+    assert not _uid_alive(int(uid))  # type: ignore[call-overload]
