@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import shutil
 import stat
 import threading
 from pathlib import Path
 
-from charter.sandbox.errors import WorkspaceRefusedError
+from charter.sandbox.errors import SandboxUnavailableError, WorkspaceRefusedError
 
 __all__ = ["PersistentWorkspace", "bind_source", "open_workspace", "unmount_stale"]
 
@@ -114,14 +115,21 @@ class PersistentWorkspace:
     def commit(self) -> None:
         """Apply the sandbox's changes to the directory (call it once no process of the
         sandbox remains: nothing changes the upper layer then)."""
-        upper = os.open(self.home / "upper", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        dest = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.dest)
         try:
-            _apply(upper, dest)
-            _copy_attrs(os.fstat(upper), dest)
-        finally:
-            os.close(upper)
-            os.close(dest)
+            upper = os.open(self.home / "upper", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                dest = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.dest)
+                try:
+                    _apply(upper, dest)
+                    _copy_attrs(os.fstat(upper), dest)
+                finally:
+                    os.close(dest)
+            finally:
+                os.close(upper)
+        except OSError as e:
+            raise SandboxUnavailableError(
+                f"the sandbox's changes could not all be applied to its workspace: {e}"
+            ) from e
 
     def close(self) -> None:
         """Unmount the overlay and its tmpfs (the upper layer's bytes go with it)."""
@@ -236,12 +244,7 @@ def _apply_file(upper: int, dest: int, name: str, st: os.stat_result) -> None:
         out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                       dir_fd=dest)  # fmt: skip
         try:
-            offset = 0
-            while offset < st.st_size:
-                sent = os.sendfile(out, src, offset, st.st_size - offset)
-                if sent == 0:
-                    break
-                offset += sent
+            _copy_data(src, out, st.st_size)
             _copy_attrs(st, out)
         finally:
             os.close(out)
@@ -253,3 +256,27 @@ def _apply_file(upper: int, dest: int, name: str, st: os.stat_result) -> None:
         os.rename(temp, name, src_dir_fd=dest, dst_dir_fd=dest)
     finally:
         os.close(src)
+
+
+def _copy_data(src: int, out: int, size: int) -> None:
+    """Copy only the data of ``src`` (a tmpfs file) to ``out``, holes left as holes,
+    then set the size. A sandbox can make a file of any apparent size at no cost to its
+    tmpfs (``truncate -s 1T``): copying its holes as zeros would fill the host's disk,
+    so what reaches the disk is the data the tmpfs held, which the cap bounds."""
+    offset = 0
+    while offset < size:
+        try:
+            data = os.lseek(src, offset, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole is left
+                break
+            raise
+        hole = os.lseek(src, data, os.SEEK_HOLE)
+        os.lseek(out, data, os.SEEK_SET)
+        while data < hole:
+            sent = os.sendfile(out, src, data, hole - data)
+            if sent == 0:
+                break
+            data += sent
+        offset = hole
+    os.ftruncate(out, size)

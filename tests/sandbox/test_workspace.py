@@ -198,6 +198,13 @@ def test_a_persistent_workspace_is_capped_on_the_host_disk(
     assert text.split()[-1] == "overlayfs"
     written = (shared / "big").stat().st_size
     assert 0 < written <= cap  # what reached the host disk stays within the cap
+    # A file of any apparent size costs the tmpfs nothing: its holes stay holes.
+    code, text = _sh(launcher, "truncate -s 100G /workspace/sparse && echo x >> /workspace/sparse",
+                     workspace=shared)  # fmt: skip
+    assert code == 0, text
+    sparse = (shared / "sparse").stat()
+    assert sparse.st_size == 100 * 2**30 + 2
+    assert sparse.st_blocks * 512 <= cap  # not 100 GiB of zeros on the disk
     # Positive control: the directory's own disk takes more than the cap.
     dd = ["dd", "if=/dev/zero", f"of={shared}/big2", "bs=1M", f"count={cap // 2**20 + 8}"]
     subprocess.run(dd, check=True, capture_output=True, timeout=60)
