@@ -119,11 +119,14 @@ class PersistentWorkspace:
             upper = os.open(self.home / "upper", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             try:
                 dest = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.dest)
+                links: _Links = {}
                 try:
-                    _apply(upper, dest)
+                    _apply(upper, dest, links)
                     _copy_attrs(os.fstat(upper), dest)
                 finally:
                     os.close(dest)
+                    for dir_fd, _ in links.values():
+                        os.close(dir_fd)
             finally:
                 os.close(upper)
         except OSError as e:
@@ -189,7 +192,13 @@ def _remove(dest: int, name: str) -> None:
         os.unlink(name, dir_fd=dest)
 
 
-def _apply(upper: int, dest: int) -> None:
+_Links = dict[int, tuple[int, str]]
+"""Upper-layer inode -> (a duplicate of the destination directory's fd, name) of the
+first copy of a file with several links: the other names are linked to it, not copied
+again (a 30 MB file with a thousand links is 30 MB of tmpfs, not 30 GB of disk)."""
+
+
+def _apply(upper: int, dest: int, links: _Links) -> None:
     """Make the directory ``dest`` what the overlay showed: every entry of the upper
     layer ``upper`` applied, through descriptors (no path is looked up twice, no
     symlink in ``dest`` is followed)."""
@@ -199,9 +208,9 @@ def _apply(upper: int, dest: int) -> None:
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == _WHITEOUT_DEV:
             _remove(dest, name)  # deleted in the sandbox
         elif stat.S_ISDIR(st.st_mode):
-            _apply_dir(upper, dest, name, st)
+            _apply_dir(upper, dest, name, st, links)
         elif stat.S_ISREG(st.st_mode):
-            _apply_file(upper, dest, name, st)
+            _apply_file(upper, dest, name, st, links)
         elif stat.S_ISLNK(st.st_mode):
             target = os.readlink(name, dir_fd=upper)
             _remove(dest, name)
@@ -210,7 +219,7 @@ def _apply(upper: int, dest: int) -> None:
         # fifos and sockets made in the sandbox are not carried over
 
 
-def _apply_dir(upper: int, dest: int, name: str, st: os.stat_result) -> None:
+def _apply_dir(upper: int, dest: int, name: str, st: os.stat_result, links: _Links) -> None:
     sub_upper = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=upper)
     try:
         opaque = False
@@ -226,7 +235,7 @@ def _apply_dir(upper: int, dest: int, name: str, st: os.stat_result) -> None:
             os.mkdir(name, 0o700, dir_fd=dest)
         sub_dest = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dest)
         try:
-            _apply(sub_upper, sub_dest)
+            _apply(sub_upper, sub_dest, links)
             _copy_attrs(st, sub_dest)
         finally:
             os.close(sub_dest)
@@ -234,20 +243,27 @@ def _apply_dir(upper: int, dest: int, name: str, st: os.stat_result) -> None:
         os.close(sub_upper)
 
 
-def _apply_file(upper: int, dest: int, name: str, st: os.stat_result) -> None:
-    """Copy the file into a fresh temporary entry of ``dest``, then rename it over
-    ``name`` (a directory there is removed first)."""
+def _apply_file(upper: int, dest: int, name: str, st: os.stat_result, links: _Links) -> None:
+    """Copy the file into a fresh temporary entry of ``dest`` (or link it to the first
+    copy of the same inode), then rename it over ``name`` (a directory there is removed
+    first)."""
     temp = f".charter-commit-{os.getpid()}-{threading.get_ident()}"
     src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=upper)
     try:
         _remove(dest, temp)
-        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                      dir_fd=dest)  # fmt: skip
-        try:
-            _copy_data(src, out, st.st_size)
-            _copy_attrs(st, out)
-        finally:
-            os.close(out)
+        first = links.get(st.st_ino) if st.st_nlink > 1 else None
+        if first is not None:
+            os.link(first[1], temp, src_dir_fd=first[0], dst_dir_fd=dest, follow_symlinks=False)
+        else:
+            out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                          dir_fd=dest)  # fmt: skip
+            try:
+                _copy_data(src, out, st.st_size)
+                _copy_attrs(st, out)
+            finally:
+                os.close(out)
+            if st.st_nlink > 1:
+                links[st.st_ino] = (os.dup(dest), name)
         existing = None
         with contextlib.suppress(FileNotFoundError):
             existing = os.stat(name, dir_fd=dest, follow_symlinks=False)

@@ -205,6 +205,14 @@ def test_a_persistent_workspace_is_capped_on_the_host_disk(
     sparse = (shared / "sparse").stat()
     assert sparse.st_size == 100 * 2**30 + 2
     assert sparse.st_blocks * 512 <= cap  # not 100 GiB of zeros on the disk
+    # Nor do hard links: a thousand names of one 1 MiB file are one file on the disk.
+    links = "dd if=/dev/urandom of=/workspace/one bs=1M count=1 2>/dev/null && mkdir /workspace/l"
+    links += " && for i in $(seq 1000); do ln /workspace/one /workspace/l/$i; done"
+    code, text = _sh(launcher, links, workspace=shared)
+    assert code == 0, text
+    one = (shared / "one").stat()
+    assert one.st_nlink == 1001
+    assert (shared / "l" / "999").stat().st_ino == one.st_ino
     # Positive control: the directory's own disk takes more than the cap.
     dd = ["dd", "if=/dev/zero", f"of={shared}/big2", "bs=1M", f"count={cap // 2**20 + 8}"]
     subprocess.run(dd, check=True, capture_output=True, timeout=60)
