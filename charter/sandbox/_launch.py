@@ -319,23 +319,7 @@ class RawLauncher:
             if capture is not None:
                 out_fd = os.memfd_create("stdout")
                 err_fd = os.memfd_create("stderr")
-            cgroup = cgroup_dirs(self.mode, spec.cgroup_name)
-            if egress is not None:
-                # The broker enforces the spec's egress bytes (the budget), lowered by
-                # the grant's own cap when it has one; it knows the peer by uid and cgroup
-                # and journals each connection it opens before opening it.
-                grant = grant or EgressGrant()
-                egress.register(
-                    spec.host_uid,
-                    spec.sandbox_id,
-                    grant,
-                    byte_cap=grant.byte_cap(spec.egress_bytes),
-                    cgroup=cgroup,
-                    journal=lambda events: self._journal(lambda: events),
-                )
-                registered = True
-            if self.keys is not None:
-                self.keys.register(spec.host_uid, spec.sandbox_id, cgroup=cgroup)
+            registered = self._register_brokers(spec, grant)
             start = time.monotonic()
             proc = self._start(
                 spec,
@@ -366,13 +350,7 @@ class RawLauncher:
             if how == "interrupted":
                 # The end is on record; now the caller learns it was interrupted.
                 raise KeyboardInterrupt  # noqa: TRY301 (the wait caught the original)
-            limit = capture if capture is not None else 0
-            out, out_cut = read_capped(out_fd, limit) if out_fd is not None else (None, False)
-            err, err_cut = read_capped(err_fd, limit) if err_fd is not None else (None, False)
-            return Outcome(
-                sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage,
-                stdout=out, stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut,
-            )  # fmt: skip
+            return _outcome(spec, code, how, usage, (out_fd, err_fd), capture or 0)
         except BaseException:
             if proc is not None and proc.proc.poll() is None:
                 proc.destroy()
@@ -393,6 +371,28 @@ class RawLauncher:
                 if fd is not None:
                     os.close(fd)
 
+    def _register_brokers(self, spec: SandboxSpec, grant: EgressGrant | None) -> bool:
+        """Make the sandbox known to the brokers (by uid and cgroup); True when the
+        egress broker has it, so the caller unregisters it."""
+        cgroup = cgroup_dirs(self.mode, spec.cgroup_name)
+        if self.keys is not None:
+            self.keys.register(spec.host_uid, spec.sandbox_id, cgroup=cgroup)
+        if self.egress is None:
+            return False
+        # The broker enforces the spec's egress bytes (the budget), lowered by the
+        # grant's own cap when it has one; it knows the peer by uid and cgroup and
+        # journals each connection it opens before opening it.
+        grant = grant or EgressGrant()
+        self.egress.register(
+            spec.host_uid,
+            spec.sandbox_id,
+            grant,
+            byte_cap=grant.byte_cap(spec.egress_bytes),
+            cgroup=cgroup,
+            journal=lambda events: self._journal(lambda: events),
+        )
+        return True
+
     def _start(
         self,
         spec: SandboxSpec,
@@ -412,3 +412,21 @@ class RawLauncher:
             proc.destroy()
             raise
         return proc
+
+
+def _outcome(
+    spec: SandboxSpec,
+    code: int,
+    how: str,
+    usage: SandboxUsage,
+    captured: tuple[int | None, int | None],
+    limit: int,
+) -> Outcome:
+    """The run's outcome, with at most ``limit`` bytes of each captured stream."""
+    out_fd, err_fd = captured
+    out, out_cut = read_capped(out_fd, limit) if out_fd is not None else (None, False)
+    err, err_cut = read_capped(err_fd, limit) if err_fd is not None else (None, False)
+    return Outcome(
+        sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage,
+        stdout=out, stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut,
+    )  # fmt: skip
