@@ -9,6 +9,7 @@ A chain alone cannot show that its tail was cut off; pass a previously recorded 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, Protocol
@@ -145,12 +146,14 @@ def audit_chain(
             if link != prev:
                 row = ChainRow(position, conv(oid), version, topic, state, link, stored_hash)
                 return bad(position, *_link_fault(source, row, last_position))
-            topic_bytes = topics.get(topic)
-            if topic_bytes is None:
-                topic_bytes = topics[topic] = topic.encode()
+            # A column that no longer decodes (SQLite keeps whatever type is written: a
+            # blob topic, a REAL version) is a changed entry, never an internal error.
             try:
+                topic_bytes = topics.get(topic)
+                if topic_bytes is None:
+                    topic_bytes = topics[topic] = topic.encode()
                 recomputed = entry_hash(prev, position, conv(oid), version, topic_bytes, state)
-            except (ValueError, TypeError, OverflowError):  # a column no longer decodes
+            except (ValueError, TypeError, OverflowError, AttributeError, struct.error):
                 recomputed = b""
             if recomputed != stored_hash:
                 return bad(

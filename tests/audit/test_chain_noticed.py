@@ -1,0 +1,390 @@
+"""Chain verification attacks no other test made (issue 14), each beside a control.
+
+- an entry deleted and its successor relinked consistently (its link rewritten to the
+  entry before the gap): caught only because the predecessor's hash is in the framing;
+- a history rewritten from some position and re-chained: the chain alone verifies, a
+  recorded head (``--expect-head``) catches it as "diverged";
+- the position column changed;
+- the public raising verifier (``verify_chain``) given a bad chain.
+
+The pure walk is attacked over an in-memory source (``_memory.py``: the journal's
+verification interface, rows framed independently); the same attacks then run against
+real SQLite and PostgreSQL journals with their guards dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from charter.audit import (
+    ChainBrokenError,
+    ChainHead,
+    ChainReport,
+    Fault,
+    audit_chain,
+    finish_report,
+    parse_head,
+    verify_chain,
+)
+from charter.audit.journal import audit_journal
+from charter.core import BadInputError, TamperedError
+from charter.ledger import Journal
+from tests.audit._memory import MemorySource, Row, chained, entry, ref_entry_hash
+from tests.journal._support import Ping
+from tests.journal.test_contract import _Raw
+
+N = 12
+
+
+def _head(rows: list[Row], position: int | None = None) -> ChainHead:
+    row = rows[-1] if position is None else next(r for r in rows if r[0] == position)
+    return ChainHead(position=row[0], hash=row[6].hex())
+
+
+def _without(rows: list[Row], position: int) -> list[Row]:
+    return [r for r in rows if r[0] != position]
+
+
+def _relinked(rows: list[Row], position: int) -> list[Row]:
+    """Delete the entry at ``position`` and point its successor at the entry before it."""
+    before = next(r for r in rows if r[0] == position - 1)
+    out = []
+    for r in _without(rows, position):
+        out.append((*r[:5], before[6], r[6]) if r[0] == position + 1 else r)
+    return out
+
+
+def _rechained(rows: list[Row], start: int, salt: int = 1000) -> list[Row]:
+    """Rewrite every entry from ``start`` on with other contents, re-chained."""
+    kept = [r for r in rows if r[0] < start]
+    prev = kept[-1][6] if kept else bytes(32)
+    return kept + chained([r[0] for r in rows if r[0] >= start], prev, salt)
+
+
+# -- the pure walk over an in-memory source ------------------------------------------------
+
+
+def test_an_untouched_chain_verifies_in_full_and_by_range() -> None:
+    rows = chained(list(range(1, N + 1)))
+    source = MemorySource(rows)
+    seen: list[int] = []
+    report = audit_chain(source, expect_head=_head(rows), progress=seen.append)
+    assert report == ChainReport(ok=True, checked=N, head=_head(rows))
+    assert seen == [4, 8, 12]  # once a batch, counting up
+    part = audit_chain(source, start=5, stop=9)
+    assert (part.ok, part.checked, part.head) == (True, 5, _head(rows, 9))
+    assert verify_chain(source, start=5).checked == N - 4
+    # Gaps in positions are legitimate (PostgreSQL sequences): the chain links by row.
+    gappy = chained([1, 2, 5, 9, 10])
+    assert audit_chain(MemorySource(gappy), start=5).checked == 3
+    assert audit_chain(MemorySource(gappy)).head == _head(gappy)
+    empty = audit_chain(MemorySource([]))
+    assert (empty.ok, empty.checked, empty.head) == (True, 0, None)
+
+
+def test_a_deleted_entry_with_its_successor_relinked_is_caught_at_the_successor() -> None:
+    rows = chained(list(range(1, N + 1)))
+    relinked = _relinked(rows, 7)
+    # Every link in the relinked chain matches the stored hash before it ...
+    for above, below in itertools.pairwise(relinked):
+        assert below[5] == above[6]
+    report = audit_chain(MemorySource(relinked))
+    # ... so only the predecessor's hash inside entry 8's own hash gives it away.
+    assert (report.ok, report.first_bad_position, report.fault) == (False, 8, Fault.CHANGED)
+    assert (report.checked, report.head) == (6, _head(rows, 6))
+    # Control: without the relink it is a missing predecessor, reported at the same place.
+    plain = audit_chain(MemorySource(_without(rows, 7)))
+    assert (plain.first_bad_position, plain.fault) == (8, Fault.MISSING)
+
+
+@pytest.mark.parametrize("start", [1, 5, N])
+def test_a_history_rewritten_from_a_position_diverges_from_a_recorded_head(start: int) -> None:
+    rows = chained(list(range(1, N + 1)))
+    forged = MemorySource(_rechained(rows, start))
+    assert audit_chain(forged).ok  # a consistent re-chain fools the chain alone
+    report = audit_chain(forged, expect_head=_head(rows))
+    assert (report.ok, report.first_bad_position, report.fault) == (False, N, Fault.DIVERGED)
+    assert report.checked == N
+    assert report.head == _head(forged.rows)
+    assert _head(rows).hash in (report.reason or "")
+    # A head recorded inside the rewritten part diverges there too; one recorded before
+    # the rewrite still matches (the prefix is genuine).
+    inside = audit_chain(forged, expect_head=_head(rows, start))
+    assert (inside.first_bad_position, inside.fault) == (start, Fault.DIVERGED)
+    if start > 1:
+        assert audit_chain(forged, expect_head=_head(rows, start - 1)).ok
+
+
+def test_a_rewritten_and_extended_history_still_diverges() -> None:
+    rows = chained(list(range(1, N + 1)))
+    rewritten = _rechained(rows, 4)
+    forged = MemorySource([*rewritten, entry(rewritten[-1][6], N + 1, 0)])
+    assert audit_chain(forged).ok
+    report = audit_chain(forged, expect_head=_head(rows))
+    assert (report.first_bad_position, report.fault) == (N, Fault.DIVERGED)
+
+
+def test_a_truncated_journal_is_reported_after_its_last_entry() -> None:
+    rows = chained(list(range(1, N + 1)))
+    cut = MemorySource(rows[:8])
+    report = audit_chain(cut, expect_head=_head(rows))
+    assert (report.ok, report.first_bad_position, report.fault) == (False, 9, Fault.TRUNCATED)
+    assert (report.checked, report.head) == (8, _head(rows, 8))
+    assert "ends at 8" in (report.reason or "")
+    # A range that stops early, checked against a head past the gap of a deleted entry.
+    holed = MemorySource(_without(rows, 10))
+    gap = audit_chain(holed, stop=9, expect_head=_head(rows, 10))
+    assert (gap.first_bad_position, gap.fault) == (10, Fault.TRUNCATED)
+    # A head beyond the range walked but present in the journal is compared, not "cut".
+    assert audit_chain(MemorySource(rows), stop=5, expect_head=_head(rows)).ok
+    nothing = audit_chain(MemorySource([]), expect_head=_head(rows))
+    assert (nothing.first_bad_position, nothing.fault, nothing.checked) == (
+        1,
+        Fault.TRUNCATED,
+        0,
+    )
+
+
+@pytest.mark.parametrize("moved_to", [13, 100])
+def test_a_changed_position_column_is_caught(moved_to: int) -> None:
+    rows = chained(list(range(1, N + 1)))
+    last = rows[-1]
+    moved = MemorySource([*rows[:-1], (moved_to, *last[1:])])
+    report = audit_chain(moved)
+    assert (report.first_bad_position, report.fault) == (moved_to, Fault.CHANGED)
+    # In the middle: entries 6.. renumbered upwards by one (no collisions) break at 7.
+    shifted = MemorySource([r if r[0] < 6 else (r[0] + 1, *r[1:]) for r in rows])
+    mid = audit_chain(shifted)
+    assert (mid.first_bad_position, mid.fault) == (7, Fault.CHANGED)
+    assert audit_chain(MemorySource(rows)).ok  # control
+
+
+def test_every_link_fault_is_named() -> None:
+    rows = chained(list(range(1, N + 1)))
+    # Reordered: entries 5 and 9 swapped in place.
+    swapped = [
+        (r[0], *rows[8][1:]) if r[0] == 5 else (r[0], *rows[4][1:]) if r[0] == 9 else r
+        for r in rows
+    ]
+    reordered = audit_chain(MemorySource(swapped))
+    assert (reordered.first_bad_position, reordered.fault) == (5, Fault.REORDERED)
+    assert "position 8" in (reordered.reason or "")
+    # Broken link: it names the entry two before (which is in the journal, so not
+    # missing) ... that is a reordering too; a link to the entry itself is "broken".
+    self_link = [(*r[:5], r[6], r[6]) if r[0] == 6 else r for r in rows]
+    broken = audit_chain(MemorySource(self_link))
+    assert (broken.first_bad_position, broken.fault) == (6, Fault.REORDERED)
+    to_prev = [(*r[:5], rows[4][6], r[6]) if r[0] == 7 else r for r in rows]
+    skipped = audit_chain(MemorySource(to_prev))
+    assert (skipped.first_bad_position, skipped.fault) == (7, Fault.REORDERED)
+    # A range starting at the first entry: its predecessor is genesis.
+    first = [(*rows[0][:5], b"\x01" * 32, rows[0][6]), *rows[1:]]
+    missing = audit_chain(MemorySource(first), start=1)
+    assert (missing.first_bad_position, missing.fault, missing.head) == (1, Fault.MISSING, None)
+
+
+def test_a_link_to_the_entry_just_before_with_other_bytes_is_a_broken_link() -> None:
+    """The link names the right predecessor position but the walk's hash differs: only
+    possible when the source's look-up and its rows disagree, and it is still refused."""
+    rows = chained(list(range(1, N + 1)))
+
+    class Lying(MemorySource):
+        def position_of_hash(self, chain_hash: bytes) -> int | None:
+            return 6
+
+    linked = [(*r[:5], b"\x02" * 32, r[6]) if r[0] == 7 else r for r in rows]
+    report = audit_chain(Lying(linked))
+    assert (report.first_bad_position, report.fault) == (7, Fault.BROKEN_LINK)
+    assert (report.checked, report.head) == (6, _head(rows, 6))
+
+
+def test_a_column_that_no_longer_decodes_is_a_changed_entry() -> None:
+    rows = chained(list(range(1, N + 1)))
+    for bad in (
+        (*rows[3][:2], -(2**64), *rows[3][3:]),  # out of the framing's range
+        (*rows[3][:2], 1.5, *rows[3][3:]),  # SQLite stores a REAL in an INTEGER column
+        (*rows[3][:3], rows[3][3].encode(), *rows[3][4:]),  # ... and a BLOB in a TEXT one
+        (*rows[3][:4], None, *rows[3][5:]),
+    ):
+        report = audit_chain(MemorySource([*rows[:3], bad, *rows[4:]]))
+        assert (report.first_bad_position, report.fault) == (4, Fault.CHANGED)
+
+
+def test_the_public_verifier_raises_on_a_bad_chain_and_returns_on_a_good_one() -> None:
+    rows = chained(list(range(1, N + 1)))
+    good = verify_chain(MemorySource(rows), expect_head=_head(rows))
+    assert good.ok
+    assert good.head == _head(rows)
+    for source, head, where in (
+        (MemorySource(_relinked(rows, 7)), None, 8),
+        (MemorySource(_rechained(rows, 3)), _head(rows), N),
+        (MemorySource(rows[:6]), _head(rows), 7),
+    ):
+        with pytest.raises(ChainBrokenError) as caught:
+            verify_chain(source, expect_head=head)
+        assert isinstance(caught.value, TamperedError)
+        assert caught.value.report.first_bad_position == where
+        assert not caught.value.report.ok
+        assert f"position {where}" in str(caught.value)
+    with pytest.raises(ChainBrokenError):
+        verify_chain(MemorySource(_relinked(rows, 7)), start=8)
+
+
+def test_finish_report_and_the_json_document() -> None:
+    rows = chained(list(range(1, N + 1)))
+    source = MemorySource(rows)
+    assert finish_report(source, N, _head(rows), None) == ChainReport(
+        ok=True, checked=N, head=_head(rows)
+    )
+    report = finish_report(source, 3, _head(rows, 3), _head(rows, 5))
+    assert report.ok  # a recorded head that is still in the journal unchanged
+    doc = audit_chain(MemorySource(rows[:4]), expect_head=_head(rows)).to_json()
+    assert doc == {
+        "ok": False,
+        "checked": 4,
+        "head": {"position": 4, "hash": rows[3][6].hex()},
+        "first_bad_position": 5,
+        "fault": "truncated",
+        "reason": doc["reason"],
+    }
+    assert ChainReport(ok=True, checked=0, head=None).to_json()["head"] is None
+    assert ChainReport(ok=True, checked=0, head=None).to_json()["fault"] is None
+
+
+def test_a_recorded_head_is_read_strictly() -> None:
+    digest = "aB" * 32
+    assert parse_head(f"12:{digest}") == ChainHead(position=12, hash=digest.lower())
+    for bad in (
+        f"x:{digest}",
+        f"-1:{digest}",
+        f"12:{digest[:-1]}",
+        f"12:{digest}0",
+        f"12:{digest[:-1]}g",
+        f"12{digest}",
+        "",
+    ):
+        with pytest.raises(BadInputError, match="POS:HASH"):
+            parse_head(bad)
+
+
+# -- the same attacks on real journals ------------------------------------------------
+
+
+@pytest.fixture
+def real(journal_url: str) -> Iterator[tuple[str, ChainHead, _Raw]]:
+    with Journal.create(journal_url) as j:
+        for b in range(N // 3):
+            j.append([Ping(writer="w", batch=b, n=i) for i in range(3)])
+        head = j.head()
+    assert head is not None
+    with _Raw(journal_url) as raw:
+        raw.drop_guards()
+        yield journal_url, ChainHead(position=head[0], hash=head[1].hex()), raw
+
+
+def _report(url: str, head: ChainHead | None = None) -> ChainReport:
+    with Journal.open(url) as j:
+        walked = audit_chain(j, expect_head=head)
+        assert audit_journal(j, expect_head=head) == walked  # the CLI's entry point agrees
+        return walked
+
+
+def _stored(url: str) -> list[tuple[Any, ...]]:
+    with Journal.open(url) as j:
+        return [(*row, j.originator_bytes(row[1])) for b in j.batches() for row in b]
+
+
+def test_a_real_journal_with_an_entry_deleted_and_relinked(
+    real: tuple[str, ChainHead, _Raw],
+) -> None:
+    url, head, raw = real
+    assert _report(url, head).ok
+    rows = _stored(url)
+    raw.execute(f"DELETE FROM {raw.table} WHERE {raw.pos} = 7")
+    raw.execute(f"UPDATE {raw.table} SET prev_hash = ? WHERE {raw.pos} = 8", (bytes(rows[5][6]),))
+    report = _report(url)
+    assert (report.ok, report.first_bad_position, report.fault) == (False, 8, Fault.CHANGED)
+
+
+def _rewrite_from(url: str, raw: _Raw, start: int) -> None:
+    """What an attacker with write access does: change an entry, re-chain the rest."""
+    rows = _stored(url)
+    prev = bytes(rows[start - 2][6]) if start > 1 else bytes(32)
+    for pos, _, version, topic, stored, _, _, originator in rows[start - 1 :]:
+        state = b'{"batch":0,"n":99,"pad":"","writer":"mallory"}' if pos == start else stored
+        new = ref_entry_hash(prev, pos, originator, version, topic.encode(), bytes(state))
+        raw.execute(
+            f"UPDATE {raw.table} SET state = ?, prev_hash = ?, chain_hash = ? WHERE {raw.pos} = ?",
+            (bytes(state), prev, new, pos),
+        )
+        prev = new
+
+
+def _charter(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "charter", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_real_journal_rewritten_from_a_position_fails_expect_head(
+    real: tuple[str, ChainHead, _Raw],
+) -> None:
+    url, head, raw = real
+    expect = f"{head.position}:{head.hash}"
+    _rewrite_from(url, raw, 5)
+    assert _report(url).ok  # the re-chained journal verifies on its own
+    report = _report(url, head)
+    assert (report.ok, report.first_bad_position, report.fault) == (False, N, Fault.DIVERGED)
+    alone = _charter("--db", url, "--json", "journal", "verify")
+    assert alone.returncode == 0, alone.stderr
+    cli = _charter("--db", url, "--json", "journal", "verify", "--expect-head", expect)
+    assert cli.returncode == 3, cli.stderr
+    doc = json.loads(cli.stdout)
+    assert (doc["ok"], doc["fault"], doc["first_bad_position"]) == (False, "diverged", N)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["originator_version = 1.5", "topic = CAST(topic AS BLOB)"],
+    ids=["real version", "blob topic"],
+)
+def test_a_real_sqlite_column_of_another_type_is_a_changed_entry(
+    sqlite_url: str, change: str
+) -> None:
+    """SQLite keeps whatever type is written: a REAL version or a BLOB topic is a
+    changed entry (exit 3 at its position), not an internal error (exit 1, as before)."""
+    with Journal.create(sqlite_url) as j:
+        j.append([Ping(writer="w", batch=0, n=i) for i in range(3)])
+    assert _charter("--db", sqlite_url, "journal", "verify").returncode == 0
+    with _Raw(sqlite_url) as raw:
+        raw.drop_guards()
+        raw.execute(f"UPDATE {raw.table} SET {change} WHERE {raw.pos} = 2")
+    report = _report(sqlite_url)
+    assert (report.ok, report.first_bad_position, report.fault) == (False, 2, Fault.CHANGED)
+    cli = _charter("--db", sqlite_url, "journal", "verify")
+    assert cli.returncode == 3, cli.stderr
+    assert "position 2" in cli.stderr
+
+
+def test_a_real_journal_with_its_position_column_changed(
+    real: tuple[str, ChainHead, _Raw],
+) -> None:
+    url, head, raw = real
+    raw.execute(f"UPDATE {raw.table} SET {raw.pos} = ? WHERE {raw.pos} = ?", (N + 5, N))
+    report = _report(url)
+    assert (report.ok, report.first_bad_position, report.fault) == (False, N + 5, Fault.CHANGED)
+    raw.execute(f"UPDATE {raw.table} SET {raw.pos} = ? WHERE {raw.pos} = ?", (N, N + 5))
+    assert _report(url, head).ok  # control: moved back, it verifies
