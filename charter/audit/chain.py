@@ -97,8 +97,10 @@ def parse_head(text: str) -> ChainHead:
     )
 
 
-def _link_fault(source: ChainSource, row: ChainRow, last_position: int) -> tuple[Fault, str]:
-    target = source.position_of_hash(row.prev_hash)
+def _link_fault(source: ChainSource, link: bytes, last_position: int) -> tuple[Fault, str]:
+    """Why an entry's link is not the hash of the entry before it (reads only the link:
+    the entry's other columns may not even decode)."""
+    target = source.position_of_hash(link)
     if target is None:
         return Fault.MISSING, (
             "its predecessor is not in the journal: an entry before it was deleted, or its "
@@ -144,8 +146,7 @@ def audit_chain(
     for batch in source.batches(start, stop):
         for position, oid, version, topic, state, link, stored_hash in batch:
             if link != prev:
-                row = ChainRow(position, conv(oid), version, topic, state, link, stored_hash)
-                return bad(position, *_link_fault(source, row, last_position))
+                return bad(position, *_link_fault(source, link, last_position))
             # A column that no longer decodes (SQLite keeps whatever type is written: a
             # blob topic, a REAL version) is a changed entry, never an internal error.
             try:

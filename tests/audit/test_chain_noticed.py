@@ -208,6 +208,30 @@ def test_a_column_that_no_longer_decodes_is_a_changed_entry() -> None:
         assert (report.first_bad_position, report.fault) == (4, Fault.CHANGED)
 
 
+def test_a_broken_link_is_reported_even_when_the_entry_does_not_decode() -> None:
+    rows = chained(list(range(1, N + 1)))
+    garbled = [(r[0], "zz", *r[2:5], b"\x01" * 32, r[6]) if r[0] == 3 else r for r in rows]
+    report = audit_chain(MemorySource(garbled))
+    assert (report.first_bad_position, report.fault) == (3, Fault.MISSING)
+
+
+def test_a_range_past_the_end_reports_the_entry_before_it() -> None:
+    rows = chained(list(range(1, N + 1)))
+    report = audit_chain(MemorySource(rows), start=N + 1)
+    assert report == ChainReport(ok=True, checked=0, head=_head(rows))
+
+
+def test_a_rechained_journal_missing_the_recorded_heads_position() -> None:
+    """Entry 6 deleted and everything after it re-chained: the walk passes position 6,
+    and the head recorded there is reported at 6 (not after the journal's end)."""
+    rows = chained(list(range(1, N + 1)))
+    kept = [r for r in rows if r[0] < 6]
+    forged = MemorySource(kept + chained(list(range(7, N + 1)), kept[-1][6], salt=7))
+    assert audit_chain(forged).ok
+    report = audit_chain(forged, expect_head=_head(rows, 6))
+    assert (report.first_bad_position, report.fault) == (6, Fault.TRUNCATED)
+
+
 def test_the_public_verifier_raises_on_a_bad_chain_and_returns_on_a_good_one() -> None:
     rows = chained(list(range(1, N + 1)))
     good = verify_chain(MemorySource(rows), expect_head=_head(rows))
@@ -226,6 +250,8 @@ def test_the_public_verifier_raises_on_a_bad_chain_and_returns_on_a_good_one() -
         assert f"position {where}" in str(caught.value)
     with pytest.raises(ChainBrokenError):
         verify_chain(MemorySource(_relinked(rows, 7)), start=8)
+    # The range is honoured: a break after ``stop`` is outside what was asked.
+    assert verify_chain(MemorySource(_relinked(rows, 7)), stop=6).checked == 6
 
 
 def test_finish_report_and_the_json_document() -> None:
@@ -259,6 +285,7 @@ def test_a_recorded_head_is_read_strictly() -> None:
         f"12:{digest}0",
         f"12:{digest[:-1]}g",
         f"12{digest}",
+        "12:" + "X" * 64,
         "",
     ):
         with pytest.raises(BadInputError, match="POS:HASH"):

@@ -104,14 +104,19 @@ def test_a_real_journal_rewritten_from_a_position_fails_expect_head(
 
 @pytest.mark.parametrize(
     "change",
-    ["originator_version = 1.5", "topic = CAST(topic AS BLOB)"],
-    ids=["real version", "blob topic"],
+    [
+        "originator_version = 1.5",
+        "topic = CAST(topic AS BLOB)",
+        "originator_id = 'zz', prev_hash = X'" + "01" * 32 + "'",  # and the link: a link fault
+    ],
+    ids=["real version", "blob topic", "bad originator and link"],
 )
 def test_a_real_sqlite_column_of_another_type_is_a_changed_entry(
     sqlite_url: str, change: str
 ) -> None:
     """SQLite keeps whatever type is written: a REAL version or a BLOB topic is a
-    changed entry (exit 3 at its position), not an internal error (exit 1, as before)."""
+    changed entry (exit 3 at its position), not an internal error (exit 1, as before);
+    so is an originator that does not decode on an entry whose link is broken too."""
     with Journal.create(sqlite_url) as j:
         j.append([Ping(writer="w", batch=0, n=i) for i in range(3)])
     assert _charter("--db", sqlite_url, "journal", "verify").returncode == 0
@@ -119,7 +124,8 @@ def test_a_real_sqlite_column_of_another_type_is_a_changed_entry(
         raw.drop_guards()
         raw.execute(f"UPDATE {raw.table} SET {change} WHERE {raw.pos} = 2")
     report = _report(sqlite_url)
-    assert (report.ok, report.first_bad_position, report.fault) == (False, 2, Fault.CHANGED)
+    fault = Fault.MISSING if "prev_hash" in change else Fault.CHANGED
+    assert (report.ok, report.first_bad_position, report.fault) == (False, 2, fault)
     cli = _charter("--db", sqlite_url, "journal", "verify")
     assert cli.returncode == 3, cli.stderr
     assert "position 2" in cli.stderr
