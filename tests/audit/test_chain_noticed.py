@@ -93,6 +93,11 @@ def test_a_deleted_entry_with_its_successor_relinked_is_caught_at_the_successor(
     # Control: without the relink it is a missing predecessor, reported at the same place.
     plain = audit_chain(MemorySource(_without(rows, 7)))
     assert (plain.first_bad_position, plain.fault) == (8, Fault.MISSING)
+    assert plain.reason == (
+        "its predecessor is not in the journal: an entry before it was deleted, or its "
+        "link was altered"
+    )
+    assert report.reason == "its stored bytes do not match its hash (the entry was changed)"
 
 
 @pytest.mark.parametrize("start", [1, 5, N])
@@ -104,7 +109,10 @@ def test_a_history_rewritten_from_a_position_diverges_from_a_recorded_head(start
     assert (report.ok, report.first_bad_position, report.fault) == (False, N, Fault.DIVERGED)
     assert report.checked == N
     assert report.head == _head(forged.rows)
-    assert _head(rows).hash in (report.reason or "")
+    assert report.reason == (
+        f"entry {N} has hash {forged.rows[-1][6].hex()}, but the recorded head says "
+        f"{_head(rows).hash}: history was rewritten"
+    )
     # A head recorded inside the rewritten part diverges there too; one recorded before
     # the rewrite still matches (the prefix is genuine).
     inside = audit_chain(forged, expect_head=_head(rows, start))
@@ -128,7 +136,10 @@ def test_a_truncated_journal_is_reported_after_its_last_entry() -> None:
     report = audit_chain(cut, expect_head=_head(rows))
     assert (report.ok, report.first_bad_position, report.fault) == (False, 9, Fault.TRUNCATED)
     assert (report.checked, report.head) == (8, _head(rows, 8))
-    assert "ends at 8" in (report.reason or "")
+    assert report.reason == (
+        f"a head at position {N} was recorded, but the journal has no entry there (it ends "
+        "at 8): the tail was cut off"
+    )
     # A range that stops early, checked against a head past the gap of a deleted entry.
     holed = MemorySource(_without(rows, 10))
     gap = audit_chain(holed, stop=9, expect_head=_head(rows, 10))
@@ -166,7 +177,15 @@ def test_every_link_fault_is_named() -> None:
     ]
     reordered = audit_chain(MemorySource(swapped))
     assert (reordered.first_bad_position, reordered.fault) == (5, Fault.REORDERED)
-    assert "position 8" in (reordered.reason or "")
+    assert reordered.reason == (
+        "it links to the entry at position 8, not to the entry before it (position 4): "
+        "entries were reordered"
+    )
+    # The first entry linking into the journal: "the entry before it" is position 0.
+    into = [(*rows[0][:5], rows[2][6], rows[0][6]), *rows[1:]]
+    first_reordered = audit_chain(MemorySource(into))
+    assert (first_reordered.first_bad_position, first_reordered.fault) == (1, Fault.REORDERED)
+    assert "(position 0)" in (first_reordered.reason or "")
     # Broken link: it names the entry two before (which is in the journal, so not
     # missing) ... that is a reordering too; a link to the entry itself is "broken".
     self_link = [(*r[:5], r[6], r[6]) if r[0] == 6 else r for r in rows]
@@ -193,6 +212,7 @@ def test_a_link_to_the_entry_just_before_with_other_bytes_is_a_broken_link() -> 
     linked = [(*r[:5], b"\x02" * 32, r[6]) if r[0] == 7 else r for r in rows]
     report = audit_chain(Lying(linked))
     assert (report.first_bad_position, report.fault) == (7, Fault.BROKEN_LINK)
+    assert report.reason == "its link does not match the hash of the entry before it"
     assert (report.checked, report.head) == (6, _head(rows, 6))
 
 

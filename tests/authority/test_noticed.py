@@ -365,3 +365,34 @@ def test_a_copy_of_terms_or_a_sealed_grant_is_revalidated() -> None:
     copied = sealed.model_copy(update={"body": other.body})
     assert copied.grant.terms.depth == 2
     assert copied.digest != sealed.digest
+
+
+def test_the_canonical_body_is_the_canonical_json_of_the_grant() -> None:
+    """The hand-composed signed bytes equal canonical_json of canonical_dict, for a root
+    grant and a child grant."""
+    from charter.core.events import canonical_json
+
+    root = root_grant(ROOT)
+    child = child_grant(root, child_terms())
+    for grant in (root.grant, child.grant):
+        assert canonical_json(grant.canonical_dict()) == grant.canonical_body()
+    assert child.grant.canonical_dict() == {
+        "v": 1,
+        "lineage": "agent:root/sa-1",
+        "issuer": "agent:root",
+        "subject_key": bytes(CHILD_KEY.verify_key).hex(),
+        "parent_digest": root.digest.hex(),
+        "issued_at_ms": NOW_MS,
+        "terms": child_terms().canonical,
+    }
+
+
+def test_attenuate_takes_a_narrower_request_on_the_budget_and_set_axes() -> None:
+    parent = terms()
+    small = Budget.parse("tokens=1,wall=1ms,cpu=1ms,mem=1B,egress=1B")
+    asked = RequestedGrant(budget=small, secrets=frozenset(), tools=frozenset({"Edit"}))
+    got = attenuate(parent, asked, remaining_fanout=5, width=1, now_ms=NOW_MS)
+    assert got.budget == small
+    assert got.secrets == frozenset()
+    assert got.tools == {"Edit"}
+    assert got.egress == parent.egress

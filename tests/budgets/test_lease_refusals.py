@@ -346,3 +346,43 @@ def test_the_formula_at_its_boundaries() -> None:
     assert formula.is_active(4, 5, 3)
     assert formula.is_active(None, None, 0)
     assert not formula.is_active(0, None, 0)
+
+
+def test_the_book_lists_every_ledger() -> None:
+    book = _book(grandchild=True)
+    assert [x.lineage for x in book.ledgers()] == [ROOT, CHILD, GRANDCHILD]
+
+
+def test_renewing_a_live_lease_does_not_count_it_twice() -> None:
+    book = _book()
+    book.apply(book.decide_renewal(CHILD, CHILD_ENDS + 1_000, T0 + 1), T0 + 1)
+    assert book.outstanding(ROOT, T0 + 2) == LEASE
+    # At the old expiry the lease is still live (the heap's stale entry is skipped) ...
+    assert book.outstanding(ROOT, CHILD_ENDS) == LEASE
+    assert book.outstanding_by_walk(ROOT, CHILD_ENDS) == LEASE
+    # ... and it ends at the new one.
+    assert book.outstanding(ROOT, CHILD_ENDS + 1_000) == Budget.zero()
+
+
+def test_releasing_a_lease_whose_child_had_expired_ends_it_once() -> None:
+    book = _book(grandchild=True)
+    spend = Budget(tokens=1, wall_ms=1, cpu_ms=1, mem_bytes=1, egress_bytes=1)
+    book.apply(book.decide_usage(GRANDCHILD, spend, T0 + 1), T0 + 1)
+    # The child's sums pass the grandchild's expiry ...
+    assert book.outstanding(CHILD, GRANDCHILD_ENDS) == spend
+    # ... then the child is released, its whole subtree with it.
+    book.apply(book.decide_release(CHILD, GRANDCHILD_ENDS + 1), GRANDCHILD_ENDS + 1)
+    for at in (GRANDCHILD_ENDS + 1, GRANDCHILD_ENDS + 2):
+        assert book.outstanding(CHILD, at) == spend
+        assert book.outstanding(CHILD, at) == book.outstanding_by_walk(CHILD, at)
+        assert book.outstanding(ROOT, at) == spend
+    assert book.remaining(ROOT, GRANDCHILD_ENDS + 2) == ALLOCATION.saturating_sub(spend)
+
+
+def test_an_axis_holding_exactly_one_unit_is_exhausted_when_spent() -> None:
+    book = _book()
+    one = Budget(tokens=1, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0)
+    events = book.decide_leases(CHILD, [(GRANDCHILD, one, T0 + 5, DIGEST)], T0)
+    _apply(book, events, T0)
+    assert book.decide_usage(GRANDCHILD, one, T0 + 1).exhausted
+    assert not book.decide_usage(GRANDCHILD, Budget.zero(), T0 + 1).exhausted
