@@ -97,6 +97,9 @@ def parse_head(text: str) -> ChainHead:
     )
 
 
+_CHANGED = "its stored bytes do not match its hash (the entry was changed)"
+
+
 def _link_fault(source: ChainSource, link: bytes, last_position: int) -> tuple[Fault, str]:
     """Why an entry's link is not the hash of the entry before it (reads only the link:
     the entry's other columns may not even decode)."""
@@ -148,20 +151,17 @@ def audit_chain(
             if link != prev:
                 return bad(position, *_link_fault(source, link, last_position))
             # A column that no longer decodes (SQLite keeps whatever type is written: a
-            # blob topic, a REAL version) is a changed entry, never an internal error.
+            # blob topic, a REAL version) is a changed entry, never an internal error, and
+            # never compared: no stored value may stand in for a hash it has not got.
             try:
                 topic_bytes = topics.get(topic)
                 if topic_bytes is None:
                     topic_bytes = topics[topic] = topic.encode()
                 recomputed = entry_hash(prev, position, conv(oid), version, topic_bytes, state)
             except (ValueError, TypeError, OverflowError, AttributeError, struct.error):
-                recomputed = b""
+                return bad(position, Fault.CHANGED, _CHANGED)
             if recomputed != stored_hash:
-                return bad(
-                    position,
-                    Fault.CHANGED,
-                    "its stored bytes do not match its hash (the entry was changed)",
-                )
+                return bad(position, Fault.CHANGED, _CHANGED)
             prev = stored_hash
             last_position = position
             checked += 1

@@ -226,6 +226,16 @@ def test_a_column_that_no_longer_decodes_is_a_changed_entry() -> None:
     ):
         report = audit_chain(MemorySource([*rows[:3], bad, *rows[4:]]))
         assert (report.first_bad_position, report.fault) == (4, Fault.CHANGED)
+        # Fail closed: whatever hash it stores (one the database would refuse, but its
+        # checks can be dropped), an entry that does not decode never verifies.
+        for stored in (b"", None, b"XXXX", "x"):
+            last = (*bad[:6], stored)
+            report = audit_chain(MemorySource([*rows[:3], last]))
+            assert (report.ok, report.first_bad_position, report.fault) == (
+                False,
+                4,
+                Fault.CHANGED,
+            )
 
 
 def test_a_broken_link_is_reported_even_when_the_entry_does_not_decode() -> None:

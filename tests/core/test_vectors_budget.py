@@ -117,21 +117,21 @@ def test_each_axis_is_bounded_by_what_the_databases_store() -> None:
     assert MAX_TTL_S == 3_162_240_000
 
 
-A = Budget(tokens=5, wall_ms=10, cpu_ms=0, mem_bytes=7, egress_bytes=3)
-B = Budget(tokens=3, wall_ms=20, cpu_ms=0, mem_bytes=7, egress_bytes=4)
+A = Budget(tokens=5, wall_ms=10, cpu_ms=9, mem_bytes=7, egress_bytes=3)
+B = Budget(tokens=3, wall_ms=20, cpu_ms=8, mem_bytes=7, egress_bytes=4)
 
 
 def test_budget_arithmetic_axis_by_axis() -> None:
-    assert vec_of(A + B) == (8, 30, 0, 14, 7)
-    assert vec_of(A.minimum(B)) == (3, 10, 0, 7, 3)
-    assert vec_of(A.saturating_sub(B)) == (2, 0, 0, 0, 0)
+    assert vec_of(A + B) == (8, 30, 17, 14, 7)
+    assert vec_of(A.minimum(B)) == (3, 10, 8, 7, 3)
+    assert vec_of(A.saturating_sub(B)) == (2, 0, 1, 0, 0)
     assert vec_of(B.saturating_sub(A)) == (0, 10, 0, 0, 1)
     assert not A.fits_within(B)
     assert not B.fits_within(A)
     assert A.minimum(B).fits_within(A)
     assert A.fits_within(A)
     assert vec_of(Budget.zero()) == VEC_ZERO
-    assert vec_of(A.split(2)) == (2, 5, 0, 3, 1)
+    assert vec_of(A.split(2)) == (2, 5, 4, 3, 1)
     assert A.split(1) == A
     for parts in (0, -1):
         with pytest.raises(BudgetSyntaxError, match="parts"):
@@ -143,6 +143,8 @@ def test_the_plain_vector_arithmetic_agrees_with_budget_arithmetic() -> None:
     assert vec_add(a, b) == vec_of(A + B)
     assert vec_min(a, b) == vec_of(A.minimum(B))
     assert vec_sat_sub(a, b) == vec_of(A.saturating_sub(B))
-    assert vec_sub(a, b) == (2, -10, 0, 0, -1)
+    assert vec_sat_sub(b, a) == vec_of(B.saturating_sub(A))
+    assert vec_min(b, a) == vec_min(a, b)
+    assert vec_sub(a, b) == (2, -10, 1, 0, -1)
     assert budget_of(a) == A
     assert budget_of(vec_add(a, b)) == A + B

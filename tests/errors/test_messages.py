@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from pydantic import ValidationError
 
 from charter.audit import parse_head
 from charter.authority import (
@@ -155,6 +156,7 @@ CASES: list[tuple[str, Callable[[], object]]] = [
     ("not whole", lambda: Budget.parse("tokens=1,wall=0.5ms,cpu=0ms,mem=0B,egress=0B")),
     ("too large", lambda: Budget.parse(f"tokens={2**63},wall=0ms,cpu=0ms,mem=0B,egress=0B")),
     ("part", lambda: Budget.parse("tokens=1=2,wall=0ms,cpu=0ms,mem=0B,egress=0B")),
+    ("unknown axis", lambda: Budget.parse("Tokens=1,wall=0ms,cpu=0ms,mem=0B,egress=0B")),
     ("twice", lambda: Budget.parse("tokens=1,tokens=1,wall=0ms,cpu=0ms,mem=0B,egress=0B")),
     ("missing", lambda: Budget.parse("tokens=1,mem=0B")),
     ("split", lambda: ALLOC.split(0)),
@@ -398,6 +400,13 @@ EXPECTED: dict[str, tuple[type[Exception], str]] = {
             "tokens=200k,wall=10m,cpu=60s,mem=512MiB,egress=20MB)"
         ),
     ),
+    "unknown axis": (
+        BudgetSyntaxError,
+        (
+            "budget part 'Tokens=1': expected NAME=QUANTITY with NAME one of tokens, "
+            "wall, cpu, mem, egress"
+        ),
+    ),
     "twice": (
         BudgetSyntaxError,
         ("budget axis 'tokens' is given twice"),
@@ -418,6 +427,20 @@ EXPECTED: dict[str, tuple[type[Exception], str]] = {
 
 def test_every_case_has_its_message() -> None:
     assert [name for name, _ in CASES] == list(EXPECTED)
+
+
+def test_a_bad_axis_value_in_a_model_carries_the_axis_message() -> None:
+    """The validators hand the named error's message to pydantic unchanged."""
+    for field, value, check in (
+        ("egress", "A.com", check_destination),
+        ("tools", "9tool", check_tool),
+        ("secrets", "9secret", check_secret),
+    ):
+        with pytest.raises(AxisValueError) as direct:
+            check(value)
+        with pytest.raises(ValidationError) as caught:
+            child_terms(**{field: frozenset({value})})
+        assert caught.value.errors()[0]["msg"] == f"Value error, {direct.value}"
 
 
 @pytest.mark.parametrize(("name", "call"), CASES, ids=[name for name, _ in CASES])
