@@ -226,6 +226,7 @@ def test_a_column_that_no_longer_decodes_is_a_changed_entry() -> None:
     ):
         report = audit_chain(MemorySource([*rows[:3], bad, *rows[4:]]))
         assert (report.first_bad_position, report.fault) == (4, Fault.CHANGED)
+        assert report.reason == "its stored bytes do not match its hash (the entry was changed)"
         # Fail closed: whatever hash it stores (one the database would refuse, but its
         # checks can be dropped), an entry that does not decode never verifies.
         for stored in (b"", None, b"XXXX", "x"):
