@@ -321,3 +321,19 @@ def test_a_recorded_head_is_read_strictly() -> None:
     ):
         with pytest.raises(BadInputError, match="POS:HASH"):
             parse_head(bad)
+
+
+def test_a_report_and_a_head_are_frozen() -> None:
+    from pydantic import ValidationError
+
+    rows = chained([1, 2])
+    report = audit_chain(MemorySource(rows))
+    head = report.head
+    assert head is not None
+    with pytest.raises(ValidationError, match="frozen"):
+        report.ok = False  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="frozen"):
+        head.hash = "00" * 32  # type: ignore[misc]
+    assert (report.ok, head.hash) == (True, rows[-1][6].hex())
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        ChainHead(position=1, hash="00" * 32, signed=True)  # type: ignore[call-arg]

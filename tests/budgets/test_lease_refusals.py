@@ -386,3 +386,14 @@ def test_an_axis_holding_exactly_one_unit_is_exhausted_when_spent() -> None:
     _apply(book, events, T0)
     assert book.decide_usage(GRANDCHILD, one, T0 + 1).exhausted
     assert not book.decide_usage(GRANDCHILD, Budget.zero(), T0 + 1).exhausted
+
+
+def test_lease_events_are_frozen() -> None:
+    from pydantic import ValidationError
+
+    event = LeaseGranted(parent=ROOT, lineages=(CHILD,), allocation=SMALL, expires_at_ms=1)
+    with pytest.raises(ValidationError, match="frozen"):
+        event.expires_at_ms = 2**62  # type: ignore[misc]
+    assert event.expires_at_ms == 1
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        LeaseReleased(lineage=CHILD, parent=ROOT)  # type: ignore[call-arg]
