@@ -6,7 +6,13 @@ from typing import Generic, Protocol, TypeVar
 
 from charter.core.errors import TamperedError
 
-__all__ = ["ChainBrokenError"]
+__all__ = [
+    "ChainBrokenError",
+    "CheckpointFormatError",
+    "ConsistencyProofError",
+    "InclusionProofError",
+    "NoteSignatureError",
+]
 
 
 class _Finding(Protocol):
@@ -29,3 +35,19 @@ class ChainBrokenError(TamperedError, Generic[R]):
             f"journal does not verify at position {report.first_bad_position}: {report.reason}"
         )
         self.report = report
+
+
+class InclusionProofError(TamperedError):
+    """An inclusion proof does not show its entry in the tree of its checkpoint."""
+
+
+class ConsistencyProofError(TamperedError):
+    """A tree is not a consistent extension of an earlier one (cut, fork, rewrite)."""
+
+
+class NoteSignatureError(TamperedError):
+    """A signed note (checkpoint) lacks a valid signature by the expected key."""
+
+
+class CheckpointFormatError(TamperedError):
+    """Text that should be a signed note, checkpoint or verifier key is malformed."""
