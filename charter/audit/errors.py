@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Generic, Protocol, TypeVar
 
-from charter.core.errors import TamperedError
+from charter.core.errors import BadInputError, TamperedError
 
 __all__ = [
     "ChainBrokenError",
@@ -12,6 +12,8 @@ __all__ = [
     "ConsistencyProofError",
     "InclusionProofError",
     "NoteSignatureError",
+    "NotInTreeError",
+    "TreeFollowError",
 ]
 
 
@@ -51,3 +53,12 @@ class NoteSignatureError(TamperedError):
 
 class CheckpointFormatError(TamperedError):
     """Text that should be a signed note, checkpoint or verifier key is malformed."""
+
+
+class TreeFollowError(TamperedError):
+    """The journal's entries do not chain where the Merkle follower reads them, so no
+    tree (and no checkpoint) is built over them."""
+
+
+class NotInTreeError(BadInputError):
+    """A position or tree size the Merkle tree does not (yet) have."""

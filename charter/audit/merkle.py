@@ -35,6 +35,7 @@ __all__ = [
     "from_mapping",
     "leaf_hash",
     "needed_nodes",
+    "root_from_frontier",
     "root_from_leaves",
     "subtree_root",
     "tree_root",
@@ -60,10 +61,10 @@ def root_from_leaves(leaf_hashes: Sequence[bytes]) -> bytes:
         return EMPTY_ROOT
     frontier: list[tuple[int, bytes]] = []
     append_leaves(frontier, 0, leaf_hashes)
-    return _fold_frontier(frontier)
+    return root_from_frontier(frontier)
 
 
-def _fold_frontier(frontier: Sequence[tuple[int, bytes]]) -> bytes:
+def root_from_frontier(frontier: Sequence[tuple[int, bytes]]) -> bytes:
     """The root from the perfect subtrees of a tree's size (largest first)."""
     digest = frontier[-1][1]
     for _, left in reversed(frontier[:-1]):

@@ -1,0 +1,348 @@
+"""The journal's Merkle tree, kept by a tracked follower, and what is read from it.
+
+:class:`MerkleLog` follows the journal like the projector does (not in the append path):
+each step reads the entries after its tracked position, checks that they chain, hashes
+each entry's frame into a leaf, and commits the new leaves, the new perfect-subtree nodes
+and the tracking position in one transaction. Proofs are then built from O(log n)
+stored nodes. :func:`verify_extension` proves that the journal as it stands now extends
+a checkpoint saved earlier, recomputing every leaf from the stored bytes (it trusts
+neither the stored tree nor the chain columns).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from hashlib import sha256
+from typing import Any
+
+from nacl.signing import SigningKey
+from pydantic import BaseModel, ConfigDict
+
+from charter.audit import merkle
+from charter.audit._tree_store import TreeStore
+from charter.audit.errors import (
+    ConsistencyProofError,
+    NotInTreeError,
+    TreeFollowError,
+)
+from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint, verify_checkpoint
+from charter.core import now_ms
+from charter.core.errors import InternalError, StateError
+from charter.core.framing import GENESIS, entry_frame, merkle_leaf_hash
+from charter.ledger import Journal
+
+__all__ = [
+    "ConsistencyProof",
+    "ExtensionReport",
+    "InclusionProof",
+    "MerkleLog",
+    "journal_origin",
+    "leaf_hashes",
+    "verify_extension",
+]
+
+_CHUNK = 20_000
+
+
+def journal_origin(journal_key_hex: str) -> str:
+    """A journal's checkpoint origin (and its note key name): ``charter.journal/`` and
+    the first 16 hex digits of its Ed25519 public key."""
+    return f"charter.journal/{journal_key_hex[:16]}"
+
+
+class InclusionProof(BaseModel):
+    """An entry's leaf in a tree of ``size`` leaves, and its RFC 6962 audit path."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    position: int
+    leaf: int
+    size: int
+    leaf_hash: bytes
+    root: bytes
+    path: tuple[bytes, ...]
+
+    def verify(self) -> None:
+        merkle.verify_inclusion(self.leaf_hash, self.leaf, self.size, self.path, self.root)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "index": self.leaf,
+            "size": self.size,
+            "leaf_hash": self.leaf_hash.hex(),
+            "root": self.root.hex(),
+            "path": [p.hex() for p in self.path],
+        }
+
+
+class ConsistencyProof(BaseModel):
+    """RFC 6962 consistency proof between two sizes of the tree."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    old: int
+    new: int
+    old_root: bytes
+    new_root: bytes
+    path: tuple[bytes, ...]
+
+    def verify(self) -> None:
+        merkle.verify_consistency(self.old, self.new, self.old_root, self.new_root, self.path)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "old": self.old,
+            "new": self.new,
+            "old_root": self.old_root.hex(),
+            "new_root": self.new_root.hex(),
+            "path": [p.hex() for p in self.path],
+        }
+
+
+def leaf_hashes(
+    journal: Journal, start: int | None = None, stop: int | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """``(position, leaf hash)`` of every entry in range, recomputed from the stored bytes;
+    raises :class:`TreeFollowError` where an entry's bytes or link do not chain."""
+    before = journal.predecessor(start) if start else None
+    prev = before.chain_hash if before else GENESIS
+    conv = journal.originator_bytes
+    for batch in journal.batches(start, stop):
+        for position, oid, version, topic, state, link, chain in batch:
+            frame = entry_frame(prev, position, conv(oid), version, topic.encode(), bytes(state))
+            if bytes(link) != prev or sha256(frame).digest() != bytes(chain):
+                raise TreeFollowError(
+                    f"entry {position} does not chain (its bytes or its link were changed); "
+                    "no tree is built over it: run `charter journal verify`"
+                )
+            prev = bytes(chain)
+            yield position, merkle_leaf_hash(frame)
+
+
+class MerkleLog:
+    """The Merkle tree of one open journal: follow, prove, checkpoint."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.store = TreeStore(journal)
+        self.origin = journal_origin(journal.meta.journal_key)
+        # (size, frontier) as of the last commit of this process, if still current
+        self._frontier: tuple[int, list[tuple[int, bytes]]] | None = None
+
+    # -- following -------------------------------------------------------------------
+
+    def catch_up(self, stop: int | None = None, *, chunk: int = _CHUNK) -> int:
+        """Add every entry after the tracked position (up to ``stop``) to the tree, a
+        chunk per transaction; return the tree size."""
+        head = self.journal.head()
+        target = 0 if head is None else head[0]
+        if stop is not None:
+            target = min(target, stop)
+        while True:
+            with self.store.write() as cur:
+                tracked = self.store.tracked(cur)
+                size = self.store.size(cur)
+                if tracked >= target:
+                    return size
+                frontier = self._load_frontier(cur, size)
+                self._frontier = None  # until this transaction commits
+                end = min(target, tracked + chunk)
+                added = list(leaf_hashes(self.journal, tracked + 1, end))
+                leaves = [(size + i, position) for i, (position, _) in enumerate(added)]
+                nodes = merkle.append_leaves(frontier, size, (h for _, h in added))
+                self.store.add(cur, leaves, nodes, end)
+            self._frontier = (size + len(added), frontier)
+
+    def _load_frontier(self, cur: Any, size: int) -> list[tuple[int, bytes]]:
+        if self._frontier is not None and self._frontier[0] == size:
+            return self._frontier[1]
+        keys = merkle.frontier_keys(size)
+        found = self.store.nodes(cur, keys)
+        if len(found) != len(keys):
+            raise InternalError(f"the Merkle tree of {size} leaves is missing stored nodes")
+        return [(level, found[(level, index)]) for level, index in keys]
+
+    def follow(
+        self,
+        key: SigningKey | None = None,
+        *,
+        poll_s: float = 0.05,
+        publish_every_s: float = 1.0,
+        until: Callable[[], bool] = lambda: False,
+    ) -> int:
+        """Catch up, then keep following until ``until()``; with ``key``, publish a
+        checkpoint whenever the tree grew and ``publish_every_s`` has passed since the
+        last one (so a commit is covered by a checkpoint within that bound)."""
+        size = self.catch_up()
+        published = -1
+        last = 0.0
+        while True:
+            if key is not None and size != published and time.monotonic() - last >= publish_every_s:
+                self.publish(self.checkpoint(key))
+                published, last = size, time.monotonic()
+            if until():
+                return size
+            head = self.journal.head()
+            if head is not None and head[0] > self.tracked():
+                size = self.catch_up()
+            else:
+                time.sleep(poll_s)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def tracked(self) -> int:
+        with self.store.read() as cur:
+            return self.store.tracked(cur)
+
+    def size(self) -> int:
+        with self.store.read() as cur:
+            return self.store.size(cur)
+
+    def _build(self, cur: Any, build: Callable[[merkle.NodeGetter], Any]) -> Any:
+        keys = merkle.needed_nodes(build)
+        nodes = self.store.nodes(cur, keys)
+        if len(nodes) != len(set(keys)):
+            raise InternalError("the Merkle tree is missing stored nodes it should have")
+        return build(merkle.from_mapping(nodes))
+
+    def _size_or_current(self, cur: Any, size: int | None) -> int:
+        current = self.store.size(cur)
+        if size is None:
+            return current
+        if not 0 <= size <= current:
+            raise NotInTreeError(
+                f"tree size {size} is past the tree's {current} leaves (run `charter "
+                "checkpoint` to bring the tree up to the journal's head)"
+            )
+        return size
+
+    def root(self, size: int | None = None) -> tuple[int, bytes]:
+        with self.store.read() as cur:
+            n = self._size_or_current(cur, size)
+            return n, self._build(cur, lambda get: merkle.tree_root(get, n))
+
+    def inclusion(self, position: int, size: int | None = None) -> InclusionProof:
+        """The inclusion proof of the entry at ``position`` in the tree of ``size``
+        leaves (default: the whole tree as followed)."""
+        with self.store.read() as cur:
+            n = self._size_or_current(cur, size)
+            leaf = self.store.leaf_of(cur, position)
+            if leaf is None or leaf >= n:
+                raise NotInTreeError(
+                    f"position {position} is not an entry of the tree of {n} leaves"
+                )
+            path = self._build(cur, lambda get: merkle.inclusion_proof(get, leaf, n))
+            leaf_hash = self.store.nodes(cur, [(0, leaf)])[(0, leaf)]
+            root = self._build(cur, lambda get: merkle.tree_root(get, n))
+        return InclusionProof(
+            position=position, leaf=leaf, size=n, leaf_hash=leaf_hash, root=root, path=path
+        )
+
+    def consistency(self, old: int, new: int | None = None) -> ConsistencyProof:
+        with self.store.read() as cur:
+            n = self._size_or_current(cur, new)
+            if not 0 <= old <= n:
+                raise NotInTreeError(f"no consistency proof from size {old} to size {n}")
+            path = self._build(cur, lambda get: merkle.consistency_proof(get, old, n))
+            old_root = self._build(cur, lambda get: merkle.tree_root(get, old))
+            new_root = self._build(cur, lambda get: merkle.tree_root(get, n))
+        return ConsistencyProof(old=old, new=n, old_root=old_root, new_root=new_root, path=path)
+
+    def position_of_leaf(self, leaf: int) -> int | None:
+        with self.store.read() as cur:
+            return self.store.position_of(cur, leaf)
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def note_key(self) -> NoteKey:
+        """The journal's verifier key (from the journal's metadata)."""
+        return NoteKey.make(self.origin, b"\x01", bytes.fromhex(self.journal.meta.journal_key))
+
+    def checkpoint(self, key: SigningKey, *, catch_up: bool = True) -> SignedNote:
+        """A checkpoint of the tree, signed with the journal's key."""
+        if bytes(key.verify_key).hex() != self.journal.meta.journal_key:
+            raise StateError(
+                "this key is not the journal's signing key (CHARTER_HOME must be the home "
+                "`charter init` made for this journal)"
+            )
+        if catch_up:
+            self.catch_up()
+        size, root = self.root()
+        return sign_checkpoint(
+            Checkpoint(origin=self.origin, size=size, root=root), self.origin, key
+        )
+
+    def publish(self, note: SignedNote) -> None:
+        size = Checkpoint.parse(note.text).size
+        with self.store.write() as cur:
+            self.store.publish(cur, size, note.render(), now_ms())
+
+    def latest(self) -> SignedNote | None:
+        with self.store.read() as cur:
+            found = self.store.checkpoints(cur)
+        return SignedNote.parse(found[0][1]) if found else None
+
+
+class ExtensionReport(BaseModel):
+    """``journal verify --checkpoint``: the journal extends the checkpoint."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ok: bool
+    checkpoint_size: int
+    size: int
+    root: str
+    proof: ConsistencyProof | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "checkpoint_size": self.checkpoint_size,
+            "size": self.size,
+            "root": self.root,
+            "consistency": self.proof.to_json() if self.proof else None,
+        }
+
+
+def verify_extension(
+    journal: Journal, note: SignedNote, key: NoteKey | None = None
+) -> ExtensionReport:
+    """Prove the journal as it stands extends the checkpoint ``note`` (signed by ``key``,
+    default the journal's own): every leaf is recomputed from the stored bytes, the
+    root at the checkpoint's size must be the checkpoint's, and the stored tree's
+    consistency proof must verify between them. Raises
+    :class:`ConsistencyProofError` for a cut tail or a rewritten history."""
+    log = MerkleLog(journal)
+    checkpoint = verify_checkpoint(note, key or log.note_key())
+    frontier: list[tuple[int, bytes]] = []
+    size = 0
+    old_root = merkle.EMPTY_ROOT if checkpoint.size == 0 else None
+    for _, leaf in leaf_hashes(journal):
+        merkle.append_leaves(frontier, size, (leaf,))
+        size += 1
+        if size == checkpoint.size:
+            old_root = merkle.root_from_frontier(frontier)
+    if size < checkpoint.size or old_root is None:
+        raise ConsistencyProofError(
+            f"the journal has {size} entries, fewer than the {checkpoint.size} of the "
+            "checkpoint: its tail was cut off"
+        )
+    if old_root != checkpoint.root:
+        raise ConsistencyProofError(
+            f"the journal's first {checkpoint.size} entries do not hash to the checkpoint's "
+            "root: history up to the checkpoint was rewritten"
+        )
+    new_root = merkle.root_from_frontier(frontier) if size else merkle.EMPTY_ROOT
+    log.catch_up()
+    proof = log.consistency(checkpoint.size, size)
+    if proof.new_root != new_root or proof.old_root != old_root:
+        raise ConsistencyProofError(
+            "the stored Merkle tree does not match the journal's entries (its tables were "
+            "changed): proofs served from it cannot be trusted"
+        )
+    merkle.verify_consistency(checkpoint.size, size, checkpoint.root, new_root, proof.path)
+    return ExtensionReport(
+        ok=True, checkpoint_size=checkpoint.size, size=size, root=new_root.hex(), proof=proof
+    )
