@@ -14,6 +14,8 @@ __all__ = [
     "NoteSignatureError",
     "NotInTreeError",
     "TreeFollowError",
+    "WitnessForkError",
+    "WitnessRollbackError",
 ]
 
 
@@ -62,3 +64,11 @@ class TreeFollowError(TamperedError):
 
 class NotInTreeError(BadInputError):
     """A position or tree size the Merkle tree does not (yet) have."""
+
+
+class WitnessForkError(TamperedError):
+    """A witness refuses a checkpoint that does not extend the one it cosigned last."""
+
+
+class WitnessRollbackError(TamperedError):
+    """A witness refuses a checkpoint smaller than the one it cosigned last."""

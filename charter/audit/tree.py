@@ -27,6 +27,7 @@ from charter.audit.errors import (
     TreeFollowError,
 )
 from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint, verify_checkpoint
+from charter.audit.proofs import InclusionText
 from charter.core import now_ms
 from charter.core.errors import InternalError, StateError
 from charter.core.framing import GENESIS, entry_frame, merkle_leaf_hash
@@ -278,6 +279,35 @@ class MerkleLog:
         size = Checkpoint.parse(note.text).size
         with self.store.write() as cur:
             self.store.publish(cur, size, note.render(), now_ms())
+
+    def frame(self, position: int) -> bytes:
+        """The entry frame (leaf input) of the entry at ``position``, from its stored bytes."""
+        row = next(self.journal.rows(position, position), None)
+        if row is None or row.position != position:
+            raise NotInTreeError(f"the journal has no entry at position {position}")
+        return entry_frame(
+            row.prev_hash, position, row.originator, row.version, row.topic.encode(), row.state
+        )
+
+    def tlog_proof(self, position: int, key: SigningKey, size: int | None = None) -> InclusionText:
+        """A C2SP tlog-proof of the entry at ``position``: its frame, its audit path and
+        a checkpoint of the tree of ``size`` leaves signed with the journal's key."""
+        self.catch_up()
+        proof = self.inclusion(position, size)
+        frame = self.frame(position)
+        if merkle_leaf_hash(frame) != proof.leaf_hash:
+            raise TreeFollowError(f"entry {position} no longer hashes to its stored leaf")
+        checkpoint = Checkpoint(origin=self.origin, size=proof.size, root=proof.root)
+        note = sign_checkpoint(checkpoint, self.origin, self._signing(key))
+        return InclusionText(frame=frame, index=proof.leaf, path=proof.path, note=note)
+
+    def _signing(self, key: SigningKey) -> SigningKey:
+        if bytes(key.verify_key).hex() != self.journal.meta.journal_key:
+            raise StateError(
+                "this key is not the journal's signing key (CHARTER_HOME must be the home "
+                "`charter init` made for this journal)"
+            )
+        return key
 
     def latest(self) -> SignedNote | None:
         with self.store.read() as cur:

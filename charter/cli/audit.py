@@ -1,0 +1,215 @@
+"""``charter checkpoint``, ``charter witness`` and ``charter proof``: the auditor's side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from charter.app import JOURNAL_KEY, Charter
+from charter.audit.errors import NotInTreeError
+from charter.audit.note import NoteKey, SignedNote
+from charter.audit.proofs import ConsistencyText, InclusionText
+from charter.audit.tree import MerkleLog, verify_extension
+from charter.audit.witness import Witness
+from charter.cli._common import AsciiIntRange, Ctx
+from charter.core import KeyStore, charter_home
+from charter.core.errors import BadInputError
+from charter.ledger import Journal
+
+__all__ = ["checkpoint", "proof", "witness"]
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInputError(f"cannot read {path}: {e}") from e
+
+
+def _write(path: str | None, text: str) -> None:
+    if path is not None:
+        try:
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise BadInputError(f"cannot write {path}: {e}") from e
+
+
+# -- checkpoint ------------------------------------------------------------------------
+
+
+@click.group(invoke_without_command=True)
+@click.option("--out", "out", metavar="FILE", help="Also save the checkpoint to FILE.")
+@click.pass_context
+def checkpoint(click_ctx: click.Context, out: str | None) -> None:
+    """Print a C2SP checkpoint of the journal (a signed note), signed with the journal's
+    key; the Merkle tree is first brought up to the journal's head."""
+    if click_ctx.invoked_subcommand is not None:
+        return
+    ctx: Ctx = click_ctx.obj
+    with Charter.open(ctx.db) as charter:
+        log = MerkleLog(charter.journal)
+        note = log.checkpoint(charter.keys.load(JOURNAL_KEY))
+        log.publish(note)
+    text = note.render()
+    _write(out, text)
+    size, root = _summary(note)
+    ctx.emit(
+        {"origin": log.origin, "size": size, "root": root, "note": text},
+        lambda: click.echo(text, nl=False),
+    )
+
+
+def _summary(note: SignedNote) -> tuple[int, str]:
+    lines = note.text.split("\n")
+    return int(lines[1]), lines[2]
+
+
+@checkpoint.command("key")
+@click.pass_obj
+def checkpoint_key(ctx: Ctx) -> None:
+    """Print the journal's verifier key (what checkpoints are checked with)."""
+    with Journal.open(ctx.db) as journal:
+        key = MerkleLog(journal).note_key()
+    ctx.emit({"key": key.text(), "name": key.name}, key.text())
+
+
+@checkpoint.command("verify")
+@click.argument("file")
+@click.option("--journal-key", "vkey", metavar="KEY", help="Verifier key (default: the journal's).")
+@click.pass_obj
+def checkpoint_verify(ctx: Ctx, file: str, vkey: str | None) -> None:
+    """Prove the journal is a consistent extension of a checkpoint saved earlier (every
+    entry re-hashed); exit 3 for a cut tail, a rewritten history or a bad signature."""
+    note = SignedNote.parse(_read(file))
+    key = NoteKey.parse(vkey) if vkey else None
+    with Journal.open(ctx.db) as journal:
+        report = verify_extension(journal, note, key)
+    ctx.emit(
+        report.to_json(),
+        f"ok: the journal ({report.size} entries) extends the checkpoint of "
+        f"{report.checkpoint_size} entries",
+    )
+
+
+# -- witness ---------------------------------------------------------------------------
+
+
+def _witness() -> Witness:
+    return Witness(KeyStore(charter_home()))
+
+
+@click.group()
+def witness() -> None:
+    """A witness with its own key: cosigns only consistent extensions of a log."""
+
+
+@witness.command("init")
+@click.option("--name", required=True, help="The witness's key name, e.g. witness.example/w1.")
+@click.pass_obj
+def witness_init(ctx: Ctx, name: str) -> None:
+    """Create the witness's key in the Charter home; print its verifier key."""
+    key = _witness().init(name)
+    ctx.emit({"key": key.text(), "name": key.name}, key.text())
+
+
+@witness.command("key")
+@click.pass_obj
+def witness_key(ctx: Ctx) -> None:
+    """Print the witness's verifier key."""
+    key = _witness().verifier_key()
+    ctx.emit({"key": key.text(), "name": key.name}, key.text())
+
+
+@witness.command("cosign")
+@click.argument("file")
+@click.option("--log-key", "log_key", required=True, metavar="KEY", help="The log's verifier key.")
+@click.option(
+    "--proof",
+    "proof_file",
+    metavar="FILE",
+    help="Consistency proof from the last cosigned size (default: asked of the journal).",
+)
+@click.option("--out", "out", metavar="FILE", help="Also save the cosigned checkpoint to FILE.")
+@click.pass_obj
+def witness_cosign(
+    ctx: Ctx, file: str, log_key: str, proof_file: str | None, out: str | None
+) -> None:
+    """Cosign a checkpoint if it extends the last one this witness cosigned for its log;
+    refuse a fork or a rollback (exit 3)."""
+    w = _witness()
+    key = NoteKey.parse(log_key)
+    note = SignedNote.parse(_read(file))
+    new_size, _ = _summary(note)
+    last = w.last(key.name)
+    old_size = _summary(last)[0] if last is not None else None
+    path: tuple[bytes, ...] | None = None
+    if proof_file is not None:
+        given = ConsistencyText.parse(_read(proof_file))
+        if (given.old, given.new) != (old_size, new_size):
+            raise BadInputError(
+                f"the proof is from size {given.old} to {given.new}; needed: from "
+                f"{old_size} to {new_size}"
+            )
+        path = given.path
+    elif old_size is not None and 0 < old_size < new_size:
+        with Journal.open(ctx.db) as journal:
+            path = MerkleLog(journal).consistency(old_size, new_size).path
+    cosigned = w.cosign(note, key, path)
+    text = cosigned.render()
+    _write(out, text)
+    ctx.emit({"note": text, "size": new_size}, lambda: click.echo(text, nl=False))
+
+
+# -- proofs ----------------------------------------------------------------------------
+
+
+@click.group()
+def proof() -> None:
+    """Inclusion and consistency proofs of the journal's Merkle tree."""
+
+
+@proof.command("inclusion")
+@click.argument("position", type=AsciiIntRange(min=1))
+@click.option("--size", type=AsciiIntRange(min=1), help="Tree size (default: the whole tree).")
+@click.pass_obj
+def proof_inclusion(ctx: Ctx, position: int, size: int | None) -> None:
+    """A C2SP tlog-proof that the entry at POSITION is in the tree, with the entry's
+    frame and a signed checkpoint of that tree."""
+    with Charter.open(ctx.db) as charter:
+        log = MerkleLog(charter.journal)
+        made = log.tlog_proof(position, charter.keys.load(JOURNAL_KEY), size)
+        detail = log.inclusion(position, size)
+    text = made.render()
+    ctx.emit({**detail.to_json(), "text": text}, lambda: click.echo(text, nl=False))
+
+
+@proof.command("consistency")
+@click.argument("old", type=AsciiIntRange(min=0))
+@click.argument("new", type=AsciiIntRange(min=0))
+@click.pass_obj
+def proof_consistency(ctx: Ctx, old: int, new: int) -> None:
+    """The RFC 6962 consistency proof from tree size OLD to NEW."""
+    if old > new:
+        raise NotInTreeError(f"OLD ({old}) is larger than NEW ({new})")
+    with Journal.open(ctx.db) as journal:
+        log = MerkleLog(journal)
+        log.catch_up()
+        made = log.consistency(old, new)
+    text = ConsistencyText(old=old, new=new, path=made.path).render()
+    ctx.emit({**made.to_json(), "text": text}, lambda: click.echo(text, nl=False))
+
+
+@proof.command("verify")
+@click.argument("file")
+@click.option("--journal-key", "vkey", required=True, metavar="KEY", help="The log's verifier key.")
+@click.pass_obj
+def proof_verify(ctx: Ctx, file: str, vkey: str) -> None:
+    """Verify a tlog-proof offline (no database): the checkpoint's signature and the
+    entry's inclusion; exit 3 if either fails."""
+    made = InclusionText.parse(_read(file))
+    checkpoint_ = made.verify(NoteKey.parse(vkey))
+    ctx.emit(
+        {"ok": True, "index": made.index, "size": checkpoint_.size},
+        f"ok: entry {made.index} is in the tree of {checkpoint_.size} entries",
+    )
