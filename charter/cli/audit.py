@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
@@ -63,6 +64,27 @@ def checkpoint(click_ctx: click.Context, out: str | None) -> None:
 def _summary(note: SignedNote) -> tuple[int, str]:
     lines = note.text.split("\n")
     return int(lines[1]), lines[2]
+
+
+@checkpoint.command("follow")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds between published checkpoints (the bound on a commit's wait for one).",
+)
+@click.pass_obj
+def checkpoint_follow(ctx: Ctx, interval: float) -> None:
+    """Follow the journal: keep the Merkle tree current and publish a signed checkpoint
+    whenever it grew, at most every --interval seconds, until Ctrl-C."""
+    with Charter.open(ctx.db) as charter:
+        log = MerkleLog(charter.journal)
+        ctx.status(f"following {charter.journal.location.display}; Ctrl-C to stop")
+        with contextlib.suppress(KeyboardInterrupt):
+            log.follow(charter.keys.load(JOURNAL_KEY), publish_every_s=interval)
+        size = log.size()
+    ctx.emit({"size": size}, f"tree size {size}")
 
 
 @checkpoint.command("key")

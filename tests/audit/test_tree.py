@@ -184,3 +184,43 @@ def test_a_stale_stored_tree_is_refused(logged: tuple) -> None:
         rehash_from(url, raw, _positions(url)[-1], b"{}")
     with Journal.open(url) as j, pytest.raises(ConsistencyProofError, match="stored Merkle"):
         verify_extension(j, note)
+
+
+def test_the_follower_publishes_a_checkpoint_covering_each_commit_within_the_bound(
+    logged: tuple,
+) -> None:
+    import threading
+    import time
+
+    _, journal, log, key = logged
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with Journal.open(journal.location) as own:
+                MerkleLog(own).follow(key, poll_s=0.01, publish_every_s=0.2, until=stop.is_set)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        for round_ in range(3):
+            fill(journal, 1, tag=f"r{round_}")
+            committed = journal.head()[0]
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not errors:
+                latest = log.latest()
+                if latest is not None:
+                    size = Checkpoint.parse(latest.text).size
+                    if size and log.position_of_leaf(size - 1) == committed:
+                        break
+                time.sleep(0.02)
+            else:
+                pytest.fail(f"no checkpoint covered position {committed}: {errors}")
+            verify_extension(journal, latest)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not errors
