@@ -128,6 +128,21 @@ class TreeStore:
         row = cur.fetchone()
         return None if row is None else int(row["leaf"])
 
+    def leaves_of(self, cur: Any, positions: Iterable[int]) -> dict[int, int]:
+        """position → leaf index, for the positions that are leaves."""
+        wanted = sorted(set(positions))
+        if not wanted:
+            return {}
+        cur.execute(
+            self._q(
+                "SELECT leaf, position FROM charter_merkle_leaves "
+                "WHERE position >= ? AND position <= ?"
+            ),
+            (wanted[0], wanted[-1]),
+        )
+        want = set(wanted)
+        return {int(r["position"]): int(r["leaf"]) for r in cur.fetchall() if r["position"] in want}
+
     def position_of(self, cur: Any, leaf: int) -> int | None:
         cur.execute(self._q("SELECT position FROM charter_merkle_leaves WHERE leaf = ?"), (leaf,))
         row = cur.fetchone()

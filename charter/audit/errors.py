@@ -7,6 +7,7 @@ from typing import Generic, Protocol, TypeVar
 from charter.core.errors import BadInputError, TamperedError
 
 __all__ = [
+    "BundleError",
     "ChainBrokenError",
     "CheckpointFormatError",
     "ConsistencyProofError",
@@ -72,3 +73,11 @@ class WitnessForkError(TamperedError):
 
 class WitnessRollbackError(TamperedError):
     """A witness refuses a checkpoint smaller than the one it cosigned last."""
+
+
+class BundleError(TamperedError):
+    """An export bundle does not verify; ``part`` names the first part that does not."""
+
+    def __init__(self, part: str, why: str) -> None:
+        super().__init__(f"bundle part {part} does not verify: {why}")
+        self.part = part

@@ -11,6 +11,7 @@ neither the stored tree nor the chain columns).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from hashlib import sha256
@@ -120,6 +121,10 @@ def leaf_hashes(
                 )
             prev = bytes(chain)
             yield position, merkle_leaf_hash(frame)
+
+
+def _path_of(get: merkle.NodeGetter, *, leaf: int, size: int) -> tuple[bytes, ...]:
+    return merkle.inclusion_proof(get, leaf, size)
 
 
 class MerkleLog:
@@ -240,6 +245,32 @@ class MerkleLog:
         return InclusionProof(
             position=position, leaf=leaf, size=n, leaf_hash=leaf_hash, root=root, path=path
         )
+
+    def inclusions(self, positions: list[int], size: int) -> list[InclusionProof]:
+        """Inclusion proofs of many entries in the tree of ``size`` leaves, from one read
+        snapshot, fetching each stored node once."""
+        with self.store.read() as cur:
+            n = self._size_or_current(cur, size)
+            leaves = self.store.leaves_of(cur, positions)
+            missing = [p for p in positions if p not in leaves or leaves[p] >= n]
+            if missing:
+                raise NotInTreeError(f"position {missing[0]} is not in the tree of {n} leaves")
+            builds = [functools.partial(_path_of, leaf=leaves[p], size=n) for p in positions]
+            keys = {k for build in builds for k in merkle.needed_nodes(build)}
+            keys |= set(merkle.frontier_keys(n)) | {(0, leaves[p]) for p in positions}
+            get = merkle.from_mapping(self.store.nodes(cur, keys))
+        root = merkle.tree_root(get, n)
+        return [
+            InclusionProof(
+                position=p,
+                leaf=leaves[p],
+                size=n,
+                leaf_hash=get(0, leaves[p]),
+                root=root,
+                path=build(get),
+            )
+            for p, build in zip(positions, builds, strict=True)
+        ]
 
     def consistency(self, old: int, new: int | None = None) -> ConsistencyProof:
         with self.store.read() as cur:

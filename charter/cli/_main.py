@@ -34,6 +34,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "checkpoint": ("audit", "checkpoint", "A signed checkpoint of the journal's Merkle tree."),
     "witness": ("audit", "witness", "Cosign consistent checkpoints of a log; refuse forks."),
     "proof": ("audit", "proof", "Inclusion and consistency proofs of the journal."),
+    "export": ("audit", "export", "Export bundles, and verify one offline."),
 }
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from charter.app import JOURNAL_KEY, Charter
+from charter.audit.bundle import verify_bundle
 from charter.audit.errors import NotInTreeError
+from charter.audit.export import export_bundle
 from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText, InclusionText
 from charter.audit.tree import MerkleLog, verify_extension
@@ -18,7 +20,7 @@ from charter.core import KeyStore, charter_home
 from charter.core.errors import BadInputError
 from charter.ledger import Journal
 
-__all__ = ["checkpoint", "proof", "witness"]
+__all__ = ["checkpoint", "export", "proof", "witness"]
 
 
 def _read(path: str) -> str:
@@ -234,4 +236,90 @@ def proof_verify(ctx: Ctx, file: str, vkey: str) -> None:
     ctx.emit(
         {"ok": True, "index": made.index, "size": checkpoint_.size},
         f"ok: entry {made.index} is in the tree of {checkpoint_.size} entries",
+    )
+
+
+# -- export ----------------------------------------------------------------------------
+
+
+class _ExportGroup(click.Group):
+    """``charter export OUT …`` writes a bundle; ``charter export verify …`` checks one."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["write", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_ExportGroup)
+def export() -> None:
+    """Export bundles: `charter export OUT [--lineage L] [--from P --to Q]`, and
+    `charter export verify BUNDLE --journal-key KEY` (offline)."""
+
+
+@export.command("write")
+@click.argument("out")
+@click.option("--lineage", metavar="L", help="Only entries about L or below it.")
+@click.option("--from", "start", type=AsciiIntRange(min=1), help="First position.")
+@click.option("--to", "stop", type=AsciiIntRange(min=1), help="Last position.")
+@click.option(
+    "--checkpoint",
+    "checkpoint_file",
+    metavar="FILE",
+    help="A saved (e.g. cosigned) checkpoint to prove against (default: a new one).",
+)
+@click.pass_obj
+def export_write(
+    ctx: Ctx,
+    out: str,
+    lineage: str | None,
+    start: int | None,
+    stop: int | None,
+    checkpoint_file: str | None,
+) -> None:
+    """Write one bundle file: the selected entries' stored bytes, their inclusion proofs,
+    the checkpoint, the keys, the grant chains' entries and a manifest."""
+    given = SignedNote.parse(_read(checkpoint_file)) if checkpoint_file else None
+    with Charter.open(ctx.db) as charter:
+        key = None if given is not None else charter.keys.load(JOURNAL_KEY)
+        bundle = export_bundle(
+            charter.journal, key, lineage=lineage, start=start, stop=stop, checkpoint=given
+        )
+    data = bundle.to_bytes()
+    try:
+        Path(out).write_bytes(data)
+    except OSError as e:
+        raise BadInputError(f"cannot write {out}: {e}") from e
+    count = sum(not e.context for e in bundle.entries)
+    ctx.emit(
+        {"out": out, "entries": count, "context": len(bundle.entries) - count, "bytes": len(data)},
+        f"wrote {out}: {count} entries (+{len(bundle.entries) - count} for grant chains)",
+    )
+
+
+@export.command("verify")
+@click.argument("bundle")
+@click.option("--journal-key", "vkey", required=True, metavar="KEY", help="The log's verifier key.")
+@click.option(
+    "--witness-key",
+    "witness_keys",
+    multiple=True,
+    metavar="KEY",
+    help="A witness whose cosignature must be on the checkpoint (repeatable).",
+)
+@click.pass_obj
+def export_verify(ctx: Ctx, bundle: str, vkey: str, witness_keys: tuple[str, ...]) -> None:
+    """Verify a bundle offline (no database, no network, no home); exit 3 naming the
+    first part that does not verify."""
+    try:
+        data = Path(bundle).read_bytes()
+    except OSError as e:
+        raise BadInputError(f"cannot read {bundle}: {e}") from e
+    report = verify_bundle(
+        data, NoteKey.parse(vkey), witness_keys=[NoteKey.parse(k) for k in witness_keys]
+    )
+    ctx.emit(
+        report.to_json(),
+        f"ok: {report.entries} entries (+{report.context} for {report.grant_chains} grant "
+        f"chains) verify against the checkpoint of {report.checkpoint_size} entries",
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nacl.signing import SigningKey
 
 from charter.core.framing import entry_hash
@@ -44,3 +46,51 @@ def rehash_from(url: str, raw: _Raw, position: int, state: bytes | None = None) 
             (new_state, prev, new_hash, row.position),
         )
         prev = new_hash
+
+
+BUDGET = "tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB"
+COST = "tokens=10k,wall=1m,cpu=1m,mem=64MiB,egress=1MB"
+
+
+def real_history(url: str, home: Path) -> tuple[str, list[str]]:
+    """A real journal made by the product: init, a fan-out of 3 under the root, a fan-out
+    of 2 under its first worker. Returns the journal's verifier key and the lineages."""
+    from charter.app import CellSetup, Charter, Settings
+    from charter.audit.tree import MerkleLog
+    from charter.authority import FixedPolicy, RequestedGrant, SpawnIntent, Verdict
+    from charter.control import Ceiling
+    from charter.core import Budget, KeyStore
+
+    charter, _ = Charter.initialise(
+        url,
+        root="estate",
+        ceiling=Ceiling(budget=Budget.parse(BUDGET)),
+        cell=CellSetup(cores=8, reserve=1),
+        keys=KeyStore(home),
+        settings=Settings(),
+    )
+    with charter:
+        service = charter.spawn_service(FixedPolicy(Verdict.POSITIVE))
+        root = service.durable_caller("estate")
+        cost = Budget.parse(COST)
+        first = service.spawn(
+            root,
+            SpawnIntent(
+                width=3,
+                objective="survey the estate",
+                estimated_cost=cost,
+                grant=RequestedGrant(fanout=2),
+            ),
+        )
+        worker = root.child(first.children[0])
+        second = service.spawn(
+            worker,
+            SpawnIntent(
+                width=2,
+                objective="survey one wing",
+                estimated_cost=Budget.parse("tokens=2k,wall=10s,cpu=10s,mem=16MiB,egress=100KB"),
+            ),
+        )
+        lineages = [str(c.lineage) for c in (*first.children, *second.children)]
+        vkey = MerkleLog(charter.journal).note_key().text()
+    return vkey, lineages

@@ -66,9 +66,10 @@ PINNED = {
 }
 
 
-def test_merkle_and_notes_load_no_journal_and_no_driver(tmp_path: Path) -> None:
+def test_the_offline_auditor_loads_no_journal_and_no_driver(tmp_path: Path) -> None:
     probe = (
-        "import charter.audit.merkle, charter.audit.note, json, sys\n"
+        "import charter.audit.merkle, charter.audit.note, charter.audit.bundle\n"
+        "import charter.audit.proofs, charter.audit.witness, json, sys\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

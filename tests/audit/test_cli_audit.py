@@ -183,3 +183,23 @@ def test_the_witness_refuses_a_fork(journal_home: tuple, tmp_path: Path) -> None
         charter("witness", "cosign", str(cp2), "--log-key", vkey, home=witness_home, db=url),
         "fork",
     )
+
+
+def test_export_writes_a_bundle_that_export_verify_accepts(
+    journal_home: tuple, tmp_path: Path
+) -> None:
+    url, home = journal_home
+    _grow(url, 2, "z")
+    vkey = ok(charter("checkpoint", "key", home=home, db=url)).strip()
+    out = tmp_path / "b.json"
+    doc = json.loads(
+        ok(charter("--json", "export", str(out), "--from", "2", "--to", "4", home=home, db=url))
+    )
+    assert doc["entries"] == 3
+    report = json.loads(
+        ok(charter("--json", "export", "verify", str(out), "--journal-key", vkey, home=home))
+    )
+    assert report["ok"] is True
+    assert report["entries"] == 3
+    bad = charter("export", str(out), "--from", "5", "--to", "4", home=home, db=url)
+    assert bad.returncode == 2, bad.stderr

@@ -1,0 +1,128 @@
+"""Writing export bundles from a journal (the offline side is :mod:`charter.audit.bundle`).
+
+The selection is a position range and/or a lineage (the entries whose payload names it
+or a lineage below it). Context entries are added so the bundle verifies on its own:
+the minted grants of every lineage the selection names and of all their ancestors, and
+the registrations of their roots (trust roots). Every entry carries its inclusion proof
+in the tree of the bundle's checkpoint; nothing else of the journal is revealed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from nacl.signing import SigningKey
+
+from charter.audit.bundle import Bundle, BundleEntry
+from charter.audit.errors import NotInTreeError
+from charter.audit.note import Checkpoint, SignedNote, verify_checkpoint
+from charter.audit.tree import InclusionProof, MerkleLog
+from charter.core.errors import BadInputError, StateError
+from charter.ledger import Journal
+
+__all__ = ["export_bundle", "lineages_in", "mentions"]
+
+_CONTEXT_TYPES = ("GrantMinted/", "AgentRegistered/")
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def mentions(payload: dict[str, Any], lineage: str) -> bool:
+    """Whether a payload names ``lineage`` or a lineage below it."""
+    below = lineage + "/"
+    return any(s == lineage or s.startswith(below) for s in _strings(payload))
+
+
+def lineages_in(payload: dict[str, Any]) -> set[str]:
+    """The lineage paths (``agent:…``) a payload names."""
+    return {s for s in _strings(payload) if s.startswith("agent:") and " " not in s}
+
+
+def _ancestors(lineage: str) -> Iterable[str]:
+    node = lineage
+    while True:
+        yield node
+        if "/" not in node:
+            return
+        node = node.rpartition("/")[0]
+
+
+def export_bundle(
+    journal: Journal,
+    key: SigningKey | None,
+    *,
+    lineage: str | None = None,
+    start: int | None = None,
+    stop: int | None = None,
+    checkpoint: SignedNote | None = None,
+) -> Bundle:
+    """A bundle of the selected entries, proved against ``checkpoint`` (a saved, perhaps
+    cosigned, checkpoint of the journal) or a new one signed with ``key``."""
+    if start is not None and stop is not None and start > stop:
+        raise BadInputError(f"--from {start} is after --to {stop}")
+    log = MerkleLog(journal)
+    size = log.catch_up()
+    if checkpoint is not None:
+        cp = verify_checkpoint(checkpoint, log.note_key())
+        if cp.size > size or log.root(cp.size)[1] != cp.root:
+            raise StateError("the checkpoint given is not one of this journal's tree")
+        note = checkpoint
+    elif key is not None:
+        note = log.checkpoint(key, catch_up=False)
+        cp = Checkpoint.parse(note.text)
+    else:
+        raise BadInputError("a bundle needs a checkpoint: give one, or the journal's key")
+    selected: list[Any] = []
+    context: dict[str, list[Any]] = {}
+    for batch in journal.batches(None, log.position_of_leaf(cp.size - 1) if cp.size else 0):
+        for row in batch:
+            position, _, _, topic, state = row[:5]
+            payload = json.loads(state)["payload"]
+            if topic.startswith(_CONTEXT_TYPES):
+                context.setdefault(str(payload["lineage"]), []).append(row)
+            in_range = (start is None or position >= start) and (stop is None or position <= stop)
+            if in_range and (lineage is None or mentions(payload, lineage)):
+                selected.append((row, payload))
+    if not selected:
+        raise NotInTreeError("the selection has no entries in the checkpoint's tree")
+    named = {a for _, payload in selected for n in lineages_in(payload) for a in _ancestors(n)}
+    rows = {row[0]: (row, False) for row, _ in selected}
+    for name in named:
+        for row in context.get(name, ()):
+            rows.setdefault(row[0], (row, True))
+    ordered = sorted(rows.items())
+    proofs = log.inclusions([p for p, _ in ordered], cp.size)
+    entries = tuple(
+        _entry(journal, row, proof, is_context)
+        for (_, (row, is_context)), proof in zip(ordered, proofs, strict=True)
+    )
+    selection = {"lineage": lineage, "from": start, "to": stop}
+    keys = ({"key": log.note_key().text(), "from_position": 1},)
+    return Bundle(selection=selection, keys=keys, checkpoint=note.render(), entries=entries)
+
+
+def _entry(journal: Journal, row: Any, proof: InclusionProof, context: bool) -> BundleEntry:
+    position, oid, version, topic, state, prev, chain = row
+    return BundleEntry(
+        position=position,
+        originator=journal.originator_bytes(oid),
+        version=version,
+        topic=topic,
+        state=bytes(state),
+        prev_hash=bytes(prev),
+        chain_hash=bytes(chain),
+        leaf=proof.leaf,
+        path=proof.path,
+        context=context,
+    )
