@@ -26,7 +26,7 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -40,6 +40,7 @@ from charter.audit.note import (
     verify_checkpoint,
     verify_cosignature,
 )
+from charter.audit.semantic import Finding, audit_history
 from charter.authority import SealedGrant, verify_grant_chain
 from charter.core.errors import CharterError
 from charter.core.framing import entry_frame, merkle_leaf_hash
@@ -193,13 +194,11 @@ class BundleReport(BaseModel):
     checkpoint_size: int
     cosignatures: int
     grant_chains: int
-    findings: tuple[dict[str, Any], ...] = ()
+    audited: bool
+    findings: tuple[Finding, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
-
-
-Auditor = Callable[[Sequence[BundleEntry]], Sequence[dict[str, Any]]]
 
 
 def verify_bundle(
@@ -207,16 +206,23 @@ def verify_bundle(
     journal_key: NoteKey,
     *,
     witness_keys: Sequence[NoteKey] = (),
-    audit: Auditor | None = None,
 ) -> BundleReport:
-    """Verify a bundle offline; raise :class:`BundleError` naming the first bad part."""
+    """Verify a bundle offline; raise :class:`BundleError` naming the first bad part.
+
+    A bundle of the whole journal (no lineage, no range) is also audited semantically
+    (:mod:`charter.audit.semantic`); its findings make the report not ok. A partial
+    bundle lacks the history the budget and lifecycle rules need, so it is not."""
     bundle, manifest = Bundle.parse(data)
     _check_manifest(bundle, manifest)
     _check_keys(bundle, journal_key)
     checkpoint = _check_checkpoint(bundle, journal_key, witness_keys)
     _check_entries(bundle, checkpoint)
     chains = _check_grant_chains(bundle)
-    findings = tuple(audit(bundle.entries)) if audit is not None else ()
+    whole = all(bundle.selection.get(k) is None for k in ("lineage", "from", "to"))
+    findings: tuple[Finding, ...] = ()
+    if whole:
+        rows = [(e.position, e.topic, e.state) for e in bundle.entries]
+        findings = audit_history([rows]).findings
     return BundleReport(
         ok=not findings,
         entries=sum(not e.context for e in bundle.entries),
@@ -224,6 +230,7 @@ def verify_bundle(
         checkpoint_size=checkpoint.size,
         cosignatures=len(witness_keys),
         grant_chains=chains,
+        audited=whole,
         findings=findings,
     )
 

@@ -35,6 +35,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "witness": ("audit", "witness", "Cosign consistent checkpoints of a log; refuse forks."),
     "proof": ("audit", "proof", "Inclusion and consistency proofs of the journal."),
     "export": ("audit", "export", "Export bundles, and verify one offline."),
+    "audit": ("audit", "audit_cmd", "Semantic audits of the journal; exit 3 on a finding."),
 }
 
 

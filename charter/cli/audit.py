@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -13,6 +15,7 @@ from charter.audit.errors import NotInTreeError
 from charter.audit.export import export_bundle
 from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText, InclusionText
+from charter.audit.semantic import Finding, audit_history
 from charter.audit.tree import MerkleLog, verify_extension
 from charter.audit.witness import Witness
 from charter.cli._common import AsciiIntRange, Ctx
@@ -20,7 +23,7 @@ from charter.core import KeyStore, charter_home
 from charter.core.errors import BadInputError
 from charter.ledger import Journal
 
-__all__ = ["checkpoint", "export", "proof", "witness"]
+__all__ = ["audit_cmd", "checkpoint", "export", "proof", "witness"]
 
 
 def _read(path: str) -> str:
@@ -318,8 +321,38 @@ def export_verify(ctx: Ctx, bundle: str, vkey: str, witness_keys: tuple[str, ...
     report = verify_bundle(
         data, NoteKey.parse(vkey), witness_keys=[NoteKey.parse(k) for k in witness_keys]
     )
+    if not report.ok:
+        _findings(ctx, report.to_json(), report.findings)
     ctx.emit(
         report.to_json(),
         f"ok: {report.entries} entries (+{report.context} for {report.grant_chains} grant "
         f"chains) verify against the checkpoint of {report.checkpoint_size} entries",
     )
+
+
+# -- audit -----------------------------------------------------------------------------
+
+
+def _findings(ctx: Ctx, doc: dict[str, object], findings: Sequence[Finding]) -> None:
+    """Print the findings (stdout: the JSON document, or one line each) and exit 3."""
+    if ctx.as_json:
+        click.echo(json.dumps(doc, sort_keys=True))
+    else:
+        for f in findings:
+            click.echo(f"{f.position:>8}  {f.check:<16} {f.lineage or '-'}  {f.detail}")
+    click.echo(f"charter: error: {len(findings)} audit finding(s)", err=True)
+    raise click.exceptions.Exit(3)
+
+
+@click.command("audit")
+@click.option("--as-of", "as_of", type=AsciiIntRange(min=0), help="Audit up to this position.")
+@click.pass_obj
+def audit_cmd(ctx: Ctx, as_of: int | None) -> None:
+    """Semantic checks over the journal (budget conservation, grant chains, the gate,
+    sandbox leases and lifecycles, revoked subtrees); exit 3 with the positions of
+    any finding."""
+    with Journal.open(ctx.db) as journal:
+        report = audit_history(journal.payloads(None, as_of))
+    if not report.ok:
+        _findings(ctx, report.to_json(), report.findings)
+    ctx.emit(report.to_json(), f"ok: {report.checked} entries audited, no findings")

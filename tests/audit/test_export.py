@@ -20,7 +20,7 @@ from charter.audit.errors import BundleError
 from charter.audit.export import export_bundle, lineages_in, mentions
 from charter.audit.note import NoteKey, SignedNote
 from charter.audit.tree import MerkleLog
-from charter.core import KeyStore
+from charter.core import Budget, KeyStore
 from charter.ledger import Journal
 from tests.audit._support import real_history
 
@@ -51,6 +51,25 @@ def test_a_whole_journal_bundle_verifies(history: tuple) -> None:
     with Journal.open(url) as j:
         assert report.entries == len(list(j.rows()))
     assert report.grant_chains == 6  # the root's ceiling and five workers
+    assert report.audited
+    assert report.ok
+
+
+def test_a_whole_bundle_is_audited_and_a_broken_rule_is_a_finding(history: tuple) -> None:
+    from charter.budgets import UsageRecorded
+
+    url, home, key, lineages = history
+    zero = Budget.parse("tokens=0,wall=0s,cpu=0s,mem=0KiB,egress=0KB")
+    big = Budget.parse("tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB")
+    with Journal.open(url) as j:
+        (bad,) = j.append(
+            [UsageRecorded(lineage=lineages[0], amount=big, refused=zero, exhausted=False)]
+        )
+    report = verify_bundle(_export(url, home), key)
+    assert not report.ok
+    assert [(f.check, f.position) for f in report.findings] == [("conservation", bad.position)]
+    partial = verify_bundle(_export(url, home, start=1, stop=bad.position), key)
+    assert not partial.audited  # a partial bundle lacks the history budgets need
 
 
 def test_a_subtree_bundle_holds_only_its_entries_and_proves_them(history: tuple) -> None:
