@@ -30,17 +30,17 @@ position where the rule first breaks:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from charter.audit._books import Books
 from charter.authority import SealedGrant, verify_grant_chain
-from charter.budgets.formula import charge, is_active
-from charter.core.budget import VEC_ZERO, Vec, vec_add
+from charter.core.budget import Vec
 from charter.core.errors import CharterError
 
 __all__ = ["AuditReport", "Finding", "audit_history", "CHECKS"]
@@ -103,19 +103,6 @@ def _parent(lineage: str) -> str | None:
 
 
 @dataclass
-class _Ledger:
-    parent: str | None
-    allocation: Vec
-    expires: int | None
-    released: int | None = None
-    spent: Vec = VEC_ZERO
-    children: list[str] = field(default_factory=list)
-
-    def live(self, t: int) -> bool:
-        return is_active(self.released, self.expires, t)
-
-
-@dataclass
 class _Sandbox:
     position: int
     lineage: str | None
@@ -127,7 +114,7 @@ class _Sandbox:
 class _Auditor:
     def __init__(self) -> None:
         self.findings: list[Finding] = []
-        self.ledgers: dict[str, _Ledger] = {}
+        self.books = Books()
         self.trust_roots: dict[str, bytes] = {}
         self.chains: dict[str, tuple[SealedGrant, ...]] = {}
         self.gates: dict[str, tuple[int, str, str]] = {}  # fanout → (position, actor, verdict)
@@ -144,46 +131,30 @@ class _Auditor:
 
     # -- budgets -----------------------------------------------------------------------
 
-    def _subtree_spent(self, lineage: str) -> Vec:
-        total = VEC_ZERO
-        stack = [lineage]
-        while stack:
-            node = self.ledgers[stack.pop()]
-            total = vec_add(total, node.spent)
-            stack.extend(node.children)
-        return total
-
     def _check_conserved(self, lineage: str, t: int) -> None:
-        node: str | None = lineage
+        node = self.books.get(lineage)
         while node is not None:
-            ledger = self.ledgers.get(node)
-            if ledger is None:
-                return
-            if ledger.live(t):
-                used = ledger.spent
-                for c in ledger.children:
-                    child = self.ledgers[c]
-                    used = vec_add(
-                        used, charge(child.allocation, self._subtree_spent(c), child.live(t))
-                    )
+            if node.live(t):
+                used = self.books.used(node, t)
                 over = [
-                    a for a, u, cap in zip(_AXES, used, ledger.allocation, strict=True) if u > cap
+                    a for a, u, cap in zip(_AXES, used, node.allocation, strict=True) if u > cap
                 ]
                 if over:
                     self.find(
                         "conservation",
-                        node,
-                        f"{node} uses {dict(zip(_AXES, used, strict=True))} of its allocation "
-                        f"{dict(zip(_AXES, ledger.allocation, strict=True))} ({', '.join(over)})",
+                        node.lineage,
+                        f"{node.lineage} uses {dict(zip(_AXES, used, strict=True))} of its "
+                        f"allocation {dict(zip(_AXES, node.allocation, strict=True))} "
+                        f"({', '.join(over)})",
                     )
-            node = ledger.parent
+            node = self.books.get(node.parent) if node.parent is not None else None
 
     def ledger_opened(self, p: dict[str, Any]) -> None:
-        self.ledgers[str(p["lineage"])] = _Ledger(None, _vec(p["allocation"]), None)
+        self.books.open_root(str(p["lineage"]), _vec(p["allocation"]))
 
     def lease_granted(self, p: dict[str, Any], t: int) -> None:
         parent = str(p["parent"])
-        ledger = self.ledgers.get(parent)
+        ledger = self.books.get(parent)
         if ledger is None or not ledger.live(t):
             self.find(
                 "usage-after-end",
@@ -192,52 +163,44 @@ class _Auditor:
             )
             if ledger is None:
                 return
-        for lineage in p["lineages"]:
-            self.ledgers[str(lineage)] = _Ledger(
-                parent, _vec(p["allocation"]), int(p["expires_at_ms"])
-            )
-            ledger.children.append(str(lineage))
+        lineages = tuple(str(lineage) for lineage in p["lineages"])
+        self.books.grant(ledger, lineages, _vec(p["allocation"]), int(p["expires_at_ms"]))
         self._check_conserved(parent, t)
 
     def usage(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
-        ledger = self.ledgers.get(lineage)
+        ledger = self.books.get(lineage)
         if ledger is None:
             self.find(
                 "usage-after-end", lineage, f"usage charged to {lineage}, which has no ledger"
             )
             return
-        node: str | None = lineage
-        while node is not None:
-            if not self.ledgers[node].live(t):
+        for node in (ledger, *self.books.ancestors(ledger)):
+            if not node.live(t):
                 self.find(
                     "usage-after-end",
                     lineage,
-                    f"usage charged to {lineage} after {node}'s lease ended",
+                    f"usage charged to {lineage} after {node.lineage}'s lease ended",
                 )
                 break
-            node = self.ledgers[node].parent
-        ledger.spent = vec_add(ledger.spent, _vec(p["amount"]))
+        self.books.use(ledger, _vec(p["amount"]))
         self._check_conserved(lineage, t)
 
     def released_lease(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
         self.released.setdefault(lineage, self.position)
-        stack = [lineage] if lineage in self.ledgers else []
-        while stack:
-            node = self.ledgers[stack.pop()]
-            if node.released is None:
-                node.released = t
-            stack.extend(node.children)
+        ledger = self.books.get(lineage)
+        if ledger is not None:
+            self.books.release(ledger, t)
 
     def renewed(self, p: dict[str, Any], t: int) -> None:
-        ledger = self.ledgers.get(str(p["lineage"]))
+        ledger = self.books.get(str(p["lineage"]))
         if ledger is None:
             self.find(
                 "usage-after-end", str(p["lineage"]), "a renewal of a lease that does not exist"
             )
             return
-        ledger.expires = int(p["expires_at_ms"])
+        self.books.renew(ledger, int(p["expires_at_ms"]), t)
         self._check_conserved(str(p["parent"]), t)
 
     # -- authority -------------------------------------------------------------------
@@ -335,7 +298,7 @@ class _Auditor:
                 str(lineage),
                 f"sandbox {sandbox} leased for {lineage}, which holds no minted grant",
             )
-        ledger = self.ledgers.get(str(lease))
+        ledger = self.books.get(str(lease))
         if ledger is None or not ledger.live(t):
             self.find(
                 "sandbox-lease",
@@ -372,7 +335,7 @@ class _Auditor:
         for sandbox_id, s in self.sandboxes.items():
             if s.started is None or s.ended or s.lease is None:
                 continue
-            ledger = self.ledgers.get(s.lease)
+            ledger = self.books.get(s.lease)
             if ledger is None or not ledger.live(t):
                 self.findings.append(
                     Finding(
@@ -389,7 +352,7 @@ class _Auditor:
     def apply(self, position: int, topic: str, state: bytes) -> None:
         self.position = position
         try:
-            doc = json.loads(state)
+            doc = orjson.loads(state)
             t = _ms(doc["at"])
             p: dict[str, Any] = doc["payload"]
         except (ValueError, KeyError, TypeError) as e:
