@@ -10,7 +10,7 @@ in the tree of the bundle's checkpoint; nothing else of the journal is revealed.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from nacl.signing import SigningKey
@@ -18,11 +18,12 @@ from nacl.signing import SigningKey
 from charter.audit.bundle import Bundle, BundleEntry
 from charter.audit.errors import NotInTreeError
 from charter.audit.note import Checkpoint, SignedNote, verify_checkpoint
+from charter.audit.siem import flat_record
 from charter.audit.tree import InclusionProof, MerkleLog
 from charter.core.errors import BadInputError, StateError
 from charter.ledger import Journal
 
-__all__ = ["export_bundle", "lineages_in", "mentions"]
+__all__ = ["export_bundle", "export_jsonl", "lineages_in", "mentions"]
 
 _CONTEXT_TYPES = ("GrantMinted/", "AgentRegistered/")
 
@@ -126,3 +127,21 @@ def _entry(journal: Journal, row: Any, proof: InclusionProof, context: bool) -> 
         path=proof.path,
         context=context,
     )
+
+
+def export_jsonl(
+    journal: Journal,
+    *,
+    lineage: str | None = None,
+    start: int | None = None,
+    stop: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The selected entries as flat, decoded records (:mod:`charter.audit.siem`)."""
+    if start is not None and stop is not None and start > stop:
+        raise BadInputError(f"--from {start} is after --to {stop}")
+    conv = journal.originator_bytes
+    for batch in journal.batches(start, stop):
+        for row in batch:
+            if lineage is not None and not mentions(json.loads(row[4])["payload"], lineage):
+                continue
+            yield flat_record(row, conv(row[1]))

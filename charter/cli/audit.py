@@ -12,10 +12,11 @@ import click
 from charter.app import JOURNAL_KEY, Charter
 from charter.audit.bundle import verify_bundle
 from charter.audit.errors import NotInTreeError
-from charter.audit.export import export_bundle
+from charter.audit.export import export_bundle, export_jsonl
 from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText, InclusionText
 from charter.audit.semantic import Finding, audit_history
+from charter.audit.siem import lines as jsonl_lines
 from charter.audit.tree import MerkleLog, verify_extension
 from charter.audit.witness import Witness
 from charter.cli._common import AsciiIntRange, Ctx
@@ -271,6 +272,14 @@ def export() -> None:
     metavar="FILE",
     help="A saved (e.g. cosigned) checkpoint to prove against (default: a new one).",
 )
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["bundle", "jsonl"]),
+    default="bundle",
+    show_default=True,
+    help="bundle: verifiable offline; jsonl: flat decoded JSON lines for log pipelines.",
+)
 @click.pass_obj
 def export_write(
     ctx: Ctx,
@@ -279,9 +288,14 @@ def export_write(
     start: int | None,
     stop: int | None,
     checkpoint_file: str | None,
+    fmt: str,
 ) -> None:
     """Write one bundle file: the selected entries' stored bytes, their inclusion proofs,
-    the checkpoint, the keys, the grant chains' entries and a manifest."""
+    the checkpoint, the keys, the grant chains' entries and a manifest. With
+    --format jsonl, one flat decoded record per entry instead (for a SIEM)."""
+    if fmt == "jsonl":
+        _export_jsonl(ctx, out, lineage, start, stop)
+        return
     given = SignedNote.parse(_read(checkpoint_file)) if checkpoint_file else None
     with Charter.open(ctx.db) as charter:
         key = None if given is not None else charter.keys.load(JOURNAL_KEY)
@@ -298,6 +312,22 @@ def export_write(
         {"out": out, "entries": count, "context": len(bundle.entries) - count, "bytes": len(data)},
         f"wrote {out}: {count} entries (+{len(bundle.entries) - count} for grant chains)",
     )
+
+
+def _export_jsonl(
+    ctx: Ctx, out: str, lineage: str | None, start: int | None, stop: int | None
+) -> None:
+    count = 0
+    with Journal.open(ctx.db) as journal:
+        records = export_jsonl(journal, lineage=lineage, start=start, stop=stop)
+        try:
+            with Path(out).open("wb") as f:
+                for line in jsonl_lines(records):
+                    f.write(line)
+                    count += 1
+        except OSError as e:
+            raise BadInputError(f"cannot write {out}: {e}") from e
+    ctx.emit({"out": out, "entries": count}, f"wrote {out}: {count} entries as JSON lines")
 
 
 @export.command("verify")
