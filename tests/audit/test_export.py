@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import charter.catalogue  # noqa: F401  (entries decodes every type)
 from charter.audit.bundle import Bundle, canonical, verify_bundle
 from charter.audit.errors import BundleError
 from charter.audit.export import export_bundle, lineages_in, mentions
@@ -260,3 +261,18 @@ def test_export_verify_runs_offline_with_no_database_no_network_no_home(
     result = run(bad)
     assert result.returncode == 3, result.stderr
     assert f"entry/{doc['entries'][0]['position']}" in result.stderr
+
+
+def test_a_committed_forged_grant_fails_at_its_grant_chain(history: tuple) -> None:
+    """A forged grant appended past the control layer is in the tree, so its entry and
+    proof verify; its chain does not."""
+    url, home, key, lineages = history
+    verify_bundle(_export(url, home), key)  # positive control
+    with Journal.open(url) as j:
+        real = next(
+            e.event for e in j.entries(types=["GrantMinted"]) if e.event.lineage == lineages[2]
+        )
+        j.append([real.model_copy(update={"signature": "00" * 64, "fanout": "f-forged"})])
+    with pytest.raises(BundleError) as caught:
+        verify_bundle(_export(url, home), key)
+    assert caught.value.part == f"grants/{lineages[2]}"
