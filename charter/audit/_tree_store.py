@@ -121,6 +121,11 @@ class TreeStore:
                 found[(int(row["level"]), int(row["idx"]))] = bytes(row["hash"])
         return found
 
+    def all_nodes(self, cur: Any) -> dict[NodeKey, bytes]:
+        """Every stored node (for proofs of most of the tree at once)."""
+        cur.execute("SELECT level, idx, hash FROM charter_merkle_nodes")
+        return {(int(r["level"]), int(r["idx"])): bytes(r["hash"]) for r in cur.fetchall()}
+
     def leaf_of(self, cur: Any, position: int) -> int | None:
         cur.execute(
             self._q("SELECT leaf FROM charter_merkle_leaves WHERE position = ?"), (position,)

@@ -105,18 +105,27 @@ def append_leaves(
     return new
 
 
-def subtree_root(node: NodeGetter, start: int, end: int) -> bytes:
+def subtree_root(
+    node: NodeGetter, start: int, end: int, memo: dict[tuple[int, int], bytes] | None = None
+) -> bytes:
     """MTH(D[start:end]) for a subtree of the RFC's decomposition (``start`` is a
-    multiple of the largest power of two below ``end - start``), from perfect nodes."""
+    multiple of the largest power of two below ``end - start``), from perfect nodes.
+    ``memo`` keeps the hashes of the (right-edge) subtrees that are not perfect, for a
+    caller building many proofs of one tree."""
     n = end - start
     if n <= 0:
         raise BadInputError(f"empty subtree [{start}, {end})")
     if n & (n - 1) == 0 and start % n == 0:
         return node(n.bit_length() - 1, start // n)
+    if memo is not None and (start, end) in memo:
+        return memo[(start, end)]
     k = _split(n)
-    return merkle_node_hash(
-        subtree_root(node, start, start + k), subtree_root(node, start + k, end)
+    digest = merkle_node_hash(
+        subtree_root(node, start, start + k, memo), subtree_root(node, start + k, end, memo)
     )
+    if memo is not None:
+        memo[(start, end)] = digest
+    return digest
 
 
 def tree_root(node: NodeGetter, size: int) -> bytes:
@@ -124,7 +133,9 @@ def tree_root(node: NodeGetter, size: int) -> bytes:
     return EMPTY_ROOT if size == 0 else subtree_root(node, 0, size)
 
 
-def inclusion_proof(node: NodeGetter, index: int, size: int) -> tuple[bytes, ...]:
+def inclusion_proof(
+    node: NodeGetter, index: int, size: int, memo: dict[tuple[int, int], bytes] | None = None
+) -> tuple[bytes, ...]:
     """RFC 6962 §2.1.1 PATH(index, D[size]), leaf-side first."""
     if not 0 <= index < size:
         raise BadInputError(f"leaf {index} is not in a tree of {size} leaves")
@@ -135,10 +146,10 @@ def inclusion_proof(node: NodeGetter, index: int, size: int) -> tuple[bytes, ...
     while end - start > 1:
         k = _split(end - start)
         if m < k:
-            path.append(subtree_root(node, start + k, end))
+            path.append(subtree_root(node, start + k, end, memo))
             end = start + k
         else:
-            path.append(subtree_root(node, start, start + k))
+            path.append(subtree_root(node, start, start + k, memo))
             start, m = start + k, m - k
     return tuple(reversed(path))
 

@@ -255,10 +255,14 @@ class MerkleLog:
             missing = [p for p in positions if p not in leaves or leaves[p] >= n]
             if missing:
                 raise NotInTreeError(f"position {missing[0]} is not in the tree of {n} leaves")
-            builds = [functools.partial(_path_of, leaf=leaves[p], size=n) for p in positions]
-            keys = {k for build in builds for k in merkle.needed_nodes(build)}
-            keys |= set(merkle.frontier_keys(n)) | {(0, leaves[p]) for p in positions}
-            get = merkle.from_mapping(self.store.nodes(cur, keys))
+            if len(positions) * 8 >= n:  # most of the tree: read every node at once
+                get = merkle.from_mapping(self.store.all_nodes(cur))
+            else:
+                builds = [functools.partial(_path_of, leaf=leaves[p], size=n) for p in positions]
+                keys = {k for build in builds for k in merkle.needed_nodes(build)}
+                keys |= set(merkle.frontier_keys(n)) | {(0, leaves[p]) for p in positions}
+                get = merkle.from_mapping(self.store.nodes(cur, keys))
+        memo: dict[tuple[int, int], bytes] = {}
         root = merkle.tree_root(get, n)
         return [
             InclusionProof(
@@ -267,9 +271,9 @@ class MerkleLog:
                 size=n,
                 leaf_hash=get(0, leaves[p]),
                 root=root,
-                path=build(get),
+                path=merkle.inclusion_proof(get, leaves[p], n, memo),
             )
-            for p, build in zip(positions, builds, strict=True)
+            for p in positions
         ]
 
     def consistency(self, old: int, new: int | None = None) -> ConsistencyProof:
