@@ -1,13 +1,17 @@
 """The RFC 6962 tree, its proofs and their RFC 9162 verification (charter.audit.merkle),
-checked against the naive implementation in tests/audit/rfc6962.py and, for roots,
-against pymerkle (a third-party RFC 6962 tree)."""
+checked against the naive implementation in tests/audit/rfc6962.py and against pymerkle
+(a third-party RFC 6962 tree): its roots for every size, and its verifier for every
+inclusion proof. pymerkle's consistency proofs are laid out differently from RFC 6962's
+PROOF, so consistency proofs are checked by the naive RFC verifier."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from pymerkle import InmemoryTree
+from pymerkle import InclusionProof, InmemoryTree, InvalidProof
+from pymerkle import verify_inclusion as pymerkle_verify_inclusion
+from pymerkle.core import _inclusion_path_layout
 
 from charter.audit import merkle
 from charter.audit.errors import ConsistencyProofError, InclusionProofError
@@ -47,6 +51,17 @@ def test_roots_match_pymerkle_and_the_naive_mth_for_every_size(small: tuple) -> 
         assert naive.mth(0, n) == expected
 
 
+def test_pymerkle_refuses_a_changed_path_it_is_given(small: tuple) -> None:
+    """Positive control for the check above: pymerkle does verify what it is given."""
+    leaves, nodes, naive = small
+    proof = list(merkle.inclusion_proof(merkle.from_mapping(nodes), 5, 100))
+    rule, _ = _inclusion_path_layout(6, 100)
+    proof[2] = bytes(32)
+    theirs = InclusionProof("sha256", True, 100, 6, rule, [leaves[5], *proof])
+    with pytest.raises(InvalidProof):
+        pymerkle_verify_inclusion(leaves[5], naive.mth(0, 100), theirs)
+
+
 def test_inclusion_proofs_for_every_size_and_index(small: tuple) -> None:
     leaves, nodes, naive = small
     get = merkle.from_mapping(nodes)
@@ -57,6 +72,11 @@ def test_inclusion_proofs_for_every_size_and_index(small: tuple) -> None:
             assert list(proof) == naive.path(m, 0, n)
             merkle.verify_inclusion(leaves[m], m, n, proof, root)
             assert rfc6962.root_from_path(m, n, leaves[m], list(proof)) == root
+            # pymerkle's own verifier: its proof is the leaf then the same audit path,
+            # with the left/right rule it derives from the index and size itself
+            rule, _ = _inclusion_path_layout(m + 1, n)
+            theirs = InclusionProof("sha256", True, n, m + 1, rule, [leaves[m], *proof])
+            pymerkle_verify_inclusion(leaves[m], root, theirs)
 
 
 def test_consistency_proofs_for_every_pair_of_sizes(small: tuple) -> None:
