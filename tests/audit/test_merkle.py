@@ -108,6 +108,9 @@ def test_random_proofs_up_to_a_million_leaves() -> None:
         proof = merkle.inclusion_proof(get, m, n)
         merkle.verify_inclusion(leaves[m], m, n, proof, root_n)
         assert rfc6962.root_from_path(m, n, leaves[m], list(proof)) == root_n
+        rule, _ = _inclusion_path_layout(m + 1, n)
+        theirs = InclusionProof("sha256", True, n, m + 1, rule, [leaves[m], *proof])
+        pymerkle_verify_inclusion(leaves[m], root_n, theirs)
         old = rng.randrange(1, n + 1)
         old_root = merkle.tree_root(get, old)
         cproof = merkle.consistency_proof(get, old, n)
