@@ -4,6 +4,7 @@ earlier catches a cut tail, a consistent re-hash and a swapped pair."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import pytest
@@ -224,3 +225,23 @@ def test_the_follower_publishes_a_checkpoint_covering_each_commit_within_the_bou
         stop.set()
         thread.join(timeout=30)
     assert not errors
+
+
+def test_tlog_proofs_at_an_earlier_size_verify_and_name_their_entry(logged: tuple) -> None:
+    from charter.audit.errors import InclusionProofError
+    from charter.audit.proofs import InclusionText
+
+    _, journal, log, key = logged
+    log.catch_up()
+    rows = list(journal.rows())
+    early = rows[3].position
+    made = log.tlog_proof(early, key, size=6)
+    parsed = InclusionText.parse(made.render())
+    checkpoint = parsed.verify(log.note_key())
+    assert (checkpoint.size, parsed.index) == (6, 3)
+    assert hashlib.sha256(parsed.frame).digest() == rows[3].chain_hash  # names the entry
+    with pytest.raises(NotInTreeError):
+        log.tlog_proof(rows[7].position, key, size=6)  # not in the tree of 6
+    moved = parsed.model_copy(update={"index": 4})
+    with pytest.raises(InclusionProofError):
+        moved.verify(log.note_key())
