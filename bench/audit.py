@@ -213,7 +213,7 @@ def main() -> int:
                 data = export_bundle(journal, key).to_bytes()
                 export_s = time.perf_counter() - s
                 s = time.perf_counter()
-                verified = verify_bundle(data, MerkleLog(journal).note_key())
+                verified = verify_bundle(data, MerkleLog(journal).anchor_key())
                 verify_s = time.perf_counter() - s
             print(
                 f"export of {verified.entries} entries: {export_s:.1f} s "

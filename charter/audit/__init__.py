@@ -21,6 +21,7 @@ from charter.audit.chain import (
     parse_head,
     verify_chain,
 )
+from charter.audit.keys import JournalKeyRotated
 
 __all__ = [
     "ChainBrokenError",
@@ -28,6 +29,7 @@ __all__ = [
     "ChainReport",
     "ChainSource",
     "Fault",
+    "JournalKeyRotated",
     "audit_chain",
     "finish_report",
     "parse_head",

@@ -9,7 +9,8 @@ advisory lock that serialises the tree's writers; the tree's rows and its tracki
 position commit in that one transaction.
 
 Tables: ``charter_merkle_leaves`` (leaf index → journal position), ``charter_merkle_nodes``
-(every perfect subtree: level, index, hash; level 0 are the leaf hashes) and
+(every perfect subtree: level, index, hash; level 0 are the leaf hashes),
+``charter_journal_keys`` (the journal key's verified rotations, by leaf) and
 ``charter_checkpoints`` (the signed notes published, by tree size).
 """
 
@@ -32,6 +33,8 @@ _DDL = (
     "position BIGINT NOT NULL UNIQUE)",
     "CREATE TABLE IF NOT EXISTS charter_merkle_nodes (level INTEGER NOT NULL, "
     "idx BIGINT NOT NULL, hash {blob} NOT NULL, PRIMARY KEY (level, idx))",
+    "CREATE TABLE IF NOT EXISTS charter_journal_keys (after_leaf BIGINT PRIMARY KEY, "
+    "key TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS charter_checkpoints (size BIGINT PRIMARY KEY, "
     "note TEXT NOT NULL, made_at_ms BIGINT NOT NULL)",
 )
@@ -190,6 +193,17 @@ class TreeStore:
                 "notification_id = excluded.notification_id"
             ),
             (TRACKING_NAME, position),
+        )
+
+    def rotations(self, cur: Any) -> list[tuple[int, bytes]]:
+        """The journal key's verified rotations: (leaf of the rotation, new key)."""
+        cur.execute("SELECT after_leaf, key FROM charter_journal_keys ORDER BY after_leaf")
+        return [(int(r["after_leaf"]), bytes.fromhex(r["key"])) for r in cur.fetchall()]
+
+    def add_rotation(self, cur: Any, leaf: int, key: bytes) -> None:
+        cur.execute(
+            self._q("INSERT INTO charter_journal_keys (after_leaf, key) VALUES (?, ?)"),
+            (leaf, key.hex()),
         )
 
     def publish(self, cur: Any, size: int, note: str, at_ms: int) -> None:

@@ -4,7 +4,7 @@ A bundle is one canonical JSON document (sorted keys, no spaces, UTF-8)::
 
     {"format": "charter/bundle@v1",
      "selection": {"lineage": str|null, "from": int|null, "to": int|null},
-     "keys": [{"key": <verifier key text>, "from_position": int}],
+     "keys": [{"after_leaf": int, "key": <verifier key text>}, ...],
      "checkpoint": <signed checkpoint note text, with any cosignatures>,
      "entries": [{"position", "originator" (hex), "version", "topic", "state" (base64),
                   "prev_hash" (hex), "chain_hash" (hex), "leaf", "path": [hex, ...],
@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from charter.audit import merkle
 from charter.audit.errors import BundleError
+from charter.audit.keys import KeyHistory
 from charter.audit.note import (
     Checkpoint,
     NoteKey,
@@ -214,8 +215,8 @@ def verify_bundle(
     bundle lacks the history the budget and lifecycle rules need, so it is not."""
     bundle, manifest = Bundle.parse(data)
     _check_manifest(bundle, manifest)
-    _check_keys(bundle, journal_key)
-    checkpoint = _check_checkpoint(bundle, journal_key, witness_keys)
+    history = _check_keys(bundle, journal_key)
+    checkpoint = _check_checkpoint(bundle, history, witness_keys)
     _check_entries(bundle, checkpoint)
     chains = _check_grant_chains(bundle)
     whole = all(bundle.selection.get(k) is None for k in ("lineage", "from", "to"))
@@ -246,21 +247,38 @@ def _check_manifest(bundle: Bundle, manifest: Mapping[str, str]) -> None:
             )
 
 
-def _check_keys(bundle: Bundle, journal_key: NoteKey) -> None:
-    texts = [k.get("key") for k in bundle.keys]
-    if journal_key.text() not in texts:
+def _check_keys(bundle: Bundle, anchor: NoteKey) -> KeyHistory:
+    """The key history the bundle claims, from ``anchor`` through each rotation entry
+    it carries (whose bytes and proof ``_check_entries`` verifies)."""
+    by_leaf = {e.leaf: e for e in bundle.entries}
+    history = KeyHistory.start(anchor.name, anchor.public_key)
+    claimed = list(bundle.keys)
+    first = claimed[0] if claimed else {}
+    if first.get("key") != anchor.text() or first.get("after_leaf") != -1:
         raise BundleError(
-            "keys",
-            f"the bundle's keys do not include the journal key given ({journal_key.text()})",
+            "keys", f"the bundle's key history does not start at the key given ({anchor.text()})"
         )
+    for item in claimed[1:]:
+        leaf = item.get("after_leaf")
+        entry = by_leaf.get(leaf) if isinstance(leaf, int) else None
+        if entry is None or entry.type_name != "JournalKeyRotated":
+            raise BundleError("keys", f"no rotation entry in the bundle at leaf {leaf}")
+        try:
+            history = history.rotated(entry.leaf, entry.payload())
+        except (CharterError, ValueError) as e:
+            raise BundleError("keys", f"the rotation at leaf {leaf} does not verify: {e}") from e
+        if history.note_key_for(entry.leaf + 1).text() != item.get("key"):
+            raise BundleError("keys", f"the key after leaf {leaf} is not the one rotated to")
+    return history
 
 
 def _check_checkpoint(
-    bundle: Bundle, journal_key: NoteKey, witness_keys: Sequence[NoteKey]
+    bundle: Bundle, history: KeyHistory, witness_keys: Sequence[NoteKey]
 ) -> Checkpoint:
     try:
         note = SignedNote.parse(bundle.checkpoint)
-        checkpoint = verify_checkpoint(note, journal_key)
+        key = history.note_key_for(Checkpoint.parse(note.text).size)
+        checkpoint = verify_checkpoint(note, key)
         for witness in witness_keys:
             verify_cosignature(note, witness)
     except CharterError as e:

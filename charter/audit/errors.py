@@ -12,6 +12,7 @@ __all__ = [
     "CheckpointFormatError",
     "ConsistencyProofError",
     "InclusionProofError",
+    "KeyRotationError",
     "NoteSignatureError",
     "NotInTreeError",
     "TreeFollowError",
@@ -81,3 +82,7 @@ class BundleError(TamperedError):
     def __init__(self, part: str, why: str) -> None:
         super().__init__(f"bundle part {part} does not verify: {why}")
         self.part = part
+
+
+class KeyRotationError(TamperedError):
+    """A journal key rotation that is not signed by both the current and the new key."""

@@ -2,9 +2,10 @@
 
 The selection is a position range and/or a lineage (the entries whose payload names it
 or a lineage below it). Context entries are added so the bundle verifies on its own:
-the minted grants of every lineage the selection names and of all their ancestors, and
-the registrations of their roots (trust roots). Every entry carries its inclusion proof
-in the tree of the bundle's checkpoint; nothing else of the journal is revealed.
+the minted grants of every lineage the selection names and of all their ancestors, the
+registrations of their roots (trust roots), and the journal key's rotations. Every entry
+carries its inclusion proof in the tree of the bundle's checkpoint; nothing else of the
+journal is revealed.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from nacl.signing import SigningKey
-
 from charter.audit.bundle import Bundle, BundleEntry
 from charter.audit.errors import NotInTreeError
+from charter.audit.keys import ROTATION_TOPIC
 from charter.audit.note import Checkpoint, SignedNote, verify_checkpoint
 from charter.audit.siem import flat_record
-from charter.audit.tree import InclusionProof, MerkleLog
+from charter.audit.tree import InclusionProof, MerkleLog, Signers
 from charter.core.errors import BadInputError, StateError
 from charter.ledger import Journal
 
@@ -61,7 +61,7 @@ def _ancestors(lineage: str) -> Iterable[str]:
 
 def export_bundle(
     journal: Journal,
-    key: SigningKey | None,
+    key: Signers | None,
     *,
     lineage: str | None = None,
     start: int | None = None,
@@ -73,25 +73,18 @@ def export_bundle(
     if start is not None and stop is not None and start > stop:
         raise BadInputError(f"--from {start} is after --to {stop}")
     log = MerkleLog(journal)
-    size = log.catch_up()
-    if checkpoint is not None:
-        cp = verify_checkpoint(checkpoint, log.note_key())
-        if cp.size > size or log.root(cp.size)[1] != cp.root:
-            raise StateError("the checkpoint given is not one of this journal's tree")
-        note = checkpoint
-    elif key is not None:
-        note = log.checkpoint(key, catch_up=False)
-        cp = Checkpoint.parse(note.text)
-    else:
-        raise BadInputError("a bundle needs a checkpoint: give one, or the journal's key")
+    note, cp = _checkpoint(log, key, checkpoint)
     selected: list[Any] = []
     context: dict[str, list[Any]] = {}
+    rotations: list[Any] = []  # the key history's entries: every bundle carries them
     for batch in journal.batches(None, log.position_of_leaf(cp.size - 1) if cp.size else 0):
         for row in batch:
             position, _, _, topic, state = row[:5]
             payload = json.loads(state)["payload"]
             if topic.startswith(_CONTEXT_TYPES):
                 context.setdefault(str(payload["lineage"]), []).append(row)
+            elif topic.startswith(ROTATION_TOPIC):
+                rotations.append(row)
             in_range = (start is None or position >= start) and (stop is None or position <= stop)
             if in_range and (lineage is None or mentions(payload, lineage)):
                 selected.append((row, payload))
@@ -102,6 +95,8 @@ def export_bundle(
     for name in named:
         for row in context.get(name, ()):
             rows.setdefault(row[0], (row, True))
+    for row in rotations:
+        rows.setdefault(row[0], (row, True))
     ordered = sorted(rows.items())
     proofs = log.inclusions([p for p, _ in ordered], cp.size)
     entries = tuple(
@@ -109,8 +104,25 @@ def export_bundle(
         for (_, (row, is_context)), proof in zip(ordered, proofs, strict=True)
     )
     selection = {"lineage": lineage, "from": start, "to": stop}
-    keys = ({"key": log.note_key().text(), "from_position": 1},)
+    keys = tuple(log.history().up_to(cp.size).to_json())
     return Bundle(selection=selection, keys=keys, checkpoint=note.render(), entries=entries)
+
+
+def _checkpoint(
+    log: MerkleLog, key: Signers | None, given: SignedNote | None
+) -> tuple[SignedNote, Checkpoint]:
+    """The checkpoint to prove against: ``given`` (checked to be of this journal's tree),
+    else a new one signed with ``key``."""
+    size = log.catch_up()
+    if given is not None:
+        cp = verify_checkpoint(given, log.note_key(Checkpoint.parse(given.text).size))
+        if cp.size > size or log.root(cp.size)[1] != cp.root:
+            raise StateError("the checkpoint given is not one of this journal's tree")
+        return given, cp
+    if key is None:
+        raise BadInputError("a bundle needs a checkpoint: give one, or the journal's key")
+    note = log.checkpoint(key, catch_up=False)
+    return note, Checkpoint.parse(note.text)
 
 
 def _entry(journal: Journal, row: Any, proof: InclusionProof, context: bool) -> BundleEntry:

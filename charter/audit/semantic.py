@@ -26,11 +26,13 @@ position where the rule first breaks:
   still live: its lease has not ended as of the audited position.
 - ``revoked-subtree``: no grant is minted, and no sandbox leased, under a lineage whose
   lease was released (revoked), after the release.
+- ``key-rotation``: every journal key rotation is signed by the journal's current key
+  and by the new one (the journal's first key is its ``JournalCreated`` entry's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -39,6 +41,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from charter.audit._books import Books
+from charter.audit.errors import KeyRotationError
+from charter.audit.keys import KeyHistory, journal_origin
 from charter.authority import SealedGrant, verify_grant_chain
 from charter.core.budget import Vec
 from charter.core.errors import CharterError
@@ -55,6 +59,7 @@ CHECKS = (
     "sandbox-lease",
     "lifecycle",
     "revoked-subtree",
+    "key-rotation",
 )
 _AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -121,6 +126,8 @@ class _Auditor:
         self.minted_fanouts: set[str] = set()
         self.released: dict[str, int] = {}  # lineage → position of its release
         self.sandboxes: dict[str, _Sandbox] = {}
+        self.keys: KeyHistory | None = None
+        self._handlers = self._make_handlers()
         self.last_at = 0
         self.position = 0
 
@@ -283,6 +290,15 @@ class _Auditor:
                 f"fan-out {fanout}'s gate was asked by {actor}, not by the minting {issuer}",
             )
 
+    def key_rotated(self, p: dict[str, Any]) -> None:
+        if self.keys is None:
+            self.find("key-rotation", None, "a key rotation in a journal with no first key")
+            return
+        try:
+            self.keys = self.keys.rotated(self.position, p)
+        except KeyRotationError as e:
+            self.find("key-rotation", None, str(e))
+
     # -- sandboxes -------------------------------------------------------------------
 
     def sandbox_leased(self, p: dict[str, Any], t: int) -> None:
@@ -372,31 +388,34 @@ class _Auditor:
             self.find("entry-format", None, f"a {kind} entry lacks what it must say: {e}")
 
     def _dispatch(self, kind: str, p: dict[str, Any], t: int) -> None:
-        match kind:
-            case "AgentRegistered":
-                self.trust_roots[str(p["lineage"])] = bytes.fromhex(p["trust_root"])
-            case "GrantMinted":
-                self.grant_minted(p)
-            case "GateDecided":
-                self.gate_decided(p)
-            case "BudgetLedgerOpened":
-                self.ledger_opened(p)
-            case "LeaseGranted":
-                self.lease_granted(p, t)
-            case "UsageRecorded":
-                self.usage(p, t)
-            case "LeaseReleased":
-                self.released_lease(p, t)
-            case "LeaseRenewed":
-                self.renewed(p, t)
-            case "SandboxLeased":
-                self.sandbox_leased(p, t)
-            case "SandboxStarted":
-                self.sandbox_started(p)
-            case _ if kind in _ENDS:
-                self.sandbox_ended(p)
-            case _:
-                pass
+        """The entry's rule, by its type (types no rule reads pass through)."""
+        handler = self._handlers.get(kind)
+        if handler is not None:
+            handler(p, t)
+
+    def _make_handlers(self) -> dict[str, Callable[[dict[str, Any], int], None]]:
+        return {
+            "JournalCreated": self.journal_created,
+            "JournalKeyRotated": lambda p, _: self.key_rotated(p),
+            "AgentRegistered": self.agent_registered,
+            "GrantMinted": lambda p, _: self.grant_minted(p),
+            "GateDecided": lambda p, _: self.gate_decided(p),
+            "BudgetLedgerOpened": lambda p, _: self.ledger_opened(p),
+            "LeaseGranted": self.lease_granted,
+            "UsageRecorded": self.usage,
+            "LeaseReleased": self.released_lease,
+            "LeaseRenewed": self.renewed,
+            "SandboxLeased": self.sandbox_leased,
+            "SandboxStarted": lambda p, _: self.sandbox_started(p),
+            **{end: lambda p, _: self.sandbox_ended(p) for end in _ENDS},
+        }
+
+    def journal_created(self, p: dict[str, Any], _: int) -> None:
+        key = str(p["journal_key"])
+        self.keys = KeyHistory.start(journal_origin(key), bytes.fromhex(key))
+
+    def agent_registered(self, p: dict[str, Any], _: int) -> None:
+        self.trust_roots[str(p["lineage"])] = bytes.fromhex(p["trust_root"])
 
 
 def audit_history(rows: Iterable[Iterable[tuple[int, str, bytes]]]) -> AuditReport:

@@ -12,8 +12,9 @@ neither the stored tree nor the chain columns).
 from __future__ import annotations
 
 import functools
+import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from hashlib import sha256
 from typing import Any
 
@@ -24,14 +25,16 @@ from charter.audit import merkle
 from charter.audit._tree_store import TreeStore
 from charter.audit.errors import (
     ConsistencyProofError,
+    KeyRotationError,
     NotInTreeError,
     TreeFollowError,
 )
+from charter.audit.keys import ROTATION_TOPIC, KeyHistory, journal_origin
 from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint, verify_checkpoint
 from charter.audit.proofs import InclusionText
 from charter.core import now_ms
 from charter.core.errors import InternalError, StateError
-from charter.core.framing import GENESIS, entry_frame, merkle_leaf_hash
+from charter.core.framing import GENESIS, NOTE_ED25519, entry_frame, merkle_leaf_hash
 from charter.ledger import Journal
 
 __all__ = [
@@ -39,18 +42,12 @@ __all__ = [
     "ExtensionReport",
     "InclusionProof",
     "MerkleLog",
-    "journal_origin",
     "leaf_hashes",
     "verify_extension",
 ]
 
 _CHUNK = 20_000
-
-
-def journal_origin(journal_key_hex: str) -> str:
-    """A journal's checkpoint origin (and its note key name): ``charter.journal/`` and
-    the first 16 hex digits of its Ed25519 public key."""
-    return f"charter.journal/{journal_key_hex[:16]}"
+Signers = SigningKey | Sequence[SigningKey]  # the journal's keys (rotated ones too)
 
 
 class InclusionProof(BaseModel):
@@ -105,9 +102,10 @@ class ConsistencyProof(BaseModel):
 
 def leaf_hashes(
     journal: Journal, start: int | None = None, stop: int | None = None
-) -> Iterator[tuple[int, bytes]]:
-    """``(position, leaf hash)`` of every entry in range, recomputed from the stored bytes;
-    raises :class:`TreeFollowError` where an entry's bytes or link do not chain."""
+) -> Iterator[tuple[int, bytes, str, bytes]]:
+    """``(position, leaf hash, topic, state)`` of every entry in range, recomputed from
+    the stored bytes; raises :class:`TreeFollowError` where an entry's bytes or link do
+    not chain."""
     before = journal.predecessor(start) if start else None
     prev = before.chain_hash if before else GENESIS
     conv = journal.originator_bytes
@@ -120,11 +118,20 @@ def leaf_hashes(
                     "no tree is built over it: run `charter journal verify`"
                 )
             prev = bytes(chain)
-            yield position, merkle_leaf_hash(frame)
+            yield position, merkle_leaf_hash(frame), topic, bytes(state)
 
 
 def _path_of(get: merkle.NodeGetter, *, leaf: int, size: int) -> tuple[bytes, ...]:
     return merkle.inclusion_proof(get, leaf, size)
+
+
+def _rotate(history: KeyHistory, leaf: int, state: bytes) -> KeyHistory:
+    """The history after a rotation entry; unchanged if the rotation is not valid (it
+    then signs nothing, and ``charter audit`` reports it)."""
+    try:
+        return history.rotated(leaf, json.loads(state)["payload"])
+    except (KeyRotationError, ValueError, KeyError, TypeError):
+        return history
 
 
 class MerkleLog:
@@ -134,6 +141,7 @@ class MerkleLog:
         self.journal = journal
         self.store = TreeStore(journal)
         self.origin = journal_origin(journal.meta.journal_key)
+        self.initial = bytes.fromhex(journal.meta.journal_key)
         # (size, frontier) as of the last commit of this process, if still current
         self._frontier: tuple[int, list[tuple[int, bytes]]] | None = None
 
@@ -156,9 +164,15 @@ class MerkleLog:
                 self._frontier = None  # until this transaction commits
                 end = min(target, tracked + chunk)
                 added = list(leaf_hashes(self.journal, tracked + 1, end))
-                leaves = [(size + i, position) for i, (position, _) in enumerate(added)]
-                nodes = merkle.append_leaves(frontier, size, (h for _, h in added))
+                leaves = [(size + i, row[0]) for i, row in enumerate(added)]
+                nodes = merkle.append_leaves(frontier, size, (row[1] for row in added))
                 self.store.add(cur, leaves, nodes, end)
+                history = self._history(cur)
+                for i, (_, _, topic, state) in enumerate(added):
+                    if topic.startswith(ROTATION_TOPIC):
+                        history = _rotate(history, size + i, state)
+                        if history.keys[-1][0] == size + i:
+                            self.store.add_rotation(cur, size + i, history.current)
             self._frontier = (size + len(added), frontier)
 
     def _load_frontier(self, cur: Any, size: int) -> list[tuple[int, bytes]]:
@@ -172,7 +186,7 @@ class MerkleLog:
 
     def follow(
         self,
-        key: SigningKey | None = None,
+        key: Signers | None = None,
         *,
         poll_s: float = 0.05,
         publish_every_s: float = 1.0,
@@ -292,22 +306,35 @@ class MerkleLog:
 
     # -- checkpoints -----------------------------------------------------------------
 
-    def note_key(self) -> NoteKey:
-        """The journal's verifier key (from the journal's metadata)."""
-        return NoteKey.make(self.origin, b"\x01", bytes.fromhex(self.journal.meta.journal_key))
+    def anchor_key(self) -> NoteKey:
+        """The journal's first verifier key (from its metadata): the trust anchor its
+        key history starts from."""
+        return NoteKey.make(self.origin, NOTE_ED25519, self.initial)
 
-    def checkpoint(self, key: SigningKey, *, catch_up: bool = True) -> SignedNote:
-        """A checkpoint of the tree, signed with the journal's key."""
-        if bytes(key.verify_key).hex() != self.journal.meta.journal_key:
-            raise StateError(
-                "this key is not the journal's signing key (CHARTER_HOME must be the home "
-                "`charter init` made for this journal)"
-            )
+    def _history(self, cur: Any) -> KeyHistory:
+        history = KeyHistory.start(self.origin, self.initial)
+        return history.model_copy(update={"keys": (*history.keys, *self.store.rotations(cur))})
+
+    def history(self) -> KeyHistory:
+        """The journal key's history, as the follower verified it."""
+        with self.store.read() as cur:
+            return self._history(cur)
+
+    def note_key(self, size: int | None = None) -> NoteKey:
+        """The verifier key of a checkpoint of ``size`` entries (default: the tree's)."""
+        with self.store.read() as cur:
+            n = self.store.size(cur) if size is None else size
+            return self._history(cur).note_key_for(n)
+
+    def checkpoint(self, key: Signers, *, catch_up: bool = True) -> SignedNote:
+        """A checkpoint of the tree, signed with the journal's key for its size (``key``
+        may be all of the journal's keys: the right one is used)."""
         if catch_up:
             self.catch_up()
         size, root = self.root()
+        signer = self._signing(key, size)
         return sign_checkpoint(
-            Checkpoint(origin=self.origin, size=size, root=root), self.origin, key
+            Checkpoint(origin=self.origin, size=size, root=root), self.origin, signer
         )
 
     def publish(self, note: SignedNote) -> None:
@@ -324,7 +351,7 @@ class MerkleLog:
             row.prev_hash, position, row.originator, row.version, row.topic.encode(), row.state
         )
 
-    def tlog_proof(self, position: int, key: SigningKey, size: int | None = None) -> InclusionText:
+    def tlog_proof(self, position: int, key: Signers, size: int | None = None) -> InclusionText:
         """A C2SP tlog-proof of the entry at ``position``: its frame, its audit path and
         a checkpoint of the tree of ``size`` leaves signed with the journal's key."""
         self.catch_up()
@@ -333,16 +360,20 @@ class MerkleLog:
         if merkle_leaf_hash(frame) != proof.leaf_hash:
             raise TreeFollowError(f"entry {position} no longer hashes to its stored leaf")
         checkpoint = Checkpoint(origin=self.origin, size=proof.size, root=proof.root)
-        note = sign_checkpoint(checkpoint, self.origin, self._signing(key))
+        note = sign_checkpoint(checkpoint, self.origin, self._signing(key, proof.size))
         return InclusionText(frame=frame, index=proof.leaf, path=proof.path, note=note)
 
-    def _signing(self, key: SigningKey) -> SigningKey:
-        if bytes(key.verify_key).hex() != self.journal.meta.journal_key:
-            raise StateError(
-                "this key is not the journal's signing key (CHARTER_HOME must be the home "
-                "`charter init` made for this journal)"
-            )
-        return key
+    def _signing(self, key: Signers, size: int) -> SigningKey:
+        """The one of ``key`` that signs a checkpoint of ``size`` entries."""
+        wanted = self.note_key(size).public_key
+        for candidate in (key,) if isinstance(key, SigningKey) else key:
+            if bytes(candidate.verify_key) == wanted:
+                return candidate
+        raise StateError(
+            f"this key is not the journal's signing key for a checkpoint of {size} "
+            "entries (CHARTER_HOME must be the home `charter init` made for this "
+            "journal, holding its rotated keys)"
+        )
 
     def latest(self) -> SignedNote | None:
         with self.store.read() as cur:
@@ -374,21 +405,27 @@ class ExtensionReport(BaseModel):
 def verify_extension(
     journal: Journal, note: SignedNote, key: NoteKey | None = None
 ) -> ExtensionReport:
-    """Prove the journal as it stands extends the checkpoint ``note`` (signed by ``key``,
-    default the journal's own): every leaf is recomputed from the stored bytes, the
-    root at the checkpoint's size must be the checkpoint's, and the stored tree's
-    consistency proof must verify between them. Raises
+    """Prove the journal as it stands extends the checkpoint ``note``: every leaf is
+    recomputed from the stored bytes, the checkpoint's signature verifies under the key
+    the journal's key history (from ``key``, the anchor, default the journal's first
+    key, through every valid rotation) gives for its size, the root at its size must be
+    its root, and the stored tree's consistency proof must verify between them. Raises
     :class:`ConsistencyProofError` for a cut tail or a rewritten history."""
     log = MerkleLog(journal)
-    checkpoint = verify_checkpoint(note, key or log.note_key())
+    claimed = Checkpoint.parse(note.text)
+    anchor = key or log.anchor_key()
+    history = KeyHistory.start(log.origin, anchor.public_key)
     frontier: list[tuple[int, bytes]] = []
     size = 0
-    old_root = merkle.EMPTY_ROOT if checkpoint.size == 0 else None
-    for _, leaf in leaf_hashes(journal):
+    old_root = merkle.EMPTY_ROOT if claimed.size == 0 else None
+    for _, leaf, topic, state in leaf_hashes(journal):
+        if topic.startswith(ROTATION_TOPIC):
+            history = _rotate(history, size, state)
         merkle.append_leaves(frontier, size, (leaf,))
         size += 1
-        if size == checkpoint.size:
+        if size == claimed.size:
             old_root = merkle.root_from_frontier(frontier)
+    checkpoint = verify_checkpoint(note, history.note_key_for(claimed.size))
     if size < checkpoint.size or old_root is None:
         raise ConsistencyProofError(
             f"the journal has {size} entries, fewer than the {checkpoint.size} of the "

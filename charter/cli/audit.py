@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import click
+from nacl.signing import SigningKey
 
 from charter.app import JOURNAL_KEY, Charter
 from charter.audit.bundle import verify_bundle
 from charter.audit.errors import NotInTreeError
 from charter.audit.export import export_bundle, export_jsonl
+from charter.audit.keys import KEY_STREAM, rotation
 from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText, InclusionText
 from charter.audit.semantic import Finding, audit_history
@@ -21,7 +23,7 @@ from charter.audit.tree import MerkleLog, verify_extension
 from charter.audit.witness import Witness
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import KeyStore, charter_home
-from charter.core.errors import BadInputError
+from charter.core.errors import BadInputError, CharterError, StateError
 from charter.ledger import Journal
 
 __all__ = ["audit_cmd", "checkpoint", "export", "proof", "witness"]
@@ -56,7 +58,7 @@ def checkpoint(click_ctx: click.Context, out: str | None) -> None:
     ctx: Ctx = click_ctx.obj
     with Charter.open(ctx.db) as charter:
         log = MerkleLog(charter.journal)
-        note = log.checkpoint(charter.keys.load(JOURNAL_KEY))
+        note = log.checkpoint(_journal_keys(charter.keys))
         log.publish(note)
     text = note.render()
     _write(out, text)
@@ -65,6 +67,17 @@ def checkpoint(click_ctx: click.Context, out: str | None) -> None:
         {"origin": log.origin, "size": size, "root": root, "note": text},
         lambda: click.echo(text, nl=False),
     )
+
+
+def _journal_keys(keys: KeyStore) -> list[SigningKey]:
+    """The journal's signing keys in the home: ``journal``, then each rotated one
+    (``journal.1``, ``journal.2``, …); the tree picks the one a checkpoint needs."""
+    found = [keys.load(JOURNAL_KEY)]
+    n = 1
+    while keys.exists(f"{JOURNAL_KEY}.{n}"):
+        found.append(keys.load(f"{JOURNAL_KEY}.{n}"))
+        n += 1
+    return found
 
 
 def _summary(note: SignedNote) -> tuple[int, str]:
@@ -88,18 +101,55 @@ def checkpoint_follow(ctx: Ctx, interval: float) -> None:
         log = MerkleLog(charter.journal)
         ctx.status(f"following {charter.journal.location.display}; Ctrl-C to stop")
         with contextlib.suppress(KeyboardInterrupt):
-            log.follow(charter.keys.load(JOURNAL_KEY), publish_every_s=interval)
+            log.follow(_journal_keys(charter.keys), publish_every_s=interval)
         size = log.size()
     ctx.emit({"size": size}, f"tree size {size}")
 
 
 @checkpoint.command("key")
+@click.option(
+    "--current", is_flag=True, help="The key that signs checkpoints now (after rotations)."
+)
 @click.pass_obj
-def checkpoint_key(ctx: Ctx) -> None:
-    """Print the journal's verifier key (what checkpoints are checked with)."""
+def checkpoint_key(ctx: Ctx, current: bool) -> None:
+    """Print the journal's first verifier key (the trust anchor its key history starts
+    from), or with --current the one that signs checkpoints now."""
     with Journal.open(ctx.db) as journal:
-        key = MerkleLog(journal).note_key()
+        log = MerkleLog(journal)
+        if current:
+            log.catch_up()
+        key = log.note_key() if current else log.anchor_key()
     ctx.emit({"key": key.text(), "name": key.name}, key.text())
+
+
+@checkpoint.command("rotate")
+@click.pass_obj
+def checkpoint_rotate(ctx: Ctx) -> None:
+    """Rotate the journal's signing key: a new key (``journal.N`` in the home) and a
+    JournalKeyRotated entry signed by the current and the new key; checkpoints past it
+    are signed by the new key, and verify from the first key through the rotation."""
+    with Charter.open(ctx.db) as charter:
+        journal = charter.journal
+        version = journal.stream_version(KEY_STREAM)  # pinned: one rotation at a time
+        log = MerkleLog(journal)
+        log.catch_up()
+        history = log.history()
+        current = next(
+            (k for k in _journal_keys(charter.keys) if bytes(k.verify_key) == history.current),
+            None,
+        )
+        if current is None:
+            raise StateError("the home does not hold the journal's current signing key")
+        name = f"{JOURNAL_KEY}.{len(history.keys)}"
+        new = charter.keys.create(name)
+        try:
+            journal.append([rotation(log.origin, current, new)], expect={KEY_STREAM: version})
+        except CharterError:
+            charter.keys.remove(name)  # no key without its rotation
+            raise
+        log.catch_up()
+        key = log.note_key()
+    ctx.emit({"key": key.text(), "name": name}, key.text())
 
 
 @checkpoint.command("verify")
@@ -206,7 +256,7 @@ def proof_inclusion(ctx: Ctx, position: int, size: int | None) -> None:
     frame and a signed checkpoint of that tree."""
     with Charter.open(ctx.db) as charter:
         log = MerkleLog(charter.journal)
-        made = log.tlog_proof(position, charter.keys.load(JOURNAL_KEY), size)
+        made = log.tlog_proof(position, _journal_keys(charter.keys), size)
         detail = log.inclusion(position, size)
     text = made.render()
     ctx.emit({**detail.to_json(), "text": text}, lambda: click.echo(text, nl=False))
@@ -298,7 +348,7 @@ def export_write(
         return
     given = SignedNote.parse(_read(checkpoint_file)) if checkpoint_file else None
     with Charter.open(ctx.db) as charter:
-        key = None if given is not None else charter.keys.load(JOURNAL_KEY)
+        key = None if given is not None else _journal_keys(charter.keys)
         bundle = export_bundle(
             charter.journal, key, lineage=lineage, start=start, stop=stop, checkpoint=given
         )

@@ -15,6 +15,7 @@ tag: a change here that alters a single stored byte fails it.
 | ``0x00`` / ``0x01``          | RFC 6962 Merkle leaf / interior node (no text tag)    |
 | signed-note key id           | sha256(name ‖ 0x0A ‖ type ‖ Ed25519 key)[:4] (C2SP)   |
 | ``cosignature/v1``           | what a witness signs (C2SP tlog-cosignature)          |
+| ``charter/journal-key-rotation/v1`` | what the old and the new journal key both sign |
 
 A Merkle leaf's input is an entry's frame: the exact bytes whose sha256 is its chain
 hash (:func:`entry_frame`), so the tree commits to every stored byte and to the chain.
@@ -43,6 +44,7 @@ __all__ = [
     "ChainRow",
     "child_seed",
     "COSIGNATURE_HEADER",
+    "ROTATION_TAG",
     "LEAF_PREFIX",
     "NODE_PREFIX",
     "NOTE_COSIGNATURE_V1",
@@ -55,6 +57,7 @@ __all__ = [
     "note_key_id",
     "grant_digest",
     "grant_signing_input",
+    "key_rotation_signing_input",
     "sandbox_key_signing_input",
 ]
 
@@ -73,6 +76,8 @@ NOTE_ED25519 = b"\x01"
 NOTE_COSIGNATURE_V1 = b"\x04"
 # C2SP tlog-cosignature: the first line of what a witness signs.
 COSIGNATURE_HEADER = b"cosignature/v1\n"
+
+ROTATION_TAG = b"charter/journal-key-rotation/v1\x00"
 
 GENESIS = bytes(32)
 HASH_SIZE = 32
@@ -162,3 +167,10 @@ def child_seed(parent_seed: bytes, child_lineage: str) -> bytes:
 def sandbox_key_signing_input(tag: bytes, message: bytes) -> bytes:
     """What the key broker signs for a worker: domain ‖ len‖tag ‖ len64‖message."""
     return SANDBOX_KEY_TAG + _LEN.pack(len(tag)) + tag + _LEN64.pack(len(message)) + message
+
+
+def key_rotation_signing_input(origin: str, old_key: bytes, new_key: bytes) -> bytes:
+    """What both the old and the new journal key sign to rotate a journal's key:
+    tag ‖ u16 len‖origin ‖ old key ‖ new key (32 bytes each)."""
+    raw = origin.encode()
+    return ROTATION_TAG + struct.pack(">H", len(raw)) + raw + old_key + new_key

@@ -92,5 +92,5 @@ def real_history(url: str, home: Path) -> tuple[str, list[str]]:
             ),
         )
         lineages = [str(c.lineage) for c in (*first.children, *second.children)]
-        vkey = MerkleLog(charter.journal).note_key().text()
+        vkey = MerkleLog(charter.journal).anchor_key().text()
     return vkey, lineages
