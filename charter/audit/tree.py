@@ -188,13 +188,15 @@ class MerkleLog:
         self,
         key: Signers | None = None,
         *,
-        poll_s: float = 0.05,
+        poll_s: float = 0.1,
         publish_every_s: float = 1.0,
         until: Callable[[], bool] = lambda: False,
     ) -> int:
         """Catch up, then keep following until ``until()``; with ``key``, publish a
         checkpoint whenever the tree grew and ``publish_every_s`` has passed since the
-        last one (so a commit is covered by a checkpoint within that bound)."""
+        last one (so a commit is covered by a checkpoint within that bound). ``poll_s``
+        batches: many commits go into one tree transaction, so the follower takes the
+        journal's write lock (SQLite) a few times a second, not once per commit."""
         size = self.catch_up()
         published = -1
         last = 0.0
