@@ -31,6 +31,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "project": ("projections", "project", "Bring the projections up to date, or rebuild them."),
     "journal": ("journal", "journal", "Inspect and verify the journal."),
     "sandbox": ("sandbox", "sandbox_group", "Probe the host, run or render a sandbox."),
+    "checkpoint": ("audit", "checkpoint", "A signed checkpoint of the journal's Merkle tree."),
+    "witness": ("audit", "witness", "Cosign consistent checkpoints of a log; refuse forks."),
+    "proof": ("audit", "proof", "Inclusion and consistency proofs of the journal."),
+    "export": ("audit", "export", "Export bundles, and verify one offline."),
+    "audit": ("audit", "audit_cmd", "Semantic audits of the journal; exit 3 on a finding."),
 }
 
 
