@@ -19,7 +19,7 @@ from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText, InclusionText
 from charter.audit.semantic import Finding, audit_history
 from charter.audit.siem import lines as jsonl_lines
-from charter.audit.tree import MerkleLog, verify_extension
+from charter.audit.tree import ExtensionReport, MerkleLog, verify_extension
 from charter.audit.witness import Witness
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import KeyStore, charter_home
@@ -152,6 +152,15 @@ def checkpoint_rotate(ctx: Ctx) -> None:
     ctx.emit({"key": key.text(), "name": name}, key.text())
 
 
+def extends_checkpoint(ctx: Ctx, file: str, vkey: str | None) -> ExtensionReport:
+    """Prove the journal extends the checkpoint saved in ``file`` (``checkpoint verify``
+    and ``journal verify --checkpoint``); raises ConsistencyProofError if it does not."""
+    note = SignedNote.parse(_read(file))
+    key = NoteKey.parse(vkey) if vkey else None
+    with Journal.open(ctx.db) as journal:
+        return verify_extension(journal, note, key)
+
+
 @checkpoint.command("verify")
 @click.argument("file")
 @click.option("--journal-key", "vkey", metavar="KEY", help="Verifier key (default: the journal's).")
@@ -159,10 +168,7 @@ def checkpoint_rotate(ctx: Ctx) -> None:
 def checkpoint_verify(ctx: Ctx, file: str, vkey: str | None) -> None:
     """Prove the journal is a consistent extension of a checkpoint saved earlier (every
     entry re-hashed); exit 3 for a cut tail, a rewritten history or a bad signature."""
-    note = SignedNote.parse(_read(file))
-    key = NoteKey.parse(vkey) if vkey else None
-    with Journal.open(ctx.db) as journal:
-        report = verify_extension(journal, note, key)
+    report = extends_checkpoint(ctx, file, vkey)
     ctx.emit(
         report.to_json(),
         f"ok: the journal ({report.size} entries) extends the checkpoint of "

@@ -16,6 +16,7 @@ from charter.audit.journal import audit_journal
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
 from charter.cli._render import brief_payload, decode_nested
 from charter.cli.agents import grant_options
+from charter.cli.audit import extends_checkpoint
 from charter.control import Ceiling
 
 __all__ = ["init", "journal"]
@@ -89,20 +90,49 @@ def journal() -> None:
     metavar="POS:HASH",
     help="A head recorded earlier; catches a truncated tail or a rewritten history.",
 )
+@click.option(
+    "--checkpoint",
+    metavar="FILE",
+    help="A signed checkpoint saved earlier: also prove the journal extends it (a cut "
+    "tail or a consistently re-hashed history exits 3).",
+)
+@click.option(
+    "--journal-key",
+    "vkey",
+    metavar="KEY",
+    help="The checkpoint's verifier key (default: the journal's).",
+)
 @click.pass_obj
-def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | None) -> None:
+def verify(
+    ctx: Ctx,
+    start: int | None,
+    stop: int | None,
+    expect_head: str | None,
+    checkpoint: str | None,
+    vkey: str | None,
+) -> None:
     """Recompute every hash from the stored bytes; exit 3 at the first bad entry."""
     expected = parse_head(expect_head) if expect_head else None
     with ctx.open_journal() as j, _progress(ctx) as progress:
         report = audit_journal(j, start=start, stop=stop, expect_head=expected, progress=progress)
+    payload = report.to_json()
+    also_checkpoint = ""
+    if report.ok and checkpoint is not None:
+        extension = extends_checkpoint(ctx, checkpoint, vkey)  # raises (exit 3) if not
+        payload["checkpoint"] = extension.model_dump()
+        also_checkpoint = (
+            f", and it extends the checkpoint of {extension.checkpoint_size} entries in "
+            f"{checkpoint}"
+        )
     if report.ok:
         head_text = (
             f"head {report.head.position}:{report.head.hash}" if report.head else "empty journal"
         )
         noun = "entry" if report.checked == 1 else "entries"
         also = f", and it holds the expected head {expect_head}" if expected else ""
+        also += also_checkpoint
         ctx.emit(
-            report.to_json(),
+            payload,
             f"ok: the hash chain of {report.checked} {noun} verifies (each hash recomputed "
             f"from the stored bytes, each entry linked to the one before){also}; "
             f"{head_text}\nnot checked by this command: grant signatures, and whether "
