@@ -271,9 +271,15 @@ class Charter:
         return register_root(self.journal, self.keys, name, ceiling)
 
     def spawn(
-        self, parent: str | Lineage, intent: SpawnIntent, *, policy: GatePolicy | None = None
+        self,
+        parent: str | Lineage,
+        intent: SpawnIntent,
+        *,
+        policy: GatePolicy | None = None,
+        request_id: str | None = None,
     ) -> SpawnResult:
-        """A fan-out under durable agent ``parent`` (``agent:NAME``), as its operator."""
+        """A fan-out under durable agent ``parent`` (``agent:NAME``), as its operator.
+        Give ``request_id`` to make a retry safe (see ``SpawnService.spawn``)."""
         lineage = parent if isinstance(parent, Lineage) else Lineage(parent)
         if not lineage.is_root:
             raise BadInputError(
@@ -281,7 +287,9 @@ class Charter:
                 "operator; give a durable agent (agent:NAME)"
             )
         service = self.spawn_service(policy)
-        return service.spawn(service.durable_caller(lineage.root_name), intent)
+        return service.spawn(
+            service.durable_caller(lineage.root_name), intent, request_id=request_id
+        )
 
     def processing_cap(self, cell: str | None = None) -> int:
         """The cell's committed processing cap (what ``cell configure``/``init`` journaled)."""

@@ -119,13 +119,20 @@ def _matches_lineage(entry: Entry, lineage: str) -> bool:
 @click.option("--to", "stop", type=AsciiIntRange(min=1), help="Last position.")
 @click.option("--type", "types", multiple=True, metavar="NAME", help="Only this event type.")
 @click.option("--lineage", metavar="L", help="Only events about this lineage or below it.")
+@click.option("--batch", metavar="ID", help="Only the entries one append wrote (its batch id).")
 @click.pass_obj
 def show(
-    ctx: Ctx, start: int | None, stop: int | None, types: tuple[str, ...], lineage: str | None
+    ctx: Ctx,
+    start: int | None,
+    stop: int | None,
+    types: tuple[str, ...],
+    lineage: str | None,
+    batch: str | None,
 ) -> None:
     """One entry a line; with --json, JSON lines."""
     with Journal.open(ctx.db) as j:
-        for entry in j.entries(start, stop, types):
+        entries = j.batch_entries(batch) if batch else j.entries(start, stop, types)
+        for entry in entries:
             if lineage and not _matches_lineage(entry, lineage):
                 continue
             if ctx.as_json:

@@ -14,7 +14,9 @@ from charter.ledger.errors import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
+    BatchCommittedError,
     DeadlinePassedError,
+    OutcomeUnknownError,
     UndecodableEntryError,
     UnknownSchemeError,
 )
@@ -36,7 +38,9 @@ __all__ = [
     "AlreadyTrackedError",
     "AppendConflictError",
     "AppendFailedError",
+    "BatchCommittedError",
     "DeadlinePassedError",
+    "OutcomeUnknownError",
     "UndecodableEntryError",
     "UnknownSchemeError",
 ]

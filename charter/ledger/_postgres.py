@@ -12,6 +12,7 @@ refused.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 from uuid import UUID
@@ -33,6 +34,7 @@ from charter.core.errors import StateError, UnavailableError
 from charter.core.framing import GENESIS, entry_hash
 from charter.ledger._rows import (
     ChainRow,
+    CommitOutcomeAmbiguousError,
     Guards,
     Head,
     JournalMeta,
@@ -105,20 +107,26 @@ def _schema_statements(schema: str, table: str) -> list[Composed]:
 
 
 class WriteLockTimeoutError(PersistenceError):
-    """Another writer held the journal's write lock past ``POSTGRES_LOCK_TIMEOUT``.
-    Not an OperationalError, so the insert's connection retry does not try again (ten
-    more waits of the whole timeout would block the caller for minutes)."""
+    """Another writer held the journal's write lock past ``POSTGRES_LOCK_TIMEOUT``, or a
+    statement ran past the statement timeout. Not an OperationalError, so the insert's
+    connection retry does not try again (ten more waits of the whole timeout would
+    block the caller for minutes)."""
 
 
 @contextlib.contextmanager
-def _lock_timeout_is_final() -> Iterator[None]:
+def _timeouts_are_final() -> Iterator[None]:
     try:
         yield
     except OperationalError as e:
         if isinstance(e.__cause__, psycopg.errors.LockNotAvailable) or "lock timeout" in str(e):
             raise WriteLockTimeoutError(
                 "another writer has held the journal's write lock for longer than the lock "
-                "timeout (POSTGRES_LOCK_TIMEOUT, 30 s by default); it may be stalled"
+                "timeout (30 s by default); it may be stalled"
+            ) from e
+        if isinstance(e.__cause__, psycopg.errors.QueryCanceled):
+            raise WriteLockTimeoutError(
+                "a journal statement ran past the statement timeout (60 s by default); "
+                "another writer may be stalled while holding the write lock"
             ) from e
         raise
 
@@ -168,18 +176,33 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
-        """The library's pipelined insert, except that *any* failure rolls back.
+        """The library's pipelined insert, except that *any* failure rolls back, and a
+        broken connection during the commit is reported as ambiguous, never retried.
 
         The stock method stores an exception raised inside its transaction block and
         re-raises it after the block has exited, which commits whatever was already
         executed. Here the exception leaves through ``psycopg.Rollback``, so a failure
         anywhere in the batch leaves nothing (shown by the mid-batch fault test).
+
+        A connection failure inside the transaction block happens before the COMMIT
+        is sent, so nothing committed and the insert is retried (as the library does). A
+        connection that breaks while the COMMIT is in flight raises
+        :class:`CommitOutcomeAmbiguousError` with the session's backend pid, which is
+        never retried here: the journal settles it on a fresh connection (see
+        ``PostgresJournalStore.settle``).
         """
+        with _timeouts_are_final(), self.datastore.get_connection() as conn:
+            return self._insert_on(conn, stored_events, **kwargs)
+
+    def _insert_on(
+        self, conn: psycopg.Connection[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Any:
         exc: Exception | None = None
         ids: Sequence[int] | None = None
         set_last_commit(None)
         hint, self._head_hint = self._head_hint, None  # only a committed head is a hint
-        with _lock_timeout_is_final(), self.datastore.get_connection() as conn:
+        pid = conn.info.backend_pid
+        try:
             with conn.pipeline() as pipeline, conn.transaction():
                 with conn.cursor() as curs:
                     self._insert_events(curs, stored_events, **kwargs)  # tracking, if any
@@ -198,8 +221,17 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                         except Exception as e:  # noqa: BLE001 - re-raised below, after rollback
                             exc = e
                             raise psycopg.Rollback from None
-            if exc is not None:
-                raise exc
+        except (psycopg.Error, OSError) as e:
+            # Raised on the way out of the block: the COMMIT was queued. If the session
+            # is gone the server may have committed it or not; only a re-read can tell.
+            if exc is None and (conn.broken or conn.closed):
+                raise CommitOutcomeAmbiguousError(
+                    f"the connection broke while the batch was committing: {e}",
+                    backend_pid=pid,
+                ) from e
+            raise
+        if exc is not None:
+            raise exc
         commit = last_commit()
         if commit is not None and commit.positions:
             self._head_hint = Head(commit.positions[-1], commit.hashes[-1], commit.stamp)
@@ -320,56 +352,120 @@ class ChainedPostgresProcessRecorder(PostgresProcessRecorder, ChainedPostgresApp
 
 
 class PostgresJournalStore:
-    """Raw reads and schema set-up for a PostgreSQL journal (no eventsourcing here)."""
+    """Raw reads and schema set-up for a PostgreSQL journal (no eventsourcing here).
+
+    Every driver error that leaves a method is translated here, once, to the contract
+    errors: a lost or refused connection is :class:`UnavailableError` (and the cached
+    connection is dropped, so the next call connects afresh); a missing table is the
+    :class:`StateError` "no Charter journal"."""
 
     def __init__(self, conninfo: dict[str, Any], schema: str = "public") -> None:
         self.conninfo = conninfo
         self.schema = schema
         self._conn: psycopg.Connection[Any] | None = None
 
+    def _where(self) -> str:
+        return (
+            f"{self.conninfo.get('host')}:{self.conninfo.get('port')}/{self.conninfo.get('dbname')}"
+        )
+
+    def _open(
+        self, *, connect_timeout: float = 5, autocommit: bool = True
+    ) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(
+                **self.conninfo, connect_timeout=max(1, int(connect_timeout)), autocommit=autocommit
+            )
+        except psycopg.Error as e:
+            raise UnavailableError(
+                f"cannot reach PostgreSQL at {self._where()}: {_first_line(e)}; check that "
+                "the server is running and the URL is right"
+            ) from None
+
     def connect(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            try:
-                self._conn = psycopg.connect(**self.conninfo, connect_timeout=5, autocommit=True)
-            except psycopg.OperationalError as e:
-                where = f"{self.conninfo.get('host')}:{self.conninfo.get('port')}"
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise UnavailableError(
-                    f"cannot reach PostgreSQL at {where}/{self.conninfo.get('dbname')}: "
-                    f"{first}; check that the server is running and the URL is right"
-                ) from None
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self._open()
         return self._conn
+
+    @contextlib.contextmanager
+    def _driver_errors(self) -> Iterator[None]:
+        """The one place a driver error of a read becomes a contract error."""
+        try:
+            yield
+        except psycopg.errors.UndefinedTable:
+            raise StateError(
+                f"no Charter journal in PostgreSQL database {self.conninfo.get('dbname')!r}; "
+                "run `charter init` to create one"
+            ) from None
+        except (psycopg.Error, OSError) as e:
+            if self._conn is not None and (self._conn.broken or self._conn.closed):
+                self._conn = None
+            raise UnavailableError(
+                f"PostgreSQL at {self._where()} failed a journal read "
+                f"({type(e).__name__}: {_first_line(e)}); check the server and retry"
+            ) from e
 
     def close(self) -> None:
         if self._conn is not None:
-            self._conn.close()
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
             self._conn = None
 
     def _q(self, sql: str) -> Composed:
         return SQL(sql).format(schema=Identifier(self.schema), table=Identifier(EVENTS_TABLE))
 
     def read_meta(self) -> JournalMeta:
-        conn = self.connect()
         where = f"PostgreSQL database {self.conninfo.get('dbname')!r}"
-        try:
+        with self._driver_errors():
+            conn = self.connect()
             rows = conn.execute(self._q("SELECT key, value FROM {schema}.charter_meta")).fetchall()
-        except psycopg.errors.UndefinedTable:
-            raise StateError(
-                f"no Charter journal in {where}; run `charter init` to create one"
-            ) from None
         return JournalMeta.from_rows(dict(rows), where=where)
 
     def create_schema(self, meta: JournalMeta) -> None:
         """Tables, triggers and metadata in one transaction: all of it or none."""
-        conn = self.connect()
-        with conn.transaction():
-            for statement in _schema_statements(self.schema, EVENTS_TABLE):
-                conn.execute(statement)
-            for key, value in meta.to_rows().items():
-                conn.execute(
-                    self._q("INSERT INTO {schema}.charter_meta (key, value) VALUES (%s, %s)"),
-                    (key, value),
-                )
+        with self._driver_errors():
+            conn = self.connect()
+            with conn.transaction():
+                for statement in _schema_statements(self.schema, EVENTS_TABLE):
+                    conn.execute(statement)
+                for key, value in meta.to_rows().items():
+                    conn.execute(
+                        self._q("INSERT INTO {schema}.charter_meta (key, value) VALUES (%s, %s)"),
+                        (key, value),
+                    )
+
+    def settle(
+        self, backend_pid: int, keys: Sequence[tuple[bytes, int]], wait_s: float
+    ) -> list[ChainRow | None] | None:
+        """After a commit whose acknowledgement was lost: the rows stored under ``keys``
+        (stream, version), read on a FRESH connection once the session that sent the
+        COMMIT (``backend_pid``) has ended, so its transaction can no longer change
+        what is read. None when that cannot be known within ``wait_s`` seconds (the
+        server is unreachable, or the old session lingers)."""
+        deadline = time.monotonic() + wait_s
+        alive = self._q(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND pid <> pg_backend_pid() "
+            "AND xact_start IS NOT NULL"
+        )
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                with self._open(connect_timeout=min(left, 5)) as conn:
+                    while conn.execute(alive, (backend_pid,)).fetchone() is not None:
+                        if time.monotonic() >= deadline:
+                            return None
+                        time.sleep(0.05)
+                    where = "WHERE originator_id = %s AND originator_version = %s"
+                    found = []
+                    for originator, version in keys:
+                        r = conn.execute(self._select(where), (UUID(bytes=originator), version))
+                        row = r.fetchone()
+                        found.append(None if row is None else self._row(row))
+                    return found
+            except (UnavailableError, psycopg.Error, OSError):
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
     def _select(self, where: str) -> Composed:
         return self._q(
@@ -389,10 +485,13 @@ class PostgresJournalStore:
 
     def batches(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
         """Raw row tuples in position order, in batches (see the SQLite store)."""
-        conn = psycopg.connect(**self.conninfo, connect_timeout=5)
+        conn = self._open(autocommit=False)
         try:
-            with conn.transaction(), conn.cursor(name="charter_rows") as cur:
-                params = (start or 0, stop if stop is not None else 2**63 - 1)
+            with self._driver_errors(), conn.transaction(), conn.cursor(name="charter_rows") as cur:
+                params = (
+                    start if start is not None else -(2**63),
+                    stop if stop is not None else 2**63 - 1,
+                )
                 where = "WHERE notification_id >= %s AND notification_id <= %s "
                 cur.execute(self._select(where + "ORDER BY notification_id"), params)
                 while batch := cur.fetchmany(10_000):
@@ -401,21 +500,23 @@ class PostgresJournalStore:
                         for p, o, v, t, s, pr, c in batch
                     ]
         finally:
-            conn.close()
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
 
     def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
         """``(position, topic, state)`` tuples in position order, in batches of at most
         10,000 (keyset pages on the store's one connection: bounded memory, and no new
         connection per call, which dominated a follower's lag)."""
-        conn = self.connect()
-        low, high = start or 0, stop if stop is not None else 2**63 - 1
+        low = start if start is not None else -(2**63)
+        high = stop if stop is not None else 2**63 - 1
         query = self._q(
             "SELECT notification_id, topic, state FROM {schema}.{table} "
             "WHERE notification_id >= %s AND notification_id <= %s "
             "ORDER BY notification_id LIMIT 10000"
         )
         while low <= high:
-            page = conn.execute(query, (low, high)).fetchall()
+            with self._driver_errors():
+                page = self.connect().execute(query, (low, high)).fetchall()
             if not page:
                 return
             yield [(pos, topic, bytes(state)) for pos, topic, state in page]
@@ -423,38 +524,35 @@ class PostgresJournalStore:
                 return
             low = page[-1][0] + 1
 
+    def _one_row(self, query: Composed, params: tuple[Any, ...]) -> Any:
+        with self._driver_errors():
+            return self.connect().execute(query, params).fetchone()
+
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""
         where = "WHERE originator_id = %s AND originator_version = %s"
-        params = (UUID(bytes=originator), version)
-        r = self.connect().execute(self._select(where), params).fetchone()
+        r = self._one_row(self._select(where), (UUID(bytes=originator), version))
         return None if r is None else self._row(r)
 
     def predecessor(self, position: int) -> ChainRow | None:
         where = "WHERE notification_id < %s ORDER BY notification_id DESC LIMIT 1"
-        r = self.connect().execute(self._select(where), (position,)).fetchone()
+        r = self._one_row(self._select(where), (position,))
         return None if r is None else self._row(r)
 
     def position_of_hash(self, chain_hash: bytes) -> int | None:
-        r = (
-            self.connect()
-            .execute(
-                self._q("SELECT notification_id FROM {schema}.{table} WHERE chain_hash = %s"),
-                (chain_hash,),
-            )
-            .fetchone()
-        )
+        query = self._q("SELECT notification_id FROM {schema}.{table} WHERE chain_hash = %s")
+        r = self._one_row(query, (chain_hash,))
         return None if r is None else int(r[0])
 
     def head(self) -> tuple[int, bytes] | None:
-        r = (
-            self.connect()
-            .execute(
-                self._q(
-                    "SELECT notification_id, chain_hash FROM {schema}.{table} "
-                    "ORDER BY notification_id DESC LIMIT 1"
-                )
-            )
-            .fetchone()
+        query = self._q(
+            "SELECT notification_id, chain_hash FROM {schema}.{table} "
+            "ORDER BY notification_id DESC LIMIT 1"
         )
+        r = self._one_row(query, ())
         return None if r is None else (int(r[0]), bytes(r[1]))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -8,7 +8,12 @@ from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, ProgrammingError, StoredEvent
+from eventsourcing.persistence import (
+    IntegrityError,
+    PersistenceError,
+    ProgrammingError,
+    StoredEvent,
+)
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from charter.core.errors import StateError
@@ -20,6 +25,7 @@ __all__ = [
     "Guards",
     "check_guards",
     "ChainRow",
+    "CommitOutcomeAmbiguousError",
     "CommitPastDeadlineError",
     "Head",
     "payload_bytes",
@@ -50,6 +56,16 @@ class Head(NamedTuple):
     position: int
     hash: bytes
     stamp: bytes | None  # its commit time (None: the journal is empty)
+
+
+class CommitOutcomeAmbiguousError(PersistenceError):
+    """The connection broke while the batch was committing (the COMMIT may or may not
+    have reached the server). Raised by a recorder, never retried there: the journal
+    settles it by re-reading on a fresh connection once the old session has ended."""
+
+    def __init__(self, message: str, *, backend_pid: int) -> None:
+        super().__init__(message)
+        self.backend_pid = backend_pid
 
 
 class CommitPastDeadlineError(IntegrityError):

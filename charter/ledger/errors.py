@@ -8,7 +8,9 @@ __all__ = [
     "AlreadyTrackedError",
     "AppendConflictError",
     "AppendFailedError",
+    "BatchCommittedError",
     "DeadlinePassedError",
+    "OutcomeUnknownError",
     "UndecodableEntryError",
     "UnknownSchemeError",
 ]
@@ -37,3 +39,24 @@ class UndecodableEntryError(StateError):
 
 class UnknownSchemeError(BadInputError):
     """A journal URL whose scheme Charter does not speak."""
+
+
+class OutcomeUnknownError(UnavailableError):
+    """The connection was lost while a batch was committing, and whether it committed
+    could not be settled within the bounded wait. Never treat it as "nothing written":
+    look the batch up by :attr:`batch` (``charter journal show --batch ID``) before
+    retrying, or retry with the same batch id, which never writes it twice."""
+
+    def __init__(self, message: str, *, batch: str) -> None:
+        super().__init__(message)
+        self.batch = batch
+
+
+class BatchCommittedError(StateError):
+    """A request whose batch id is already in the journal: it committed earlier (maybe
+    under an outcome-unknown error) and is not done again."""
+
+    def __init__(self, message: str, *, batch: str, positions: tuple[int, int]) -> None:
+        super().__init__(message)
+        self.batch = batch
+        self.positions = positions

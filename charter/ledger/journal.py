@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, NamedTuple
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, PersistenceError, ProcessRecorder, Tracking
 
@@ -23,6 +23,8 @@ from charter.ledger import _postgres, _sqlite
 from charter.ledger._app import (
     Envelope,
     JournalApplication,
+    batch_marker,
+    decode_entry,
     decode_state,
     encode_state,
     now,
@@ -31,6 +33,7 @@ from charter.ledger._app import (
 from charter.ledger._location import Location, resolve_location
 from charter.ledger._rows import (
     ChainRow,
+    CommitOutcomeAmbiguousError,
     CommitPastDeadlineError,
     JournalMeta,
     PinnedStreamMovedError,
@@ -41,7 +44,9 @@ from charter.ledger.errors import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
+    BatchCommittedError,
     DeadlinePassedError,
+    OutcomeUnknownError,
     UnknownSchemeError,
 )
 
@@ -58,6 +63,10 @@ __all__ = [
 ]
 
 _MAX_RETRIES = 8
+# How long an append waits, after its connection broke mid-COMMIT, for the server to
+# answer on a fresh connection and for the old session to end (PostgreSQL ends a
+# session idle in a transaction after 5 s; see Location.app_env).
+SETTLE_WAIT_S = 15.0
 
 
 class JournalCreated(Event):
@@ -75,6 +84,7 @@ class Committed(NamedTuple):
     hash: bytes
     event: Event
     recorded_at: datetime
+    batch: str = ""  # the id of the append that wrote it (Journal.append's ``batch``)
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class Entry:
     stream_version: int
     hash: bytes
     prev_hash: bytes
+    batch: str | None = None  # the append that wrote it (None: written before batch ids)
 
     @property
     def type_name(self) -> str:
@@ -101,6 +112,7 @@ class Entry:
             "hash": self.hash.hex(),
             "prev_hash": self.prev_hash.hex(),
             "recorded_at": self.recorded_at.isoformat(),
+            "batch": self.batch,
             "payload": self.event.payload(),
         }
 
@@ -131,6 +143,16 @@ def _holds_journal(store: Store) -> bool:
     return True
 
 
+def _checked(events: Iterable[Event]) -> tuple[Event, ...]:
+    batch = tuple(events)
+    if not batch:
+        raise BadInputError("append needs at least one event")
+    for event in batch:
+        if not isinstance(event, Event) or not type(event).type_name:
+            raise BadInputError(f"{event!r} is not a registered Charter event")
+    return batch
+
+
 class Journal:
     """An open journal. Use :meth:`create` once, then :meth:`open` everywhere else."""
 
@@ -155,6 +177,7 @@ class Journal:
         if not isinstance(recorder, ProcessRecorder):  # pinned by Location.app_env
             raise StateError(f"journal recorder {type(recorder).__name__} cannot track positions")
         self._recorder: ProcessRecorder = recorder
+        self.settle_wait_s = SETTLE_WAIT_S
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -260,21 +283,21 @@ class Journal:
         return last[0].originator_version if last else 0
 
     def _envelopes(
-        self, events: Sequence[Event], expect: Mapping[str, int], at: datetime
+        self, events: Sequence[Event], expect: Mapping[str, int], at: datetime, batch: str
     ) -> list[Envelope]:
         versions: dict[str, int] = {}
         envelopes = []
         for event in events:
             stream = event.stream()
             if stream is None:
-                envelopes.append(Envelope(stream_uuid(None), 1, at, event))
+                envelopes.append(Envelope(stream_uuid(None), 1, at, event, batch))
                 continue
             if stream not in versions:
                 versions[stream] = (
                     expect[stream] if stream in expect else self.stream_version(stream)
                 )
             versions[stream] += 1
-            envelopes.append(Envelope(stream_uuid(stream), versions[stream], at, event))
+            envelopes.append(Envelope(stream_uuid(stream), versions[stream], at, event, batch))
         return envelopes
 
     def append(
@@ -284,8 +307,18 @@ class Journal:
         expect: Mapping[str, int] | None = None,
         tracking: tuple[str, int] | None = None,
         deadline_ms: int | None = None,
+        batch: str | None = None,
     ) -> tuple[Committed, ...]:
         """Append ``events`` atomically; return their positions and hashes after commit.
+
+        Every append has a batch id (``batch``, else a fresh one), stored in each of its
+        entries, so it can be looked up (:meth:`batch_entries`, ``journal show
+        --batch``). An append whose id is already in the journal writes nothing and
+        returns the entries committed under it: retrying with the same id never writes
+        twice. If the connection breaks while the batch commits, the outcome is settled
+        by re-reading on a fresh connection; if it cannot be settled in time,
+        :class:`OutcomeUnknownError` names the batch (never AppendFailedError, which
+        always means nothing was written).
 
         The commit time is stamped by the recorder under its write lock, so it never
         decreases with position. ``deadline_ms`` is the earliest deadline the decision
@@ -300,23 +333,22 @@ class Journal:
         transaction (exactly once: a position already recorded raises
         :class:`AlreadyTrackedError`). Any other failure raises :class:`AppendFailedError`.
         """
-        batch = tuple(events)
-        if not batch:
-            raise BadInputError("append needs at least one event")
-        for event in batch:
-            if not isinstance(event, Event) or not type(event).type_name:
-                raise BadInputError(f"{event!r} is not a registered Charter event")
+        events_ = _checked(events)
+        batch_id = batch or uuid4().hex
+        earlier = self._committed_batch(batch) if batch is not None else ()
+        if earlier:
+            return earlier
         pinned = dict(expect or {})
         # Pinned streams this batch does not write to: the recorder checks their
         # versions under its write lock (the stream keys catch the written ones).
-        written = {event.stream() for event in batch}
+        written = {event.stream() for event in events_}
         guards = tuple(
             (stream_uuid(stream), version)
             for stream, version in pinned.items()
             if stream not in written
         )
         for _ in range(_MAX_RETRIES):
-            envelopes = self._envelopes(batch, pinned, now())
+            envelopes = self._envelopes(events_, pinned, now(), batch_id)
             try:
                 # The application's event store: one recorder insert, one transaction
                 # (what Application.save does, minus a per-event runtime Protocol
@@ -331,8 +363,16 @@ class Journal:
                 raise AppendConflictError(_STALE_DECISION) from e
             except CommitPastDeadlineError as e:
                 raise DeadlinePassedError(str(e)) from e
+            except CommitOutcomeAmbiguousError as e:
+                settled = self._settle(e, envelopes, batch_id)
+                if settled is None:
+                    continue  # definitely not committed (its session has ended): retry
+                return settled
             except IntegrityError as e:
-                landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
+                try:
+                    landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
+                except UnavailableError as lost:
+                    raise self._unknown(batch_id, lost) from lost
                 if landed is None:
                     continue  # lost a race on an unpinned stream: re-version and retry
                 return landed
@@ -342,16 +382,93 @@ class Journal:
                     f"{self.location.display} and retry"
                 ) from e
             commit = last_commit()
-            if commit is None or len(commit.positions) != len(batch):
+            if commit is None or len(commit.positions) != len(events_):
                 raise AppendFailedError("journal recorder did not report the committed chain")
             at = datetime.fromisoformat(commit.stamp.decode())
             return tuple(
-                Committed(p, h, env.event, at)
+                Committed(p, h, env.event, at, batch_id)
                 for p, h, env in zip(commit.positions, commit.hashes, envelopes, strict=True)
             )
         raise AppendConflictError(
             f"journal append lost {_MAX_RETRIES} races in a row for the same streams; retry"
         )
+
+    def _settle(
+        self, error: CommitOutcomeAmbiguousError, envelopes: Sequence[Envelope], batch_id: str
+    ) -> tuple[Committed, ...] | None:
+        """The connection broke while this batch committed: re-read on a fresh
+        connection, once the old session has ended. The committed entries if it landed,
+        None if it definitely did not, OutcomeUnknownError if that cannot be known."""
+        settle = getattr(self._store, "settle", None)
+        if settle is None:
+            raise self._unknown(batch_id, error) from error
+        keys = [(env.originator_id.bytes, env.originator_version) for env in envelopes]
+        rows = settle(error.backend_pid, keys, self.settle_wait_s)
+        if rows is None:
+            raise self._unknown(batch_id, error) from error
+        mine = [
+            row is not None and payload_bytes(row.state) == payload_bytes(encode_state(env))
+            for row, env in zip(rows, envelopes, strict=True)
+        ]
+        if all(mine):
+            return self._as_committed(rows, envelopes, batch_id)
+        if any(mine):  # one transaction: all of it or none, so this is a broken promise
+            raise AppendFailedError("a batch was found only partly committed; run verify")
+        return None
+
+    def _unknown(self, batch_id: str, cause: BaseException) -> OutcomeUnknownError:
+        return OutcomeUnknownError(
+            f"the connection to {self.location.display} was lost while batch {batch_id} "
+            f"was committing, and whether it committed could not be settled ({cause}). "
+            f"Look it up with `charter journal show --batch {batch_id}` before acting, or "
+            "retry with the same batch id (it is never written twice)",
+            batch=batch_id,
+        )
+
+    @staticmethod
+    def _as_committed(
+        rows: Sequence[ChainRow | None], envelopes: Sequence[Envelope], batch_id: str
+    ) -> tuple[Committed, ...]:
+        out = []
+        for r, env in zip(rows, envelopes, strict=True):
+            if r is None:
+                raise AppendFailedError("a settled batch is missing an entry; run verify")
+            at = decode_state(r.topic, r.state)[0]
+            out.append(Committed(r.position, r.chain_hash, env.event, at, batch_id))
+        return tuple(out)
+
+    def _committed_batch(self, batch_id: str) -> tuple[Committed, ...]:
+        """The entries an earlier append with this batch id committed (empty if none)."""
+        if not (0 < len(batch_id) <= 64 and batch_id.isascii() and batch_id.isalnum()):
+            raise BadInputError(f"batch id {batch_id!r} must be 1-64 ASCII letters or digits")
+        return tuple(
+            Committed(e.position, e.hash, e.event, e.recorded_at, batch_id)
+            for e in self.batch_entries(batch_id)
+        )
+
+    def require_new_batch(self, batch_id: str) -> None:
+        """Raise :class:`BatchCommittedError` if an append with this id committed (a
+        request retried after an outcome-unknown error that had in fact landed)."""
+        earlier = self._committed_batch(batch_id)
+        if earlier:
+            span = (earlier[0].position, earlier[-1].position)
+            raise BatchCommittedError(
+                f"batch {batch_id} already committed at positions {span[0]}-{span[1]}; "
+                f"it is not done again (see `charter journal show --batch {batch_id}`)",
+                batch=batch_id,
+                positions=span,
+            )
+
+    def batch_entries(self, batch_id: str) -> list[Entry]:
+        """The entries one append wrote, found by its batch id (a scan of the journal's
+        stored bytes; only entries holding the id's marker are decoded)."""
+        marker = batch_marker(batch_id)
+        found: list[Entry] = []
+        for rows in self._store.payloads():
+            hits = {pos for pos, _topic, state in rows if marker in state}
+            for pos in sorted(hits):
+                found.extend(e for e in self.entries(pos, pos) if e.batch == batch_id)
+        return found
 
     def record_refusal(self, event: Event, error: BaseException) -> None:
         """Journal a refusal; if the journal cannot take it, say so on ``error`` (which
@@ -376,10 +493,7 @@ class Journal:
         """
         landed = self._landed(envelopes)
         if landed is not None:
-            return tuple(
-                Committed(r.position, r.chain_hash, env.event, decode_state(r.topic, r.state)[0])
-                for r, env in zip(landed, envelopes, strict=True)
-            )
+            return self._as_committed(landed, envelopes, envelopes[0].batch or "")
         if tracking is not None and self.tracked_position(tracking[0]) >= tracking[1]:
             raise AlreadyTrackedError(
                 f"{tracking[0]} has already recorded position {tracking[1]}"
@@ -454,7 +568,7 @@ class Journal:
         for row in self.rows(start, stop):
             if wanted and row.topic.partition("/v")[0] not in wanted:
                 continue
-            at, event = decode_state(row.topic, row.state)
+            at, event, batch = decode_entry(row.topic, row.state)
             yield Entry(
                 position=row.position,
                 topic=row.topic,
@@ -464,4 +578,5 @@ class Journal:
                 stream_version=row.version,
                 hash=row.chain_hash,
                 prev_hash=row.prev_hash,
+                batch=batch,
             )
