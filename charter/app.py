@@ -67,10 +67,22 @@ class Settings(BaseModel):
 
     ceilings: FabricCeilings = FabricCeilings()
     cell: str = Field(default=DEFAULT_CELL, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    # PostgreSQL: how long a writer waits for the journal's write lock, and how long any
+    # journal statement may run, before it gives up with WriterStalledError.
+    pg_lock_timeout_s: int = Field(default=30, ge=1, le=3600)
+    pg_statement_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
+
+    def journal_env(self) -> dict[str, str]:
+        """The journal settings these carry (see ``Journal.open``'s ``env``)."""
+        return {
+            "POSTGRES_LOCK_TIMEOUT": str(self.pg_lock_timeout_s),
+            "POSTGRES_STATEMENT_TIMEOUT": repr(self.pg_statement_timeout_s),
+        }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """``CHARTER_POPULATION_CEILING``, ``CHARTER_DEPTH_CEILING`` and ``CHARTER_CELL``.
+        """``CHARTER_POPULATION_CEILING``, ``CHARTER_DEPTH_CEILING``, ``CHARTER_CELL``,
+        ``CHARTER_PG_LOCK_TIMEOUT`` and ``CHARTER_PG_STATEMENT_TIMEOUT`` (seconds).
 
         A malformed value is bad input: the ceilings fail open only when the registry
         cannot be read, never on a typo.
@@ -86,9 +98,19 @@ class Settings(BaseModel):
                         "unset it"
                     )
                 ceilings[key] = int(text)
+        timeouts = {
+            field: env[name]
+            for field, name in (
+                ("pg_lock_timeout_s", "CHARTER_PG_LOCK_TIMEOUT"),
+                ("pg_statement_timeout_s", "CHARTER_PG_STATEMENT_TIMEOUT"),
+            )
+            if name in env
+        }
         try:
             return cls(
-                ceilings=FabricCeilings(**ceilings), cell=env.get("CHARTER_CELL", DEFAULT_CELL)
+                ceilings=FabricCeilings(**ceilings),
+                cell=env.get("CHARTER_CELL", DEFAULT_CELL),
+                **timeouts,
             )
         except ValidationError as e:
             raise BadInputError(f"Charter settings from the environment: {e}") from e
@@ -173,11 +195,9 @@ class Charter:
         env: Mapping[str, str] | None = None,
     ) -> Charter:
         """Open an existing journal (``--db``, ``CHARTER_DB`` or the home's SQLite file)."""
-        return cls(
-            Journal.open(db, env=env),
-            keys or KeyStore(charter_home()),
-            settings or Settings.from_env(),
-        )
+        settings = settings or Settings.from_env()
+        journal = Journal.open(db, env={**settings.journal_env(), **(env or {})})
+        return cls(journal, keys or KeyStore(charter_home()), settings)
 
     @classmethod
     def initialise(

@@ -19,6 +19,7 @@ from charter.ledger.errors import (
     OutcomeUnknownError,
     UndecodableEntryError,
     UnknownSchemeError,
+    WriterStalledError,
 )
 from charter.ledger.journal import Committed, Entry, Journal, JournalCreated
 
@@ -43,4 +44,5 @@ __all__ = [
     "OutcomeUnknownError",
     "UndecodableEntryError",
     "UnknownSchemeError",
+    "WriterStalledError",
 ]

@@ -12,6 +12,7 @@ refused.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,11 +22,14 @@ import psycopg
 from eventsourcing.persistence import (
     InterfaceError,
     OperationalError,
-    PersistenceError,
     ProgrammingError,
     StoredEvent,
 )
-from eventsourcing.postgres import PostgresApplicationRecorder, PostgresProcessRecorder
+from eventsourcing.postgres import (
+    PostgresApplicationRecorder,
+    PostgresFactory,
+    PostgresProcessRecorder,
+)
 from eventsourcing.utils import retry
 from psycopg.rows import DictRow
 from psycopg.sql import SQL, Composed, Identifier
@@ -39,6 +43,7 @@ from charter.ledger._rows import (
     Head,
     JournalMeta,
     LastCommit,
+    WriteLockTimeoutError,
     check_guards,
     last_commit,
     set_last_commit,
@@ -47,12 +52,14 @@ from charter.ledger._rows import (
 )
 
 __all__ = [
+    "ChainedPostgresFactory",
     "ChainedPostgresApplicationRecorder",
     "ChainedPostgresProcessRecorder",
     "PostgresJournalStore",
 ]
 
 EVENTS_TABLE = "charter_events"
+_ATTEMPTS = 3
 TRACKING_TABLE = "charter_tracking"
 
 
@@ -106,13 +113,6 @@ def _schema_statements(schema: str, table: str) -> list[Composed]:
     ]
 
 
-class WriteLockTimeoutError(PersistenceError):
-    """Another writer held the journal's write lock past ``POSTGRES_LOCK_TIMEOUT``, or a
-    statement ran past the statement timeout. Not an OperationalError, so the insert's
-    connection retry does not try again (ten more waits of the whole timeout would
-    block the caller for minutes)."""
-
-
 @contextlib.contextmanager
 def _timeouts_are_final() -> Iterator[None]:
     try:
@@ -121,14 +121,35 @@ def _timeouts_are_final() -> Iterator[None]:
         if isinstance(e.__cause__, psycopg.errors.LockNotAvailable) or "lock timeout" in str(e):
             raise WriteLockTimeoutError(
                 "another writer has held the journal's write lock for longer than the lock "
-                "timeout (30 s by default); it may be stalled"
+                "timeout (CHARTER_PG_LOCK_TIMEOUT, 30 s by default); it may be stalled"
             ) from e
         if isinstance(e.__cause__, psycopg.errors.QueryCanceled):
             raise WriteLockTimeoutError(
-                "a journal statement ran past the statement timeout (60 s by default); "
-                "another writer may be stalled while holding the write lock"
+                "a journal statement ran past the statement timeout "
+                "(CHARTER_PG_STATEMENT_TIMEOUT, 60 s by default); another writer may be "
+                "stalled while holding the write lock"
             ) from e
         raise
+
+
+class ChainedPostgresFactory(PostgresFactory):
+    """The library's factory, plus what its datastore does not hand to the driver: the
+    session's statement timeout (``POSTGRES_STATEMENT_TIMEOUT``, seconds) and the URL's
+    own connection parameters such as ``sslmode`` (``POSTGRES_CONNINFO_EXTRA``, JSON),
+    which would otherwise be dropped (a plaintext connection where psql would refuse)."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        extra: dict[str, str] = json.loads(self.env.get("POSTGRES_CONNINFO_EXTRA") or "{}")
+        timeout = self.env.get("POSTGRES_STATEMENT_TIMEOUT")
+        if timeout:
+            ms = int(float(timeout) * 1000)
+            # libpq's options: set for every session the pool opens, before any query.
+            extra["options"] = f"{extra.get('options', '')} -c statement_timeout={ms}".strip()
+        kwargs = self.datastore.pool.kwargs
+        if not isinstance(kwargs, dict):  # fail closed: never connect without them
+            raise StateError("the PostgreSQL pool's connection parameters cannot be extended")
+        kwargs.update(extra)
 
 
 class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
@@ -174,7 +195,11 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             "FROM {schema}.{table} ORDER BY notification_id DESC LIMIT 1"
         ).format(**ids)
 
-    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    # A pooled connection found dead (the server restarted, the session was
+    # terminated) is replaced by the retry; three tries, not the library's ten, since
+    # each waits up to the connect timeout and an unreachable server should be
+    # reported in seconds, not a minute.
+    @retry((InterfaceError, OperationalError), max_attempts=_ATTEMPTS, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
         """The library's pipelined insert, except that *any* failure rolls back, and a
         broken connection during the commit is reported as ambiguous, never retried.
@@ -194,6 +219,11 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         with _timeouts_are_final(), self.datastore.get_connection() as conn:
             return self._insert_on(conn, stored_events, **kwargs)
 
+    @retry((InterfaceError, OperationalError), max_attempts=_ATTEMPTS, wait=0.2)
+    def select_events(self, *args: Any, **kwargs: Any) -> Any:
+        """The library's read, with the retries of :meth:`insert_events`."""
+        return PostgresApplicationRecorder.select_events.__wrapped__(self, *args, **kwargs)
+
     def _insert_on(
         self, conn: psycopg.Connection[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Any:
@@ -202,6 +232,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         set_last_commit(None)
         hint, self._head_hint = self._head_hint, None  # only a committed head is a hint
         pid = conn.info.backend_pid
+        committing = False
         try:
             with conn.pipeline() as pipeline, conn.transaction():
                 with conn.cursor() as curs:
@@ -221,10 +252,13 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                         except Exception as e:  # noqa: BLE001 - re-raised below, after rollback
                             exc = e
                             raise psycopg.Rollback from None
+                committing = True  # leaving the block sends the COMMIT
+        except psycopg.Rollback as e:  # not taken by its transaction: nothing committed
+            raise exc or OperationalError(f"the journal transaction was rolled back: {e}") from e
         except (psycopg.Error, OSError) as e:
             # Raised on the way out of the block: the COMMIT was queued. If the session
             # is gone the server may have committed it or not; only a re-read can tell.
-            if exc is None and (conn.broken or conn.closed):
+            if committing and (conn.broken or conn.closed):
                 raise CommitOutcomeAmbiguousError(
                     f"the connection broke while the batch was committing: {e}",
                     backend_pid=pid,
@@ -339,6 +373,11 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
 class ChainedPostgresProcessRecorder(PostgresProcessRecorder, ChainedPostgresApplicationRecorder):
     """Tracking position, new events and their chain in one transaction (followers)."""
 
+    @retry((InterfaceError, OperationalError), max_attempts=_ATTEMPTS, wait=0.2)
+    def max_tracking_id(self, application_name: str) -> int | None:
+        """The library's read, with the retries of :meth:`insert_events`."""
+        return PostgresProcessRecorder.max_tracking_id.__wrapped__(self, application_name)  # type: ignore[no-any-return]
+
     def __init__(
         self,
         datastore: Any,
@@ -416,9 +455,7 @@ class PostgresJournalStore:
 
     def read_meta(self) -> JournalMeta:
         where = f"PostgreSQL database {self.conninfo.get('dbname')!r}"
-        with self._driver_errors():
-            conn = self.connect()
-            rows = conn.execute(self._q("SELECT key, value FROM {schema}.charter_meta")).fetchall()
+        rows = self._fetch(self._q("SELECT key, value FROM {schema}.charter_meta"), ())
         return JournalMeta.from_rows(dict(rows), where=where)
 
     def create_schema(self, meta: JournalMeta) -> None:
@@ -515,8 +552,7 @@ class PostgresJournalStore:
             "ORDER BY notification_id LIMIT 10000"
         )
         while low <= high:
-            with self._driver_errors():
-                page = self.connect().execute(query, (low, high)).fetchall()
+            page = self._fetch(query, (low, high))
             if not page:
                 return
             yield [(pos, topic, bytes(state)) for pos, topic, state in page]
@@ -525,8 +561,22 @@ class PostgresJournalStore:
             low = page[-1][0] + 1
 
     def _one_row(self, query: Composed, params: tuple[Any, ...]) -> Any:
-        with self._driver_errors():
-            return self.connect().execute(query, params).fetchone()
+        return self._fetch(query, params, one=True)
+
+    def _fetch(self, query: Composed, params: tuple[Any, ...], *, one: bool = False) -> Any:
+        """One read on the cached connection; a connection found dead (the server
+        restarted, the session was terminated) is replaced once, since reads repeat
+        safely."""
+        for attempt in (1, 2):
+            try:
+                with self._driver_errors():
+                    cur = self.connect().execute(query, params)
+                    return cur.fetchone() if one else cur.fetchall()
+            except UnavailableError as e:
+                lost = isinstance(e.__cause__, psycopg.OperationalError | psycopg.InterfaceError)
+                if attempt == 2 or not lost or self._conn is not None:
+                    raise
+        raise UnavailableError("unreachable: the read loop returns or raises")
 
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""

@@ -27,6 +27,7 @@ __all__ = [
     "ChainRow",
     "CommitOutcomeAmbiguousError",
     "CommitPastDeadlineError",
+    "WriteLockTimeoutError",
     "Head",
     "payload_bytes",
     "stamp_batch",
@@ -66,6 +67,12 @@ class CommitOutcomeAmbiguousError(PersistenceError):
     def __init__(self, message: str, *, backend_pid: int) -> None:
         super().__init__(message)
         self.backend_pid = backend_pid
+
+
+class WriteLockTimeoutError(PersistenceError):
+    """Another writer held the journal's write lock past the lock timeout, or a journal
+    statement ran past the statement timeout: nothing was written. Raised by a recorder;
+    not an OperationalError, so no connection retry waits the whole timeout again."""
 
 
 class CommitPastDeadlineError(IntegrityError):

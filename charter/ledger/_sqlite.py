@@ -8,6 +8,7 @@ across processes with "database is locked" after reading the head.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from charter.ledger._rows import (
     Head,
     JournalMeta,
     LastCommit,
+    WriteLockTimeoutError,
     check_guards,
     last_commit,
     set_last_commit,
@@ -93,6 +95,11 @@ _HEAD = f"SELECT rowid, chain_hash, substr(state, 1, 40) FROM {TABLE} ORDER BY r
 
 _Params = tuple[int, str, int, str, bytes, bytes, bytes]
 
+# Position bounds of a full read: from the lowest rowid SQLite allows, so a row planted
+# at a position <= 0 is read (and reported by verify), never skipped.
+_LOWEST = -(2**63)
+_HIGHEST = 2**63 - 1
+
 
 # The library's single-row tracking table, already "migrated" (its marker row), so a
 # follower's tracking position commits in the same transaction as its events.
@@ -116,6 +123,11 @@ class _ImmediateTransaction(SQLiteTransaction):
         try:
             cursor.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as e:
+            if "locked" in str(e) or "busy" in str(e):  # SQLITE_BUSY after the busy timeout
+                raise WriteLockTimeoutError(
+                    f"another writer has held the journal's write lock for longer than the "
+                    f"lock timeout ({e}); it may be stalled"
+                ) from e
             raise OperationalError(e) from e
         return cursor
 
@@ -229,10 +241,20 @@ def sqlite_uri(path: Path, mode: str) -> str:
 
 
 class SQLiteJournalStore:
-    """Raw reads and schema set-up for a SQLite journal file (no eventsourcing here)."""
+    """Raw reads and schema set-up for a SQLite journal file (no eventsourcing here).
+    A driver error of a read leaves as :class:`UnavailableError` (translated here)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    @contextlib.contextmanager
+    def _driver_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise UnavailableError(
+                f"SQLite journal {self.path} failed a read ({type(e).__name__}: {e})"
+            ) from e
 
     def _connect(self, *, readonly: bool) -> sqlite3.Connection:
         # Readers open read-write but query-only: a mode=ro connection cannot remove the
@@ -306,31 +328,27 @@ class SQLiteJournalStore:
         """Raw row tuples in position order, in batches: (position, originator as stored,
         version, topic, state, prev_hash, chain_hash). The fast path for verification."""
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             cur = conn.execute(
                 "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
                 f"chain_hash FROM {TABLE} WHERE rowid >= ? AND rowid <= ? ORDER BY rowid",
-                (start or 0, stop if stop is not None else 2**63 - 1),
+                (_LOWEST if start is None else start, _HIGHEST if stop is None else stop),
             )
             while batch := cur.fetchmany(10_000):
                 yield batch
-        finally:
-            conn.close()
 
     def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
         """``(position, topic, state)`` tuples in position order, in batches: what a
         read model folds (three columns instead of seven)."""
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             cur = conn.execute(
                 f"SELECT rowid, topic, state FROM {TABLE} WHERE rowid >= ? AND rowid <= ? "
                 "ORDER BY rowid",
-                (start or 0, stop if stop is not None else 2**63 - 1),
+                (_LOWEST if start is None else start, _HIGHEST if stop is None else stop),
             )
             while batch := cur.fetchmany(10_000):
                 yield batch
-        finally:
-            conn.close()
 
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""
@@ -340,14 +358,12 @@ class SQLiteJournalStore:
 
     def _one(self, where: str, params: tuple[Any, ...]) -> ChainRow | None:
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             row = conn.execute(
                 "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
                 f"chain_hash FROM {TABLE} {where}",
                 params,
             ).fetchone()
-        finally:
-            conn.close()
         if row is None:
             return None
         pos, oid, ver, topic, state, prev, chain = row
@@ -359,18 +375,14 @@ class SQLiteJournalStore:
 
     def position_of_hash(self, chain_hash: bytes) -> int | None:
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             row = conn.execute(
                 f"SELECT rowid FROM {TABLE} WHERE chain_hash = ?", (chain_hash,)
             ).fetchone()
-        finally:
-            conn.close()
         return None if row is None else int(row[0])
 
     def head(self) -> tuple[int, bytes] | None:
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             row = conn.execute(_HEAD).fetchone()
-        finally:
-            conn.close()
         return None if row is None else (int(row[0]), bytes(row[1]))

@@ -13,6 +13,7 @@ __all__ = [
     "OutcomeUnknownError",
     "UndecodableEntryError",
     "UnknownSchemeError",
+    "WriterStalledError",
 ]
 
 
@@ -60,3 +61,10 @@ class BatchCommittedError(StateError):
         super().__init__(message)
         self.batch = batch
         self.positions = positions
+
+
+class WriterStalledError(AppendFailedError):
+    """Another writer held the journal's write lock (or a journal statement ran) past
+    the configured timeout: nothing of this batch was written. Retry once the stalled
+    writer is gone; the timeouts are CHARTER_PG_LOCK_TIMEOUT and
+    CHARTER_PG_STATEMENT_TIMEOUT on PostgreSQL (30 s busy timeout on SQLite)."""

@@ -37,6 +37,7 @@ from charter.ledger._rows import (
     CommitPastDeadlineError,
     JournalMeta,
     PinnedStreamMovedError,
+    WriteLockTimeoutError,
     last_commit,
     payload_bytes,
 )
@@ -48,6 +49,7 @@ from charter.ledger.errors import (
     DeadlinePassedError,
     OutcomeUnknownError,
     UnknownSchemeError,
+    WriterStalledError,
 )
 
 __all__ = [
@@ -272,14 +274,28 @@ class Journal:
 
     def tracked_position(self, follower: str) -> int:
         """The last journal position ``follower`` recorded (0 if none)."""
-        return int(self._recorder.max_tracking_id(follower) or 0)
+        try:
+            return int(self._recorder.max_tracking_id(follower) or 0)
+        except PersistenceError as e:
+            raise self._read_failed(e) from e
+
+    def _read_failed(self, error: PersistenceError) -> UnavailableError:
+        """A recorder read's driver error (already the library's PersistenceError,
+        translated by the store's datastore) as the contract's UnavailableError."""
+        return UnavailableError(
+            f"journal {self.location.display} could not be read ({type(error).__name__}: "
+            f"{error}); check the database and retry"
+        )
 
     def stream_version(self, stream: str) -> int:
         """The version of ``stream`` now (0 when it has no events)."""
         return self._version(stream_uuid(stream))
 
     def _version(self, originator: UUID) -> int:
-        last = self._recorder.select_events(originator, desc=True, limit=1)
+        try:
+            last = self._recorder.select_events(originator, desc=True, limit=1)
+        except PersistenceError as e:
+            raise self._read_failed(e) from e
         return last[0].originator_version if last else 0
 
     def _envelopes(
@@ -363,6 +379,10 @@ class Journal:
                 raise AppendConflictError(_STALE_DECISION) from e
             except CommitPastDeadlineError as e:
                 raise DeadlinePassedError(str(e)) from e
+            except WriteLockTimeoutError as e:
+                raise WriterStalledError(
+                    f"journal append failed, nothing written: {e}; retry once that writer is gone"
+                ) from e
             except CommitOutcomeAmbiguousError as e:
                 settled = self._settle(e, envelopes, batch_id)
                 if settled is None:

@@ -124,6 +124,10 @@ class CommitCuttingProxy:
 
     def close(self) -> None:
         self._stop.set()
+        # shutdown wakes the thread blocked in accept(); close alone would leave the
+        # socket listening until that call returns.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
