@@ -60,6 +60,7 @@ __all__ = [
 
 EVENTS_TABLE = "charter_events"
 _ATTEMPTS = 3
+_INIT_LOCK = 0x43686172746572  # "Charter": the advisory lock racing inits queue on
 TRACKING_TABLE = "charter_tracking"
 
 
@@ -458,11 +459,24 @@ class PostgresJournalStore:
         rows = self._fetch(self._q("SELECT key, value FROM {schema}.charter_meta"), ())
         return JournalMeta.from_rows(dict(rows), where=where)
 
-    def create_schema(self, meta: JournalMeta) -> None:
-        """Tables, triggers and metadata in one transaction: all of it or none."""
+    def create_schema(self, meta: JournalMeta, *, reuse_empty: bool = False) -> None:
+        """Tables, triggers and metadata in one transaction: all of it or none. Racing
+        inits are serialised by a transaction-level advisory lock; the one that comes
+        second finds the journal made and is refused (a StateError, nothing written)."""
+        del reuse_empty  # a PostgreSQL schema is made all at once: never half-made
         with self._driver_errors():
             conn = self.connect()
             with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INIT_LOCK,))
+                made = conn.execute(
+                    "SELECT to_regclass(%s)", (f"{self.schema}.charter_meta",)
+                ).fetchone()
+                if made is not None and made[0] is not None:
+                    raise StateError(
+                        f"PostgreSQL database {self.conninfo.get('dbname')!r} already holds a "
+                        "Charter journal (another init made it meanwhile); refusing to "
+                        "initialise it again"
+                    )
                 for statement in _schema_statements(self.schema, EVENTS_TABLE):
                     conn.execute(statement)
                 for key, value in meta.to_rows().items():

@@ -9,6 +9,7 @@ across processes with "database is locked" after reading the head.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -293,15 +294,29 @@ class SQLiteJournalStore:
             conn.close()
         return JournalMeta.from_rows(dict(rows), where=str(self.path))
 
-    def create_schema(self, meta: JournalMeta) -> None:
+    def create_schema(self, meta: JournalMeta, *, reuse_empty: bool = False) -> None:
         """Create every table (events, tracking, meta) in one transaction. The file must
-        not exist yet; if anything fails, nothing is left behind."""
+        not exist yet (it is created exclusively, so of two racing inits one loses
+        cleanly), or with ``reuse_empty`` be an empty database (an init killed right
+        after creating it). If anything fails, a file this call created is removed;
+        nothing else is."""
+        created = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not (reuse_empty and self.path.exists()):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                created = True
             conn = self._connect(readonly=False)
+        except FileExistsError:
+            raise StateError(
+                f"{self.path} was created by someone else meanwhile; refusing to initialise it"
+            ) from None
         except OSError as e:
             raise UnavailableError(f"cannot create SQLite journal {self.path}: {e}") from e
         try:
+            # Checked before anything is written (the journal mode is written to the file).
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise StateError(f"{self.path} is not empty; refusing to initialise it")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN IMMEDIATE")
             for statement in schema_statements():
@@ -312,12 +327,15 @@ class SQLiteJournalStore:
             conn.execute("COMMIT")
         except sqlite3.Error as e:
             conn.close()
-            self.remove()
+            if created:
+                self.remove()
             raise UnavailableError(f"cannot create SQLite journal {self.path}: {e}") from e
-        conn.close()
+        finally:
+            conn.close()
 
     def remove(self) -> None:
-        """Delete the journal file and its WAL files (only for undoing a creation)."""
+        """Delete the journal file and its WAL files (only a file this process has just
+        created, in a creation that failed)."""
         for suffix in ("", "-wal", "-shm"):
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
 

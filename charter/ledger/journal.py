@@ -184,24 +184,41 @@ class Journal:
     # -- lifecycle -----------------------------------------------------------------
 
     @classmethod
-    def create(cls, url: str | Location | None = None, *, journal_key: str = "") -> Journal:
+    def create(
+        cls, url: str | Location | None = None, *, journal_key: str = "", resume: bool = False
+    ) -> Journal:
         """Create the schema (events, append-only triggers, metadata) in one transaction.
 
         Refuses when a journal, or any other file, is already there: nothing is written.
+        ``resume=True`` (an init finishing what it left unfinished) opens a journal made
+        with the same ``journal_key`` instead, and creates the schema in an empty SQLite
+        file; anything else there is still refused. Nothing is ever deleted that this
+        call did not create.
         """
         location = resolve_location(url)
         store = _store_for(location)
-        cls._refuse_existing(location, store)
+        if resume:
+            try:
+                existing = store.read_meta()
+            except StateError:
+                existing = None
+            if existing is not None:
+                if existing.journal_key != journal_key:
+                    store.close()
+                    raise StateError(
+                        f"{location.display} holds a journal made with another key; it is "
+                        "not the one this init left unfinished (refusing to touch it)"
+                    )
+                return cls(location, store, existing)
+        else:
+            cls._refuse_existing(location, store)
         meta = JournalMeta(created_at=datetime.now(UTC).isoformat(), journal_key=journal_key)
-        store.create_schema(meta)
+        try:
+            store.create_schema(meta, reuse_empty=resume)
+        except BaseException:
+            store.close()
+            raise
         return cls(location, store, meta)
-
-    def discard_new(self) -> None:
-        """Undo :meth:`create` after a later step of initialisation failed (SQLite only:
-        a PostgreSQL database is the operator's and is left to them, with a message)."""
-        self.close()
-        if isinstance(self._store, _sqlite.SQLiteJournalStore):
-            self._store.remove()
 
     @staticmethod
     def refuse_existing(url: str | Location | None = None) -> None:
