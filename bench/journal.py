@@ -307,8 +307,10 @@ def _aggregate(url: str, kind: str, writers: int, per: int) -> float:
     return float(sum(s[2] for s in spans) / (end - start))
 
 
-def bench_writers(url: str, writers: int, per: int) -> dict[str, float]:
-    """Chained and raw, 1 writer and ``writers`` writers, on one journal's backend."""
+def bench_writers(url: str, writers: int, per: int, rounds: int) -> dict[str, float]:
+    """Chained and raw, 1 writer and ``writers`` writers, on one journal's backend: the
+    median of ``rounds`` rounds, the four runs of a round back to back (so a slow spell
+    of a shared machine hits 1 and ``writers`` writers alike)."""
     Journal.create(url).close()
     if url.startswith("sqlite"):
         raw = sqlite3.connect(url.removeprefix("sqlite:///") + ".raw", isolation_level=None)
@@ -321,12 +323,16 @@ def bench_writers(url: str, writers: int, per: int) -> dict[str, float]:
             raw_pg.execute(_RAW_TABLE.format("originator_id uuid", "bytea"))
         raw_url = url
     total = writers * per
-    return {
-        "chained 1": _aggregate(url, "chained", 1, total),
-        f"chained {writers}": _aggregate(url, "chained", writers, per),
-        "raw 1": _aggregate(raw_url, "raw", 1, total),
-        f"raw {writers}": _aggregate(raw_url, "raw", writers, per),
-    }
+    runs = [
+        {
+            "chained 1": _aggregate(url, "chained", 1, total),
+            f"chained {writers}": _aggregate(url, "chained", writers, per),
+            "raw 1": _aggregate(raw_url, "raw", 1, total),
+            f"raw {writers}": _aggregate(raw_url, "raw", writers, per),
+        }
+        for _ in range(rounds)
+    ]
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 def _report_writers(backend: str, r: dict[str, float], writers: int, failures: list[str]) -> None:
@@ -334,7 +340,7 @@ def _report_writers(backend: str, r: dict[str, float], writers: int, failures: l
     ratio = many / one
     ok = ratio >= 1.0
     print(
-        f"\n{backend}: single-event commits, entries/s (start-up excluded)\n"
+        f"\n{backend}: single-event commits, entries/s (start-up excluded; median of rounds)\n"
         f"  chained  1 writer {one:>9,.0f}   {writers} writers {many:>9,.0f}   "
         f"{writers}/1 = {ratio:.2f} (target >= 1.00) {'PASS' if ok else 'FAIL'}\n"
         f"  raw      1 writer {r['raw 1']:>9,.0f}   {writers} writers "
@@ -375,10 +381,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="charter-bench-") as d:
         tmp = Path(d)
         n, per = args.writers, args.per_writer
-        _report_writers("SQLite", bench_writers(f"sqlite:///{tmp / 'w.db'}", n, per), n, failures)
+        sqlite_rates = bench_writers(f"sqlite:///{tmp / 'w.db'}", n, per, args.rounds)
+        _report_writers("SQLite", sqlite_rates, n, failures)
         if not args.skip_pg:
             with scratch_database(args.pg) as url:
-                _report_writers("PostgreSQL", bench_writers(url, n, per), n, failures)
+                pg_rates = bench_writers(url, n, per, args.rounds)
+                _report_writers("PostgreSQL", pg_rates, n, failures)
         if args.writers_only:
             for f in failures:
                 print(f"MISSED: {f}", file=sys.stderr)

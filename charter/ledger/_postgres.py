@@ -187,6 +187,10 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         # The head this recorder committed last; only a hint, checked by the database
         # under the table lock on every use.
         self._head_hint: Head | None = None
+        # Whether other writers are appending too (the hint was found stale lately):
+        # then the guarded insert would mostly miss and cost two more round trips under
+        # the lock, so the head is read with the lock instead (one round trip).
+        self._contended = False
         self._select_version = SQL(
             "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
             "WHERE originator_id = %s"
@@ -299,11 +303,13 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         self._lock_table(curs)
         self._notify_channel(curs)
         check_guards(guards, lambda originator: self._stream_version(curs, originator))
-        if hint is not None and deadline_ms is None and not guards:
+        if hint is not None and deadline_ms is None and not guards and not self._contended:
             stamped, stamp = stamp_batch(stored_events, hint.stamp, None)
             self._insert_after(curs, hint, stamped, stamp, guarded=True)
             return
         head = self._read_head(curs)
+        if hint is not None:  # alone again once the head is the one this writer left
+            self._contended = head.hash != hint.hash
         stamped, stamp = stamp_batch(stored_events, head.stamp, deadline_ms)
         self._insert_after(curs, head, stamped, stamp)
 
@@ -361,6 +367,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         if len(inserted) != len(stored_events):
             # The hint was stale (another writer appended): still under the lock, chain
             # onto the real head and stamp again, in the same transaction.
+            self._contended = True
             head = self._read_head(curs)
             stamped, stamp = stamp_batch(stored_events, head.stamp, None)
             self._insert_after(curs, head, stamped, stamp)

@@ -40,6 +40,7 @@ from charter.ledger._rows import (
     stamp_batch,
     stamp_of,
 )
+from charter.ledger._turn import WriterTurn
 
 __all__ = [
     "ChainedSQLiteApplicationRecorder",
@@ -92,6 +93,7 @@ _INSERT = (
     f"INSERT INTO {TABLE} (rowid, originator_id, originator_version, topic, state, "
     "prev_hash, chain_hash) VALUES (?,?,?,?,?,?,?)"
 )
+_IS_ENTRY = f"SELECT 1 FROM {TABLE} WHERE rowid = ? AND chain_hash = ?"
 _HEAD = f"SELECT rowid, chain_hash, substr(state, 1, 40) FROM {TABLE} ORDER BY rowid DESC LIMIT 1"
 
 _Params = tuple[int, str, int, str, bytes, bytes, bytes]
@@ -139,27 +141,29 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     def construct_create_table_statements(self) -> list[str]:
         return [_CREATE_EVENTS, *_APPEND_ONLY]
 
-    # (position, hash) of the last entry this recorder committed. Only a hint: the next
-    # commit inserts its first entry right after it, and if another writer has appended
-    # since, that insert conflicts on the rowid key and the unique prev_hash, and the
-    # commit chains onto the head read under the write lock instead. It is set only
-    # after a commit succeeds, so it is never ahead of the journal (entries cannot be
-    # deleted). This saves reading the head on every commit of a lone writer.
-    _head_hint: Head | None = None
+    _turn: WriterTurn | None = None
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
+        """Take the writers' turn (see ``_turn``: a kernel queue, so the next writer
+        starts as soon as the last one commits, instead of sleeping in SQLite's busy
+        handler), then chain onto the head hint the last writer left, under
+        ``BEGIN IMMEDIATE``; leave the new head as the hint after the commit."""
         set_last_commit(None)
-        hint, self._head_hint = self._head_hint, None
+        if self._turn is None:
+            self._turn = WriterTurn(Path(self.datastore.pool.db_name))
+        timeout = float(self.datastore.pool.lock_timeout or 5)
         conn: SQLiteConnection
-        with (
-            self.datastore.get_connection(commit=True) as conn,
-            _ImmediateTransaction(conn, commit=True) as c,
-            c,
-        ):
-            positions = self._insert_events(c, stored_events, hint=hint, **kwargs)
-        commit = last_commit()
-        if commit is not None and commit.positions:
-            self._head_hint = Head(commit.positions[-1], commit.hashes[-1], commit.stamp)
+        with self._turn.held(timeout):
+            hint = self._turn.hint()  # written only after a commit: never ahead
+            with (
+                self.datastore.get_connection(commit=True) as conn,
+                _ImmediateTransaction(conn, commit=True) as c,
+                c,
+            ):
+                positions = self._insert_events(c, stored_events, hint=hint, **kwargs)
+            commit = last_commit()
+            if commit is not None and commit.positions:
+                self._turn.set_hint(Head(commit.positions[-1], commit.hashes[-1], commit.stamp))
         return positions
 
     def _insert_events(
@@ -173,6 +177,12 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         # Everything below runs under the write lock (BEGIN IMMEDIATE has taken it).
         check_guards(kwargs.get("guards") or (), self._stream_version(c))
         deadline = kwargs.get("deadline_ms")
+        if hint is not None and stored_events:
+            # The hint comes from a file: use it only if it names a real entry, so the
+            # insert right after it conflicts unless that entry is the head.
+            c.execute(_IS_ENTRY, (hint.position, hint.hash))
+            if c.fetchone() is None:
+                hint = None
         if hint is not None and stored_events:
             stamped, stamp = stamp_batch(stored_events, hint.stamp, deadline)
             params = self._chain(hint, stamped)
@@ -336,7 +346,7 @@ class SQLiteJournalStore:
     def remove(self) -> None:
         """Delete the journal file and its WAL files (only a file this process has just
         created, in a creation that failed)."""
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", "-writer"):
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
 
     #: converts the stored originator column to its 16 raw bytes
