@@ -9,28 +9,34 @@ append raises :class:`~charter.ledger.errors.AppendFailedError` and leaves nothi
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, PersistenceError, ProcessRecorder, Tracking
 
 from charter.core.errors import BadInputError, StateError, UnavailableError
 from charter.core.events import Event
-from charter.ledger import _postgres, _sqlite
+from charter.ledger import _pgstore, _sqlite
 from charter.ledger._app import (
     Envelope,
     JournalApplication,
     batch_marker,
     decode_entry,
-    decode_state,
-    encode_state,
     now,
     stream_uuid,
 )
 from charter.ledger._location import Location, resolve_location
+from charter.ledger._records import (
+    Committed,
+    Entry,
+    JournalCreated,
+    as_committed,
+    outcome_unknown,
+    rows_if_mine,
+    settle,
+)
 from charter.ledger._rows import (
     ChainRow,
     CommitOutcomeAmbiguousError,
@@ -39,7 +45,6 @@ from charter.ledger._rows import (
     PinnedStreamMovedError,
     WriteLockTimeoutError,
     last_commit,
-    payload_bytes,
 )
 from charter.ledger.errors import (
     AlreadyTrackedError,
@@ -47,7 +52,6 @@ from charter.ledger.errors import (
     AppendFailedError,
     BatchCommittedError,
     DeadlinePassedError,
-    OutcomeUnknownError,
     UnknownSchemeError,
     WriterStalledError,
 )
@@ -71,55 +75,7 @@ _MAX_RETRIES = 8
 SETTLE_WAIT_S = 15.0
 
 
-class JournalCreated(Event):
-    """The first entry ``charter init`` writes: which key signs this journal's heads."""
-
-    type_name = "JournalCreated"
-    journal_key: str
-    created_at: str
-
-
-class Committed(NamedTuple):
-    """One committed entry: where it landed, its chain hash, and its recorded time."""
-
-    position: int
-    hash: bytes
-    event: Event
-    recorded_at: datetime
-    batch: str = ""  # the id of the append that wrote it (Journal.append's ``batch``)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One journal entry as read back: stored bytes decoded, chain columns as stored."""
-
-    position: int
-    topic: str
-    event: Event
-    recorded_at: datetime
-    stream: UUID
-    stream_version: int
-    hash: bytes
-    prev_hash: bytes
-    batch: str | None = None  # the append that wrote it (None: written before batch ids)
-
-    @property
-    def type_name(self) -> str:
-        return type(self.event).type_name
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "position": self.position,
-            "type": self.type_name,
-            "hash": self.hash.hex(),
-            "prev_hash": self.prev_hash.hex(),
-            "recorded_at": self.recorded_at.isoformat(),
-            "batch": self.batch,
-            "payload": self.event.payload(),
-        }
-
-
-Store = _sqlite.SQLiteJournalStore | _postgres.PostgresJournalStore
+Store = _sqlite.SQLiteJournalStore | _pgstore.PostgresJournalStore
 
 
 def _store_for(location: Location) -> Store:
@@ -127,7 +83,7 @@ def _store_for(location: Location) -> Store:
         if location.path is None:  # constructed only by resolve_location
             raise BadInputError("SQLite location without a path")
         return _sqlite.SQLiteJournalStore(location.path)
-    return _postgres.PostgresJournalStore(dict(location.conninfo or {}))
+    return _pgstore.PostgresJournalStore(dict(location.conninfo or {}))
 
 
 _STALE_DECISION = (
@@ -238,7 +194,7 @@ class Journal:
                 f"{location.display} already holds {what}; refusing to initialise it again "
                 "(choose another --db or CHARTER_HOME)"
             )
-        if isinstance(store, _postgres.PostgresJournalStore) and _holds_journal(store):
+        if isinstance(store, _pgstore.PostgresJournalStore) and _holds_journal(store):
             raise StateError(
                 f"{location.display} already holds a Charter journal; refusing to "
                 "initialise it again"
@@ -401,7 +357,7 @@ class Journal:
                     f"journal append failed, nothing written: {e}; retry once that writer is gone"
                 ) from e
             except CommitOutcomeAmbiguousError as e:
-                settled = self._settle(e, envelopes, batch_id)
+                settled = settle(self._store, e, envelopes, self.settle_wait_s, self.location)
                 if settled is None:
                     continue  # definitely not committed (its session has ended): retry
                 return settled
@@ -409,7 +365,7 @@ class Journal:
                 try:
                     landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
                 except UnavailableError as lost:
-                    raise self._unknown(batch_id, lost) from lost
+                    raise outcome_unknown(self.location, batch_id, lost) from lost
                 if landed is None:
                     continue  # lost a race on an unpinned stream: re-version and retry
                 return landed
@@ -429,50 +385,6 @@ class Journal:
         raise AppendConflictError(
             f"journal append lost {_MAX_RETRIES} races in a row for the same streams; retry"
         )
-
-    def _settle(
-        self, error: CommitOutcomeAmbiguousError, envelopes: Sequence[Envelope], batch_id: str
-    ) -> tuple[Committed, ...] | None:
-        """The connection broke while this batch committed: re-read on a fresh
-        connection, once the old session has ended. The committed entries if it landed,
-        None if it definitely did not, OutcomeUnknownError if that cannot be known."""
-        settle = getattr(self._store, "settle", None)
-        if settle is None:
-            raise self._unknown(batch_id, error) from error
-        keys = [(env.originator_id.bytes, env.originator_version) for env in envelopes]
-        rows = settle(error.backend_pid, keys, self.settle_wait_s)
-        if rows is None:
-            raise self._unknown(batch_id, error) from error
-        mine = [
-            row is not None and payload_bytes(row.state) == payload_bytes(encode_state(env))
-            for row, env in zip(rows, envelopes, strict=True)
-        ]
-        if all(mine):
-            return self._as_committed(rows, envelopes, batch_id)
-        if any(mine):  # one transaction: all of it or none, so this is a broken promise
-            raise AppendFailedError("a batch was found only partly committed; run verify")
-        return None
-
-    def _unknown(self, batch_id: str, cause: BaseException) -> OutcomeUnknownError:
-        return OutcomeUnknownError(
-            f"the connection to {self.location.display} was lost while batch {batch_id} "
-            f"was committing, and whether it committed could not be settled ({cause}). "
-            f"Look it up with `charter journal show --batch {batch_id}` before acting, or "
-            "retry with the same batch id (it is never written twice)",
-            batch=batch_id,
-        )
-
-    @staticmethod
-    def _as_committed(
-        rows: Sequence[ChainRow | None], envelopes: Sequence[Envelope], batch_id: str
-    ) -> tuple[Committed, ...]:
-        out = []
-        for r, env in zip(rows, envelopes, strict=True):
-            if r is None:
-                raise AppendFailedError("a settled batch is missing an entry; run verify")
-            at = decode_state(r.topic, r.state)[0]
-            out.append(Committed(r.position, r.chain_hash, env.event, at, batch_id))
-        return tuple(out)
 
     def _committed_batch(self, batch_id: str) -> tuple[Committed, ...]:
         """The entries an earlier append with this batch id committed (empty if none)."""
@@ -530,7 +442,7 @@ class Journal:
         """
         landed = self._landed(envelopes)
         if landed is not None:
-            return self._as_committed(landed, envelopes, envelopes[0].batch or "")
+            return as_committed(landed, envelopes)
         if tracking is not None and self.tracked_position(tracking[0]) >= tracking[1]:
             raise AlreadyTrackedError(
                 f"{tracking[0]} has already recorded position {tracking[1]}"
@@ -555,14 +467,8 @@ class Journal:
 
     def _landed(self, envelopes: Sequence[Envelope]) -> list[ChainRow] | None:
         """After an integrity error, re-read: did this exact batch commit (lost ack)?"""
-        rows = []
-        for env in envelopes:
-            row = self._store.find(env.originator_id.bytes, env.originator_version)
-            # The commit time was stamped under the lock: compare what this writer encoded.
-            if row is None or payload_bytes(row.state) != payload_bytes(encode_state(env)):
-                return None
-            rows.append(row)
-        return rows
+        rows = [self._store.find(e.originator_id.bytes, e.originator_version) for e in envelopes]
+        return rows_if_mine(rows, envelopes)
 
     # -- reading -------------------------------------------------------------------
 
