@@ -314,13 +314,16 @@ class SQLiteJournalStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not (reuse_empty and self.path.exists()):
-                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                try:
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    raise StateError(
+                        f"{self.path} was created by someone else meanwhile; refusing to "
+                        "initialise it"
+                    ) from None
+                os.close(fd)
                 created = True
             conn = self._connect(readonly=False)
-        except FileExistsError:
-            raise StateError(
-                f"{self.path} was created by someone else meanwhile; refusing to initialise it"
-            ) from None
         except OSError as e:
             raise UnavailableError(f"cannot create SQLite journal {self.path}: {e}") from e
         try:

@@ -94,3 +94,13 @@ def test_a_row_at_a_negative_position_is_caught_by_verify(journal_url: str, tmp_
     assert report["first_bad_position"] == -1
     shown = charter("--db", journal_url, "--json", "journal", "show", "--to", "1", home=home)
     assert "Traceback" not in shown.stderr
+
+
+def test_the_projections_read_the_versions_the_event_classes_write() -> None:
+    import charter.catalogue  # noqa: F401 - every event type registered
+    from charter.core.events import event_types
+    from charter.projections._fold import _HANDLED_VERSION, _HANDLERS
+
+    types = event_types()
+    for name in _HANDLERS:
+        assert str(types[name].schema_version) == _HANDLED_VERSION, name
