@@ -5,6 +5,7 @@ never a plain failure; a retried spawn of the same request does not mint twice."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -15,7 +16,7 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, GrantMinted, SpawnIntent, Verdict
 from charter.control import Ceiling
 from charter.core import Budget, KeyStore
-from charter.ledger import BatchCommittedError, Journal, OutcomeUnknownError
+from charter.ledger import BatchCommittedError, Journal, JournalCreated, OutcomeUnknownError
 from tests.invariants import check_history, journal_history
 from tests.journal._proxy import CommitCuttingProxy
 from tests.journal._support import Ping
@@ -122,3 +123,27 @@ def test_a_retried_spawn_after_outcome_unknown_does_not_mint_twice(
         findings = check_history(journal_history(charter.journal))
         assert findings.problems == []
         assert findings.checked > 0
+
+
+def test_journal_show_batch_lists_only_that_append(tmp_path: Path) -> None:
+    from tests.journal.test_cli import charter
+
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    Journal.create(url).close()
+    with Journal.open(url) as journal:  # an event type the CLI knows
+
+        def fact(n: int) -> JournalCreated:
+            return JournalCreated(journal_key=f"k{n}", created_at="2026-11-30")
+
+        journal.append([fact(0)])
+        mine = journal.append([fact(1), fact(2)], batch="abc123")
+        journal.append([fact(3)])
+    home = tmp_path / "home"
+    shown = charter("--db", url, "--json", "journal", "show", "--batch", "abc123", home=home)
+    assert shown.returncode == 0, shown.stderr
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [line["position"] for line in lines] == [c.position for c in mine]
+    assert {line["batch"] for line in lines} == {"abc123"}
+    none = charter("--db", url, "--json", "journal", "show", "--batch", "nothere", home=home)
+    assert none.returncode == 0
+    assert none.stdout == ""  # that batch did not commit
