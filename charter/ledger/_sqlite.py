@@ -332,6 +332,9 @@ class SQLiteJournalStore:
                 raise StateError(f"{self.path} is not empty; refusing to initialise it")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN IMMEDIATE")
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                conn.execute("ROLLBACK")  # another init got there first: not ours to undo
+                raise StateError(f"{self.path} was initialised by someone else meanwhile")
             for statement in schema_statements():
                 conn.execute(statement)
             conn.executemany(
