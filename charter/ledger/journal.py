@@ -136,6 +136,7 @@ class Journal:
             raise StateError(f"journal recorder {type(recorder).__name__} cannot track positions")
         self._recorder: ProcessRecorder = recorder
         self.settle_wait_s = SETTLE_WAIT_S
+        self._closed = False
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -224,8 +225,13 @@ class Journal:
         return cls(location, store, meta, env)
 
     def close(self) -> None:
+        self._closed = True
         self._app.close()
         self._store.close()
+
+    def _open_for_writing(self) -> None:
+        if self._closed:  # its connection pool is gone; the library's error is not ours
+            raise StateError(f"journal {self.location.display} was closed; open it again")
 
     def __enter__(self) -> Journal:
         return self
@@ -247,6 +253,7 @@ class Journal:
 
     def tracked_position(self, follower: str) -> int:
         """The last journal position ``follower`` recorded (0 if none)."""
+        self._open_for_writing()
         try:
             return int(self._recorder.max_tracking_id(follower) or 0)
         except PersistenceError as e:
@@ -265,6 +272,7 @@ class Journal:
         return self._version(stream_uuid(stream))
 
     def _version(self, originator: UUID) -> int:
+        self._open_for_writing()
         try:
             last = self._recorder.select_events(originator, desc=True, limit=1)
         except PersistenceError as e:
@@ -323,6 +331,7 @@ class Journal:
         :class:`AlreadyTrackedError`). Any other failure raises :class:`AppendFailedError`.
         """
         events_ = _checked(events)
+        self._open_for_writing()
         batch_id = batch or uuid4().hex
         earlier = self._committed_batch(batch) if batch is not None else ()
         if earlier:

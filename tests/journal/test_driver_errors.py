@@ -122,3 +122,18 @@ def test_sqlite_file_replaced_by_garbage_is_a_contract_error(tmp_path: Path) -> 
             list(journal.entries())
     with pytest.raises(StateError, match="not a Charter journal"):
         Journal.open(url)
+
+
+def test_a_closed_journal_is_a_state_error_on_both_backends(journal_url: str) -> None:
+    Journal.create(journal_url).close()
+    journal = Journal.open(journal_url)
+    journal.append([Ping(writer="w", batch=0, n=0)])  # positive control
+    journal.close()
+    # The library's ConnectionPoolClosedError (SQLite) or a pool error (PostgreSQL)
+    # would leak here otherwise.
+    with pytest.raises(StateError, match="closed"):
+        journal.append([Ping(writer="w", batch=1, n=0)])
+    with pytest.raises(StateError, match="closed"):
+        journal.stream_version("counter:x")
+    with pytest.raises(StateError, match="closed"):
+        journal.tracked_position("follower")
