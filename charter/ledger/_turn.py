@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from eventsourcing.persistence import OperationalError
+
 from charter.ledger._rows import Head, WriteLockTimeoutError
 
 __all__ = ["WriterTurn"]
@@ -46,7 +48,12 @@ class WriterTurn:
         # A forked child must not share its parent's open file description: flock
         # belongs to that description, so parent and child would hold the turn as one.
         if self._fd is None or self._pid != os.getpid():
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:  # whoever may write the journal may take the turn: its mode, via umask
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            except OSError as e:
+                raise OperationalError(
+                    f"cannot open the writers' turn file {self.path}: {e}"
+                ) from e
             self._pid = os.getpid()
         return self._fd
 
