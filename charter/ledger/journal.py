@@ -18,7 +18,6 @@ from eventsourcing.persistence import IntegrityError, PersistenceError, ProcessR
 
 from charter.core.errors import BadInputError, StateError, UnavailableError
 from charter.core.events import Event
-from charter.ledger import _pgstore, _sqlite
 from charter.ledger._app import (
     Envelope,
     JournalApplication,
@@ -46,6 +45,7 @@ from charter.ledger._rows import (
     WriteLockTimeoutError,
     last_commit,
 )
+from charter.ledger._stores import Store, refuse_existing, store_for
 from charter.ledger.errors import (
     AlreadyTrackedError,
     AppendConflictError,
@@ -75,30 +75,10 @@ _MAX_RETRIES = 8
 SETTLE_WAIT_S = 15.0
 
 
-Store = _sqlite.SQLiteJournalStore | _pgstore.PostgresJournalStore
-
-
-def _store_for(location: Location) -> Store:
-    if location.kind == "sqlite":
-        if location.path is None:  # constructed only by resolve_location
-            raise BadInputError("SQLite location without a path")
-        return _sqlite.SQLiteJournalStore(location.path)
-    return _pgstore.PostgresJournalStore(dict(location.conninfo or {}))
-
-
 _STALE_DECISION = (
     "another writer appended to a stream this decision was based on; re-read the state "
     "and decide again"
 )
-
-
-def _holds_journal(store: Store) -> bool:
-    """Whether ``store`` has a Charter journal's metadata (what ``init`` writes)."""
-    try:
-        store.read_meta()
-    except StateError:
-        return False
-    return True
 
 
 def _checked(events: Iterable[Event]) -> tuple[Event, ...]:
@@ -153,7 +133,7 @@ class Journal:
         call did not create.
         """
         location = resolve_location(url)
-        store = _store_for(location)
+        store = store_for(location)
         if resume:
             try:
                 existing = store.read_meta()
@@ -168,7 +148,7 @@ class Journal:
                     )
                 return cls(location, store, existing)
         else:
-            cls._refuse_existing(location, store)
+            refuse_existing(location, store)
         meta = JournalMeta(created_at=datetime.now(UTC).isoformat(), journal_key=journal_key)
         try:
             store.create_schema(meta, reuse_empty=resume)
@@ -181,32 +161,18 @@ class Journal:
     def refuse_existing(url: str | Location | None = None) -> None:
         """Raise StateError if ``url`` already holds a journal (or any other file)."""
         location = resolve_location(url)
-        store = _store_for(location)
+        store = store_for(location)
         try:
-            Journal._refuse_existing(location, store)
+            refuse_existing(location, store)
         finally:
             store.close()
-
-    @staticmethod
-    def _refuse_existing(location: Location, store: Store) -> None:
-        if isinstance(store, _sqlite.SQLiteJournalStore) and store.exists():
-            what = "a Charter journal" if _holds_journal(store) else "a file that is not a journal"
-            raise StateError(
-                f"{location.display} already holds {what}; refusing to initialise it again "
-                "(choose another --db or CHARTER_HOME)"
-            )
-        if isinstance(store, _pgstore.PostgresJournalStore) and _holds_journal(store):
-            raise StateError(
-                f"{location.display} already holds a Charter journal; refusing to "
-                "initialise it again"
-            )
 
     @staticmethod
     def open_chain(url: str | Location | None = None) -> Store:
         """Only the raw rows of an existing journal (what verification reads), without
         the eventsourcing application: cheap enough to open once per worker process."""
         location = resolve_location(url)
-        store = _store_for(location)
+        store = store_for(location)
         store.read_meta()
         return store
 
@@ -220,7 +186,7 @@ class Journal:
         the chained recorders this way); the chained recorders refuse unsafe settings.
         """
         location = resolve_location(url)
-        store = _store_for(location)
+        store = store_for(location)
         meta = store.read_meta()
         return cls(location, store, meta, env)
 
@@ -371,10 +337,7 @@ class Journal:
                     continue  # definitely not committed (its session has ended): retry
                 return settled
             except IntegrityError as e:
-                try:
-                    landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
-                except UnavailableError as lost:
-                    raise outcome_unknown(self.location, batch_id, lost) from lost
+                landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
                 if landed is None:
                     continue  # lost a race on an unpinned stream: re-version and retry
                 return landed
@@ -449,6 +412,20 @@ class Journal:
         whose acknowledgement was lost), None if the caller should retry, and raises
         for everything else.
         """
+        try:
+            return self._integrity_error_meant(error, envelopes, pinned, tracking)
+        except AppendFailedError:
+            raise  # settled: refused by the database, nothing written
+        except UnavailableError as lost:  # the re-read itself failed: cannot be known
+            raise outcome_unknown(self.location, envelopes[0].batch or "", lost) from lost
+
+    def _integrity_error_meant(
+        self,
+        error: IntegrityError,
+        envelopes: Sequence[Envelope],
+        pinned: Mapping[str, int],
+        tracking: tuple[str, int] | None,
+    ) -> tuple[Committed, ...] | None:
         landed = self._landed(envelopes)
         if landed is not None:
             return as_committed(landed, envelopes)
