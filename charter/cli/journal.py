@@ -164,6 +164,7 @@ def _names_lineage(value: object, lineage: str) -> bool:
 @click.option("--to", "stop", type=AsciiIntRange(min=1), help="Last position.")
 @click.option("--type", "types", multiple=True, metavar="NAME", help="Only this event type.")
 @click.option("--lineage", metavar="L", help="Only events about this lineage or below it.")
+@click.option("--batch", metavar="ID", help="Only the entries one append wrote (its batch id).")
 @click.option("--limit", type=AsciiIntRange(min=1), help="At most this many entries.")
 @click.option("--full", is_flag=True, help="Whole payloads (nested JSON decoded), not shortened.")
 @click.pass_obj
@@ -173,6 +174,7 @@ def show(
     stop: int | None,
     types: tuple[str, ...],
     lineage: str | None,
+    batch: str | None,
     limit: int | None,
     full: bool,
 ) -> None:
@@ -180,7 +182,8 @@ def show(
     JSON lines of the stored payloads."""
     shown = 0
     with ctx.open_journal() as j:
-        for entry in j.entries(start, stop, types):
+        entries = j.batch_entries(batch) if batch else j.entries(start, stop, types)
+        for entry in entries:
             if limit is not None and shown >= limit:
                 break
             if lineage and not _names_lineage(entry.event.payload(), lineage):

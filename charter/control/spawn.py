@@ -228,11 +228,17 @@ class SpawnService:
 
     # -- the pipeline ----------------------------------------------------------------
 
-    def spawn(self, caller: Caller, intent: SpawnIntent) -> SpawnResult:
+    def spawn(
+        self, caller: Caller, intent: SpawnIntent, *, request_id: str | None = None
+    ) -> SpawnResult:
         """One fan-out through every stage, appended once; raises the named refusal
         (journaled) when refused, and AppendFailedError (nothing handed out) when the
-        journal does not commit."""
-        fanout_id = uuid.uuid4().hex
+        journal does not commit.
+
+        ``request_id`` (1-64 letters or digits) makes a retry safe: it is the fan-out id
+        and the append's batch id, so a retry after OutcomeUnknownError whose first try
+        did commit raises BatchCommittedError instead of minting a second fan-out."""
+        fanout_id = request_id or uuid.uuid4().hex
         claimed = caller.claimed
         gate = _AskedOnce(self.policy)  # a retry carries the first verdict, never re-asks
         decision: FanoutDecision | None = None
@@ -240,6 +246,8 @@ class SpawnService:
         # above changes what the parent may spend, so the append is pinned to them all.
         chain = _chain_streams(claimed)
         for _ in range(_CONFLICT_RETRIES):
+            if request_id is not None:  # every try: an earlier one may have landed since
+                self.journal.require_new_batch(fanout_id)
             now = self.clock()
             # Versions first, then the views: everything the versions cover is folded.
             versions = {stream: self.journal.stream_version(stream) for stream in chain}
@@ -262,7 +270,7 @@ class SpawnService:
                 deadline = self._deadline(state)
             try:
                 committed = self.journal.append(
-                    decision.events, expect=decision.expect, deadline_ms=deadline
+                    decision.events, expect=decision.expect, deadline_ms=deadline, batch=fanout_id
                 )
             except (AppendConflictError, DeadlinePassedError):
                 # A stream this decision read moved, or the parent's lease (or an
