@@ -194,8 +194,9 @@ EXPECTED: dict[str, tuple[type[Exception], str]] = {
         (
             "egress destination "
             "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxé': "
-            "write an exact host (api.example.com) or a pattern for its subdomains "
-            "(*.example.com), optionally with a port (api.example.com:8443): "
+            "write an exact host (api.example.com), a pattern for its subdomains "
+            "(*.example.com), an address or range (10.0.0.7, 10.0.0.0/8, [::1], "
+            "[fd00::/8]), optionally with a port (api.example.com:8443, [::1]:8443): "
             "lower-case letters, digits and '-' in dot-separated labels; no scheme, "
             "path or bare '*'"
         ),
