@@ -74,12 +74,14 @@ from charter.sandbox import (
     SandboxStarted,
     Slot,
     WarmPool,
+    default_state_dir,
 )
 from charter.sandbox.launcher import leased_event
 
 __all__ = ["Cell", "kill_uid"]
 
 _RETRIES = 16
+_STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
 Outcome = Literal["exited", "killed", "failed"]
 
 
@@ -112,8 +114,8 @@ class Cell:
         keys: KeyStore,
         *,
         cell: str,
-        template: Path,
         budget: Budget,
+        template: Path | None = None,
         state_dir: Path | None = None,
         host_load: HostLoad = host_cap_inputs,
         key_broker: KeyBroker | None = None,
@@ -145,6 +147,7 @@ class Cell:
 
     def open(self) -> CellStarted:
         """Journal this incarnation, recover from the last one, build the pool."""
+        template = self.template or self._own_template()
         with self._lock:
             self.view.refresh(self.journal)
             self.resources.refresh(self.journal)
@@ -165,7 +168,7 @@ class Cell:
         # A waiting coordinator keeps its sandbox while it holds a coordination slot
         # instead of a processing one: the pool holds room for both.
         self.pool = WarmPool(
-            self.template,
+            template,
             self.budget,
             max(1, capacity),
             keys=self.key_broker,
@@ -173,6 +176,19 @@ class Cell:
             name=self.cell,
         )
         return started
+
+    def _own_template(self) -> Path:
+        """The workspace every worker starts from: empty but for the door's client
+        (``/workspace/charter_door.py``), read-only under each worker's overlay."""
+        base = self.state_dir or default_state_dir()
+        path = base / f"cell-{self.cell}-template"
+        path.mkdir(parents=True, exist_ok=True)
+        base.chmod(0o755)
+        path.chmod(0o755)
+        client = path / "charter_door.py"
+        client.write_bytes(Path(__file__).with_name("client.py").read_bytes())
+        client.chmod(0o644)
+        return path
 
     def close(self) -> None:
         """Kill every live worker of this cell (journaled first), then stop."""
@@ -331,7 +347,10 @@ class Cell:
         outcome_kind: Outcome = "killed" if record.killed is not None else "exited"
         # Its children die with its interest in them (each kill journaled first).
         self._kill_descendants(w.lineage, f"parent {w.lineage} ended")
-        self._end(record, outcome_kind, outcome.exit_code, record.killed or "", discard=False)
+        reason = record.killed or ""
+        if not reason and outcome.exit_code != 0 and outcome.stderr:
+            reason = "stderr: " + outcome.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
+        self._end(record, outcome_kind, outcome.exit_code, reason, discard=False)
         self._destroy(w.lineage)
         with self._lock:
             self.journal.append([SandboxDiscarded(sandbox_id=slot.sandbox_id)])
@@ -460,6 +479,11 @@ class Cell:
             self._end(w, "killed", None, reason, discard=False)  # never started
 
     # -- the workers' requests (the door calls these) ---------------------------------
+
+    def knows_uid(self, host_uid: int) -> bool:
+        """Whether ``host_uid`` is the sandbox of a live worker of this cell (called on
+        the door's accepting thread: it must not block)."""
+        return host_uid in self._by_uid
 
     def lineage_of(self, host_uid: int) -> str:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,9 +14,10 @@ from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import SpawnResult, WorkerSpec
 from charter.core import Budget
 from charter.runner.cell import Cell
+from charter.runner.door import Door
 from tests.runner.conftest import SLOT_BUDGET, steady
 
-COST = Budget.parse("tokens=10k,wall=10m,cpu=10m,mem=1GiB,egress=0MB")
+COST = Budget.parse("tokens=200k,wall=10m,cpu=10m,mem=1GiB,egress=0MB")
 
 
 def fan_out(charter: Charter, width: int, *workers: WorkerSpec, **grant: object) -> SpawnResult:
@@ -27,8 +29,11 @@ def fan_out(charter: Charter, width: int, *workers: WorkerSpec, **grant: object)
     )
 
 
-def make_cell(charter: Charter, template: Path, state_dir: Path) -> Cell:
-    return Cell(
+def make_cell(
+    charter: Charter, template: Path | None, state_dir: Path, *, door: bool = False
+) -> Cell:
+    broker = Door(state_dir / f"door-{uuid.uuid4().hex[:8]}.sock") if door else None
+    cell = Cell(
         charter.journal,
         charter.keys,
         cell=charter.settings.cell,
@@ -36,7 +41,11 @@ def make_cell(charter: Charter, template: Path, state_dir: Path) -> Cell:
         budget=SLOT_BUDGET,
         state_dir=state_dir,
         host_load=steady,
+        key_broker=broker,
     )
+    if broker is not None:
+        broker.cell = cell
+    return cell
 
 
 @contextmanager
