@@ -36,7 +36,7 @@ from typing import Literal
 from nacl.signing import SigningKey
 
 from charter.authority import SpawnIntent, derive_child_seed
-from charter.budgets import ResourceClass, SlotAdmitted
+from charter.budgets import ResourceClass, SlotAdmitted, SlotReleased
 from charter.control import (
     BudgetService,
     Caller,
@@ -87,7 +87,19 @@ Outcome = Literal["exited", "killed", "failed"]
 
 def kill_uid(uid: int) -> int:
     """SIGKILL every process on the host running as ``uid`` (a sandbox's unique host
-    uid); return how many were signalled."""
+    uid), again until none is left (a fork in between is caught by the next pass);
+    return how many were signalled."""
+    total = 0
+    for _ in range(100):
+        killed = _kill_pass(uid)
+        total += killed
+        if killed == 0:
+            return total
+        time.sleep(0.01)
+    return total
+
+
+def _kill_pass(uid: int) -> int:
     killed = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -212,12 +224,16 @@ class Cell:
     def _recover(self) -> None:
         """Fail every worker a previous incarnation started and did not end: kill what
         survives of its sandbox, journal the failure, return its lease and slot."""
+        failed: list[str] = []
         for w in self.view.on_cell(self.cell):
             if w.live and w.sandbox_id is not None:
                 if w.host_uid is not None:
                     kill_uid(w.host_uid)
                 reason = f"driver died: cell {self.cell} restarted (incarnation {self.incarnation})"
                 self._end(w, "failed", None, reason, discard=True)
+                failed.append(w.lineage)
+        for lineage in failed:  # nobody waits for their children any more
+            self._kill_descendants(lineage, f"parent {lineage} failed: its driver died")
 
     # -- following -------------------------------------------------------------------
 
@@ -243,7 +259,7 @@ class Cell:
             if w is None or w.scheduled.cell != self.cell or w.sandbox_id is not None:
                 continue  # not a worker of ours, or one resuming after a wait
             if not w.live:
-                self._release_slot(w.lineage, ResourceClass.PROCESSING, ())
+                self._settle(w.lineage, ())
                 continue
             started += self._start(w, position)
         return started
@@ -390,64 +406,67 @@ class Cell:
             extra.append(SandboxDiscarded(sandbox_id=w.sandbox_id))
         with contextlib.suppress(CharterError):  # already ended (expired, or an ancestor's)
             self.budgets.release(w.lineage)
-        with self._lock:
-            self.resources.refresh(self.journal)
-            state = self.resources.cells.cells().get(self.cell)
-            held = [r for r in ResourceClass if state is not None and w.lineage in state.holders[r]]
-        if not held:
-            with self._lock:
-                self.view.applied(self.journal.append(extra))
-                self._changed.notify_all()
-            return
-        for i, resource in enumerate(held):
-            self._release_slot(w.lineage, resource, tuple(extra) if i == 0 else ())
+        self._settle(w.lineage, tuple(extra))
 
-    def _release_slot(
-        self, lineage: str, resource: ResourceClass, extra: tuple[Event, ...]
-    ) -> None:
-        """Give the slot back and admit the queue's head(s) into the room it leaves, in
-        one append pinned to the cell's stream (never over the cap)."""
+    def _settle(self, lineage: str, extra: tuple[Event, ...]) -> None:
+        """In one append pinned to the cell's stream: ``extra``, every slot ``lineage``
+        holds given back, and the processing queue's head(s) admitted into the room
+        there is (never over the cap)."""
         for _ in range(_RETRIES):
             with self._lock:
                 version = self.journal.stream_version(f"cell:{self.cell}")
                 self.resources.refresh(self.journal)
                 self.view.refresh(self.journal)
                 cells = self.resources.cells
+                state = cells.get(self.cell)
+                held = [r for r in ResourceClass if lineage in state.holders[r]]
                 events: list[Event] = list(extra)
-                events.append(cells.decide_release(self.cell, lineage, resource))
-                events.extend(self._admit_queued(after_release=resource))
+                events.extend(cells.decide_release(self.cell, lineage, r) for r in held)
+                freed = 1 if ResourceClass.PROCESSING in held else 0
+                events.extend(self._admit_queued(freed=freed, dead={lineage}))
+                if not events:
+                    return
                 try:
-                    self.journal.append(events, expect={f"cell:{self.cell}": version})
+                    committed = self.journal.append(events, expect={f"cell:{self.cell}": version})
                 except AppendConflictError:
                     continue
+                self.view.applied(committed)
                 self._changed.notify_all()
                 return
-        raise AppendConflictError(f"releasing {lineage}'s {resource} slot kept racing; retry")
+        raise AppendConflictError(f"settling {lineage}'s slots kept racing; retry")
 
-    def _admit_queued(self, after_release: ResourceClass | None) -> list[Event]:
-        """Admissions of the processing queue's head(s) into the room there is (one slot
-        more when this append releases a processing slot)."""
+    def _admit_queued(
+        self, *, freed: int, dead: frozenset[str] | set[str] = frozenset()
+    ) -> list[Event]:
+        """Admissions of the processing queue's head(s) into the room there is (plus
+        ``freed`` slots this append gives back). A head whose worker already ended
+        (killed while queued) is admitted and released at once, which clears it."""
         state = self.resources.cells.get(self.cell)
         inputs = self.host_load(state.cores, state.failover_reserve)
         cap, used = self.resources.cells.cap(self.cell, ResourceClass.PROCESSING, inputs)
-        occupancy = state.occupancy(ResourceClass.PROCESSING)
-        if after_release is ResourceClass.PROCESSING:
-            occupancy -= 1
+        occupancy = state.occupancy(ResourceClass.PROCESSING) - freed
         events: list[Event] = []
         for lineage in list(state.queued[ResourceClass.PROCESSING]):
             if occupancy >= cap:
                 break
-            occupancy += 1
+            w = self.view.workers.get(lineage)
+            gone = lineage in dead or (w is not None and not w.live)
             events.append(
                 SlotAdmitted(
                     cell=self.cell,
                     lineage=lineage,
                     resource=ResourceClass.PROCESSING,
                     cap=cap,
-                    occupancy=occupancy,
+                    occupancy=occupancy + 1,
                     inputs=used,
                 )
             )
+            if gone:
+                events.append(
+                    SlotReleased(cell=self.cell, lineage=lineage, resource=ResourceClass.PROCESSING)
+                )
+            else:
+                occupancy += 1
         return events
 
     # -- kills -----------------------------------------------------------------------
@@ -570,7 +589,7 @@ class Cell:
                 )
                 events: list[Event] = [waiting, *swap]
                 # The processing slot given back goes to the queue's head at once.
-                events.extend(self._admit_queued(after_release=ResourceClass.PROCESSING))
+                events.extend(self._admit_queued(freed=1))
                 try:
                     self.journal.append(events, expect={f"cell:{self.cell}": version})
                 except AppendConflictError:
