@@ -8,7 +8,7 @@ from pathlib import Path
 from charter.control import WorkerScheduled, WorkerSpec
 from charter.runner.events import WorkerEnded, WorkerResult, WorkerStarted
 from charter.sandbox import SandboxDiscarded, SandboxExited, SandboxLeased, SandboxStarted
-from tests.invariants import check_history, journal_history
+from tests.invariants import check_history, check_settled, check_workers, journal_history
 from tests.runner._support import fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
 
@@ -63,6 +63,8 @@ def test_workers_run_in_sandboxes_after_their_events_commit(
             projector.catch_up()
             slots = projector.slots()
         (cell_report,) = slots.cells
-        found = check_history(journal_history(charter.journal))
-        assert found.problems == []
+        history = journal_history(charter.journal)
+        assert check_history(history).problems == []
+        assert check_workers(history).problems == []
+        assert check_settled(history).problems == []
         assert cell_report is not None

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from charter.runner.events import WorkerEnded, WorkerResult
-from tests.invariants import check_history, journal_history
+from tests.invariants import check_history, check_settled, check_workers, journal_history
 from tests.runner._support import fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
 from tests.runner.programs import COORDINATOR, python
@@ -29,4 +29,7 @@ def test_a_coordinator_fans_out_through_its_door_and_merges(
             e.event.lineage: e.event.text for e in entries if isinstance(e.event, WorkerResult)
         }
         assert json.loads(results[coordinator]) == {"sum": 0 + 1 + 2, "statuses": ["exited"]}
-        assert check_history(journal_history(charter.journal)).problems == []
+        history = journal_history(charter.journal)
+        assert check_history(history).problems == []
+        assert check_workers(history).problems == []
+        assert check_settled(history).problems == []
