@@ -16,7 +16,7 @@ from charter.runner.events import (
     WorkerStarted,
     WorkerWaiting,
 )
-from charter.sandbox import SandboxLeased
+from charter.sandbox import SandboxExited, SandboxLeased
 
 __all__ = ["WorkerRecord", "WorkersView"]
 
@@ -29,6 +29,7 @@ class WorkerRecord:
     position: int
     sandbox_id: str | None = None
     host_uid: int | None = None
+    exit_code: int | None = None  # its sandbox's command ended (SandboxExited)
     waiting: tuple[str, ...] = ()
     killed: str | None = None
     result: WorkerResult | None = None
@@ -55,6 +56,7 @@ class WorkersView(JournalFold):
         WorkerKilled.type_name,
         WorkerEnded.type_name,
         SandboxLeased.type_name,
+        SandboxExited.type_name,
         CellStarted.type_name,
         GrantMinted.type_name,
     )
@@ -63,6 +65,7 @@ class WorkersView(JournalFold):
         super().__init__()
         self.workers: dict[str, WorkerRecord] = {}
         self.uids: dict[str, int] = {}  # sandbox id -> host uid (from its lease)
+        self.running: dict[str, str] = {}  # sandbox id -> the worker it runs
         self.incarnations: dict[str, int] = {}
         self.grants: dict[str, GrantMinted] = {}
 
@@ -83,6 +86,11 @@ class WorkersView(JournalFold):
             case WorkerStarted():
                 w = self.workers[event.lineage]
                 w.sandbox_id, w.host_uid = event.sandbox_id, self.uids.get(event.sandbox_id)
+                self.running[event.sandbox_id] = event.lineage
+            case SandboxExited():
+                lineage = self.running.get(event.sandbox_id)
+                if lineage is not None:
+                    self.workers[lineage].exit_code = event.exit_code
             case WorkerWaiting():
                 self.workers[event.lineage].waiting = event.children
             case WorkerResult():
@@ -98,10 +106,11 @@ class WorkersView(JournalFold):
         return [w for w in self.workers.values() if w.scheduled.cell == cell]
 
     def live_descendants(self, lineage: str) -> list[WorkerRecord]:
-        """Live workers below ``lineage``, deepest first (children die before parents)."""
+        """Live workers below ``lineage``, shallowest first: a waiting parent dies before
+        its children, so it never sees them end and carries on."""
         prefix = lineage + "/"
         found = [w for k, w in self.workers.items() if k.startswith(prefix) and w.live]
-        return sorted(found, key=lambda w: -w.lineage.count("/"))
+        return sorted(found, key=lambda w: w.lineage.count("/"))
 
     def chain(self, lineage: str) -> tuple[SealedGrant, ...]:
         """The sealed grants from the root down to ``lineage``, as journaled."""

@@ -230,7 +230,10 @@ class Cell:
                 if w.host_uid is not None:
                     kill_uid(w.host_uid)
                 reason = f"driver died: cell {self.cell} restarted (incarnation {self.incarnation})"
-                self._end(w, "failed", None, reason, discard=True)
+                if w.exit_code is None:
+                    self._end(w, "failed", None, reason, discard=True)
+                else:  # it had exited; only its teardown was cut short
+                    self._end(w, "exited", w.exit_code, reason, discard=True)
                 failed.append(w.lineage)
         for lineage in failed:  # nobody waits for their children any more
             self._kill_descendants(lineage, f"parent {lineage} failed: its driver died")
@@ -366,11 +369,9 @@ class Cell:
         reason = record.killed or ""
         if not reason and outcome.exit_code != 0 and outcome.stderr:
             reason = "stderr: " + outcome.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
-        self._end(record, outcome_kind, outcome.exit_code, reason, discard=False)
+        # The sandbox is destroyed before its slot is given back: never oversubscribed.
         self._destroy(w.lineage)
-        with self._lock:
-            self.journal.append([SandboxDiscarded(sandbox_id=slot.sandbox_id)])
-            self._changed.notify_all()
+        self._end(record, outcome_kind, outcome.exit_code, reason, discard=True)
 
     def _destroy(self, lineage: str) -> None:
         with self._lock:
@@ -488,8 +489,8 @@ class Cell:
         with self._lock:
             self.view.refresh(self.journal)
             w = self.view.workers.get(lineage)
-            if w is None or not w.live or w.killed is not None:
-                return
+            if w is None or not w.live or w.killed is not None or w.exit_code is not None:
+                return  # gone, being killed, or already exited by itself
             self.view.applied(self.journal.append([WorkerKilled(lineage=lineage, reason=reason)]))
             slot = self._slots.get(lineage)
         if slot is not None:

@@ -139,9 +139,10 @@ def _parse(line: bytes) -> tuple[Any, _Params]:
 class Door(KeyBroker):
     """The cell's door: a key broker whose socket speaks the worker protocol."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, max_requests: int = MAX_REQUESTS) -> None:
         super().__init__(None)  # keys are held here; the socket is the door's own
         self.path = path
+        self.max_requests = max_requests
         self.cell: Cell | None = None
         self._counts: dict[int, int] = {}
         self._count_lock = threading.Lock()
@@ -175,8 +176,10 @@ class Door(KeyBroker):
                     return  # the rest of an oversized frame is not read: the door closes
                 with self._count_lock:
                     count = self._counts[uid] = self._counts.get(uid, 0) + 1
-                if count > MAX_REQUESTS:
-                    error = _RpcError(OVER_LIMIT, f"this worker used its {MAX_REQUESTS} requests")
+                if count > self.max_requests:
+                    error = _RpcError(
+                        OVER_LIMIT, f"this worker used its {self.max_requests} requests"
+                    )
                     conn.sendall(_reply(None, error=error))
                     return
                 conn.sendall(self._handle(line, uid))

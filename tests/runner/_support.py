@@ -30,9 +30,15 @@ def fan_out(charter: Charter, width: int, *workers: WorkerSpec, **grant: object)
 
 
 def make_cell(
-    charter: Charter, template: Path | None, state_dir: Path, *, door: bool = False
+    charter: Charter,
+    template: Path | None,
+    state_dir: Path,
+    *,
+    door: bool = False,
+    max_requests: int = 10_000,
 ) -> Cell:
-    broker = Door(state_dir / f"door-{uuid.uuid4().hex[:8]}.sock") if door else None
+    path = state_dir / f"door-{uuid.uuid4().hex[:8]}.sock"
+    broker = Door(path, max_requests=max_requests) if door else None
     cell = Cell(
         charter.journal,
         charter.keys,

@@ -30,13 +30,13 @@ door.result(json.dumps({{"sum": total, "statuses": statuses}}))
 CHAIN = (
     PRELUDE
     + f"""
-levels = int(sys.argv[1])
+levels = level_s = int(sys.argv[1])
 door = charter_door.Door()
 if levels == 0:
     door.result("leaf")
     sys.exit(0)
 src = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3].decode()
-kids = door.spawn({{"width": 1, "objective": "go deeper", "grant": {{}},
+kids = door.spawn({{"width": 1, "objective": "recurse one level deeper and report the answer of the leaf", "grant": {{"fanout": level_s - 1}},
                    "estimated_cost": {{"tokens": 10_000 * levels, **{COST!r}}}}},
                   [{{"argv": ["{PY}", "-I", "-c", src, str(levels - 1)]}}])["children"]
 answers = door.wait(kids, 120)["children"]
@@ -47,3 +47,22 @@ door.result(answers[kids[0]]["result"] + "<" + str(levels))
 
 def python(source: str, *args: str) -> WorkerSpec:
     return WorkerSpec(argv=(PY, "-I", "-c", source), inputs=args)
+
+
+# Spawns a child LINGER(level - 1) and waits on it for ever; the leaf sleeps.
+LINGER = (
+    PRELUDE
+    + f"""
+level = level_s = int(sys.argv[1])
+if level == 0:
+    import time
+    time.sleep(600)
+door = charter_door.Door()
+src = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3].decode()
+kids = door.spawn({{"width": 1, "objective": "spawn one child below and wait for its answer", "grant": {{"fanout": level_s - 1}},
+                   "estimated_cost": {{"tokens": 10_000 * level, **{COST!r}}}}},
+                  [{{"argv": ["{PY}", "-I", "-c", src, str(level - 1), sys.argv[2]]}}])["children"]
+door.wait(kids, float(sys.argv[2]))
+door.result("gave up waiting")
+"""
+)
