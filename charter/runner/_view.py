@@ -71,6 +71,12 @@ class WorkersView(JournalFold):
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         del at_ms
+        if isinstance(event, WorkerScheduled | GrantMinted | SandboxLeased | CellStarted):
+            self._apply_fact(event, position)
+        else:
+            self._apply_lifecycle(event)
+
+    def _apply_fact(self, event: Event, position: int) -> None:
         match event:
             case WorkerScheduled():
                 self.workers[event.lineage] = WorkerRecord(event, position)
@@ -83,6 +89,11 @@ class WorkersView(JournalFold):
                 self.uids[event.sandbox_id] = event.host_uid
             case CellStarted():
                 self.incarnations[event.cell] = event.incarnation
+            case _:
+                pass
+
+    def _apply_lifecycle(self, event: Event) -> None:
+        match event:
             case WorkerStarted():
                 w = self.workers[event.lineage]
                 w.sandbox_id, w.host_uid = event.sandbox_id, self.uids.get(event.sandbox_id)

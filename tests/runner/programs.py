@@ -36,7 +36,9 @@ if levels == 0:
     door.result("leaf")
     sys.exit(0)
 src = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3].decode()
-kids = door.spawn({{"width": 1, "objective": "recurse one level deeper and report the answer of the leaf", "grant": {{"fanout": level_s - 1}},
+kids = door.spawn({{"width": 1,
+                   "objective": "recurse one level deeper and report the answer of the leaf",
+                   "grant": {{"fanout": level_s - 1}},
                    "estimated_cost": {{"tokens": 10_000 * levels, **{COST!r}}}}},
                   [{{"argv": ["{PY}", "-I", "-c", src, str(levels - 1)]}}])["children"]
 answers = door.wait(kids, 120)["children"]
@@ -59,7 +61,9 @@ if level == 0:
     time.sleep(600)
 door = charter_door.Door()
 src = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3].decode()
-kids = door.spawn({{"width": 1, "objective": "spawn one child below and wait for its answer", "grant": {{"fanout": level_s - 1}},
+kids = door.spawn({{"width": 1,
+                   "objective": "spawn one child below and wait for its answer",
+                   "grant": {{"fanout": level_s - 1}},
                    "estimated_cost": {{"tokens": 10_000 * level, **{COST!r}}}}},
                   [{{"argv": ["{PY}", "-I", "-c", src, str(level - 1), sys.argv[2]]}}])["children"]
 door.wait(kids, float(sys.argv[2]))
