@@ -244,6 +244,7 @@ class Cell:
         """Act on every processing slot admitted on this cell since the tracked position;
         return how many workers were started."""
         started = 0
+        self._admit_room()
         with self._lock:
             tracked = self.journal.tracked_position(self.tracking)
             self.view.refresh(self.journal)
@@ -266,6 +267,27 @@ class Cell:
                 continue
             started += self._start(w, position)
         return started
+
+    def _admit_room(self) -> None:
+        """Admit queued workers when the cell has room no release will announce (a
+        fan-out queued while the host was loaded, or before the cell was configured)."""
+        for _ in range(_RETRIES):
+            with self._lock:
+                version = self.journal.stream_version(f"cell:{self.cell}")
+                self.resources.refresh(self.journal)
+                self.view.refresh(self.journal)
+                state = self.resources.cells.cells().get(self.cell)
+                if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
+                    return
+                events = self._admit_queued(freed=0)
+                if not events:
+                    return
+                try:
+                    self.journal.append(events, expect={f"cell:{self.cell}": version})
+                except AppendConflictError:
+                    continue
+                self._changed.notify_all()
+                return
 
     def run(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.01) -> None:
         """Follow the journal until ``until()`` is true."""

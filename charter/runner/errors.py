@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from charter.core.errors import BadInputError, RefusedError
+from charter.core.errors import BadInputError, RefusedError, StateError
 
 __all__ = [
     "DoorRefusedError",
@@ -13,6 +13,7 @@ __all__ = [
     "ResultTooLargeError",
     "WaitRefusedError",
     "DoorRequestError",
+    "DemoFailedError",
 ]
 
 
@@ -42,3 +43,7 @@ class ResultTooLargeError(DoorRefusedError):
 
 class DoorRequestError(BadInputError):
     """A door request that is not a well-formed JSON-RPC call of a known method."""
+
+
+class DemoFailedError(StateError):
+    """The demo's coordinator ended without its report (its reason is in the message)."""
