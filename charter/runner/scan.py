@@ -16,6 +16,7 @@ Modes (argv after the source):
 from __future__ import annotations
 
 import glob
+import importlib
 import json
 import os
 import sys
@@ -116,9 +117,8 @@ def _fan_out(door: Any, ranges: list[tuple[int, int]], split: int, objective: st
 
 
 def main(argv: list[str]) -> None:
-    import charter_door
-
-    door = charter_door.Door()
+    # The door's client exists only inside a worker's sandbox (/workspace).
+    door = importlib.import_module("charter_door").Door()
     paths = files()
     if argv[0] == "coordinate":
         ranges = shards(len(paths), int(argv[1]))
