@@ -4,8 +4,8 @@ recovers after a crash) and the worker door."""
 from charter.runner.cell import Cell, kill_uid
 from charter.runner.door import Door
 from charter.runner.errors import (
+    DemoFailedError,
     DoorRefusedError,
-    DoorRequestError,
     NotAWorkerError,
     ResultTooLargeError,
     WaitRefusedError,
@@ -39,7 +39,7 @@ __all__ = [
     "WorkerStarted",
     "WorkerWaiting",
     "DoorRefusedError",
-    "DoorRequestError",
+    "DemoFailedError",
     "NotAWorkerError",
     "ResultTooLargeError",
     "WaitRefusedError",

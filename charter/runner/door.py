@@ -29,7 +29,7 @@ from charter.authority import SpawnIntent
 from charter.control import WorkerSpec
 from charter.core import CharterError, RefusedError
 from charter.runner.cell import Cell
-from charter.runner.errors import DoorRequestError
+from charter.runner.errors import NotAWorkerError
 from charter.runner.events import RESULT_CAP
 from charter.sandbox import KeyBroker, PeerServer, Refusal, SignatureTagError
 
@@ -199,7 +199,7 @@ class Door(KeyBroker):
     def _call(self, params: _Params, uid: int) -> dict[str, Any]:
         cell = self.cell
         if cell is None:
-            raise DoorRequestError("the door is not attached to a cell")
+            raise NotAWorkerError("the door is not attached to a cell")
         lineage = cell.lineage_of(uid)  # identity from the kernel, never the request
         match params:
             case SpawnParams():

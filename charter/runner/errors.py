@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from charter.core.errors import BadInputError, RefusedError, StateError
+from charter.core.errors import RefusedError, StateError
 
 __all__ = [
     "DoorRefusedError",
     "NotAWorkerError",
     "ResultTooLargeError",
     "WaitRefusedError",
-    "DoorRequestError",
     "DemoFailedError",
 ]
 
@@ -39,10 +38,6 @@ class ResultTooLargeError(DoorRefusedError):
     """A worker's result is over the size the journal keeps."""
 
     reason = "result-too-large"
-
-
-class DoorRequestError(BadInputError):
-    """A door request that is not a well-formed JSON-RPC call of a known method."""
 
 
 class DemoFailedError(StateError):

@@ -13,7 +13,8 @@ import pytest
 
 from charter.app import Charter
 from charter.core import KeyStore
-from charter.runner import scan
+from charter.runner import DemoFailedError, scan
+from charter.runner.demo import run_demo
 from tests.invariants import check_history, check_settled, check_workers, journal_history
 
 WT = Path(__file__).resolve().parents[2]
@@ -50,3 +51,12 @@ def test_the_demo_reports_what_the_plain_scan_finds(tmp_path: Path) -> None:
     assert check_history(history).problems == []
     assert check_workers(history).problems == []
     assert check_settled(history).problems == []
+
+
+@pytest.mark.sandbox
+def test_a_demo_whose_coordinator_cannot_run_fails_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scan, "PY", "/nonexistent/python3")
+    with pytest.raises(DemoFailedError, match="gave no report"):
+        run_demo(tmp_path / "home", shards=2)
