@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import os
 import signal
 import socket
@@ -311,7 +312,12 @@ class Cell:
             raise CharterError("open the cell before following the journal")
         slot = self.pool.lease(timeout=60.0)
         command = w.scheduled.command
-        handle = self._issue_key(w.lineage, slot.host_uid)
+        try:
+            handle = self._issue_key(w.lineage, slot.host_uid)
+        except CharterError as error:  # fail closed: no key, no start; the worker ends
+            self.pool.release(slot, refill=False)
+            self._end(w, "failed", None, f"no custody key: {error}", discard=False)
+            return 0
         events: list[Event] = [
             leased_event(
                 slot.spec,
@@ -684,6 +690,14 @@ class Cell:
         seed = bytes(self.keys.load(custody_key_name(root.root_name)))
         for i in range(1, len(parts)):
             seed = derive_child_seed(seed, Lineage("/".join(parts[: i + 1])))
+        # Fail closed: the key must be the one the committed grant names as its subject.
+        with self._lock:
+            minted = self.view.grants.get(lineage)
+        public = bytes(SigningKey(seed).verify_key)
+        if minted is None or not hmac.compare_digest(
+            public, bytes.fromhex(minted.sealed().grant.subject_key)
+        ):
+            raise NotAWorkerError(f"{lineage} has no committed grant for the key derived here")
         return seed
 
     def _signing_key(self, lineage: str) -> SigningKey:
