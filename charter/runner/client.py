@@ -16,6 +16,7 @@ with its ``code``, ``message`` and ``data``. See docs/door.md for the protocol.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import socket
@@ -56,7 +57,9 @@ class Door:
         request = {"jsonrpc": "2.0", "id": next(self._ids), "method": method}
         if params is not None:
             request["params"] = params
-        self._sock.sendall(json.dumps(request).encode() + b"\n")
+        # Refused on accept, the send may fail: the door's error line is still there.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._sock.sendall(json.dumps(request).encode() + b"\n")
         return self.read_reply()
 
     def read_reply(self) -> Any:
