@@ -12,6 +12,7 @@ from charter.app import CellSetup, Charter
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import Budget
 from charter.runner import cell_for, run_cell
+from charter.runner.status import cell_status
 
 __all__ = ["cell_group"]
 
@@ -59,6 +60,27 @@ def run(ctx: Ctx, cell: str | None, once: bool, slot_budget: str, ignore_host_lo
             {"cell": runner.cell, "incarnation": runner.incarnation},
             f"cell {runner.cell} (incarnation {runner.incarnation}) stopped",
         )
+
+
+@cell_group.command("status")
+@click.option("--id", "cell", default=None, metavar="NAME", help="The cell (default: this host's).")
+@click.pass_obj
+def status(ctx: Ctx, cell: str | None) -> None:
+    """A cell now: its caps, who holds its slots, its queue in order, and every worker
+    that has not exited (queued, admitted, running, waiting, failed or killed)."""
+    with Charter.open(ctx.db) as charter:
+        report = cell_status(charter.journal, cell or charter.settings.cell)
+
+    def text() -> None:
+        click.echo(f"cell {report.cell} at position {report.position}")
+        for name, cap in report.caps.items():
+            held = report.holders.get(name, [])
+            click.echo(f"  {name}: {len(held)} of {cap}")
+        click.echo(f"  queued: {len(report.queued)}")
+        for row in report.workers:
+            click.echo(f"{row.lineage}  {row.status}  {row.burn}")
+
+    ctx.emit(report.to_json(), text)
 
 
 @cell_group.command("configure")

@@ -14,7 +14,8 @@ from rich.live import Live
 from rich.tree import Tree
 
 from charter.cli._common import Ctx
-from charter.runner.demo import DemoOutcome, Row, run_demo
+from charter.runner.demo import DemoOutcome, run_demo
+from charter.runner.status import Row
 
 __all__ = ["demo"]
 

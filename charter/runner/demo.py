@@ -22,13 +22,13 @@ from typing import Any
 from charter.app import CellSetup, Charter, Settings
 from charter.audit import ChainReport, audit_chain
 from charter.authority import SpawnIntent
-from charter.budgets import ResourceClass
 from charter.control import Ceiling, ResourceView, WorkerSpec
-from charter.core import Budget, KeyStore, now_ms
+from charter.core import Budget, KeyStore
 from charter.runner import scan
 from charter.runner._view import WorkersView
 from charter.runner.errors import DemoFailedError
 from charter.runner.host import cell_for, run_cell
+from charter.runner.status import Row, tree_rows
 
 __all__ = ["DemoOutcome", "Row", "run_demo", "tree_rows"]
 
@@ -39,16 +39,6 @@ SLOT_BUDGET = Budget.parse("tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=0MB")
 
 
 @dataclass(frozen=True)
-class Row:
-    """One worker of the live tree."""
-
-    lineage: str
-    depth: int
-    status: str
-    burn: str
-
-
-@dataclass(frozen=True)
 class DemoOutcome:
     home: Path
     journal: str
@@ -56,40 +46,6 @@ class DemoOutcome:
     totals: dict[str, int]
     verified: ChainReport
     rows: tuple[Row, ...]
-
-
-def tree_rows(view: WorkersView, resources: ResourceView, cell: str) -> list[Row]:
-    """Each worker's status and budget burn (cpu charged of cpu leased), by lineage."""
-    now = now_ms()
-    state = resources.cells.cells().get(cell)
-    queued = state.queued[ResourceClass.PROCESSING] if state is not None else {}
-    rows = []
-    for lineage in sorted(view.workers):
-        w = view.workers[lineage]
-        status: str
-        if w.ended is not None:
-            status = w.ended.outcome
-        elif w.waiting:
-            status = "waiting"
-        elif w.sandbox_id is not None:
-            status = "running"
-        elif lineage in queued:
-            status = "queued"
-        else:
-            status = "admitted"
-        burn = ""
-        if lineage in resources.book:
-            ledger = resources.book.get(lineage)
-            own, whole = ledger.spent, ledger.allocation
-            burn = (
-                f"cpu {own.cpu_ms / 1000:.2f}s of {whole.cpu_ms // 1000}s, "
-                f"wall {own.wall_ms / 1000:.1f}s of {whole.wall_ms // 1000}s"
-            )
-            if ledger.active(now) and ledger.children:
-                held = whole.cpu_ms - resources.book.remaining(lineage, now).cpu_ms
-                burn += f" (cpu {held // 1000}s out to children)"
-        rows.append(Row(lineage, lineage.count("/"), status, burn))
-    return rows
 
 
 def _initialise(home: Path, processing: int) -> Charter:
