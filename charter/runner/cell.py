@@ -154,6 +154,7 @@ class Cell:
         self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
         self._handles: dict[str, str] = {}  # lineage -> key handle
         self._threads: list[threading.Thread] = []
+        self._scanned = 0  # admissions read up to here by this process
         self._changed = threading.Condition(self._lock)
 
     # -- life ------------------------------------------------------------------------
@@ -242,18 +243,25 @@ class Cell:
     # -- following -------------------------------------------------------------------
 
     def step(self) -> int:
-        """Act on every processing slot admitted on this cell since the tracked position;
-        return how many workers were started."""
+        """Act on every processing slot admitted on this cell since the tracked position
+        (read once per process: what was passed over is final); return how many
+        workers were started."""
         started = 0
         self._admit_room()
         with self._lock:
             tracked = self.journal.tracked_position(self.tracking)
             self.view.refresh(self.journal)
             self.resources.refresh(self.journal)
-            admitted = [
-                (e.position, e.event)
-                for e in self.journal.entries(start=tracked + 1, types=("SlotAdmitted",))
-            ]
+            start, stop = max(tracked, self._scanned) + 1, self.view.position
+            admitted = (
+                [
+                    (e.position, e.event)
+                    for e in self.journal.entries(start, stop, types=("SlotAdmitted",))
+                ]
+                if start <= stop
+                else []
+            )
+            self._scanned = max(self._scanned, stop)
         for position, event in admitted:
             if not isinstance(event, SlotAdmitted) or event.cell != self.cell:
                 continue
@@ -266,7 +274,11 @@ class Cell:
             if not w.live:
                 self._settle(w.lineage, ())
                 continue
-            started += self._start(w, position)
+            outcome = self._start(w, position)
+            if outcome is None:  # the journal did not take the start: read it again
+                self._scanned = position - 1
+                break
+            started += outcome
         return started
 
     def _admit_room(self) -> None:
@@ -307,7 +319,7 @@ class Cell:
 
     # -- one worker --------------------------------------------------------------------
 
-    def _start(self, w: WorkerRecord, position: int) -> int:
+    def _start(self, w: WorkerRecord, position: int) -> int | None:
         if self.pool is None:
             raise CharterError("open the cell before following the journal")
         slot = self.pool.lease(timeout=60.0)
@@ -349,12 +361,12 @@ class Cell:
                 self.view.applied(committed)
                 self._slots[w.lineage] = slot
                 self._by_uid[slot.host_uid] = w.lineage
-        except (AppendConflictError, AlreadyTrackedError, AppendFailedError):
+        except (AppendConflictError, AlreadyTrackedError, AppendFailedError) as error:
             # Killed meanwhile, already started by another incarnation, or the journal
-            # refused the record: no record, no start.
+            # refused the record: no record, no start (the last is tried again).
             self.key_broker.release(handle)
             self.pool.release(slot, refill=False)
-            return 0
+            return None if isinstance(error, AppendFailedError) else 0
         thread = threading.Thread(
             target=self._drive, args=(w, slot, command), name=f"worker-{slot.sandbox_id}"
         )
