@@ -26,26 +26,20 @@ import contextlib
 import hashlib
 import hmac
 import os
-import signal
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from nacl.signing import SigningKey
 
-from charter.authority import SpawnIntent, derive_child_seed
+from charter.authority import derive_child_seed
 from charter.budgets import ResourceClass, SlotAdmitted, SlotReleased
 from charter.control import (
     BudgetService,
-    Caller,
     HostLoad,
     ResourceView,
-    SpawnResult,
-    SpawnService,
-    WorkerSpec,
     custody_key_name,
     host_cap_inputs,
     worker_stream,
@@ -57,8 +51,9 @@ from charter.ledger import (
     AppendFailedError,
     Journal,
 )
+from charter.runner._kill import kill_uid
 from charter.runner._view import WorkerRecord, WorkersView
-from charter.runner.errors import NotAWorkerError, ResultTooLargeError, WaitRefusedError
+from charter.runner.errors import NotAWorkerError
 from charter.runner.events import (
     RESULT_CAP,
     CellStarted,
@@ -66,7 +61,6 @@ from charter.runner.events import (
     WorkerKilled,
     WorkerResult,
     WorkerStarted,
-    WorkerWaiting,
 )
 from charter.sandbox import (
     KeyBroker,
@@ -84,35 +78,6 @@ __all__ = ["Cell", "kill_uid"]
 _RETRIES = 16
 _STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
 Outcome = Literal["exited", "killed", "failed"]
-
-
-def kill_uid(uid: int) -> int:
-    """SIGKILL every process on the host running as ``uid`` (a sandbox's unique host
-    uid), again until none is left (a fork in between is caught by the next pass);
-    return how many were signalled."""
-    total = 0
-    for _ in range(100):
-        killed = _kill_pass(uid)
-        total += killed
-        if killed == 0:
-            return total
-        time.sleep(0.01)
-    return total
-
-
-def _kill_pass(uid: int) -> int:
-    killed = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
-                continue
-            os.kill(int(entry), signal.SIGKILL)
-            killed += 1
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-    return killed
 
 
 class Cell:
@@ -155,7 +120,7 @@ class Cell:
         self._handles: dict[str, str] = {}  # lineage -> key handle
         self._threads: list[threading.Thread] = []
         self._scanned = 0  # admissions read up to here by this process
-        self._changed = threading.Condition(self._lock)
+        self.changed = threading.Condition(self._lock)
 
     # -- life ------------------------------------------------------------------------
 
@@ -292,14 +257,14 @@ class Cell:
                 state = self.resources.cells.cells().get(self.cell)
                 if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
                     return
-                events = self._admit_queued(freed=0)
+                events = self.admit_queued(freed=0)
                 if not events:
                     return
                 try:
                     self.journal.append(events, expect={f"cell:{self.cell}": version})
                 except AppendConflictError:
                     continue
-                self._changed.notify_all()
+                self.changed.notify_all()
                 return
 
     def run(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.01) -> None:
@@ -307,9 +272,9 @@ class Cell:
         while not until():
             if self.step() == 0:
                 head = self.journal.head()
-                with self._changed:
+                with self.changed:
                     if head is None or head[0] <= self.view.position:
-                        self._changed.wait(poll_s)
+                        self.changed.wait(poll_s)
 
     def idle(self) -> bool:
         """Nothing of this cell's is running or waiting to run."""
@@ -393,7 +358,7 @@ class Cell:
             record = self.view.workers[w.lineage]
         if record.result is None and outcome.stdout:
             # A worker that never used the door answers with what it printed.
-            self._journal_result(w.lineage, outcome.stdout)
+            self.journal_result(w.lineage, outcome.stdout)
         spent = Budget(
             tokens=0,
             wall_ms=usage.wall_ms,
@@ -464,7 +429,7 @@ class Cell:
                 events: list[Event] = list(extra)
                 events.extend(cells.decide_release(self.cell, lineage, r) for r in held)
                 freed = 1 if ResourceClass.PROCESSING in held else 0
-                events.extend(self._admit_queued(freed=freed, dead={lineage}))
+                events.extend(self.admit_queued(freed=freed, dead={lineage}))
                 if not events:
                     return
                 try:
@@ -472,11 +437,11 @@ class Cell:
                 except AppendConflictError:
                     continue
                 self.view.applied(committed)
-                self._changed.notify_all()
+                self.changed.notify_all()
                 return
         raise AppendConflictError(f"settling {lineage}'s slots kept racing; retry")
 
-    def _admit_queued(
+    def admit_queued(
         self, *, freed: int, dead: frozenset[str] | set[str] = frozenset()
     ) -> list[Event]:
         """Admissions of the processing queue's head(s) into the room there is (plus
@@ -552,127 +517,7 @@ class Cell:
             raise NotAWorkerError("no live worker of this cell runs as this peer")
         return lineage
 
-    def caller(self, lineage: str) -> Caller:
-        """The worker as a caller: its journaled chain and its custody key, derived from
-        the root's custody key along the committed grants."""
-        with self._lock:
-            self.view.refresh(self.journal)
-            chain = self.view.chain(lineage)
-        return Caller(chain, self._signing_key(lineage))
-
-    def spawn(
-        self, lineage: str, intent: SpawnIntent, workers: tuple[WorkerSpec, ...]
-    ) -> SpawnResult:
-        service = SpawnService(
-            self.journal, keystore=self.keys, cell=self.cell, host_load=self.host_load
-        )
-        result = service.spawn(self.caller(lineage), intent, workers)
-        with self._changed:
-            self._changed.notify_all()
-        return result
-
-    def wait(self, lineage: str, children: tuple[str, ...], timeout_s: float) -> dict[str, object]:
-        """Wait on ``children`` (each must be a child of ``lineage``): the processing
-        slot goes back and a coordination slot is held meanwhile; when they end, the
-        worker queues for processing again and the answer comes once it holds it. On
-        timeout every child still live is killed (journaled first)."""
-        for child in children:
-            if Lineage(child).parent != Lineage(lineage):
-                raise WaitRefusedError(f"{child} is not a child of {lineage}")
-        self._swap_for_coordination(lineage, children, timeout_s)
-        deadline = time.monotonic() + timeout_s
-        timed_out = False
-        with self._changed:
-            while True:
-                self.view.refresh(self.journal)
-                live = [c for c in children if c in self.view.workers and self.view.workers[c].live]
-                if not live:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    timed_out = True
-                    break
-                self._changed.wait(min(left, 0.05))
-        if timed_out:
-            for child in children:
-                self.kill(child, f"{lineage} stopped waiting (timed out)")
-        self._back_to_processing(lineage)
-        with self._lock:
-            self.view.refresh(self.journal)
-            return {c: self._answer(self.view.workers.get(c)) for c in children} | {
-                "timed_out": timed_out
-            }
-
-    @staticmethod
-    def _answer(w: WorkerRecord | None) -> object:
-        if w is None:
-            return {"status": "unknown"}
-        if w.ended is None:
-            return {"status": "running"}
-        return {
-            "status": w.ended.outcome,
-            "exit_code": w.ended.exit_code,
-            "result": w.result.text if w.result is not None else None,
-            "digest": w.result.digest if w.result is not None else None,
-            "reason": w.ended.reason,
-        }
-
-    def _swap_for_coordination(
-        self, lineage: str, children: tuple[str, ...], timeout_s: float
-    ) -> None:
-        for _ in range(_RETRIES):
-            with self._lock:
-                version = self.journal.stream_version(f"cell:{self.cell}")
-                self.resources.refresh(self.journal)
-                swap = self.resources.cells.decide_wait_on_children(self.cell, lineage)
-                waiting = WorkerWaiting(
-                    lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
-                )
-                events: list[Event] = [waiting, *swap]
-                # The processing slot given back goes to the queue's head at once.
-                events.extend(self._admit_queued(freed=1))
-                try:
-                    self.journal.append(events, expect={f"cell:{self.cell}": version})
-                except AppendConflictError:
-                    continue
-                self._changed.notify_all()
-                return
-        raise AppendConflictError(f"{lineage}'s wait kept racing for the cell's slots; retry")
-
-    def _back_to_processing(self, lineage: str) -> None:
-        """Give back the coordination slot and take (or queue for) a processing one;
-        return once it is held."""
-        for _ in range(_RETRIES):
-            with self._lock:
-                version = self.journal.stream_version(f"cell:{self.cell}")
-                self.resources.refresh(self.journal)
-                cells = self.resources.cells
-                release = cells.decide_release(self.cell, lineage, ResourceClass.COORDINATION)
-                state = cells.get(self.cell)
-                inputs = self.host_load(state.cores, state.failover_reserve)
-                placed = cells.decide_place(self.cell, [lineage], ResourceClass.PROCESSING, inputs)
-                try:
-                    self.journal.append([release, *placed], expect={f"cell:{self.cell}": version})
-                except AppendConflictError:
-                    continue
-                self._changed.notify_all()
-                break
-        with self._changed:
-            while True:
-                self.resources.refresh(self.journal)
-                holders = self.resources.cells.get(self.cell).holders[ResourceClass.PROCESSING]
-                if lineage in holders:
-                    return
-                self._changed.wait(0.05)
-
-    def result(self, lineage: str, data: bytes) -> str:
-        if len(data) > RESULT_CAP:
-            raise ResultTooLargeError(
-                f"a result holds at most {RESULT_CAP} bytes, not {len(data)}; write less"
-            )
-        return self._journal_result(lineage, data)
-
-    def _journal_result(self, lineage: str, data: bytes) -> str:
+    def journal_result(self, lineage: str, data: bytes) -> str:
         data = data[:RESULT_CAP]
         digest = hashlib.sha256(data).hexdigest()
         event = WorkerResult(
@@ -694,7 +539,7 @@ class Cell:
 
     # -- keys --------------------------------------------------------------------------
 
-    def _seed(self, lineage: str) -> bytes:
+    def custody_seed(self, lineage: str) -> bytes:
         """The custody seed of ``lineage``: the root's from the home, each child's
         derived from its parent's (``child_seed``) along the committed grants."""
         parts = lineage.split("/")
@@ -712,11 +557,12 @@ class Cell:
             raise NotAWorkerError(f"{lineage} has no committed grant for the key derived here")
         return seed
 
-    def _signing_key(self, lineage: str) -> SigningKey:
-        return SigningKey(self._seed(lineage))
+    def key_handle(self, lineage: str) -> str | None:
+        with self._lock:
+            return self._handles.get(lineage)
 
     def _issue_key(self, lineage: str, host_uid: int) -> str:
-        handle = self.key_broker.issue(bytearray(self._seed(lineage)), host_uid=host_uid)
+        handle = self.key_broker.issue(bytearray(self.custody_seed(lineage)), host_uid=host_uid)
         with self._lock:
             self._handles[lineage] = handle
         return handle

@@ -31,6 +31,7 @@ from charter.core import CharterError, RefusedError
 from charter.runner.cell import Cell
 from charter.runner.errors import NotAWorkerError
 from charter.runner.events import RESULT_CAP
+from charter.runner.requests import WorkerRequests
 from charter.sandbox import KeyBroker, PeerServer, Refusal, SignatureTagError
 
 __all__ = [
@@ -201,17 +202,18 @@ class Door(KeyBroker):
         if cell is None:
             raise NotAWorkerError("the door is not attached to a cell")
         lineage = cell.lineage_of(uid)  # identity from the kernel, never the request
+        requests = WorkerRequests(cell)
         match params:
             case SpawnParams():
-                result = cell.spawn(lineage, params.intent, params.workers)
+                result = requests.spawn(lineage, params.intent, params.workers)
                 return {
                     "fanout": result.fanout_id,
                     "children": [str(c.lineage) for c in result.children],
                 }
             case WaitParams():
-                return {"children": cell.wait(lineage, params.children, params.timeout_s)}
+                return {"children": requests.wait(lineage, params.children, params.timeout_s)}
             case ResultParams():
-                return {"digest": cell.result(lineage, params.text.encode())}
+                return {"digest": requests.result(lineage, params.text.encode())}
             case SignParams():
                 try:
                     message = bytes.fromhex(params.message_hex)
