@@ -32,6 +32,7 @@ from charter.control import (
     ResourceView,
     SpawnResult,
     SpawnService,
+    WorkerSpec,
     custody_key_name,
     register_root,
 )
@@ -271,9 +272,15 @@ class Charter:
         return register_root(self.journal, self.keys, name, ceiling)
 
     def spawn(
-        self, parent: str | Lineage, intent: SpawnIntent, *, policy: GatePolicy | None = None
+        self,
+        parent: str | Lineage,
+        intent: SpawnIntent,
+        *,
+        policy: GatePolicy | None = None,
+        workers: tuple[WorkerSpec, ...] | None = None,
     ) -> SpawnResult:
-        """A fan-out under durable agent ``parent`` (``agent:NAME``), as its operator."""
+        """A fan-out under durable agent ``parent`` (``agent:NAME``), as its operator;
+        with ``workers``, each child is scheduled to run on this host's cell."""
         lineage = parent if isinstance(parent, Lineage) else Lineage(parent)
         if not lineage.is_root:
             raise BadInputError(
@@ -281,7 +288,7 @@ class Charter:
                 "operator; give a durable agent (agent:NAME)"
             )
         service = self.spawn_service(policy)
-        return service.spawn(service.durable_caller(lineage.root_name), intent)
+        return service.spawn(service.durable_caller(lineage.root_name), intent, workers)
 
     def processing_cap(self, cell: str | None = None) -> int:
         """The cell's committed processing cap (what ``cell configure``/``init`` journaled)."""

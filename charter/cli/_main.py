@@ -24,13 +24,14 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "spawn": ("agents", "spawn", "Fan out workers under a durable agent."),
     "spawn-schema": ("agents", "spawn_schema", "Print the JSON Schema of the spawn intent."),
     "lease": ("leases", "lease_group", "Record usage against a lease, release or renew it."),
-    "cell": ("cells", "cell_group", "Configure a cell's slot caps."),
+    "cell": ("cells", "cell_group", "Run a cell, or configure its slot caps."),
     "budgets": ("projections", "budgets", "Budget ledgers and leases (a projection)."),
     "tree": ("projections", "tree", "The lineage tree (a projection)."),
     "slots": ("projections", "slots", "Slot occupancy per cell (a projection)."),
     "project": ("projections", "project", "Bring the projections up to date, or rebuild them."),
     "journal": ("journal", "journal", "Inspect and verify the journal."),
     "sandbox": ("sandbox", "sandbox_group", "Probe the host, run or render a sandbox."),
+    "demo": ("demo", "demo", "Run the main job: a real two-level fan-out, verified."),
 }
 
 
