@@ -290,7 +290,7 @@ class Cell:
         slot = self.pool.lease(timeout=60.0)
         command = w.scheduled.command
         try:
-            handle = self._issue_key(w.lineage, slot.host_uid)
+            handle = self._issue_key(w.lineage, slot.sandbox_id)
         except CharterError as error:  # fail closed: no key, no start; the worker ends
             self.pool.release(slot, refill=False)
             self._end(w, "failed", None, f"no custody key: {error}", discard=False)
@@ -530,12 +530,14 @@ class Cell:
             self.view.applied(self.journal.append([event]))
         return digest
 
-    def sign(self, lineage: str, tag: str, message: bytes, host_uid: int) -> bytes:
+    def sign(self, lineage: str, tag: str, message: bytes) -> bytes:
+        """Sign for ``lineage`` with the key issued to its sandbox (and only that one)."""
         with self._lock:
             handle = self._handles.get(lineage)
-        if handle is None:
+            slot = self._slots.get(lineage)
+        if handle is None or slot is None:
             raise NotAWorkerError(f"{lineage} holds no key here")
-        return self.key_broker.sign(handle, tag, message, host_uid=host_uid)
+        return self.key_broker.sign(handle, tag, message, sandbox_id=slot.sandbox_id)
 
     # -- keys --------------------------------------------------------------------------
 
@@ -561,8 +563,11 @@ class Cell:
         with self._lock:
             return self._handles.get(lineage)
 
-    def _issue_key(self, lineage: str, host_uid: int) -> str:
-        handle = self.key_broker.issue(bytearray(self.custody_seed(lineage)), host_uid=host_uid)
+    def _issue_key(self, lineage: str, sandbox_id: str) -> str:
+        """The worker's key, issued to its sandbox (registered with the broker by the
+        pool's lease): the handle dies with the sandbox."""
+        seed = bytearray(self.custody_seed(lineage))
+        handle = self.key_broker.issue(seed, sandbox_id=sandbox_id)
         with self._lock:
             self._handles[lineage] = handle
         return handle

@@ -1,9 +1,16 @@
 """The worker door: the one socket a worker reaches Charter through.
 
 A unix socket bound into every worker's sandbox (at the key broker's place,
-``/run/charter/keys.sock``: the door *is* the worker's key broker, and more). The peer
-is identified by the kernel (``SO_PEERCRED``: the sandbox's unique host uid, through the
-shared :class:`~charter.sandbox.KeyBroker` peer server rules), never by the request.
+``/run/charter/keys.sock``: the door *is* the worker's key broker, and more). The door
+stays a :class:`~charter.sandbox.KeyBroker` (not a wrapper around one) because the warm
+pool binds and registers exactly one key broker per sandbox: the pool registers each
+leased sandbox here (host uid, sandbox id, cgroup) and unregisters it when discarded, so
+the door's idea of a peer and the key handles issued to it live and die with that one
+registration. The peer is identified by the kernel like the brokers' peers: its host uid
+(``SO_PEERCRED``) *and* its cgroup (read while ``SO_PEERPIDFD`` shows the pid is still
+the peer), so a host process that merely runs as a sandbox's uid is not let in; and
+only a live worker of the cell holding its key is served, never by anything the
+request says. Admission is paced by the registration's allowance (connections a second).
 It speaks JSON-RPC 2.0, one request per line, each line at most ``MAX_FRAME`` bytes.
 
 Methods (docs/door.md): ``spawn`` (a SpawnIntent and the children's workers), ``wait``
@@ -32,7 +39,7 @@ from charter.runner.cell import Cell
 from charter.runner.errors import NotAWorkerError
 from charter.runner.events import RESULT_CAP
 from charter.runner.requests import WorkerRequests
-from charter.sandbox import KeyBroker, PeerServer, Refusal, SignatureTagError
+from charter.sandbox import KeyBroker, Member, PeerServer, Refusal, SignatureTagError
 
 __all__ = [
     "MAX_CONNECTIONS",
@@ -149,7 +156,7 @@ class Door(KeyBroker):
         self._count_lock = threading.Lock()
         self._door = PeerServer(
             path, name="door", max_per_uid=MAX_CONNECTIONS, backlog=64,
-            knows=self._knows_worker, handler=self._serve, refusal=_refused,
+            member=self._worker, handler=self._serve, refusal=_refused,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -161,8 +168,13 @@ class Door(KeyBroker):
         with self._count_lock:
             return self._counts.get(uid, 0)
 
-    def _knows_worker(self, uid: int) -> bool:
-        return self.cell is not None and self.cell.knows_uid(uid)
+    def _worker(self, uid: int) -> Member | None:
+        """On the accepting thread: a peer is served only as a live worker of the cell
+        whose sandbox the pool registered here (its uid *and* its cgroup, checked by the
+        peer server) and holds its key; the registration's allowance paces it."""
+        if self.cell is None or not self.cell.knows_uid(uid):
+            return None
+        return self._member(uid)
 
     def _serve(self, conn: socket.socket, uid: int) -> None:
         conn.settimeout(_IDLE_TIMEOUT)
@@ -219,7 +231,7 @@ class Door(KeyBroker):
                     message = bytes.fromhex(params.message_hex)
                 except ValueError as e:
                     raise _RpcError(INVALID_PARAMS, "message_hex is not hex") from e
-                return {"signature_hex": cell.sign(lineage, params.tag, message, uid).hex()}
+                return {"signature_hex": cell.sign(lineage, params.tag, message).hex()}
             case _:
                 return {"lineage": lineage}
 
@@ -243,6 +255,8 @@ def _reply(request_id: Any, *, result: Any = None, error: _RpcError | None = Non
 
 _REFUSALS: dict[Refusal, str] = {
     "unknown": "this peer is not a live worker of this cell",
+    "outside": "this process is not inside the worker's sandbox",
+    "over-rate": "over this worker's connection rate; retry later",
     "at-cap": f"at most {MAX_CONNECTIONS} connections per worker",
     "busy": "the door is busy",
 }
@@ -251,5 +265,6 @@ _REFUSALS: dict[Refusal, str] = {
 def _refused(uid: int, why: Refusal) -> bytes:
     del uid
     return _reply(
-        None, error=_RpcError(OVER_LIMIT if why != "unknown" else REFUSED, _REFUSALS[why])
+        None,
+        error=_RpcError(REFUSED if why in ("unknown", "outside") else OVER_LIMIT, _REFUSALS[why]),
     )

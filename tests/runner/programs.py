@@ -165,3 +165,26 @@ for _ in range(int(sys.argv[1])):
 print(json.dumps(sorted(names)))
 """
 )
+
+# Answers with its own lineage through the door, then lingers until killed.
+WHOAMI_AND_LINGER = (
+    PRELUDE
+    + """
+import time
+door = charter_door.Door()
+door.result(door.whoami()["lineage"])
+time.sleep(120)
+"""
+)
+
+# Asks the door at argv[1] who it is (run on the host, as a worker's uid); prints the
+# error code and message, or the lineage.
+ASK_DOOR = """
+import sys
+sys.path.insert(0, sys.argv[2])
+import client
+try:
+    print("ok", client.Door(sys.argv[1], timeout=10).whoami()["lineage"])
+except client.DoorError as e:
+    print("refused", e.code, e.message)
+"""
