@@ -44,16 +44,17 @@ from charter.control import (
     host_cap_inputs,
     worker_stream,
 )
-from charter.core import Budget, CharterError, Event, KeyStore, Lineage
+from charter.core import Budget, CharterError, Event, KeyStore, Lineage, now_ms
 from charter.ledger import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
     Journal,
 )
+from charter.runner._caps import BrokerEvents, WorkerCaps, worker_caps
 from charter.runner._kill import kill_uid
 from charter.runner._view import WorkerRecord, WorkersView
-from charter.runner.errors import NotAWorkerError
+from charter.runner.errors import LeaseSpentError, NotAWorkerError
 from charter.runner.events import (
     RESULT_CAP,
     CellStarted,
@@ -63,7 +64,9 @@ from charter.runner.events import (
     WorkerStarted,
 )
 from charter.sandbox import (
+    EgressBroker,
     KeyBroker,
+    SandboxBudgetError,
     SandboxDiscarded,
     SandboxExited,
     SandboxStarted,
@@ -97,6 +100,7 @@ class Cell:
         state_dir: Path | None = None,
         host_load: HostLoad = host_cap_inputs,
         key_broker: KeyBroker | None = None,
+        egress_broker: EgressBroker | None = None,
         pool_capacity: int | None = None,
     ) -> None:
         self.journal = journal
@@ -107,6 +111,7 @@ class Cell:
         self.state_dir = state_dir
         self.host_load = host_load
         self.key_broker = key_broker or KeyBroker()
+        self.egress_broker = egress_broker
         self.pool_capacity = pool_capacity
         self.tracking = f"charter.cell.{cell}"
         self.view = WorkersView()
@@ -144,12 +149,17 @@ class Cell:
             state.caps.get(ResourceClass.PROCESSING, 0)
             + state.caps.get(ResourceClass.COORDINATION, 0)
         )
+        base = self.state_dir or default_state_dir()
+        if self.egress_broker is None:  # every worker's way out: its grant's destinations
+            self.egress_broker = EgressBroker(base / f"egress-{self.cell}-{os.getpid()}.sock")
         # A waiting coordinator keeps its sandbox while it holds a coordination slot
         # instead of a processing one: the pool holds room for both.
         self.pool = WarmPool(
             template,
             self.budget,
             max(1, capacity),
+            sink=BrokerEvents(self.journal),
+            egress=self.egress_broker,
             keys=self.key_broker,
             state_dir=self.state_dir,
             name=self.cell,
@@ -180,6 +190,8 @@ class Cell:
         if self.pool is not None:
             self.pool.close()
         self.key_broker.close()
+        if self.egress_broker is not None:
+            self.egress_broker.close()
 
     def __enter__(self) -> Cell:
         self.open()
@@ -287,8 +299,19 @@ class Cell:
     def _start(self, w: WorkerRecord, position: int) -> int | None:
         if self.pool is None:
             raise CharterError("open the cell before following the journal")
-        slot = self.pool.lease(timeout=60.0)
         command = w.scheduled.command
+        try:  # fail closed: nothing left on its lease, no start; the worker ends
+            caps = self._caps(w.lineage)
+            slot = self.pool.lease(
+                caps.egress,
+                timeout=60.0,
+                lineage=w.lineage,
+                grant_digest=w.scheduled.grant_digest,
+                budget=caps.budget,
+            )
+        except (LeaseSpentError, SandboxBudgetError) as error:
+            self._end(w, "failed", None, f"not started: {error}", discard=False)
+            return 0
         try:
             handle = self._issue_key(w.lineage, slot.sandbox_id)
         except CharterError as error:  # fail closed: no key, no start; the worker ends
@@ -298,9 +321,9 @@ class Cell:
         events: list[Event] = [
             leased_event(
                 slot.spec,
-                self.budget,
+                slot.budget,
                 self.pool.name,
-                None,
+                caps.egress,
                 lineage=w.lineage,
                 grant_digest=w.scheduled.grant_digest,
             ),
@@ -329,6 +352,8 @@ class Cell:
         except (AppendConflictError, AlreadyTrackedError, AppendFailedError) as error:
             # Killed meanwhile, already started by another incarnation, or the journal
             # refused the record: no record, no start (the last is tried again).
+            with self._lock:
+                self._handles.pop(w.lineage, None)
             self.key_broker.release(handle)
             self.pool.release(slot, refill=False)
             return None if isinstance(error, AppendFailedError) else 0
@@ -372,6 +397,9 @@ class Cell:
         # Its children die with its interest in them (each kill journaled first).
         self._kill_descendants(w.lineage, f"parent {w.lineage} ended")
         reason = record.killed or ""
+        if not reason and outcome.how == "wall_clock":
+            # The deadline was journaled with the lease (SandboxLeased.wall_ms).
+            reason = "its lease's wall clock or expiry ran out: killed by the sandbox"
         if not reason and outcome.exit_code != 0 and outcome.stderr:
             reason = "stderr: " + outcome.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
         # The sandbox is destroyed before its slot is given back: never oversubscribed.
@@ -538,6 +566,26 @@ class Cell:
         if handle is None or slot is None:
             raise NotAWorkerError(f"{lineage} holds no key here")
         return self.key_broker.sign(handle, tag, message, sandbox_id=slot.sandbox_id)
+
+    # -- caps --------------------------------------------------------------------------
+
+    def _caps(self, lineage: str) -> WorkerCaps:
+        """The sandbox caps of ``lineage``: its lease and grant as committed, now."""
+        with self._lock:
+            self.resources.refresh(self.journal)
+            self.view.refresh(self.journal)
+            book = self.resources.book
+            minted = self.view.grants.get(lineage)
+            if minted is None:
+                raise LeaseSpentError(f"{lineage} has no committed grant")
+            at = now_ms()
+            return worker_caps(
+                self.budget,
+                book.remaining(lineage, at),
+                book.deadline(lineage),
+                minted.sealed().grant.terms,
+                at,
+            )
 
     # -- keys --------------------------------------------------------------------------
 

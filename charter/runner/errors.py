@@ -9,6 +9,7 @@ from charter.core.errors import RefusedError, StateError
 
 __all__ = [
     "DoorRefusedError",
+    "LeaseSpentError",
     "NotAWorkerError",
     "ResultTooLargeError",
     "WaitRefusedError",
@@ -38,6 +39,13 @@ class ResultTooLargeError(DoorRefusedError):
     """A worker's result is over the size the journal keeps."""
 
     reason = "result-too-large"
+
+
+class LeaseSpentError(RefusedError):
+    """A worker's lease or grant has expired, or holds no time to run, when its sandbox
+    would start: it is not started (it ends failed)."""
+
+    reason = "lease-spent"
 
 
 class DemoFailedError(StateError):

@@ -8,7 +8,8 @@ PY = "/usr/bin/python3"
 
 PRELUDE = "import sys, json; sys.path.insert(0, '/workspace'); import charter_door\n"
 
-COST = {"wall_ms": 60_000, "cpu_ms": 60_000, "mem_bytes": 1 << 20, "egress_bytes": 0}
+# Children run under their leases: each needs at least the sandbox minimum of memory.
+COST = {"wall_ms": 60_000, "cpu_ms": 60_000, "mem_bytes": 1 << 28, "egress_bytes": 0}
 
 # Fans out argv[1] children that echo their number, waits, and answers with the sum.
 COORDINATOR = (
