@@ -36,6 +36,7 @@ def make_cell(
     *,
     door: bool = False,
     max_requests: int = 10_000,
+    budget: Budget = SLOT_BUDGET,
 ) -> Cell:
     path = state_dir / f"door-{uuid.uuid4().hex[:8]}.sock"
     broker = Door(path, max_requests=max_requests) if door else None
@@ -44,7 +45,7 @@ def make_cell(
         charter.keys,
         cell=charter.settings.cell,
         template=template,
-        budget=SLOT_BUDGET,
+        budget=budget,
         state_dir=state_dir,
         host_load=steady,
         key_broker=broker,

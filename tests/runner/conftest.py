@@ -48,11 +48,18 @@ def template(state_dir: Path) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def initialise(url: str, home: Path, *, processing: int = 2, coordination: int = 2) -> Charter:
+def initialise(
+    url: str,
+    home: Path,
+    *,
+    processing: int = 2,
+    coordination: int = 2,
+    egress: frozenset[str] = frozenset(),
+) -> Charter:
     charter, _ = Charter.initialise(
         url,
         root="estate",
-        ceiling=Ceiling(budget=ROOT_BUDGET, depth=4, fanout=200),
+        ceiling=Ceiling(budget=ROOT_BUDGET, depth=4, fanout=200, egress=egress),
         cell=CellSetup(cores=2, processing=processing, coordination=coordination),
         keys=KeyStore(home),
         settings=Settings(),
