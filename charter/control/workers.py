@@ -11,13 +11,12 @@ written before this event existed read unchanged.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from charter.core.events import Event
+from charter.core.framing import worker_inputs_digest
 
 __all__ = [
     "MAX_ARG_BYTES",
@@ -29,23 +28,15 @@ __all__ = [
 
 MAX_ARGS = 256
 MAX_ARG_BYTES = 16 * 1024
-# Separate hash domain for a worker's inputs (length-prefixed fields, never a
-# re-serialisation of a parsed object).
-_INPUTS_TAG = b"charter/worker-inputs/v1\x00"
-_LEN = struct.Struct(">I")
 
 Arg = Annotated[str, StringConstraints(min_length=0, max_length=MAX_ARG_BYTES)]
 
 
 def inputs_digest(argv: tuple[str, ...], inputs: tuple[str, ...]) -> str:
-    """sha256 over the tag, then each of ``argv`` and ``inputs`` length-prefixed."""
-    h = hashlib.sha256(_INPUTS_TAG)
-    for group in (argv, inputs):
-        h.update(_LEN.pack(len(group)))
-        for arg in group:
-            data = arg.encode()
-            h.update(_LEN.pack(len(data)) + data)
-    return h.hexdigest()
+    """The hex digest of a worker's command, in its own hash domain
+    (:func:`charter.core.framing.worker_inputs_digest`: length-prefixed fields, never a
+    re-serialisation of a parsed object)."""
+    return worker_inputs_digest(argv, inputs).hex()
 
 
 class WorkerSpec(BaseModel):

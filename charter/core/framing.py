@@ -12,6 +12,7 @@ tag: a change here that alters a single stored byte fails it.
 | ``charter/grant-digest/v1``  | the digest that names a sealed grant                  |
 | ``charter/custody/child/v1`` | a child's custody-key seed, derived from its parent's |
 | ``charter/sandbox-key/v1``   | what the key broker signs on a worker's behalf        |
+| ``charter/worker-inputs/v1`` | a scheduled worker's argv and inputs (its digest)     |
 
 The entry hash: ``H = sha256(tag ‖ prev ‖ position ‖ len‖originator ‖ version ‖
 len‖topic ‖ len‖state)``. The originator is hashed as its 16 raw UUID bytes on both
@@ -34,12 +35,14 @@ __all__ = [
     "HASH_SIZE",
     "SANDBOX_KEY_TAG",
     "SIGNATURE_TAG",
+    "WORKER_INPUTS_TAG",
     "ChainRow",
     "child_seed",
     "entry_hash",
     "grant_digest",
     "grant_signing_input",
     "sandbox_key_signing_input",
+    "worker_inputs_digest",
 ]
 
 ENTRY_TAG = b"charter/entry/v1\x00"
@@ -47,6 +50,7 @@ SIGNATURE_TAG = b"charter/grant/v1\x00"
 DIGEST_TAG = b"charter/grant-digest/v1\x00"
 CHILD_KEY_TAG = b"charter/custody/child/v1\x00"
 SANDBOX_KEY_TAG = b"charter/sandbox-key/v1\x00"
+WORKER_INPUTS_TAG = b"charter/worker-inputs/v1\x00"
 
 GENESIS = bytes(32)
 HASH_SIZE = 32
@@ -108,3 +112,15 @@ def child_seed(parent_seed: bytes, child_lineage: str) -> bytes:
 def sandbox_key_signing_input(tag: bytes, message: bytes) -> bytes:
     """What the key broker signs for a worker: domain ‖ len‖tag ‖ len64‖message."""
     return SANDBOX_KEY_TAG + _LEN.pack(len(tag)) + tag + _LEN64.pack(len(message)) + message
+
+
+def worker_inputs_digest(argv: tuple[str, ...], inputs: tuple[str, ...]) -> bytes:
+    """sha256(tag ‖ u32 count‖(u32 len‖arg)… of ``argv`` ‖ the same of ``inputs``),
+    each argument UTF-8 encoded: the digest a ``WorkerScheduled`` names its command by."""
+    h = sha256(WORKER_INPUTS_TAG)
+    for group in (argv, inputs):
+        h.update(_LEN.pack(len(group)))
+        for arg in group:
+            data = arg.encode()
+            h.update(_LEN.pack(len(data)) + data)
+    return h.digest()
