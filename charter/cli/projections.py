@@ -97,12 +97,14 @@ def _render_tree(report: TreeReport) -> None:
     branches: dict[str, Tree] = {}
     for node in report.nodes:  # sorted by path: a parent comes before its children
         # escaped: "[active]" would otherwise be read as rich markup and vanish
-        label = f"{node.lineage.rsplit('/', 1)[-1]}  {escape(f'[{node.status}]')} @{node.position}"
+        # the lease's status, then (for a scheduled worker) the worker's own
+        status = escape(f"[{node.status}]") + (f" {node.worker}" if node.worker else "")
+        label = f"{node.lineage.rsplit('/', 1)[-1]}  {status} @{node.position}"
         if node.fanout:
             label += f" fan-out {node.fanout}"
         parent = branches.get(node.parent) if node.parent else None
         if parent is None:  # a root, or the top of the subtree asked for
-            label = f"{node.lineage}  {escape(f'[{node.status}]')} @{node.position}"
+            label = f"{node.lineage}  {status} @{node.position}"
         branches[node.lineage] = (parent or top).add(label)
     Console().print(top)
 
@@ -112,13 +114,23 @@ def _render_slots(report: SlotsReport) -> None:
     from rich.table import Table
 
     table = Table(title=f"slots as of position {report.as_of}")
-    for column in ("cell", "class", "occupancy", "cap", "holders"):
+    for column in ("cell", "class", "occupancy", "cap", "holders", "queued (in order)"):
         table.add_column(column)
+
+    def first(lineages: list[str]) -> str:
+        more = f" (+{len(lineages) - 3})" if len(lineages) > 3 else ""
+        return ", ".join(lineages[:3]) + more
+
     for cell in report.cells:
         for resource, info in cell.to_json()["slots"].items():
-            holders = info["holders"]
-            shown = ", ".join(holders[:3]) + (f" (+{len(holders) - 3})" if len(holders) > 3 else "")
-            table.add_row(cell.cell, resource, str(info["occupancy"]), str(info["cap"]), shown)
+            table.add_row(
+                cell.cell,
+                resource,
+                str(info["occupancy"]),
+                str(info["cap"]),
+                first(info["holders"]),
+                first(info["queued"]),
+            )
     Console().print(table)
 
 
@@ -148,7 +160,7 @@ def tree(ctx: Ctx, lineage: str | None, as_of: int | None) -> None:
 @_AS_OF
 @click.pass_obj
 def slots(ctx: Ctx, as_of: int | None) -> None:
-    """Slot occupancy per cell and resource class."""
+    """Slot occupancy per cell and resource class, and who queues for a slot."""
     with _projector(ctx) as projector:
         report = projector.slots(as_of)
     ctx.emit(report.to_json(), lambda: _render_slots(report))
