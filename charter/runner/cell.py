@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import os
 import socket
 import threading
@@ -32,19 +31,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from nacl.signing import SigningKey
-
-from charter.authority import derive_child_seed
 from charter.budgets import ResourceClass, SlotAdmitted, SlotReleased
 from charter.control import (
     BudgetService,
     HostLoad,
     ResourceView,
-    custody_key_name,
     host_cap_inputs,
     worker_stream,
 )
-from charter.core import Budget, CharterError, Event, KeyStore, Lineage, now_ms
+from charter.core import Budget, CharterError, Event, KeyStore, now_ms
 from charter.ledger import (
     AlreadyTrackedError,
     AppendConflictError,
@@ -52,6 +47,7 @@ from charter.ledger import (
     Journal,
 )
 from charter.runner._caps import BrokerEvents, WorkerCaps, worker_caps
+from charter.runner._custody import Custody, custody_seed
 from charter.runner._kill import kill_uid
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.errors import LeaseSpentError, NotAWorkerError
@@ -122,7 +118,7 @@ class Cell:
         self._lock = threading.RLock()  # the folds and the cell's appends
         self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
         self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
-        self._handles: dict[str, str] = {}  # lineage -> key handle
+        self.custody = Custody(keys, self.key_broker)
         self._threads: list[threading.Thread] = []
         self._scanned = 0  # admissions read up to here by this process
         self.changed = threading.Condition(self._lock)
@@ -313,7 +309,9 @@ class Cell:
             self._end(w, "failed", None, f"not started: {error}", discard=False)
             return 0
         try:
-            handle = self._issue_key(w.lineage, slot.sandbox_id)
+            with self._lock:
+                minted = self.view.grants.get(w.lineage)
+            self.custody.issue(w.lineage, minted, slot.sandbox_id)
         except CharterError as error:  # fail closed: no key, no start; the worker ends
             self.pool.release(slot, refill=False)
             self._end(w, "failed", None, f"no custody key: {error}", discard=False)
@@ -352,9 +350,7 @@ class Cell:
         except (AppendConflictError, AlreadyTrackedError, AppendFailedError) as error:
             # Killed meanwhile, already started by another incarnation, or the journal
             # refused the record: no record, no start (the last is tried again).
-            with self._lock:
-                self._handles.pop(w.lineage, None)
-            self.key_broker.release(handle)
+            self.custody.release(w.lineage)
             self.pool.release(slot, refill=False)
             return None if isinstance(error, AppendFailedError) else 0
         thread = threading.Thread(
@@ -411,9 +407,7 @@ class Cell:
             slot = self._slots.pop(lineage, None)
             if slot is not None:
                 self._by_uid.pop(slot.host_uid, None)
-            handle = self._handles.pop(lineage, None)
-        if handle is not None:
-            self.key_broker.release(handle)
+        self.custody.release(lineage)
         if slot is not None and self.pool is not None:
             self.pool.release(slot, refill=False)
 
@@ -561,11 +555,10 @@ class Cell:
     def sign(self, lineage: str, tag: str, message: bytes) -> bytes:
         """Sign for ``lineage`` with the key issued to its sandbox (and only that one)."""
         with self._lock:
-            handle = self._handles.get(lineage)
             slot = self._slots.get(lineage)
-        if handle is None or slot is None:
+        if slot is None:
             raise NotAWorkerError(f"{lineage} holds no key here")
-        return self.key_broker.sign(handle, tag, message, sandbox_id=slot.sandbox_id)
+        return self.custody.sign(lineage, tag, message, slot.sandbox_id)
 
     # -- caps --------------------------------------------------------------------------
 
@@ -587,35 +580,8 @@ class Cell:
                 at,
             )
 
-    # -- keys --------------------------------------------------------------------------
-
     def custody_seed(self, lineage: str) -> bytes:
-        """The custody seed of ``lineage``: the root's from the home, each child's
-        derived from its parent's (``child_seed``) along the committed grants."""
-        parts = lineage.split("/")
-        root = Lineage(parts[0])
-        seed = bytes(self.keys.load(custody_key_name(root.root_name)))
-        for i in range(1, len(parts)):
-            seed = derive_child_seed(seed, Lineage("/".join(parts[: i + 1])))
-        # Fail closed: the key must be the one the committed grant names as its subject.
+        """``lineage``'s custody seed (its committed grant's subject key, or refused)."""
         with self._lock:
             minted = self.view.grants.get(lineage)
-        public = bytes(SigningKey(seed).verify_key)
-        if minted is None or not hmac.compare_digest(
-            public, bytes.fromhex(minted.sealed().grant.subject_key)
-        ):
-            raise NotAWorkerError(f"{lineage} has no committed grant for the key derived here")
-        return seed
-
-    def key_handle(self, lineage: str) -> str | None:
-        with self._lock:
-            return self._handles.get(lineage)
-
-    def _issue_key(self, lineage: str, sandbox_id: str) -> str:
-        """The worker's key, issued to its sandbox (registered with the broker by the
-        pool's lease): the handle dies with the sandbox."""
-        seed = bytearray(self.custody_seed(lineage))
-        handle = self.key_broker.issue(seed, sandbox_id=sandbox_id)
-        with self._lock:
-            self._handles[lineage] = handle
-        return handle
+        return custody_seed(self.keys, lineage, minted)
