@@ -13,9 +13,9 @@ import pytest
 
 from charter.app import Charter
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
-from charter.budgets import UsageRecorded
+from charter.budgets import LeaseGranted, UsageRecorded
 from charter.control import WorkerSpec
-from charter.core import Budget
+from charter.core import Budget, now_ms
 from charter.runner.events import WorkerEnded, WorkerResult, WorkerStarted
 from charter.sandbox import (
     EgressAttempted,
@@ -161,4 +161,35 @@ def test_egress_is_the_grants_through_the_broker_and_its_bytes_are_charged(
         refused = [a for a in f["attempted"] if not a.allowed and a.destination == target]
         assert len(refused) == 1
         assert refused[0].host_uid == f[denied]["leased"].host_uid
+        _settled(charter)
+
+
+def test_a_worker_whose_lease_cannot_run_a_sandbox_is_never_started(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    with initialise(journal_url, tmp_path / "home", processing=4) as charter:
+        tiny = spawn_one(charter, "wall=60s,cpu=60s,mem=16MiB,egress=0", ("/bin/true",))
+        brief = spawn_one(charter, "wall=1s,cpu=1s,mem=64MiB,egress=0", ("/bin/true",))
+        ok = spawn_one(charter, "wall=60s,cpu=60s,mem=64MiB,egress=0", ("/bin/true",))
+        # Wait (on the journaled expiry, not a guess) until the brief lease has expired.
+        expiry = max(
+            e.event.expires_at_ms
+            for e in charter.journal.entries(types=("LeaseGranted",))
+            if isinstance(e.event, LeaseGranted) and brief in e.event.lineages
+        )
+        deadline = time.monotonic() + 30
+        while now_ms() <= expiry:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with running(make_cell(charter, None, state_dir, budget=SLOT)) as cell:
+            until_idle(cell)
+        f = facts(charter)
+        for lineage, why in ((tiny, "below the sandbox minimum"), (brief, "no time left")):
+            assert "leased" not in f[lineage]  # no sandbox was started for it
+            assert f[lineage]["ended"].outcome == "failed"
+            assert "not started" in f[lineage]["ended"].reason
+            assert why in f[lineage]["ended"].reason
+        # Control: a lease that can run a sandbox runs it.
+        assert f[ok]["ended"].outcome == "exited"
+        assert f[ok]["ended"].exit_code == 0
         _settled(charter)
