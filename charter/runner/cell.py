@@ -5,7 +5,8 @@ committed in the same transaction as the start it records) and acts only on comm
 entries: record, commit, then act. For each worker scheduled on it, when the worker
 holds a processing slot (``SlotAdmitted``), in order:
 
-1. lease a warm-pool slot;
+1. lease a warm-pool slot, narrowed to the worker's own lease and grant (caps, wall
+   clock up to its expiry, egress allow-list at the cell's egress broker);
 2. journal ``SandboxLeased`` (lineage, lease, grant digest), ``WorkerStarted`` and
    ``SandboxStarted`` in one append, pinned to the worker's stream (so it starts at
    most once) and carrying the tracking position (so a replay skips it);
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from charter.budgets import ResourceClass, SlotAdmitted, SlotReleased
+from charter.budgets import ResourceClass, SlotAdmitted
 from charter.control import (
     BudgetService,
     HostLoad,
@@ -46,6 +47,7 @@ from charter.ledger import (
     AppendFailedError,
     Journal,
 )
+from charter.runner._admission import queue_admissions
 from charter.runner._caps import BrokerEvents, WorkerCaps, worker_caps
 from charter.runner._custody import Custody, custody_seed
 from charter.runner._kill import kill_uid
@@ -466,36 +468,18 @@ class Cell:
     def admit_queued(
         self, *, freed: int, dead: frozenset[str] | set[str] = frozenset()
     ) -> list[Event]:
-        """Admissions of the processing queue's head(s) into the room there is (plus
-        ``freed`` slots this append gives back). A head whose worker already ended
-        (killed while queued) is admitted and released at once, which clears it."""
-        state = self.resources.cells.get(self.cell)
+        """Admissions of the processing queue's head(s) (:func:`queue_admissions`), on
+        the folds as they stand (hold the lock)."""
+        cells = self.resources.cells
+        state = cells.get(self.cell)
+        workers = self.view.workers
+
+        def live(lineage: str) -> bool:
+            w = workers.get(lineage)
+            return w is None or w.live
+
         inputs = self.host_load(state.cores, state.failover_reserve)
-        cap, used = self.resources.cells.cap(self.cell, ResourceClass.PROCESSING, inputs)
-        occupancy = state.occupancy(ResourceClass.PROCESSING) - freed
-        events: list[Event] = []
-        for lineage in list(state.queued[ResourceClass.PROCESSING]):
-            if occupancy >= cap:
-                break
-            w = self.view.workers.get(lineage)
-            gone = lineage in dead or (w is not None and not w.live)
-            events.append(
-                SlotAdmitted(
-                    cell=self.cell,
-                    lineage=lineage,
-                    resource=ResourceClass.PROCESSING,
-                    cap=cap,
-                    occupancy=occupancy + 1,
-                    inputs=used,
-                )
-            )
-            if gone:
-                events.append(
-                    SlotReleased(cell=self.cell, lineage=lineage, resource=ResourceClass.PROCESSING)
-                )
-            else:
-                occupancy += 1
-        return events
+        return queue_admissions(cells, self.cell, inputs, live, freed=freed, dead=dead)
 
     # -- kills -----------------------------------------------------------------------
 
