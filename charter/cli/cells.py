@@ -33,10 +33,10 @@ def _cap(name: str, text: str) -> Callable[[FC], FC]:
 @click.option("--once", is_flag=True, help="Stop when nothing scheduled on the cell is left.")
 @click.option(
     "--slot-budget",
-    default="tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=0MB",
+    default="tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=100MB",
     show_default=True,
     metavar="VECTOR",
-    help="Each worker sandbox's caps.",
+    help="The most any worker's sandbox gets; each runs under its own lease and grant.",
 )
 @click.option(
     "--ignore-host-load",

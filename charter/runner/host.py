@@ -18,7 +18,9 @@ from charter.sandbox import default_state_dir
 
 __all__ = ["DEFAULT_SLOT_BUDGET", "cell_for", "run_cell", "steady_load"]
 
-DEFAULT_SLOT_BUDGET = Budget.parse("tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=0MB")
+# The most any one worker's sandbox may get: each worker runs under its own lease and
+# grant, narrowed from this (docs/cell.md, "Caps").
+DEFAULT_SLOT_BUDGET = Budget.parse("tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=100MB")
 
 
 def steady_load(cores: int, reserve: int) -> CapInputs:
