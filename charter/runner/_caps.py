@@ -1,5 +1,4 @@
-"""What a worker's sandbox runs under: its own lease and grant, never more than a slot;
-and where its egress broker's events go.
+"""What a worker's sandbox runs under: its own lease and grant, never more than a slot.
 
 Pure: the caps are the slot budget met with what the worker's lease holds now, the wall
 clock cut to the first expiry of its lease chain or its grant (so the sandbox is killed
@@ -9,22 +8,14 @@ grant's destinations, for the egress broker.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import NamedTuple
 
 from charter.authority import GrantTerms
-from charter.core import Budget, Event
-from charter.ledger import Journal
+from charter.core import Budget
 from charter.runner.errors import LeaseSpentError
-from charter.sandbox import (
-    EgressGrant,
-    SandboxDiscarded,
-    SandboxExited,
-    SandboxLeased,
-    SandboxStarted,
-)
+from charter.sandbox import EgressGrant
 
-__all__ = ["BrokerEvents", "WorkerCaps", "worker_caps"]
+__all__ = ["WorkerCaps", "worker_caps"]
 
 
 class WorkerCaps(NamedTuple):
@@ -58,21 +49,3 @@ def worker_caps(
         egress=EgressGrant(destinations=tuple(sorted(terms.egress))),
         deadline_ms=deadline,
     )
-
-
-_CELLS_OWN = (SandboxLeased, SandboxStarted, SandboxExited, SandboxDiscarded)
-
-
-class BrokerEvents:
-    """The cell's pool's sink: what the egress broker journals (``EgressOpened`` before
-    each connection it opens, ``EgressAttempted`` at a sandbox's exit) and anything
-    else the pool reports goes to the journal; the sandbox lifecycle the pool would
-    journal is left out, because the cell journals it itself, pinned to the worker's
-    stream and in order with the worker's own events."""
-
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
-
-    def append(self, events: Sequence[Event]) -> object:
-        kept = [e for e in events if not isinstance(e, _CELLS_OWN)]
-        return self.journal.append(kept) if kept else None

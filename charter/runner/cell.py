@@ -48,9 +48,10 @@ from charter.ledger import (
     Journal,
 )
 from charter.runner._admission import queue_admissions
-from charter.runner._caps import BrokerEvents, WorkerCaps, worker_caps
+from charter.runner._caps import WorkerCaps, worker_caps
 from charter.runner._custody import Custody, custody_seed
 from charter.runner._kill import kill_uid
+from charter.runner._sink import BrokerEvents
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.errors import LeaseSpentError, NotAWorkerError
 from charter.runner.events import (
