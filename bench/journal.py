@@ -4,7 +4,11 @@ drivers as the physical reference, and full-chain verification of 1,000,000 entr
 Every ratio is measured in this run on this machine. Targets (issue 2):
   chained / stock >= 0.85 for single-event and 1000-event appends, SQLite and PostgreSQL;
   verify 1,000,000 SQLite entries in <= 5 s.
+Target (issue 11): 16 concurrent writer processes append at least as many entries/s in
+  aggregate as one writer (process start-up excluded), on each backend; printed beside
+  the raw driver's rates for 1 and 16 writers of the same run.
 Run: python3 bench/journal.py [--pg URL] [--skip-pg] [--rounds N] [--verify-n N]
+       [--writers N] [--per-writer K] [--writers-only]
 Exit status 1 if a target is missed.
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import multiprocessing
 import sqlite3
 import statistics
 import sys
@@ -236,6 +241,115 @@ def bench_verify(tmp: Path, n: int) -> tuple[float, float, int]:
     return verify_s, sha_s, total
 
 
+# -- concurrent writers ----------------------------------------------------------------
+
+
+def _raw_appender(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """One single-row commit through the bare driver (no chain, no lock of ours)."""
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None, timeout=30)
+        conn.execute("PRAGMA synchronous=FULL")
+
+        def one(i: int) -> None:
+            del i
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO e VALUES (?,?,?,?)", (uuid.uuid4().hex, 1, "B/v1", _STATE))
+            conn.execute("COMMIT")
+
+        return one, conn.close
+    pconn = psycopg.connect(**pg_conninfo(url), autocommit=True)
+
+    def one_pg(i: int) -> None:
+        del i
+        pconn.execute("INSERT INTO e VALUES (%s,%s,%s,%s)", (uuid.uuid4(), 1, "B/v1", _STATE))
+
+    return one_pg, pconn.close
+
+
+def _chained_appender(url: str) -> tuple[Callable[[int], None], Callable[[], None]]:
+    journal = Journal.open(url)
+
+    def one(i: int) -> None:
+        journal.append([_event(i)])
+
+    return one, journal.close
+
+
+def _writer_process(url: str, kind: str, per: int, barrier: Any, out: Any) -> None:
+    """Open (start-up, not timed), wait for every writer, then ``per`` commits."""
+    one, close = _chained_appender(url) if kind == "chained" else _raw_appender(url)
+    one(-1)  # warm: connection, pool, prepared statements
+    barrier.wait()
+    t0 = time.perf_counter()
+    for i in range(per):
+        one(i)
+    out.put((t0, time.perf_counter(), per))
+    close()
+
+
+def _aggregate(url: str, kind: str, writers: int, per: int) -> float:
+    """Entries/s of ``writers`` processes appending at once: all entries over the span
+    from the first writer's start to the last one's end (start-up excluded)."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(writers), ctx.Queue()
+    procs = [
+        ctx.Process(target=_writer_process, args=(url, kind, per, barrier, out))
+        for _ in range(writers)
+    ]
+    for p in procs:
+        p.start()
+    spans = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(60)
+        if p.exitcode != 0:
+            raise SystemExit(f"a {kind} writer failed (exit {p.exitcode})")
+    start, end = min(s[0] for s in spans), max(s[1] for s in spans)
+    return float(sum(s[2] for s in spans) / (end - start))
+
+
+def bench_writers(url: str, writers: int, per: int, rounds: int) -> dict[str, float]:
+    """Chained and raw, 1 writer and ``writers`` writers, on one journal's backend: the
+    median of ``rounds`` rounds, the four runs of a round back to back (so a slow spell
+    of a shared machine hits 1 and ``writers`` writers alike)."""
+    Journal.create(url).close()
+    if url.startswith("sqlite"):
+        raw = sqlite3.connect(url.removeprefix("sqlite:///") + ".raw", isolation_level=None)
+        raw.execute("PRAGMA journal_mode=WAL")
+        raw.execute(_RAW_TABLE.format("originator_id text", "blob"))
+        raw.close()
+        raw_url = url + ".raw"
+    else:
+        with psycopg.connect(**pg_conninfo(url), autocommit=True) as raw_pg:
+            raw_pg.execute(_RAW_TABLE.format("originator_id uuid", "bytea"))
+        raw_url = url
+    total = writers * per
+    runs = [
+        {
+            "chained 1": _aggregate(url, "chained", 1, total),
+            f"chained {writers}": _aggregate(url, "chained", writers, per),
+            "raw 1": _aggregate(raw_url, "raw", 1, total),
+            f"raw {writers}": _aggregate(raw_url, "raw", writers, per),
+        }
+        for _ in range(rounds)
+    ]
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def _report_writers(backend: str, r: dict[str, float], writers: int, failures: list[str]) -> None:
+    one, many = r["chained 1"], r[f"chained {writers}"]
+    ratio = many / one
+    ok = ratio >= 1.0
+    print(
+        f"\n{backend}: single-event commits, entries/s (start-up excluded; median of rounds)\n"
+        f"  chained  1 writer {one:>9,.0f}   {writers} writers {many:>9,.0f}   "
+        f"{writers}/1 = {ratio:.2f} (target >= 1.00) {'PASS' if ok else 'FAIL'}\n"
+        f"  raw      1 writer {r['raw 1']:>9,.0f}   {writers} writers "
+        f"{r[f'raw {writers}']:>9,.0f}   {writers}/1 = {r[f'raw {writers}'] / r['raw 1']:.2f}"
+    )
+    if not ok:
+        failures.append(f"{backend} {writers} writers: {ratio:.2f}x one writer < 1.00")
+
+
 def _report(backend: str, rounds: list[dict[str, float]], failures: list[str]) -> None:
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     print(f"\n{backend}: events/s (median of {len(rounds)} rounds)")
@@ -259,10 +373,24 @@ def main() -> int:
     parser.add_argument("--skip-pg", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--verify-n", type=int, default=1_000_000)
+    parser.add_argument("--writers", type=int, default=16)
+    parser.add_argument("--per-writer", type=int, default=500)
+    parser.add_argument("--writers-only", action="store_true")
     args = parser.parse_args()
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="charter-bench-") as d:
         tmp = Path(d)
+        n, per = args.writers, args.per_writer
+        sqlite_rates = bench_writers(f"sqlite:///{tmp / 'w.db'}", n, per, args.rounds)
+        _report_writers("SQLite", sqlite_rates, n, failures)
+        if not args.skip_pg:
+            with scratch_database(args.pg) as url:
+                pg_rates = bench_writers(url, n, per, args.rounds)
+                _report_writers("PostgreSQL", pg_rates, n, failures)
+        if args.writers_only:
+            for f in failures:
+                print(f"MISSED: {f}", file=sys.stderr)
+            return 1 if failures else 0
         _report("SQLite", bench_sqlite(tmp, args.rounds), failures)
         if not args.skip_pg:
             _report("PostgreSQL", bench_postgres(args.pg, args.rounds), failures)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from charter.core import (
     Lineage,
     StateError,
     charter_home,
+    describe_invalid,
 )
 from charter.ledger import Journal, JournalCreated, Location, resolve_location
 from charter.projections import Projector
@@ -68,10 +70,22 @@ class Settings(BaseModel):
 
     ceilings: FabricCeilings = FabricCeilings()
     cell: str = Field(default=DEFAULT_CELL, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    # PostgreSQL: how long a writer waits for the journal's write lock, and how long any
+    # journal statement may run, before it gives up with WriterStalledError.
+    pg_lock_timeout_s: int = Field(default=30, ge=1, le=3600)
+    pg_statement_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
+
+    def journal_env(self) -> dict[str, str]:
+        """The journal settings these carry (see ``Journal.open``'s ``env``)."""
+        return {
+            "POSTGRES_LOCK_TIMEOUT": str(self.pg_lock_timeout_s),
+            "POSTGRES_STATEMENT_TIMEOUT": repr(self.pg_statement_timeout_s),
+        }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """``CHARTER_POPULATION_CEILING``, ``CHARTER_DEPTH_CEILING`` and ``CHARTER_CELL``.
+        """``CHARTER_POPULATION_CEILING``, ``CHARTER_DEPTH_CEILING``, ``CHARTER_CELL``,
+        ``CHARTER_PG_LOCK_TIMEOUT`` and ``CHARTER_PG_STATEMENT_TIMEOUT`` (seconds).
 
         A malformed value is bad input: the ceilings fail open only when the registry
         cannot be read, never on a typo.
@@ -87,12 +101,24 @@ class Settings(BaseModel):
                         "unset it"
                     )
                 ceilings[key] = int(text)
+        timeouts = {
+            field: env[name]
+            for field, name in (
+                ("pg_lock_timeout_s", "CHARTER_PG_LOCK_TIMEOUT"),
+                ("pg_statement_timeout_s", "CHARTER_PG_STATEMENT_TIMEOUT"),
+            )
+            if name in env
+        }
         try:
             return cls(
-                ceilings=FabricCeilings(**ceilings), cell=env.get("CHARTER_CELL", DEFAULT_CELL)
+                ceilings=FabricCeilings(**ceilings),
+                cell=env.get("CHARTER_CELL", DEFAULT_CELL),
+                **timeouts,
             )
         except ValidationError as e:
-            raise BadInputError(f"Charter settings from the environment: {e}") from e
+            raise BadInputError(
+                f"Charter settings from the environment: {describe_invalid(e)}"
+            ) from e
 
 
 class CellSetup(BaseModel):
@@ -134,6 +160,51 @@ class CellSetup(BaseModel):
         }
 
 
+def _test_hook(step: str) -> None:
+    """Tests of a killed init set CHARTER_TEST_KILL_INIT_AT to a step name; the process
+    then kills itself with SIGKILL right after that step (no clean-up can run)."""
+    if os.environ.get("CHARTER_TEST_KILL_INIT_AT") == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _InitMarker:
+    """``<home>/init-unfinished``: which journal (and root) an init in this home began,
+    written before it creates anything and removed when it has finished. It is what
+    lets a re-run resume, and tells an unfinished journal of this home from another's."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / "init-unfinished"
+
+    def resume(self, location: Location, root: str) -> bool:
+        """True if an init of this same journal and root was left unfinished here."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return False
+        recorded = text.splitlines()
+        if recorded != [location.display, root]:
+            shown = " (root ".join(recorded) + ")" if len(recorded) == 2 else text.strip()
+            raise StateError(
+                f"an unfinished `charter init` of {shown} is in {self.path.parent}; finish "
+                f"it with the same --db and --root, or remove {self.path} and what it made"
+            )
+        return True
+
+    def begin(self, location: Location, root: str) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:  # O_EXCL: two inits in one home cannot both begin
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise StateError(f"another `charter init` is running in {self.path.parent}") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{location.display}\n{root}\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def end(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 @dataclass(frozen=True)
 class Initialised:
     """What ``Charter.initialise`` made."""
@@ -172,13 +243,15 @@ class Charter:
         keys: KeyStore | None = None,
         settings: Settings | None = None,
         env: Mapping[str, str] | None = None,
+        read_only: bool = False,
     ) -> Charter:
-        """Open an existing journal (``--db``, ``CHARTER_DB`` or the home's SQLite file)."""
-        return cls(
-            Journal.open(db, env=env),
-            keys or KeyStore(charter_home()),
-            settings or Settings.from_env(),
+        """Open an existing journal (``--db``, ``CHARTER_DB`` or the home's SQLite file);
+        ``read_only``: only to read it (see :meth:`Journal.open`)."""
+        settings = settings or Settings.from_env()
+        journal = Journal.open(
+            db, env={**settings.journal_env(), **(env or {})}, read_only=read_only
         )
+        return cls(journal, keys or KeyStore(charter_home()), settings)
 
     @classmethod
     def initialise(
@@ -192,41 +265,79 @@ class Charter:
         settings: Settings | None = None,
     ) -> tuple[Charter, Initialised]:
         """Create the journal (once), its signing key, the root agent and the local
-        cell. Nothing is left half-made: on any failure, what this call created is
-        removed again (a PostgreSQL database is the operator's and is left to them)."""
+        cell, as named steps that a re-run resumes: an init that was killed midway is
+        finished by running it again (same home, same --db, same root), each step done
+        only if it is not done yet. Never deletes what it did not create in this run; a
+        journal it finds there that is not its own is refused, nothing written."""
         location = resolve_location(db)
         keys = keys or KeyStore(charter_home())
         settings = settings or Settings.from_env()
-        Journal.refuse_existing(location)  # refuse before writing anything
-        if keys.exists(JOURNAL_KEY):
-            raise StateError(
-                f"the Charter home {keys.home} already has a journal key; it belongs to an "
-                "existing journal (use that one, or set CHARTER_HOME to a new directory)"
-            )
-        key = keys.create(JOURNAL_KEY)
+        marker = _InitMarker(keys.home)
+        resuming = marker.resume(location, root)
+        if not resuming:
+            Journal.refuse_existing(location)  # refuse before writing anything
+            if keys.exists(JOURNAL_KEY):
+                raise StateError(
+                    f"the Charter home {keys.home} already has a journal key; it belongs to "
+                    "an existing journal (use that one, or set CHARTER_HOME to a new directory)"
+                )
+            marker.begin(location, root)
+        # Step 1: the journal's signing key.
+        key = keys.load(JOURNAL_KEY) if resuming and keys.exists(JOURNAL_KEY) else None
+        made_key = key is None
+        key = key or keys.create(JOURNAL_KEY)
         public = bytes(key.verify_key).hex()
+        _test_hook("key")
+        # Step 2: the schema and its metadata (all or nothing), naming that key.
         try:
-            journal = Journal.create(location, journal_key=public)
+            journal = Journal.create(location, journal_key=public, resume=resuming)
         except CharterError:
-            keys.remove(JOURNAL_KEY)  # no key without its journal
+            if not resuming:  # nothing else was made: undo this run's key and marker
+                if made_key:
+                    keys.remove(JOURNAL_KEY)
+                marker.end()
             raise
+        _test_hook("schema")
         charter = cls(journal, keys, settings)
-        registered = False
         try:
-            journal.append([JournalCreated(journal_key=public, created_at=journal.meta.created_at)])
-            record = register_root(journal, keys, root, ceiling)
-            registered = True
-            setup = cell or CellSetup.for_host()
-            charter.admission().configure(
-                settings.cell, setup.caps(), cores=setup.cores, failover_reserve=setup.reserve
-            )
-        except BaseException:
-            journal.discard_new()  # no journal without its root and cell
-            keys.remove(JOURNAL_KEY)
-            if registered:
-                keys.remove(custody_key_name(root))
+            record = charter._finish_init(public, root, ceiling, cell or CellSetup.for_host())
+        except BaseException as e:
+            charter.close()
+            if isinstance(e, CharterError):
+                e.add_note("(initialisation is unfinished: run the same `charter init` again)")
             raise
+        marker.end()
         return charter, Initialised(location, str(keys.home), public, record, journal.head())
+
+    def _finish_init(
+        self, public: str, root: str, ceiling: Ceiling, setup: CellSetup
+    ) -> AgentRecord:
+        """Steps 3-5 of init, each skipped when the journal shows it done."""
+        journal = self.journal
+        if journal.meta.journal_key != public:
+            raise StateError(
+                f"{journal.location.display} was made with another journal key; it is not "
+                "this home's unfinished journal (refusing to touch it)"
+            )
+        first = next(iter(journal.entries(1, 1)), None)
+        if first is None:  # Step 3: the first entry names the key
+            journal.append([JournalCreated(journal_key=public, created_at=journal.meta.created_at)])
+        elif not isinstance(first.event, JournalCreated):
+            raise StateError(f"{journal.location.display} does not begin with JournalCreated")
+        _test_hook("created")
+        lineage = Lineage.root(root)
+        if not journal.stream_version(str(lineage)):  # Step 4: the root agent
+            # A custody key without its directory entry can only be this unfinished
+            # init's (killed between making it and journaling it): make it afresh.
+            self.keys.remove(custody_key_name(root))
+            record = register_root(journal, self.keys, root, ceiling)
+        else:
+            record = self.spawn_service().agent(root)
+        _test_hook("root")
+        if not journal.stream_version(f"cell:{self.settings.cell}"):  # Step 5: the cell
+            self.configure_cell(setup)
+        _test_hook("cell")
+        return record
 
     def close(self) -> None:
         self.journal.close()
@@ -278,9 +389,11 @@ class Charter:
         *,
         policy: GatePolicy | None = None,
         workers: tuple[WorkerSpec, ...] | None = None,
+        request_id: str | None = None,
     ) -> SpawnResult:
         """A fan-out under durable agent ``parent`` (``agent:NAME``), as its operator;
-        with ``workers``, each child is scheduled to run on this host's cell."""
+        with ``workers``, each child is scheduled to run on this host's cell. Give
+        ``request_id`` to make a retry safe (see ``SpawnService.spawn``)."""
         lineage = parent if isinstance(parent, Lineage) else Lineage(parent)
         if not lineage.is_root:
             raise BadInputError(
@@ -288,7 +401,9 @@ class Charter:
                 "operator; give a durable agent (agent:NAME)"
             )
         service = self.spawn_service(policy)
-        return service.spawn(service.durable_caller(lineage.root_name), intent, workers)
+        return service.spawn(
+            service.durable_caller(lineage.root_name), intent, workers, request_id=request_id
+        )
 
     def processing_cap(self, cell: str | None = None) -> int:
         """The cell's committed processing cap (what ``cell configure``/``init`` journaled)."""

@@ -1,6 +1,14 @@
 """The auditor's side. ``charter.audit`` itself imports only core (no eventsourcing, no
 database driver), so an offline verifier can be built on it: the chain walk and its
-report. :mod:`charter.audit.journal` verifies a whole journal in parallel."""
+report. :mod:`charter.audit.journal` verifies a whole journal in parallel.
+
+Pure (usable offline, with neither eventsourcing nor a driver loaded): ``chain``,
+``merkle`` (RFC 6962 tree, proofs, RFC 9162 verification), ``note`` (C2SP signed notes,
+checkpoints, cosignatures), ``proofs`` (proof texts), ``witness``, ``bundle`` (export
+bundles and their verification), ``semantic`` (the semantic audits), ``siem`` (flat
+JSON lines). On a journal: ``tree`` (the Merkle follower, proofs from stored nodes,
+checkpoints, ``verify_extension``), ``export`` and ``journal``. docs/VERIFYING.md is the
+byte-exact specification."""
 
 from charter.audit.chain import (
     ChainBrokenError,
@@ -13,6 +21,7 @@ from charter.audit.chain import (
     parse_head,
     verify_chain,
 )
+from charter.audit.keys import JournalKeyRotated
 
 __all__ = [
     "ChainBrokenError",
@@ -20,6 +29,7 @@ __all__ = [
     "ChainReport",
     "ChainSource",
     "Fault",
+    "JournalKeyRotated",
     "audit_chain",
     "finish_report",
     "parse_head",

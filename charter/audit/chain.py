@@ -9,6 +9,7 @@ A chain alone cannot show that its tail was cut off; pass a previously recorded 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, Protocol
@@ -96,8 +97,13 @@ def parse_head(text: str) -> ChainHead:
     )
 
 
-def _link_fault(source: ChainSource, row: ChainRow, last_position: int) -> tuple[Fault, str]:
-    target = source.position_of_hash(row.prev_hash)
+_CHANGED = "its stored bytes do not match its hash (the entry was changed)"
+
+
+def _link_fault(source: ChainSource, link: bytes, last_position: int) -> tuple[Fault, str]:
+    """Why an entry's link is not the hash of the entry before it (reads only the link:
+    the entry's other columns may not even decode)."""
+    target = source.position_of_hash(link)
     if target is None:
         return Fault.MISSING, (
             "its predecessor is not in the journal: an entry before it was deleted, or its "
@@ -143,21 +149,19 @@ def audit_chain(
     for batch in source.batches(start, stop):
         for position, oid, version, topic, state, link, stored_hash in batch:
             if link != prev:
-                row = ChainRow(position, conv(oid), version, topic, state, link, stored_hash)
-                return bad(position, *_link_fault(source, row, last_position))
-            topic_bytes = topics.get(topic)
-            if topic_bytes is None:
-                topic_bytes = topics[topic] = topic.encode()
+                return bad(position, *_link_fault(source, link, last_position))
+            # A column that no longer decodes (SQLite keeps whatever type is written: a
+            # blob topic, a REAL version) is a changed entry, never an internal error, and
+            # never compared: no stored value may stand in for a hash it has not got.
             try:
+                topic_bytes = topics.get(topic)
+                if topic_bytes is None:
+                    topic_bytes = topics[topic] = topic.encode()
                 recomputed = entry_hash(prev, position, conv(oid), version, topic_bytes, state)
-            except (ValueError, TypeError, OverflowError):  # a column no longer decodes
-                recomputed = b""
+            except (ValueError, TypeError, OverflowError, AttributeError, struct.error):
+                return bad(position, Fault.CHANGED, _CHANGED)
             if recomputed != stored_hash:
-                return bad(
-                    position,
-                    Fault.CHANGED,
-                    "its stored bytes do not match its hash (the entry was changed)",
-                )
+                return bad(position, Fault.CHANGED, _CHANGED)
             prev = stored_hash
             last_position = position
             checked += 1

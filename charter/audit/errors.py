@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from typing import Generic, Protocol, TypeVar
 
-from charter.core.errors import TamperedError
+from charter.core.errors import BadInputError, TamperedError
 
-__all__ = ["ChainBrokenError"]
+__all__ = [
+    "BundleError",
+    "ChainBrokenError",
+    "CheckpointFormatError",
+    "ConsistencyProofError",
+    "InclusionProofError",
+    "KeyRotationError",
+    "NoteSignatureError",
+    "NotInTreeError",
+    "TreeFollowError",
+    "WitnessForkError",
+    "WitnessRollbackError",
+]
 
 
 class _Finding(Protocol):
@@ -29,3 +41,48 @@ class ChainBrokenError(TamperedError, Generic[R]):
             f"journal does not verify at position {report.first_bad_position}: {report.reason}"
         )
         self.report = report
+
+
+class InclusionProofError(TamperedError):
+    """An inclusion proof does not show its entry in the tree of its checkpoint."""
+
+
+class ConsistencyProofError(TamperedError):
+    """A tree is not a consistent extension of an earlier one (cut, fork, rewrite)."""
+
+
+class NoteSignatureError(TamperedError):
+    """A signed note (checkpoint) lacks a valid signature by the expected key."""
+
+
+class CheckpointFormatError(TamperedError):
+    """Text that should be a signed note, checkpoint or verifier key is malformed."""
+
+
+class TreeFollowError(TamperedError):
+    """The journal's entries do not chain where the Merkle follower reads them, so no
+    tree (and no checkpoint) is built over them."""
+
+
+class NotInTreeError(BadInputError):
+    """A position or tree size the Merkle tree does not (yet) have."""
+
+
+class WitnessForkError(TamperedError):
+    """A witness refuses a checkpoint that does not extend the one it cosigned last."""
+
+
+class WitnessRollbackError(TamperedError):
+    """A witness refuses a checkpoint smaller than the one it cosigned last."""
+
+
+class BundleError(TamperedError):
+    """An export bundle does not verify; ``part`` names the first part that does not."""
+
+    def __init__(self, part: str, why: str) -> None:
+        super().__init__(f"bundle part {part} does not verify: {why}")
+        self.part = part
+
+
+class KeyRotationError(TamperedError):
+    """A journal key rotation that is not signed by both the current and the new key."""

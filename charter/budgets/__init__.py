@@ -35,6 +35,7 @@ from charter.budgets.errors import (
     PopulationCeilingError,
     RenewalBeyondParentError,
     UnknownCellError,
+    UnknownLeaseError,
 )
 from charter.budgets.leases import (
     LEASE_EVENTS,
@@ -86,6 +87,7 @@ __all__ = [
     "RenewalBeyondParentError",
     "AdmissionRefusedError",
     "UnknownCellError",
+    "UnknownLeaseError",
     "PopulationCeilingError",
     "DepthCeilingError",
 ]

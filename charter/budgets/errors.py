@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from charter.core.errors import RefusedError, StateError
+from charter.core.errors import BadInputError, RefusedError, StateError
 
 __all__ = [
     "BudgetRefusedError",
@@ -15,6 +15,7 @@ __all__ = [
     "RenewalBeyondParentError",
     "AdmissionRefusedError",
     "UnknownCellError",
+    "UnknownLeaseError",
     "PopulationCeilingError",
     "DepthCeilingError",
 ]
@@ -62,6 +63,11 @@ class AdmissionRefusedError(RefusedError):
 
 class UnknownCellError(StateError):
     """No cell of that name has been configured."""
+
+
+class UnknownLeaseError(BadInputError):
+    """No ledger or lease for this lineage was ever journaled (a typo, most often): bad
+    input, answered before anything is journaled, not a policy refusal."""
 
 
 class PopulationCeilingError(RefusedError):

@@ -8,25 +8,36 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import click
+
+if TYPE_CHECKING:  # imported when a command runs: `charter --help` loads no pydantic
+    from pydantic import ValidationError
+
+    from charter.app import Charter
+    from charter.ledger import Journal
 
 __all__ = [
     "AsciiIntRange",
     "Ctx",
+    "EXIT_BROKEN_PIPE",
     "EXIT_ERROR",
     "EXIT_REFUSED",
     "EXIT_TAMPERED",
     "EXIT_USAGE",
+    "describe_invalid",
     "exit_code_for",
     "run_guarded",
+    "stdout_closed",
 ]
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_TAMPERED = 3
 EXIT_REFUSED = 4
+EXIT_BROKEN_PIPE = 141
 
 
 class AsciiIntRange(click.IntRange):
@@ -59,6 +70,45 @@ class Ctx:
         else:
             click.echo(text)
 
+    def open_charter(self, *, reader: bool = False) -> Charter:
+        """The journal at --db (or the home's) with its home, to read and write; a
+        ``reader`` (tree, budgets, slots) given a SQLite file this user may not write
+        opens it read-only, and folds its projections into a private scratch file."""
+        from charter.app import Charter
+        from charter.ledger import resolve_location
+
+        self.refuse_missing_journal()
+        path = resolve_location(self.db).path
+        read_only = reader and path is not None and not _may_write(path)
+        return Charter.open(self.db, read_only=read_only)
+
+    def open_journal(self) -> Journal:
+        """The journal at --db (or the home's), only to read (verify, show): nothing is
+        written, and a file this user may not write is read without side files."""
+        from charter.ledger import Journal
+
+        self.refuse_missing_journal()
+        return Journal.open(self.db, read_only=True)
+
+    def refuse_missing_journal(self) -> None:
+        """The home's own journal is gone but the home still holds its signing key
+        (deleted or moved): one piece of advice for every command, `init` included."""
+        if self.db is not None:
+            return
+        from charter.app import JOURNAL_KEY
+        from charter.core import JournalMissingError, KeyStore
+        from charter.ledger import resolve_location
+
+        location = resolve_location(None)
+        keys = KeyStore()
+        if location.path is None or location.path.exists() or not keys.exists(JOURNAL_KEY):
+            return
+        raise JournalMissingError(
+            f"the Charter home {keys.home} holds the signing key of a journal that is "
+            f"not at {location.path} (deleted or moved?): put the journal back there, or "
+            "point --db at it; to start afresh, move the home aside and run `charter init`"
+        )
+
     def status(self, message: str) -> None:
         """A line for people, on stderr; silenced by --quiet or when stderr is no TTY."""
         if not self.quiet:
@@ -83,6 +133,14 @@ def exit_code_for(error: BaseException) -> int | None:
             return None
 
 
+def describe_invalid(error: ValidationError) -> str:
+    """:func:`charter.core.errors.describe_invalid` (imported when needed: `charter
+    --help` loads no pydantic)."""
+    from charter.core.errors import describe_invalid as describe
+
+    return describe(error)
+
+
 def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
     """Run ``command``; a CharterError becomes one line on stderr and its exit code."""
     try:
@@ -96,7 +154,14 @@ def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
         click.echo("Aborted.", err=True)
         sys.exit(EXIT_ERROR)
     except Exception as e:
+        if _is_validation_error(e):  # a value no command checked first: bad input
+            click.echo(f"charter: error: invalid input: {describe_invalid(e)}", err=True)
+            sys.exit(EXIT_USAGE)
         code = exit_code_for(e)
+        if code is None and isinstance(e, OSError) and e.filename is not None:
+            # The host said no (permissions, a missing or full disk): not a bug.
+            click.echo(f"charter: error: {e.strerror}: {e.filename}", err=True)
+            sys.exit(EXIT_ERROR)
         if code is None:  # not one of ours: a bug in Charter, never a traceback for users
             if os.environ.get("CHARTER_DEBUG"):
                 raise
@@ -113,3 +178,24 @@ def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
     if isinstance(result, int) and result != 0:
         sys.exit(result)
     return result
+
+
+def _may_write(path: Path) -> bool:
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def _is_validation_error(error: Exception) -> TypeGuard[ValidationError]:
+    from pydantic import ValidationError
+
+    return isinstance(error, ValidationError)
+
+
+def stdout_closed() -> click.exceptions.Exit:
+    """The reader of stdout went away (``charter journal show | head -1``): stop
+    quietly with 141 (128 + SIGPIPE), what a shell reports for a command ended by the
+    closed pipe. stdout is pointed at /dev/null first, so that the interpreter's own
+    flush at exit does not complain on stderr."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return click.exceptions.Exit(EXIT_BROKEN_PIPE)

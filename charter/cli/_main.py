@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from charter.cli._common import Ctx, run_guarded
+from charter.cli._common import Ctx, run_guarded, stdout_closed
 
 __all__ = ["main"]
 
@@ -32,6 +32,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "journal": ("journal", "journal", "Inspect and verify the journal."),
     "sandbox": ("sandbox", "sandbox_group", "Probe the host, run or render a sandbox."),
     "demo": ("demo", "demo", "Run the main job: a real two-level fan-out, verified."),
+    "checkpoint": ("audit", "checkpoint", "A signed checkpoint of the journal's Merkle tree."),
+    "witness": ("audit", "witness", "Cosign consistent checkpoints of a log; refuse forks."),
+    "proof": ("audit", "proof", "Inclusion and consistency proofs of the journal."),
+    "export": ("audit", "export", "Export bundles, and verify one offline."),
+    "audit": ("audit", "audit_cmd", "Semantic audits of the journal; exit 3 on a finding."),
 }
 
 
@@ -45,12 +50,63 @@ class _LazyGroup(click.Group):
             return super().get_command(ctx, cmd_name)
         module, attr, _ = found
         command: click.Command = getattr(importlib.import_module(f"charter.cli.{module}"), attr)
-        return command
+        return _accept_global_options(command)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise stdout_closed() from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, short) for name, (_, _, short) in _COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+# Global options are accepted after the command name too (`charter budgets --json`):
+# each leaf command gets them as its own options, merged into the root's Ctx.
+_GLOBAL_NAMES = ("db", "as_json", "quiet")
+_given_globals: set[int] = set()  # commands already given them (they are singletons)
+
+
+def _global_params() -> list[click.Parameter]:
+    return [
+        click.Option(
+            ["--db", "db"], default=None, metavar="URL", help="Same as before the command."
+        ),
+        click.Option(["--json", "as_json"], is_flag=True, help="Same as before the command."),
+        click.Option(["--quiet", "-q", "quiet"], is_flag=True, help="Same as before the command."),
+    ]
+
+
+def _accept_global_options(command: click.Command) -> click.Command:
+    if id(command) in _given_globals:
+        return command
+    _given_globals.add(id(command))
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _accept_global_options(sub)
+        return command
+    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    command.params.extend(p for p in _global_params() if not set(p.opts) & taken)
+    callback = command.callback
+    if callback is not None:
+
+        def with_globals(**kwargs: Any) -> Any:
+            # a value given after the name wins over one given before it
+            given = {name: kwargs.pop(name, None) for name in _GLOBAL_NAMES}
+            ctx = click.get_current_context()
+            before: Ctx = ctx.obj
+            ctx.obj = Ctx(
+                db=given["db"] or before.db,
+                as_json=bool(given["as_json"]) or before.as_json,
+                quiet=bool(given["quiet"]) or before.quiet,
+            )
+            return callback(**kwargs)
+
+        command.callback = with_globals
+    return command
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

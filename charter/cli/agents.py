@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
-from charter.app import Charter
 from charter.authority import (
     MAX_FANOUT,
     Clearance,
@@ -24,7 +23,7 @@ from charter.authority import (
     SpawnIntent,
     spawn_tool_definition,
 )
-from charter.cli._common import EXIT_REFUSED, AsciiIntRange, Ctx
+from charter.cli._common import EXIT_REFUSED, AsciiIntRange, Ctx, describe_invalid
 from charter.control import AgentRecord, Ceiling
 from charter.core import MAX_LINEAGE_DEPTH, Budget, CharterError, RefusedError
 
@@ -62,7 +61,9 @@ def grant_options(command: F) -> F:
                 secrets=_names(raw["grant_secrets"]),
                 ttl_s=raw["grant_ttl"],
             )
-        except (ValidationError, CharterError) as e:
+        except ValidationError as e:
+            raise click.BadParameter(describe_invalid(e)) from e
+        except CharterError as e:
             raise click.BadParameter(str(e)) from e
         return command(*args, ceiling=ceiling, **kwargs)
 
@@ -147,7 +148,7 @@ def agent_group() -> None:
 def agent_add(ctx: Ctx, name: str, ceiling: Ceiling) -> None:
     """Register durable agent NAME: a custody key in the Charter home, a directory entry
     with its trust root, and its ceiling grant, journaled together."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         record = charter.add_agent(name, ceiling)
     ctx.status(f"registered {record.lineage}")
     ctx.emit(record.to_json(), _describe(record))
@@ -157,7 +158,7 @@ def agent_add(ctx: Ctx, name: str, ceiling: Ceiling) -> None:
 @click.pass_obj
 def agent_list(ctx: Ctx) -> None:
     """List the durable agents in the directory."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         records = charter.agents()
     ctx.emit(
         [r.to_json() for r in records],
@@ -177,7 +178,7 @@ def _read_grant(value: str | None) -> RequestedGrant:
     try:
         return RequestedGrant.model_validate_json(text)
     except ValidationError as e:
-        raise click.BadParameter(f"not a requested grant: {e}") from e
+        raise click.BadParameter(f"not a requested grant: {describe_invalid(e)}") from e
 
 
 @click.command("spawn")
@@ -202,8 +203,8 @@ def spawn(
             estimated_cost=Budget.parse(est_cost),
         )
     except ValidationError as e:
-        raise click.BadParameter(str(e)) from e
-    with Charter.open(ctx.db) as charter:
+        raise click.BadParameter(describe_invalid(e)) from e
+    with ctx.open_charter() as charter:
         try:
             result = charter.spawn(parent, intent)
         except RefusedError as e:

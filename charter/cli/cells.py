@@ -9,7 +9,7 @@ import click
 from pydantic import ValidationError
 
 from charter.app import CellSetup, Charter
-from charter.cli._common import AsciiIntRange, Ctx
+from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
 from charter.core import Budget
 from charter.runner import cell_for, run_cell
 from charter.runner.status import cell_status
@@ -119,8 +119,8 @@ def configure(
             inference=inference,
         )
     except ValidationError as e:
-        raise click.BadParameter(str(e)) from e
-    with Charter.open(ctx.db) as charter:
+        raise click.BadParameter(describe_invalid(e)) from e
+    with ctx.open_charter() as charter:
         name = cell or charter.settings.cell
         charter.configure_cell(setup, name)
     caps = {str(k): v for k, v in setup.caps().items()}

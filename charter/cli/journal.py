@@ -13,10 +13,11 @@ import charter.catalogue  # noqa: F401 - journal show decodes every event type
 from charter.app import CellSetup, Charter
 from charter.audit import ChainBrokenError, parse_head
 from charter.audit.journal import audit_journal
-from charter.cli._common import AsciiIntRange, Ctx
+from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
+from charter.cli._render import brief_payload, decode_nested
 from charter.cli.agents import grant_options
+from charter.cli.audit import extends_checkpoint
 from charter.control import Ceiling
-from charter.ledger import Entry, Journal
 
 __all__ = ["init", "journal"]
 
@@ -45,7 +46,8 @@ def init(ctx: Ctx, root: str, cores: int | None, reserve: int, ceiling: Ceiling)
     try:
         setup = CellSetup(cores=cores or CellSetup.for_host().cores, reserve=reserve)
     except ValidationError as e:
-        raise click.BadParameter(str(e), param_hint="--cores/--reserve") from e
+        raise click.BadParameter(describe_invalid(e), param_hint="--cores/--reserve") from e
+    ctx.refuse_missing_journal()
     charter, made = Charter.initialise(ctx.db, root=root, ceiling=ceiling, cell=setup)
     charter.close()
     ctx.status(f"initialised journal {made.location.display}")
@@ -88,18 +90,54 @@ def journal() -> None:
     metavar="POS:HASH",
     help="A head recorded earlier; catches a truncated tail or a rewritten history.",
 )
+@click.option(
+    "--checkpoint",
+    metavar="FILE",
+    help="A signed checkpoint saved earlier: also prove the journal extends it (a cut "
+    "tail or a consistently re-hashed history exits 3).",
+)
+@click.option(
+    "--journal-key",
+    "vkey",
+    metavar="KEY",
+    help="The checkpoint's verifier key (default: the journal's).",
+)
 @click.pass_obj
-def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | None) -> None:
+def verify(
+    ctx: Ctx,
+    start: int | None,
+    stop: int | None,
+    expect_head: str | None,
+    checkpoint: str | None,
+    vkey: str | None,
+) -> None:
     """Recompute every hash from the stored bytes; exit 3 at the first bad entry."""
     expected = parse_head(expect_head) if expect_head else None
-    with Journal.open(ctx.db) as j, _progress(ctx) as progress:
+    with ctx.open_journal() as j, _progress(ctx) as progress:
         report = audit_journal(j, start=start, stop=stop, expect_head=expected, progress=progress)
+    payload = report.to_json()
+    also_checkpoint = ""
+    if report.ok and checkpoint is not None:
+        extension = extends_checkpoint(ctx, checkpoint, vkey)  # raises (exit 3) if not
+        payload["checkpoint"] = extension.model_dump()
+        also_checkpoint = (
+            f", and it extends the checkpoint of {extension.checkpoint_size} entries in "
+            f"{checkpoint}"
+        )
     if report.ok:
         head_text = (
             f"head {report.head.position}:{report.head.hash}" if report.head else "empty journal"
         )
-        noun = "entry verifies" if report.checked == 1 else "entries verify"
-        ctx.emit(report.to_json(), f"ok: {report.checked} {noun}; {head_text}")
+        noun = "entry" if report.checked == 1 else "entries"
+        also = f", and it holds the expected head {expect_head}" if expected else ""
+        also += also_checkpoint
+        ctx.emit(
+            payload,
+            f"ok: the hash chain of {report.checked} {noun} verifies (each hash recomputed "
+            f"from the stored bytes, each entry linked to the one before){also}; "
+            f"{head_text}\nnot checked by this command: grant signatures, and whether "
+            "what the entries say is consistent (budgets, attenuation)",
+        )
         return
     if ctx.as_json:
         click.echo(json.dumps(report.to_json(), sort_keys=True))
@@ -107,11 +145,18 @@ def verify(ctx: Ctx, start: int | None, stop: int | None, expect_head: str | Non
     raise ChainBrokenError(report)
 
 
-def _matches_lineage(entry: Entry, lineage: str) -> bool:
-    for value in entry.event.payload().values():
-        if isinstance(value, str) and (value == lineage or value.startswith(lineage + "/")):
-            return True
-    return False
+def _names_lineage(value: object, lineage: str) -> bool:
+    """Whether ``value`` (a payload, walked through its lists and mappings) names
+    ``lineage`` or a lineage below it."""
+    match value:
+        case str():
+            return value == lineage or value.startswith(lineage + "/")
+        case dict():
+            return any(_names_lineage(v, lineage) for v in value.values())
+        case list() | tuple():
+            return any(_names_lineage(v, lineage) for v in value)
+        case _:
+            return False
 
 
 @journal.command("show")
@@ -119,20 +164,41 @@ def _matches_lineage(entry: Entry, lineage: str) -> bool:
 @click.option("--to", "stop", type=AsciiIntRange(min=1), help="Last position.")
 @click.option("--type", "types", multiple=True, metavar="NAME", help="Only this event type.")
 @click.option("--lineage", metavar="L", help="Only events about this lineage or below it.")
+@click.option("--batch", metavar="ID", help="Only the entries one append wrote (its batch id).")
+@click.option("--limit", type=AsciiIntRange(min=1), help="At most this many entries.")
+@click.option("--full", is_flag=True, help="Whole payloads (nested JSON decoded), not shortened.")
 @click.pass_obj
 def show(
-    ctx: Ctx, start: int | None, stop: int | None, types: tuple[str, ...], lineage: str | None
+    ctx: Ctx,
+    start: int | None,
+    stop: int | None,
+    types: tuple[str, ...],
+    lineage: str | None,
+    batch: str | None,
+    limit: int | None,
+    full: bool,
 ) -> None:
-    """One entry a line; with --json, JSON lines."""
-    with Journal.open(ctx.db) as j:
-        for entry in j.entries(start, stop, types):
-            if lineage and not _matches_lineage(entry, lineage):
+    """One entry a line, its payload shortened (--full for all of it); with --json,
+    JSON lines of the stored payloads."""
+    shown = 0
+    with ctx.open_journal() as j:
+        entries = j.batch_entries(batch) if batch else j.entries(start, stop, types)
+        for entry in entries:
+            if limit is not None and shown >= limit:
+                break
+            if lineage and not _names_lineage(entry.event.payload(), lineage):
                 continue
+            shown += 1
             if ctx.as_json:
                 click.echo(json.dumps(entry.to_json(), sort_keys=True))
-            else:
-                payload = json.dumps(entry.event.payload(), sort_keys=True, separators=(",", ":"))
-                click.echo(
-                    f"{entry.position:>8}  {entry.recorded_at:%Y-%m-%dT%H:%M:%S.%fZ}  "
-                    f"{entry.type_name:<22} {entry.hash.hex()[:16]}  {payload}"
-                )
+                continue
+            payload = entry.event.payload()
+            text = (
+                json.dumps(decode_nested(payload), sort_keys=True, separators=(",", ":"))
+                if full
+                else brief_payload(payload)
+            )
+            click.echo(
+                f"{entry.position:>6} {entry.recorded_at:%Y-%m-%d %H:%M:%S}Z "
+                f"{entry.type_name} {text}"
+            )

@@ -3,12 +3,13 @@ them itself, the tests') way to charge and end leases."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import click
 
-from charter.app import Charter
 from charter.cli._common import AsciiIntRange, Ctx
-from charter.core import Budget
-from charter.core.budget import INT64_MAX
+from charter.core import Budget, BudgetSyntaxError
+from charter.core.budget import INT64_MAX, parse_duration_ms
 
 __all__ = ["lease_group"]
 
@@ -24,7 +25,7 @@ def lease_group() -> None:
 @click.pass_obj
 def usage(ctx: Ctx, lineage: str, amount: str) -> None:
     """Charge consumption to LINEAGE's lease (clamped to what it holds)."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         event = charter.budgets().record_usage(lineage, Budget.parse(amount))
     text = f"charged {event.amount.render()} to {lineage}"
     if event.exhausted:
@@ -39,23 +40,43 @@ def usage(ctx: Ctx, lineage: str, amount: str) -> None:
 @click.pass_obj
 def release(ctx: Ctx, lineage: str) -> None:
     """End LINEAGE's lease (and its subtree's); the unspent part returns to its parent."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         event = charter.budgets().release(lineage)
     ctx.emit(event.payload(), f"released {lineage}")
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration_ms(value)
+    except BudgetSyntaxError:
+        raise click.BadParameter(f"{value!r} is not a duration; write 90s, 10m or 2h") from None
 
 
 @lease_group.command("renew")
 @click.argument("lineage")
 @click.option(
+    "--for",
+    "for_ms",
+    callback=_duration,
+    metavar="DURATION",
+    help="New expiry: this long from now (90s, 10m, 2h).",
+)
+@click.option(
     "--until-ms",
     "until_ms",
-    required=True,
     type=AsciiIntRange(0, INT64_MAX),
-    help="New expiry (epoch ms).",
+    help="New expiry as epoch milliseconds.",
 )
 @click.pass_obj
-def renew(ctx: Ctx, lineage: str, until_ms: int) -> None:
-    """Extend LINEAGE's lease, never past its parent's."""
-    with Charter.open(ctx.db) as charter:
-        event = charter.budgets().renew(lineage, until_ms)
-    ctx.emit(event.payload(), f"renewed {lineage} until {event.expires_at_ms} ms")
+def renew(ctx: Ctx, lineage: str, for_ms: int | None, until_ms: int | None) -> None:
+    """Extend LINEAGE's lease (--for 10m, or --until-ms MS), never past its parent's."""
+    if (for_ms is None) == (until_ms is None):
+        raise click.UsageError("give exactly one of --for DURATION and --until-ms MS")
+    with ctx.open_charter() as charter:
+        service = charter.budgets()
+        until = until_ms if until_ms is not None else service.clock() + (for_ms or 0)
+        event = service.renew(lineage, min(until, INT64_MAX))
+    expiry = datetime.fromtimestamp(event.expires_at_ms / 1000, UTC)
+    ctx.emit(event.payload(), f"renewed {lineage} until {expiry:%Y-%m-%d %H:%M:%S}Z")

@@ -6,16 +6,17 @@ exactly once), so an answer is never stale; ``--as-of POS`` answers for any posi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from dataclasses import replace
+from typing import NoReturn
 
 import click
+from rich.console import Console
 
-from charter.app import Charter
 from charter.cli._common import AsciiIntRange, Ctx
-from charter.core import Budget
-from charter.projections import BudgetReport, Projector, SlotsReport, TreeReport
+from charter.cli._render import render_budgets, render_slots, render_tree, select
+from charter.projections import Projector
 
 __all__ = ["budgets", "project", "slots", "tree"]
 
@@ -30,130 +31,132 @@ _AS_OF = click.option(
 
 @contextmanager
 def _projector(ctx: Ctx) -> Iterator[Projector]:
-    with Charter.open(ctx.db) as charter, charter.projector() as projector:
+    with ctx.open_charter(reader=True) as charter, charter.projector() as projector:
         projector.catch_up()
         yield projector
 
 
-def _ms(value: int | None) -> str:
-    if value is None:
-        return "-"
-    return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
-
-
-def _amount(value: float, units: tuple[tuple[float, str], ...]) -> str:
-    """``value`` in the largest unit it reaches, three significant digits at most (a
-    value that rounds up to the next unit is shown in that unit: 1M, not 1e+03k)."""
-    i = next((i for i, (size, _) in enumerate(units) if value >= size), None)
-    if i is None:
-        return f"{value:g}{units[-1][1]}"
-    if i > 0 and float(f"{value / units[i][0]:.3g}") >= units[i - 1][0] / units[i][0]:
-        i -= 1
-    size, unit = units[i]
-    if i == 0 and value / size >= 1000:  # beyond the largest unit: no exponent
-        return f"{value / size:.0f}{unit}"
-    return f"{float(f'{value / size:.3g}'):g}{unit}"
-
-
-_TOKENS = ((1e6, "M"), (1e3, "k"), (1, ""))
-_TIME = ((3_600_000, "h"), (60_000, "m"), (1_000, "s"), (1, "ms"))
-_BYTES = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
-
-
-def _short(b: Budget) -> str:
-    """A budget for people, in the units of CLI.md (``--json`` keeps exact integers)."""
-    return (
-        f"tokens {_amount(b.tokens, _TOKENS)}, wall {_amount(b.wall_ms, _TIME)}, "
-        f"cpu {_amount(b.cpu_ms, _TIME)}, mem {_amount(b.mem_bytes, _BYTES)}, "
-        f"egress {_amount(b.egress_bytes, _BYTES)}"
+def _unknown(lineage: str, as_of: int) -> NoReturn:
+    """An empty answer for a lineage the journal never named is a typo, not a fact."""
+    raise click.BadParameter(
+        f"no lineage {lineage} in the journal as of position {as_of} "
+        "(`charter tree` lists them all)",
+        param_hint="LINEAGE",
     )
 
 
-def _render_budgets(report: BudgetReport) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"budgets as of position {report.as_of} ({_ms(report.at_ms)})")
-    table.add_column("lineage", no_wrap=True)
-    for column in ("status", "remaining", "spent (own)", "expires"):
-        table.add_column(column)
-    for line in report.ledgers:
-        table.add_row(
-            line.lineage,
-            line.status + (" exhausted" if line.exhausted else ""),
-            _short(line.remaining),
-            _short(line.spent),
-            _ms(line.expires_at_ms),
-        )
-    Console().print(table)
+_DEFAULT_LIMIT = 100  # rows for people; --json gives every row unless --limit says
 
 
-def _render_tree(report: TreeReport) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.tree import Tree
-
-    top = Tree(f"lineage as of position {report.as_of}")
-    branches: dict[str, Tree] = {}
-    for node in report.nodes:  # sorted by path: a parent comes before its children
-        # escaped: "[active]" would otherwise be read as rich markup and vanish
-        # the lease's status, then (for a scheduled worker) the worker's own
-        status = escape(f"[{node.status}]") + (f" {node.worker}" if node.worker else "")
-        label = f"{node.lineage.rsplit('/', 1)[-1]}  {status} @{node.position}"
-        if node.fanout:
-            label += f" fan-out {node.fanout}"
-        parent = branches.get(node.parent) if node.parent else None
-        if parent is None:  # a root, or the top of the subtree asked for
-            label = f"{node.lineage}  {status} @{node.position}"
-        branches[node.lineage] = (parent or top).add(label)
-    Console().print(top)
-
-
-def _render_slots(report: SlotsReport) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"slots as of position {report.as_of}")
-    for column in ("cell", "class", "occupancy", "cap", "holders", "queued (in order)"):
-        table.add_column(column)
-
-    def first(lineages: list[str]) -> str:
-        more = f" (+{len(lineages) - 3})" if len(lineages) > 3 else ""
-        return ", ".join(lineages[:3]) + more
-
-    for cell in report.cells:
-        for resource, info in cell.to_json()["slots"].items():
-            table.add_row(
-                cell.cell,
-                resource,
-                str(info["occupancy"]),
-                str(info["cap"]),
-                first(info["holders"]),
-                first(info["queued"]),
+def _filters(statuses: tuple[str, ...]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        for option in reversed(
+            (
+                click.argument("lineage", required=False),
+                click.option(
+                    "--lineage",
+                    "lineage_option",
+                    metavar="L",
+                    help="Only L and the lineages below it (the same as the argument).",
+                ),
+                click.option(
+                    "--status",
+                    "statuses",
+                    multiple=True,
+                    type=click.Choice(statuses),
+                    help="Only rows of this status (repeatable).",
+                ),
+                click.option(
+                    "--limit",
+                    type=AsciiIntRange(min=0),
+                    default=None,
+                    help=f"At most this many rows; 0 for all (default: {_DEFAULT_LIMIT} "
+                    "for people, all with --json).",
+                ),
+                _AS_OF,
             )
-    Console().print(table)
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def _scope(ctx: Ctx, lineage: str | None, lineage_option: str | None) -> str | None:
+    if lineage and lineage_option and lineage != lineage_option:
+        raise click.UsageError(f"two lineages given: {lineage} and --lineage {lineage_option}")
+    return lineage or lineage_option
+
+
+def _limit(ctx: Ctx, limit: int | None) -> int | None:
+    if limit == 0 or (limit is None and ctx.as_json):
+        return None
+    return _DEFAULT_LIMIT if limit is None else limit
+
+
+def _left_out(ctx: Ctx, count: int, noun: str) -> None:
+    """Part of the rendering for people (a JSON document is exactly what was asked)."""
+    if count and not ctx.as_json:
+        click.echo(f"… {count} more {noun} not shown (--limit 0 shows all)")
 
 
 @click.command()
-@click.argument("lineage", required=False)
-@_AS_OF
+@_filters(("active", "released", "expired"))
 @click.pass_obj
-def budgets(ctx: Ctx, lineage: str | None, as_of: int | None) -> None:
-    """Budget ledgers (remaining, spent, status) of LINEAGE and below, or of all."""
+def budgets(
+    ctx: Ctx,
+    lineage: str | None,
+    lineage_option: str | None,
+    statuses: tuple[str, ...],
+    limit: int | None,
+    as_of: int | None,
+) -> None:
+    """What each budget ledger (of LINEAGE and below, or of all) has left, and when its
+    lease ends; --json adds the allocation, spending and outstanding leases, exact."""
+    lineage = _scope(ctx, lineage, lineage_option)
     with _projector(ctx) as projector:
         report = projector.budgets(lineage, as_of)
-    ctx.emit(report.to_json(), lambda: _render_budgets(report))
+    if lineage and not report.ledgers:
+        _unknown(lineage, report.as_of)
+    rows, left = select(
+        report.ledgers,
+        lambda line: line.lineage,
+        lambda line: line.status,
+        statuses=statuses,
+        limit=_limit(ctx, limit),
+    )
+    report = replace(report, ledgers=tuple(rows))
+    ctx.emit(report.to_json(), lambda: render_budgets(report, Console()))
+    _left_out(ctx, left, "ledgers")
 
 
 @click.command()
-@click.argument("lineage", required=False)
-@_AS_OF
+@_filters(("active", "released", "expired", "no-ledger"))
 @click.pass_obj
-def tree(ctx: Ctx, lineage: str | None, as_of: int | None) -> None:
+def tree(
+    ctx: Ctx,
+    lineage: str | None,
+    lineage_option: str | None,
+    statuses: tuple[str, ...],
+    limit: int | None,
+    as_of: int | None,
+) -> None:
     """The lineage tree (derived from the paths) under LINEAGE, or every root."""
+    lineage = _scope(ctx, lineage, lineage_option)
     with _projector(ctx) as projector:
         report = projector.tree(lineage, as_of)
-    ctx.emit(report.to_json(), lambda: _render_tree(report))
+    if lineage and not report.nodes:
+        _unknown(lineage, report.as_of)
+    rows, left = select(
+        report.nodes,
+        lambda node: node.lineage,
+        lambda node: node.status,
+        statuses=statuses,
+        limit=_limit(ctx, limit),
+    )
+    report = replace(report, nodes=tuple(rows))
+    ctx.emit(report.to_json(), lambda: render_tree(report, Console()))
+    _left_out(ctx, left, "lineages")
 
 
 @click.command()
@@ -163,7 +166,7 @@ def slots(ctx: Ctx, as_of: int | None) -> None:
     """Slot occupancy per cell and resource class, and who queues for a slot."""
     with _projector(ctx) as projector:
         report = projector.slots(as_of)
-    ctx.emit(report.to_json(), lambda: _render_slots(report))
+    ctx.emit(report.to_json(), lambda: render_slots(report, Console()))
 
 
 @click.command()
@@ -172,7 +175,7 @@ def slots(ctx: Ctx, as_of: int | None) -> None:
 @click.pass_obj
 def project(ctx: Ctx, rebuild: bool, follow: bool) -> None:
     """Bring the projections up to the journal head (exactly once, resumable)."""
-    with Charter.open(ctx.db) as charter, charter.projector() as projector:
+    with ctx.open_charter() as charter, charter.projector() as projector:
         before = projector.position()
         position = projector.rebuild() if rebuild else projector.catch_up()
         ctx.status(f"projected to position {position}")

@@ -14,7 +14,7 @@ import click
 from pydantic import ValidationError
 
 from charter.app import Charter
-from charter.cli._common import Ctx
+from charter.cli._common import Ctx, describe_invalid
 from charter.core import Budget, StateError
 from charter.ledger import Journal
 from charter.sandbox import (
@@ -22,9 +22,11 @@ from charter.sandbox import (
     BwrapFds,
     CgroupMode,
     EgressGrant,
+    HostCannotIsolateError,
     HostFacts,
     compile_spec,
     probe,
+    reap_host,
     refuse,
     render_bwrap,
     render_cgroup,
@@ -35,6 +37,7 @@ from charter.sandbox import (
 __all__ = ["sandbox_group"]
 
 DEFAULT_BUDGET = "tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=0MB"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: a Ctrl-C, as a shell reports it (docs/cli.md)
 
 
 @contextlib.contextmanager
@@ -59,20 +62,21 @@ def sandbox_group() -> None:
 @sandbox_group.command("probe")
 @click.pass_obj
 def probe_cmd(ctx: Ctx) -> None:
-    """Run the live canary; exit 0 with every property checked, or 4 naming what fails."""
+    """Run the live canary; exit 0 with every property checked, or 4 naming what fails.
+    The canary sandbox and a refusal are journaled when a journal exists at --db."""
 
-    report = probe()
-
-    def text() -> None:
-        for check in report.checks:
-            click.echo(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
-
-    ctx.emit(report.model_dump(mode="json"), text)
-    if report.ok:
-        return
     with _journal(ctx, required=False) as journal:
         if journal is None:
-            ctx.status("no journal at --db: this refusal is not journaled")
+            ctx.status("no journal at --db: the canary and any refusal are not journaled")
+        report = probe(journal)
+
+        def text() -> None:
+            for check in report.checks:
+                click.echo(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
+
+        ctx.emit(report.model_dump(mode="json"), text)
+        if report.ok:
+            return
         refusal = refuse(report, journal)
     raise refusal
 
@@ -110,25 +114,45 @@ def run_cmd(
     """
 
     budget = Budget.parse(budget_text)
+    if os.geteuid() != 0:  # before anything touches the root-owned sandbox state
+        raise HostCannotIsolateError(
+            "charter sandbox run needs root (it sets up user namespaces, cgroups and the "
+            "sandbox uid range); run it as root"
+        )
     # The broker caps egress at the budget's bytes (the spec's); the grant only names
     # where to, in the grant's own destination vocabulary (validated here).
     try:
         grant = EgressGrant(destinations=tuple(d.strip() for d in egress.split(",") if d.strip()))
     except ValidationError as e:
-        raise click.BadParameter(str(e), param_hint="--egress") from e
+        raise click.BadParameter(describe_invalid(e), param_hint="--egress") from e
     with Charter.open(ctx.db) as charter:
         # With --json stdout carries only the result document; the command's output
         # goes to stderr.
-        outcome = charter.run_sandbox(
-            budget, list(command), workspace=workspace, egress=grant,
-            stdout=sys.stderr.fileno() if ctx.as_json else None,
-        )  # fmt: skip
+        try:
+            outcome = charter.run_sandbox(
+                budget, list(command), workspace=workspace, egress=grant,
+                stdout=sys.stderr.fileno() if ctx.as_json else None,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            # Ctrl-C: the launcher killed the sandbox and journaled its end (how
+            # "interrupted"); the exit code is a shell's for SIGINT.
+            ctx.status("interrupted: the sandbox was killed and its end journaled")
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     result = outcome.model_dump(mode="json", exclude={"stdout", "stderr"})
     if ctx.as_json:
         ctx.emit(result, "")
     else:
         ctx.status(f"sandbox {outcome.sandbox_id}: {outcome.how}, exit {outcome.exit_code}")
     raise click.exceptions.Exit(outcome.exit_code)
+
+
+@sandbox_group.command("reap")
+@click.pass_obj
+def reap_cmd(ctx: Ctx) -> None:
+    """Clean up after launchers that were killed: their sandboxes, cgroups and sockets."""
+
+    removed = reap_host()
+    ctx.emit({"removed": removed}, f"removed {removed}")
 
 
 @sandbox_group.command("spec")

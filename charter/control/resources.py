@@ -25,6 +25,7 @@ from charter.budgets import (
     LeaseRenewed,
     ResourceClass,
     SlotAdmitted,
+    UnknownLeaseError,
     UsageRecorded,
 )
 from charter.core import Budget, Event, RefusedError, now_ms
@@ -89,6 +90,12 @@ class BudgetService:
         )
 
     def _decide_and_append(self, operation: str, lineage: str, decide: Callable[[int], E]) -> E:
+        self.view.refresh(self.journal)
+        if lineage not in self.view.book:  # a typo is not a policy decision: not journaled
+            raise UnknownLeaseError(
+                f"no lease or budget ledger for {lineage} in the journal; nothing was "
+                "journaled (`charter budgets` lists the lineages that have one)"
+            )
         for _ in range(_RETRIES):
             # Versions first, then the view: the view covers everything they do.
             expect = {s: self.journal.stream_version(s) for s in self._streams(operation, lineage)}

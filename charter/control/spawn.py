@@ -236,17 +236,23 @@ class SpawnService:
         caller: Caller,
         intent: SpawnIntent,
         workers: tuple[WorkerSpec, ...] | None = None,
+        *,
+        request_id: str | None = None,
     ) -> SpawnResult:
         """One fan-out through every stage, appended once; raises the named refusal
         (journaled) when refused, and AppendFailedError (nothing handed out) when the
         journal does not commit. With ``workers`` (one per child, or one for all), each
-        child is scheduled on the cell in the same append (:class:`WorkerScheduled`)."""
+        child is scheduled on the cell in the same append (:class:`WorkerScheduled`).
+
+        ``request_id`` (1-64 letters or digits) makes a retry safe: it is the fan-out id
+        and the append's batch id, so a retry after OutcomeUnknownError whose first try
+        did commit raises BatchCommittedError instead of minting a second fan-out."""
         if workers is not None and len(workers) not in (1, intent.width):
             raise BadInputError(
                 f"a fan-out of {intent.width} names {len(workers)} workers; give one for "
                 "every child, or one for all of them"
             )
-        fanout_id = uuid.uuid4().hex
+        fanout_id = request_id or uuid.uuid4().hex
         claimed = caller.claimed
         gate = _AskedOnce(self.policy)  # a retry carries the first verdict, never re-asks
         decision: FanoutDecision | None = None
@@ -254,6 +260,8 @@ class SpawnService:
         # above changes what the parent may spend, so the append is pinned to them all.
         chain = _chain_streams(claimed)
         for _ in range(_CONFLICT_RETRIES):
+            if request_id is not None:  # every try: an earlier one may have landed since
+                self.journal.require_new_batch(fanout_id)
             now = self.clock()
             # Versions first, then the views: everything the versions cover is folded.
             versions = {stream: self.journal.stream_version(stream) for stream in chain}
@@ -277,7 +285,7 @@ class SpawnService:
                 deadline = self._deadline(state)
             try:
                 committed = self.journal.append(
-                    decision.events, expect=decision.expect, deadline_ms=deadline
+                    decision.events, expect=decision.expect, deadline_ms=deadline, batch=fanout_id
                 )
             except (AppendConflictError, DeadlinePassedError):
                 # A stream this decision read moved, or the parent's lease (or an

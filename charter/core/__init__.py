@@ -9,7 +9,9 @@ from charter.core.errors import (
     BadInputError,
     BudgetSyntaxError,
     CharterError,
+    HomeUnusableError,
     InternalError,
+    JournalMissingError,
     KeyNotFoundError,
     KeyPermissionsError,
     LineageError,
@@ -18,6 +20,7 @@ from charter.core.errors import (
     TamperedError,
     UnavailableError,
     UnknownEventTypeError,
+    describe_invalid,
 )
 from charter.core.events import Event, canonical_json, event_class
 from charter.core.home import KeyStore, charter_home
@@ -35,8 +38,11 @@ __all__ = [
     "AxisValueError",
     "BudgetSyntaxError",
     "LineageError",
+    "HomeUnusableError",
+    "JournalMissingError",
     "KeyNotFoundError",
     "KeyPermissionsError",
+    "describe_invalid",
     # values
     "Budget",
     "Lineage",

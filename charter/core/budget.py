@@ -21,6 +21,7 @@ __all__ = [
     "VEC_ZERO",
     "Vec",
     "budget_of",
+    "parse_duration_ms",
     "vec_add",
     "vec_min",
     "vec_of",
@@ -79,6 +80,12 @@ def _parse_quantity(axis: str, text: str, units: dict[str, int]) -> int:
             f"budget axis {axis!r}: {text!r} is more than the largest amount ({INT64_MAX})"
         )
     return int(value)
+
+
+def parse_duration_ms(text: str) -> int:
+    """A duration written as a budget's time axes are (``90s``, ``10m``, ``1.5h``; the
+    unit is required), in milliseconds. Raises BudgetSyntaxError."""
+    return _parse_quantity("duration", text, _TIME_UNITS_MS)
 
 
 class Budget(BaseModel):

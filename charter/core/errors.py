@@ -13,9 +13,13 @@ its errors from these; the CLI maps each group to an exit code once (see docs/cl
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 __all__ = [
+    "describe_invalid",
     "CharterError",
     "BadInputError",
     "UnavailableError",
@@ -28,6 +32,8 @@ __all__ = [
     "BudgetSyntaxError",
     "LineageError",
     # state of the home and the journal's types
+    "HomeUnusableError",
+    "JournalMissingError",
     "KeyNotFoundError",
     "KeyPermissionsError",
     "UnknownEventTypeError",
@@ -118,6 +124,15 @@ class BudgetSyntaxError(BadInputError):
     """A budget vector string could not be parsed."""
 
 
+class HomeUnusableError(StateError):
+    """The Charter home is not a directory, or this user may not read or write it."""
+
+
+class JournalMissingError(StateError):
+    """The home holds the signing key of a journal that is no longer where the home
+    keeps it (deleted or moved): neither a read nor a new ``init`` can go on."""
+
+
 class KeyNotFoundError(StateError):
     """No key of that name in the Charter home."""
 
@@ -128,3 +143,15 @@ class KeyPermissionsError(StateError):
 
 class UnknownEventTypeError(StateError):
     """A stored entry names an event type this version of Charter does not know."""
+
+
+def describe_invalid(error: ValidationError) -> str:
+    """A pydantic error as one line for people: each field and what is wrong with it,
+    without pydantic's type codes, inputs and web links (the one translation, used
+    wherever a model's refusal becomes a BadInputError or a CLI message)."""
+    parts = []
+    for item in error.errors(include_url=False):
+        where = ".".join(str(part) for part in item["loc"]) or error.title
+        message = str(item["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)

@@ -14,9 +14,12 @@ from charter.ledger.errors import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
+    BatchCommittedError,
     DeadlinePassedError,
+    OutcomeUnknownError,
     UndecodableEntryError,
     UnknownSchemeError,
+    WriterStalledError,
 )
 from charter.ledger.journal import Committed, Entry, Journal, JournalCreated
 
@@ -36,7 +39,10 @@ __all__ = [
     "AlreadyTrackedError",
     "AppendConflictError",
     "AppendFailedError",
+    "BatchCommittedError",
     "DeadlinePassedError",
+    "OutcomeUnknownError",
     "UndecodableEntryError",
     "UnknownSchemeError",
+    "WriterStalledError",
 ]

@@ -18,7 +18,15 @@ from eventsourcing.persistence import Mapper, StoredEvent
 from charter.core.events import Event, canonical_json, event_class
 from charter.ledger.errors import UndecodableEntryError
 
-__all__ = ["Envelope", "CanonicalMapper", "JournalApplication", "stream_uuid", "decode_state"]
+__all__ = [
+    "Envelope",
+    "CanonicalMapper",
+    "JournalApplication",
+    "batch_marker",
+    "decode_entry",
+    "decode_state",
+    "stream_uuid",
+]
 
 # Streams are named by strings ("agent:root", "sandbox:ab12"); their eventsourcing
 # originator id is a name-based UUID so every process derives the same one.
@@ -42,15 +50,24 @@ class Envelope:
     originator_version: int
     timestamp: datetime
     event: Event
+    batch: str | None = None  # the append it was written by (see Journal.append)
 
 
 def encode_state(envelope: Envelope) -> bytes:
-    return canonical_json(
-        {
-            "at": envelope.timestamp.isoformat(timespec="microseconds"),
-            "payload": envelope.event.payload(),
-        }
-    )
+    # Sorted keys: "at" stays first (the commit time is stamped in place), then the
+    # batch id, then the payload. Entries written before batch ids simply lack the key.
+    data: dict[str, Any] = {
+        "at": envelope.timestamp.isoformat(timespec="microseconds"),
+        "payload": envelope.event.payload(),
+    }
+    if envelope.batch is not None:
+        data["batch"] = envelope.batch
+    return canonical_json(data)
+
+
+def batch_marker(batch: str) -> bytes:
+    """The bytes a stored state holds when it was written by ``batch`` (a hex id)."""
+    return b'"batch":"' + batch.encode() + b'"'
 
 
 def decode_state(topic: str, state: bytes) -> tuple[datetime, Event]:
@@ -59,10 +76,19 @@ def decode_state(topic: str, state: bytes) -> tuple[datetime, Event]:
     Bytes that do not decode as the type they name (altered, or written by another
     version of that type) raise :class:`UndecodableEntryError`, never a driver's or
     pydantic's own error."""
+    at, event, _ = decode_entry(topic, state)
+    return at, event
+
+
+def decode_entry(topic: str, state: bytes) -> tuple[datetime, Event, str | None]:
+    """Like :func:`decode_state`, plus the id of the batch that wrote the entry (None
+    for entries written before batches had ids)."""
     cls = event_class(topic)
     try:
         data: dict[str, Any] = json.loads(state)
-        return datetime.fromisoformat(data["at"]), cls.model_validate(data["payload"])
+        batch = data.get("batch")
+        at, event = datetime.fromisoformat(data["at"]), cls.model_validate(data["payload"])
+        return at, event, batch if isinstance(batch, str) else None
     except (ValueError, KeyError, TypeError) as e:  # ValidationError is a ValueError
         raise UndecodableEntryError(
             f"a journal entry of type {topic!r} does not decode as that type ({e}); "

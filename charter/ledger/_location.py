@@ -3,12 +3,13 @@ eventsourcing settings that open it (schema is never created from here)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qsl, unquote, urlparse
 
 from charter.core.errors import BadInputError
 from charter.core.home import charter_home
@@ -43,7 +44,7 @@ class Location:
         else:
             info = dict(self.conninfo or {})
             env = {
-                "PERSISTENCE_MODULE": "eventsourcing.postgres",
+                "PERSISTENCE_MODULE": "charter.ledger._postgres:ChainedPostgresFactory",
                 "POSTGRES_DBNAME": str(info["dbname"]),
                 "POSTGRES_HOST": str(info["host"]),
                 "POSTGRES_PORT": str(info["port"]),
@@ -56,6 +57,12 @@ class Location:
                 # other writer without limit: they give up after this many seconds with
                 # a clear error (SQLite's busy timeout above is the same 30 s).
                 "POSTGRES_LOCK_TIMEOUT": "30",
+                # … and a statement that runs this long (a writer stalled inside one) is
+                # cancelled, so nothing waits on it without limit either.
+                "POSTGRES_STATEMENT_TIMEOUT": "60",
+                "POSTGRES_CONNINFO_EXTRA": json.dumps(
+                    {k: str(v) for k, v in info.items() if k not in _BASE_KEYS}, sort_keys=True
+                ),
                 "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
                 "APPLICATION_RECORDER_TOPIC": (
                     "charter.ledger._postgres:ChainedPostgresProcessRecorder"
@@ -70,6 +77,74 @@ class Location:
         return env | {f"{JournalApplication.name.upper()}_{k}": v for k, v in env.items()}
 
 
+# The connection parameters taken from the URL's host part; the query may add any of
+# _URL_PARAMETERS (libpq's own names), which are passed to the driver as they are.
+_BASE_KEYS = frozenset({"host", "port", "user", "password", "dbname"})
+_URL_PARAMETERS = frozenset(
+    {
+        "application_name",
+        "channel_binding",
+        "gssencmode",
+        "keepalives",
+        "keepalives_count",
+        "keepalives_idle",
+        "keepalives_interval",
+        "krbsrvname",
+        "options",
+        "passfile",
+        "requirepeer",
+        "service",
+        "sslcert",
+        "sslcompression",
+        "sslcrl",
+        "sslkey",
+        "sslmode",
+        "sslpassword",
+        "sslrootcert",
+        "sslsni",
+        "target_session_attrs",
+        "tcp_user_timeout",
+    }
+)
+_USAGE = "postgresql://USER@HOST:PORT/DBNAME[?sslmode=require&…]"
+
+
+def _postgres_location(url: str) -> Location:
+    """A PostgreSQL URL, every malformed part of it bad input (never a traceback), its
+    query parameters kept for the driver (never silently dropped)."""
+    try:
+        parsed = urlparse(url)
+        port = parsed.port or 5432
+        host = parsed.hostname
+    except ValueError as e:  # a port that is not a number or out of range, bad [IPv6]
+        raise BadInputError(f"journal URL {url!r} is malformed ({e}); write {_USAGE}") from None
+    dbname = unquote(parsed.path.lstrip("/"))
+    if not dbname or not host:
+        raise BadInputError(f"journal URL {url!r} needs a host and a database: {_USAGE}")
+    info: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "user": unquote(parsed.username or os.environ.get("USER") or "postgres"),
+        "password": unquote(parsed.password or ""),
+        "dbname": dbname,
+    }
+    try:
+        query = parse_qsl(parsed.query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise BadInputError(f"journal URL {url!r} has a malformed query; write {_USAGE}") from None
+    for key, value in query:
+        if key not in _URL_PARAMETERS:
+            raise BadInputError(
+                f"journal URL parameter {key!r} is not one Charter passes to PostgreSQL; "
+                f"use one of {', '.join(sorted(_URL_PARAMETERS))}"
+            )
+        info[key] = value
+    shown = f"postgresql://{info['user']}@{host}:{port}/{dbname}"
+    if query:
+        shown += "?" + "&".join(f"{k}={v}" for k, v in query if k != "sslpassword")
+    return Location("postgresql", shown, conninfo=info)
+
+
 def resolve_location(url: str | Location | None = None) -> Location:
     """``--db``, else ``CHARTER_DB``, else ``$CHARTER_HOME/journal.db``. A Location
     already resolved is returned as it is (its ``display`` omits the password, so it
@@ -80,7 +155,10 @@ def resolve_location(url: str | Location | None = None) -> Location:
     if url is None:
         path = charter_home() / "journal.db"
         return Location("sqlite", f"sqlite:///{path}", path=path)
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+    except ValueError as e:  # an unclosed [IPv6] host, say
+        raise BadInputError(f"journal URL {url!r} is malformed ({e})") from None
     if parsed.scheme == "sqlite":
         raw = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
         if not raw:
@@ -91,21 +169,7 @@ def resolve_location(url: str | Location | None = None) -> Location:
         path = Path(unquote(raw)).absolute()
         return Location("sqlite", f"sqlite:///{path}", path=path)
     if parsed.scheme in ("postgresql", "postgres"):
-        dbname = parsed.path.lstrip("/")
-        if not dbname or not parsed.hostname:
-            raise BadInputError(
-                f"journal URL {url!r} needs a host and a database: "
-                "postgresql://USER@HOST:PORT/DBNAME"
-            )
-        info = {
-            "host": parsed.hostname,
-            "port": parsed.port or 5432,
-            "user": unquote(parsed.username or os.environ.get("USER") or "postgres"),
-            "password": unquote(parsed.password or ""),
-            "dbname": dbname,
-        }
-        shown = f"postgresql://{info['user']}@{info['host']}:{info['port']}/{dbname}"
-        return Location("postgresql", shown, conninfo=info)
+        return _postgres_location(url)
     raise UnknownSchemeError(
         f"unknown journal URL scheme {parsed.scheme or url!r}; use sqlite:///PATH or "
         "postgresql://USER@HOST:PORT/DBNAME"

@@ -12,6 +12,7 @@ refused.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 from uuid import UUID
@@ -20,23 +21,26 @@ import psycopg
 from eventsourcing.persistence import (
     InterfaceError,
     OperationalError,
-    PersistenceError,
     ProgrammingError,
     StoredEvent,
 )
-from eventsourcing.postgres import PostgresApplicationRecorder, PostgresProcessRecorder
+from eventsourcing.postgres import (
+    PostgresApplicationRecorder,
+    PostgresFactory,
+    PostgresProcessRecorder,
+)
 from eventsourcing.utils import retry
 from psycopg.rows import DictRow
 from psycopg.sql import SQL, Composed, Identifier
 
-from charter.core.errors import StateError, UnavailableError
+from charter.core.errors import StateError
 from charter.core.framing import GENESIS, entry_hash
 from charter.ledger._rows import (
-    ChainRow,
+    CommitOutcomeAmbiguousError,
     Guards,
     Head,
-    JournalMeta,
     LastCommit,
+    WriteLockTimeoutError,
     check_guards,
     last_commit,
     set_last_commit,
@@ -45,16 +49,19 @@ from charter.ledger._rows import (
 )
 
 __all__ = [
+    "ChainedPostgresFactory",
     "ChainedPostgresApplicationRecorder",
     "ChainedPostgresProcessRecorder",
-    "PostgresJournalStore",
+    "EVENTS_TABLE",
+    "schema_statements",
 ]
 
 EVENTS_TABLE = "charter_events"
+_ATTEMPTS = 3
 TRACKING_TABLE = "charter_tracking"
 
 
-def _schema_statements(schema: str, table: str) -> list[Composed]:
+def schema_statements(schema: str, table: str) -> list[Composed]:
     ids = {"schema": Identifier(schema), "table": Identifier(table)}
     fn = Identifier(f"{table}_append_only")
     return [
@@ -104,23 +111,43 @@ def _schema_statements(schema: str, table: str) -> list[Composed]:
     ]
 
 
-class WriteLockTimeoutError(PersistenceError):
-    """Another writer held the journal's write lock past ``POSTGRES_LOCK_TIMEOUT``.
-    Not an OperationalError, so the insert's connection retry does not try again (ten
-    more waits of the whole timeout would block the caller for minutes)."""
-
-
 @contextlib.contextmanager
-def _lock_timeout_is_final() -> Iterator[None]:
+def _timeouts_are_final() -> Iterator[None]:
     try:
         yield
     except OperationalError as e:
         if isinstance(e.__cause__, psycopg.errors.LockNotAvailable) or "lock timeout" in str(e):
             raise WriteLockTimeoutError(
                 "another writer has held the journal's write lock for longer than the lock "
-                "timeout (POSTGRES_LOCK_TIMEOUT, 30 s by default); it may be stalled"
+                "timeout (CHARTER_PG_LOCK_TIMEOUT, 30 s by default); it may be stalled"
+            ) from e
+        if isinstance(e.__cause__, psycopg.errors.QueryCanceled):
+            raise WriteLockTimeoutError(
+                "a journal statement ran past the statement timeout "
+                "(CHARTER_PG_STATEMENT_TIMEOUT, 60 s by default); another writer may be "
+                "stalled while holding the write lock"
             ) from e
         raise
+
+
+class ChainedPostgresFactory(PostgresFactory):
+    """The library's factory, plus what its datastore does not hand to the driver: the
+    session's statement timeout (``POSTGRES_STATEMENT_TIMEOUT``, seconds) and the URL's
+    own connection parameters such as ``sslmode`` (``POSTGRES_CONNINFO_EXTRA``, JSON),
+    which would otherwise be dropped (a plaintext connection where psql would refuse)."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        extra: dict[str, str] = json.loads(self.env.get("POSTGRES_CONNINFO_EXTRA") or "{}")
+        timeout = self.env.get("POSTGRES_STATEMENT_TIMEOUT")
+        if timeout:
+            ms = int(float(timeout) * 1000)
+            # libpq's options: set for every session the pool opens, before any query.
+            extra["options"] = f"{extra.get('options', '')} -c statement_timeout={ms}".strip()
+        kwargs = self.datastore.pool.kwargs
+        if not isinstance(kwargs, dict):  # fail closed: never connect without them
+            raise StateError("the PostgreSQL pool's connection parameters cannot be extended")
+        kwargs.update(extra)
 
 
 class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
@@ -138,7 +165,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         # Keep the library's composite type (its adapters expect it); replace the table
         # with the chained one and drop the plpgsql insert function.
         kept = [s for s in self.sql_create_statements if "CREATE TYPE" in s.as_string()]
-        self.sql_create_statements = [*kept, *_schema_statements(schema, table)]
+        self.sql_create_statements = [*kept, *schema_statements(schema, table)]
         ids = {"schema": Identifier(schema), "table": Identifier(table)}
         insert = (
             "INSERT INTO {schema}.{table} (notification_id, originator_id, "
@@ -157,6 +184,10 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         # The head this recorder committed last; only a hint, checked by the database
         # under the table lock on every use.
         self._head_hint: Head | None = None
+        # Whether other writers are appending too (the hint was found stale lately):
+        # then the guarded insert would mostly miss and cost two more round trips under
+        # the lock, so the head is read with the lock instead (one round trip).
+        self._contended = False
         self._select_version = SQL(
             "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
             "WHERE originator_id = %s"
@@ -166,20 +197,45 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             "FROM {schema}.{table} ORDER BY notification_id DESC LIMIT 1"
         ).format(**ids)
 
-    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    # A pooled connection found dead (the server restarted, the session was
+    # terminated) is replaced by the retry; three tries, not the library's ten, since
+    # each waits up to the connect timeout and an unreachable server should be
+    # reported in seconds, not a minute.
+    @retry((InterfaceError, OperationalError), max_attempts=_ATTEMPTS, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
-        """The library's pipelined insert, except that *any* failure rolls back.
+        """The library's pipelined insert, except that *any* failure rolls back, and a
+        broken connection during the commit is reported as ambiguous, never retried.
 
         The stock method stores an exception raised inside its transaction block and
         re-raises it after the block has exited, which commits whatever was already
         executed. Here the exception leaves through ``psycopg.Rollback``, so a failure
         anywhere in the batch leaves nothing (shown by the mid-batch fault test).
+
+        A connection failure inside the transaction block happens before the COMMIT
+        is sent, so nothing committed and the insert is retried (as the library does). A
+        connection that breaks while the COMMIT is in flight raises
+        :class:`CommitOutcomeAmbiguousError` with the session's backend pid, which is
+        never retried here: the journal settles it on a fresh connection (see
+        ``PostgresJournalStore.settle``).
         """
+        with _timeouts_are_final(), self.datastore.get_connection() as conn:
+            return self._insert_on(conn, stored_events, **kwargs)
+
+    @retry((InterfaceError, OperationalError), max_attempts=_ATTEMPTS, wait=0.2)
+    def select_events(self, *args: Any, **kwargs: Any) -> Any:
+        """The library's read, with the retries of :meth:`insert_events`."""
+        return PostgresApplicationRecorder.select_events.__wrapped__(self, *args, **kwargs)
+
+    def _insert_on(
+        self, conn: psycopg.Connection[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Any:
         exc: Exception | None = None
         ids: Sequence[int] | None = None
         set_last_commit(None)
         hint, self._head_hint = self._head_hint, None  # only a committed head is a hint
-        with _lock_timeout_is_final(), self.datastore.get_connection() as conn:
+        pid = conn.info.backend_pid
+        committing = False
+        try:
             with conn.pipeline() as pipeline, conn.transaction():
                 with conn.cursor() as curs:
                     self._insert_events(curs, stored_events, **kwargs)  # tracking, if any
@@ -198,8 +254,20 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                         except Exception as e:  # noqa: BLE001 - re-raised below, after rollback
                             exc = e
                             raise psycopg.Rollback from None
-            if exc is not None:
-                raise exc
+                committing = True  # leaving the block sends the COMMIT
+        except psycopg.Rollback as e:  # not taken by its transaction: nothing committed
+            raise exc or OperationalError(f"the journal transaction was rolled back: {e}") from e
+        except (psycopg.Error, OSError) as e:
+            # Raised on the way out of the block: the COMMIT was queued. If the session
+            # is gone the server may have committed it or not; only a re-read can tell.
+            if committing and (conn.broken or conn.closed):
+                raise CommitOutcomeAmbiguousError(
+                    f"the connection broke while the batch was committing: {e}",
+                    backend_pid=pid,
+                ) from e
+            raise
+        if exc is not None:
+            raise exc
         commit = last_commit()
         if commit is not None and commit.positions:
             self._head_hint = Head(commit.positions[-1], commit.hashes[-1], commit.stamp)
@@ -232,11 +300,13 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         self._lock_table(curs)
         self._notify_channel(curs)
         check_guards(guards, lambda originator: self._stream_version(curs, originator))
-        if hint is not None and deadline_ms is None and not guards:
+        if hint is not None and deadline_ms is None and not guards and not self._contended:
             stamped, stamp = stamp_batch(stored_events, hint.stamp, None)
             self._insert_after(curs, hint, stamped, stamp, guarded=True)
             return
         head = self._read_head(curs)
+        if hint is not None:  # alone again once the head is the one this writer left
+            self._contended = head.hash != hint.hash
         stamped, stamp = stamp_batch(stored_events, head.stamp, deadline_ms)
         self._insert_after(curs, head, stamped, stamp)
 
@@ -294,6 +364,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         if len(inserted) != len(stored_events):
             # The hint was stale (another writer appended): still under the lock, chain
             # onto the real head and stamp again, in the same transaction.
+            self._contended = True
             head = self._read_head(curs)
             stamped, stamp = stamp_batch(stored_events, head.stamp, None)
             self._insert_after(curs, head, stamped, stamp)
@@ -307,6 +378,11 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
 class ChainedPostgresProcessRecorder(PostgresProcessRecorder, ChainedPostgresApplicationRecorder):
     """Tracking position, new events and their chain in one transaction (followers)."""
 
+    @retry((InterfaceError, OperationalError), max_attempts=_ATTEMPTS, wait=0.2)
+    def max_tracking_id(self, application_name: str) -> int | None:
+        """The library's read, with the retries of :meth:`insert_events`."""
+        return PostgresProcessRecorder.max_tracking_id.__wrapped__(self, application_name)  # type: ignore[no-any-return]
+
     def __init__(
         self,
         datastore: Any,
@@ -317,144 +393,3 @@ class ChainedPostgresProcessRecorder(PostgresProcessRecorder, ChainedPostgresApp
         super().__init__(
             datastore, events_table_name=events_table_name, tracking_table_name=tracking_table_name
         )
-
-
-class PostgresJournalStore:
-    """Raw reads and schema set-up for a PostgreSQL journal (no eventsourcing here)."""
-
-    def __init__(self, conninfo: dict[str, Any], schema: str = "public") -> None:
-        self.conninfo = conninfo
-        self.schema = schema
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def connect(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            try:
-                self._conn = psycopg.connect(**self.conninfo, connect_timeout=5, autocommit=True)
-            except psycopg.OperationalError as e:
-                where = f"{self.conninfo.get('host')}:{self.conninfo.get('port')}"
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise UnavailableError(
-                    f"cannot reach PostgreSQL at {where}/{self.conninfo.get('dbname')}: "
-                    f"{first}; check that the server is running and the URL is right"
-                ) from None
-        return self._conn
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def _q(self, sql: str) -> Composed:
-        return SQL(sql).format(schema=Identifier(self.schema), table=Identifier(EVENTS_TABLE))
-
-    def read_meta(self) -> JournalMeta:
-        conn = self.connect()
-        where = f"PostgreSQL database {self.conninfo.get('dbname')!r}"
-        try:
-            rows = conn.execute(self._q("SELECT key, value FROM {schema}.charter_meta")).fetchall()
-        except psycopg.errors.UndefinedTable:
-            raise StateError(
-                f"no Charter journal in {where}; run `charter init` to create one"
-            ) from None
-        return JournalMeta.from_rows(dict(rows), where=where)
-
-    def create_schema(self, meta: JournalMeta) -> None:
-        """Tables, triggers and metadata in one transaction: all of it or none."""
-        conn = self.connect()
-        with conn.transaction():
-            for statement in _schema_statements(self.schema, EVENTS_TABLE):
-                conn.execute(statement)
-            for key, value in meta.to_rows().items():
-                conn.execute(
-                    self._q("INSERT INTO {schema}.charter_meta (key, value) VALUES (%s, %s)"),
-                    (key, value),
-                )
-
-    def _select(self, where: str) -> Composed:
-        return self._q(
-            "SELECT notification_id, originator_id, originator_version, topic, state, "
-            f"prev_hash, chain_hash FROM {{schema}}.{{table}} {where}"
-        )
-
-    @staticmethod
-    def _row(r: Sequence[Any]) -> ChainRow:
-        pos, oid, ver, topic, state, prev, chain = r
-        return ChainRow(pos, oid.bytes, ver, topic, bytes(state), bytes(prev), bytes(chain))
-
-    @staticmethod
-    def originator_bytes(value: UUID) -> bytes:
-        """Converts the stored originator column to its 16 raw bytes."""
-        return value.bytes
-
-    def batches(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
-        """Raw row tuples in position order, in batches (see the SQLite store)."""
-        conn = psycopg.connect(**self.conninfo, connect_timeout=5)
-        try:
-            with conn.transaction(), conn.cursor(name="charter_rows") as cur:
-                params = (start or 0, stop if stop is not None else 2**63 - 1)
-                where = "WHERE notification_id >= %s AND notification_id <= %s "
-                cur.execute(self._select(where + "ORDER BY notification_id"), params)
-                while batch := cur.fetchmany(10_000):
-                    yield [
-                        (p, o, v, t, bytes(s), bytes(pr), bytes(c))
-                        for p, o, v, t, s, pr, c in batch
-                    ]
-        finally:
-            conn.close()
-
-    def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
-        """``(position, topic, state)`` tuples in position order, in batches of at most
-        10,000 (keyset pages on the store's one connection: bounded memory, and no new
-        connection per call, which dominated a follower's lag)."""
-        conn = self.connect()
-        low, high = start or 0, stop if stop is not None else 2**63 - 1
-        query = self._q(
-            "SELECT notification_id, topic, state FROM {schema}.{table} "
-            "WHERE notification_id >= %s AND notification_id <= %s "
-            "ORDER BY notification_id LIMIT 10000"
-        )
-        while low <= high:
-            page = conn.execute(query, (low, high)).fetchall()
-            if not page:
-                return
-            yield [(pos, topic, bytes(state)) for pos, topic, state in page]
-            if len(page) < 10_000:
-                return
-            low = page[-1][0] + 1
-
-    def find(self, originator: bytes, version: int) -> ChainRow | None:
-        """The entry of one stream version, if it is in the journal."""
-        where = "WHERE originator_id = %s AND originator_version = %s"
-        params = (UUID(bytes=originator), version)
-        r = self.connect().execute(self._select(where), params).fetchone()
-        return None if r is None else self._row(r)
-
-    def predecessor(self, position: int) -> ChainRow | None:
-        where = "WHERE notification_id < %s ORDER BY notification_id DESC LIMIT 1"
-        r = self.connect().execute(self._select(where), (position,)).fetchone()
-        return None if r is None else self._row(r)
-
-    def position_of_hash(self, chain_hash: bytes) -> int | None:
-        r = (
-            self.connect()
-            .execute(
-                self._q("SELECT notification_id FROM {schema}.{table} WHERE chain_hash = %s"),
-                (chain_hash,),
-            )
-            .fetchone()
-        )
-        return None if r is None else int(r[0])
-
-    def head(self) -> tuple[int, bytes] | None:
-        r = (
-            self.connect()
-            .execute(
-                self._q(
-                    "SELECT notification_id, chain_hash FROM {schema}.{table} "
-                    "ORDER BY notification_id DESC LIMIT 1"
-                )
-            )
-            .fetchone()
-        )
-        return None if r is None else (int(r[0]), bytes(r[1]))

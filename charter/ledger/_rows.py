@@ -8,7 +8,12 @@ from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, ProgrammingError, StoredEvent
+from eventsourcing.persistence import (
+    IntegrityError,
+    PersistenceError,
+    ProgrammingError,
+    StoredEvent,
+)
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from charter.core.errors import StateError
@@ -20,7 +25,9 @@ __all__ = [
     "Guards",
     "check_guards",
     "ChainRow",
+    "CommitOutcomeAmbiguousError",
     "CommitPastDeadlineError",
+    "WriteLockTimeoutError",
     "Head",
     "payload_bytes",
     "stamp_batch",
@@ -50,6 +57,22 @@ class Head(NamedTuple):
     position: int
     hash: bytes
     stamp: bytes | None  # its commit time (None: the journal is empty)
+
+
+class CommitOutcomeAmbiguousError(PersistenceError):
+    """The connection broke while the batch was committing (the COMMIT may or may not
+    have reached the server). Raised by a recorder, never retried there: the journal
+    settles it by re-reading on a fresh connection once the old session has ended."""
+
+    def __init__(self, message: str, *, backend_pid: int) -> None:
+        super().__init__(message)
+        self.backend_pid = backend_pid
+
+
+class WriteLockTimeoutError(PersistenceError):
+    """Another writer held the journal's write lock past the lock timeout, or a journal
+    statement ran past the statement timeout: nothing was written. Raised by a recorder;
+    not an OperationalError, so no connection retry waits the whole timeout again."""
 
 
 class CommitPastDeadlineError(IntegrityError):

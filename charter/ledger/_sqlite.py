@@ -8,6 +8,8 @@ across processes with "database is locked" after reading the head.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -31,12 +33,14 @@ from charter.ledger._rows import (
     Head,
     JournalMeta,
     LastCommit,
+    WriteLockTimeoutError,
     check_guards,
     last_commit,
     set_last_commit,
     stamp_batch,
     stamp_of,
 )
+from charter.ledger._turn import WriterTurn
 
 __all__ = [
     "ChainedSQLiteApplicationRecorder",
@@ -89,9 +93,15 @@ _INSERT = (
     f"INSERT INTO {TABLE} (rowid, originator_id, originator_version, topic, state, "
     "prev_hash, chain_hash) VALUES (?,?,?,?,?,?,?)"
 )
+_IS_ENTRY = f"SELECT 1 FROM {TABLE} WHERE rowid = ? AND chain_hash = ?"
 _HEAD = f"SELECT rowid, chain_hash, substr(state, 1, 40) FROM {TABLE} ORDER BY rowid DESC LIMIT 1"
 
 _Params = tuple[int, str, int, str, bytes, bytes, bytes]
+
+# Position bounds of a full read: from the lowest rowid SQLite allows, so a row planted
+# at a position <= 0 is read (and reported by verify), never skipped.
+_LOWEST = -(2**63)
+_HIGHEST = 2**63 - 1
 
 
 # The library's single-row tracking table, already "migrated" (its marker row), so a
@@ -116,6 +126,11 @@ class _ImmediateTransaction(SQLiteTransaction):
         try:
             cursor.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as e:
+            if "locked" in str(e) or "busy" in str(e):  # SQLITE_BUSY after the busy timeout
+                raise WriteLockTimeoutError(
+                    f"another writer has held the journal's write lock for longer than the "
+                    f"lock timeout ({e}); it may be stalled"
+                ) from e
             raise OperationalError(e) from e
         return cursor
 
@@ -126,27 +141,29 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     def construct_create_table_statements(self) -> list[str]:
         return [_CREATE_EVENTS, *_APPEND_ONLY]
 
-    # (position, hash) of the last entry this recorder committed. Only a hint: the next
-    # commit inserts its first entry right after it, and if another writer has appended
-    # since, that insert conflicts on the rowid key and the unique prev_hash, and the
-    # commit chains onto the head read under the write lock instead. It is set only
-    # after a commit succeeds, so it is never ahead of the journal (entries cannot be
-    # deleted). This saves reading the head on every commit of a lone writer.
-    _head_hint: Head | None = None
+    _turn: WriterTurn | None = None
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
+        """Take the writers' turn (see ``_turn``: a kernel queue, so the next writer
+        starts as soon as the last one commits, instead of sleeping in SQLite's busy
+        handler), then chain onto the head hint the last writer left, under
+        ``BEGIN IMMEDIATE``; leave the new head as the hint after the commit."""
         set_last_commit(None)
-        hint, self._head_hint = self._head_hint, None
+        if self._turn is None:
+            self._turn = WriterTurn(Path(self.datastore.pool.db_name))
+        timeout = float(self.datastore.pool.lock_timeout or 5)
         conn: SQLiteConnection
-        with (
-            self.datastore.get_connection(commit=True) as conn,
-            _ImmediateTransaction(conn, commit=True) as c,
-            c,
-        ):
-            positions = self._insert_events(c, stored_events, hint=hint, **kwargs)
-        commit = last_commit()
-        if commit is not None and commit.positions:
-            self._head_hint = Head(commit.positions[-1], commit.hashes[-1], commit.stamp)
+        with self._turn.held(timeout):
+            hint = self._turn.hint()  # written only after a commit: never ahead
+            with (
+                self.datastore.get_connection(commit=True) as conn,
+                _ImmediateTransaction(conn, commit=True) as c,
+                c,
+            ):
+                positions = self._insert_events(c, stored_events, hint=hint, **kwargs)
+            commit = last_commit()
+            if commit is not None and commit.positions:
+                self._turn.set_hint(Head(commit.positions[-1], commit.hashes[-1], commit.stamp))
         return positions
 
     def _insert_events(
@@ -160,6 +177,12 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         # Everything below runs under the write lock (BEGIN IMMEDIATE has taken it).
         check_guards(kwargs.get("guards") or (), self._stream_version(c))
         deadline = kwargs.get("deadline_ms")
+        if hint is not None and stored_events:
+            # The hint comes from a file: use it only if it names a real entry, so the
+            # insert right after it conflicts unless that entry is the head.
+            c.execute(_IS_ENTRY, (hint.position, hint.hash))
+            if c.fetchone() is None:
+                hint = None
         if hint is not None and stored_events:
             stamped, stamp = stamp_batch(stored_events, hint.stamp, deadline)
             params = self._chain(hint, stamped)
@@ -229,25 +252,50 @@ def sqlite_uri(path: Path, mode: str) -> str:
 
 
 class SQLiteJournalStore:
-    """Raw reads and schema set-up for a SQLite journal file (no eventsourcing here)."""
+    """Raw reads and schema set-up for a SQLite journal file (no eventsourcing here).
+    A driver error of a read leaves as :class:`UnavailableError` (translated here)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    @contextlib.contextmanager
+    def _driver_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise UnavailableError(
+                f"SQLite journal {self.path} failed a read ({type(e).__name__}: {e})"
+            ) from e
+
     def _connect(self, *, readonly: bool) -> sqlite3.Connection:
-        # Readers open read-write but query-only: a mode=ro connection cannot remove the
-        # WAL index files when it closes, and would leave them behind after every read.
-        # mode=rw (not rwc) never creates a missing file.
-        mode = "rw" if readonly else "rwc"
         try:
             conn = sqlite3.connect(
-                sqlite_uri(self.path, mode), uri=True, isolation_level=None, timeout=30
+                self._read_uri() if readonly else sqlite_uri(self.path, "rwc"),
+                uri=True,
+                isolation_level=None,
+                timeout=30,
             )
             if readonly:
                 conn.execute("PRAGMA query_only = 1")
         except sqlite3.Error as e:
             raise UnavailableError(f"cannot open SQLite journal {self.path}: {e}") from e
         return conn
+
+    def _read_uri(self) -> str:
+        """How a reader opens the file, leaving nothing beside it. Where this process
+        may write the file and its directory: read-write but query-only (a mode=ro
+        connection cannot remove the WAL side files when it closes, and would leave
+        them behind after every read; mode=rw never creates a missing file). Where it
+        may not (an auditor's copy): mode=ro, reading the WAL side files when a writer
+        left both; without them, immutable=1, so that SQLite creates no -wal/-shm of
+        its own (which it cannot in a read-only directory, and must not beside
+        someone else's evidence)."""
+        path, directory = str(self.path), str(self.path.parent)
+        if os.access(path, os.W_OK) and os.access(directory, os.W_OK):
+            return sqlite_uri(self.path, "rw")
+        if all(os.access(f"{path}{suffix}", os.R_OK) for suffix in ("-wal", "-shm")):
+            return sqlite_uri(self.path, "ro")
+        return sqlite_uri(self.path, "ro") + "&immutable=1"
 
     def close(self) -> None:
         """Nothing is held open between reads."""
@@ -257,11 +305,30 @@ class SQLiteJournalStore:
 
     def read_meta(self) -> JournalMeta:
         """The journal's metadata; raises StateError if this is not a Charter journal."""
-        if not self.path.is_file():
-            raise StateError(f"no Charter journal at {self.path}; run `charter init` to create one")
+        try:
+            present = self.path.is_file()
+        except OSError as e:  # is_file() hides "not there", not "may not look"
+            raise UnavailableError(f"cannot read the journal {self.path}: {e.strerror}") from e
+        if not present:
+            raise StateError(
+                f"no Charter journal at {self.path}; run `charter init` to create one, or "
+                "point --db (or CHARTER_HOME) at an existing journal"
+            )
+        if not os.access(self.path, os.R_OK):
+            raise UnavailableError(
+                f"cannot read the journal {self.path}: permission denied; ask its owner "
+                "for read access (a copy works too)"
+            )
         conn = self._connect(readonly=True)
         try:
             rows = conn.execute("SELECT key, value FROM charter_meta").fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such table" not in str(e):  # a journal this process cannot read
+                raise UnavailableError(f"cannot read the journal {self.path}: {e}") from e
+            raise StateError(
+                f"{self.path} is not a Charter journal ({e}); point --db at a journal "
+                "made by `charter init`"
+            ) from None
         except sqlite3.DatabaseError as e:
             raise StateError(
                 f"{self.path} is not a Charter journal ({e}); point --db at a journal "
@@ -271,17 +338,37 @@ class SQLiteJournalStore:
             conn.close()
         return JournalMeta.from_rows(dict(rows), where=str(self.path))
 
-    def create_schema(self, meta: JournalMeta) -> None:
+    def create_schema(self, meta: JournalMeta, *, reuse_empty: bool = False) -> None:
         """Create every table (events, tracking, meta) in one transaction. The file must
-        not exist yet; if anything fails, nothing is left behind."""
+        not exist yet (it is created exclusively, so of two racing inits one loses
+        cleanly), or with ``reuse_empty`` be an empty database (an init killed right
+        after creating it). If anything fails, a file this call created is removed;
+        nothing else is."""
+        created = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not (reuse_empty and self.path.exists()):
+                try:
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    raise StateError(
+                        f"{self.path} was created by someone else meanwhile; refusing to "
+                        "initialise it"
+                    ) from None
+                os.close(fd)
+                created = True
             conn = self._connect(readonly=False)
         except OSError as e:
             raise UnavailableError(f"cannot create SQLite journal {self.path}: {e}") from e
         try:
+            # Checked before anything is written (the journal mode is written to the file).
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise StateError(f"{self.path} is not empty; refusing to initialise it")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN IMMEDIATE")
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                conn.execute("ROLLBACK")  # another init got there first: not ours to undo
+                raise StateError(f"{self.path} was initialised by someone else meanwhile")
             for statement in schema_statements():
                 conn.execute(statement)
             conn.executemany(
@@ -290,13 +377,16 @@ class SQLiteJournalStore:
             conn.execute("COMMIT")
         except sqlite3.Error as e:
             conn.close()
-            self.remove()
+            if created:
+                self.remove()
             raise UnavailableError(f"cannot create SQLite journal {self.path}: {e}") from e
-        conn.close()
+        finally:
+            conn.close()
 
     def remove(self) -> None:
-        """Delete the journal file and its WAL files (only for undoing a creation)."""
-        for suffix in ("", "-wal", "-shm"):
+        """Delete the journal file and its WAL files (only a file this process has just
+        created, in a creation that failed)."""
+        for suffix in ("", "-wal", "-shm", "-writer"):
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
 
     #: converts the stored originator column to its 16 raw bytes
@@ -306,31 +396,27 @@ class SQLiteJournalStore:
         """Raw row tuples in position order, in batches: (position, originator as stored,
         version, topic, state, prev_hash, chain_hash). The fast path for verification."""
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             cur = conn.execute(
                 "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
                 f"chain_hash FROM {TABLE} WHERE rowid >= ? AND rowid <= ? ORDER BY rowid",
-                (start or 0, stop if stop is not None else 2**63 - 1),
+                (_LOWEST if start is None else start, _HIGHEST if stop is None else stop),
             )
             while batch := cur.fetchmany(10_000):
                 yield batch
-        finally:
-            conn.close()
 
     def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
         """``(position, topic, state)`` tuples in position order, in batches: what a
         read model folds (three columns instead of seven)."""
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             cur = conn.execute(
                 f"SELECT rowid, topic, state FROM {TABLE} WHERE rowid >= ? AND rowid <= ? "
                 "ORDER BY rowid",
-                (start or 0, stop if stop is not None else 2**63 - 1),
+                (_LOWEST if start is None else start, _HIGHEST if stop is None else stop),
             )
             while batch := cur.fetchmany(10_000):
                 yield batch
-        finally:
-            conn.close()
 
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""
@@ -340,14 +426,12 @@ class SQLiteJournalStore:
 
     def _one(self, where: str, params: tuple[Any, ...]) -> ChainRow | None:
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             row = conn.execute(
                 "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
                 f"chain_hash FROM {TABLE} {where}",
                 params,
             ).fetchone()
-        finally:
-            conn.close()
         if row is None:
             return None
         pos, oid, ver, topic, state, prev, chain = row
@@ -359,18 +443,14 @@ class SQLiteJournalStore:
 
     def position_of_hash(self, chain_hash: bytes) -> int | None:
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             row = conn.execute(
                 f"SELECT rowid FROM {TABLE} WHERE chain_hash = ?", (chain_hash,)
             ).fetchone()
-        finally:
-            conn.close()
         return None if row is None else int(row[0])
 
     def head(self) -> tuple[int, bytes] | None:
         conn = self._connect(readonly=True)
-        try:
+        with contextlib.closing(conn), self._driver_errors():
             row = conn.execute(_HEAD).fetchone()
-        finally:
-            conn.close()
         return None if row is None else (int(row[0]), bytes(row[1]))

@@ -8,9 +8,12 @@ __all__ = [
     "AlreadyTrackedError",
     "AppendConflictError",
     "AppendFailedError",
+    "BatchCommittedError",
     "DeadlinePassedError",
+    "OutcomeUnknownError",
     "UndecodableEntryError",
     "UnknownSchemeError",
+    "WriterStalledError",
 ]
 
 
@@ -37,3 +40,31 @@ class UndecodableEntryError(StateError):
 
 class UnknownSchemeError(BadInputError):
     """A journal URL whose scheme Charter does not speak."""
+
+
+class OutcomeUnknownError(UnavailableError):
+    """The connection was lost while a batch was committing, and whether it committed
+    could not be settled within the bounded wait. Never treat it as "nothing written":
+    look the batch up by :attr:`batch` (``charter journal show --batch ID``) before
+    retrying, or retry with the same batch id, which never writes it twice."""
+
+    def __init__(self, message: str, *, batch: str) -> None:
+        super().__init__(message)
+        self.batch = batch
+
+
+class BatchCommittedError(StateError):
+    """A request whose batch id is already in the journal: it committed earlier (maybe
+    under an outcome-unknown error) and is not done again."""
+
+    def __init__(self, message: str, *, batch: str, positions: tuple[int, int]) -> None:
+        super().__init__(message)
+        self.batch = batch
+        self.positions = positions
+
+
+class WriterStalledError(AppendFailedError):
+    """Another writer held the journal's write lock (or a journal statement ran) past
+    the configured timeout: nothing of this batch was written. Retry once the stalled
+    writer is gone; the timeouts are CHARTER_PG_LOCK_TIMEOUT and
+    CHARTER_PG_STATEMENT_TIMEOUT on PostgreSQL (30 s busy timeout on SQLite)."""

@@ -9,40 +9,51 @@ append raises :class:`~charter.ledger.errors.AppendFailedError` and leaves nothi
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, NamedTuple
-from uuid import UUID
+from typing import Any
+from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, PersistenceError, ProcessRecorder, Tracking
 
 from charter.core.errors import BadInputError, StateError, UnavailableError
 from charter.core.events import Event
-from charter.ledger import _postgres, _sqlite
 from charter.ledger._app import (
     Envelope,
     JournalApplication,
-    decode_state,
-    encode_state,
+    batch_marker,
+    decode_entry,
     now,
     stream_uuid,
 )
 from charter.ledger._location import Location, resolve_location
+from charter.ledger._records import (
+    Committed,
+    Entry,
+    JournalCreated,
+    as_committed,
+    outcome_unknown,
+    rows_if_mine,
+    settle,
+)
 from charter.ledger._rows import (
     ChainRow,
+    CommitOutcomeAmbiguousError,
     CommitPastDeadlineError,
     JournalMeta,
     PinnedStreamMovedError,
+    WriteLockTimeoutError,
     last_commit,
-    payload_bytes,
 )
+from charter.ledger._stores import Store, refuse_existing, store_for
 from charter.ledger.errors import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
+    BatchCommittedError,
     DeadlinePassedError,
     UnknownSchemeError,
+    WriterStalledError,
 )
 
 __all__ = [
@@ -58,62 +69,10 @@ __all__ = [
 ]
 
 _MAX_RETRIES = 8
-
-
-class JournalCreated(Event):
-    """The first entry ``charter init`` writes: which key signs this journal's heads."""
-
-    type_name = "JournalCreated"
-    journal_key: str
-    created_at: str
-
-
-class Committed(NamedTuple):
-    """One committed entry: where it landed, its chain hash, and its recorded time."""
-
-    position: int
-    hash: bytes
-    event: Event
-    recorded_at: datetime
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One journal entry as read back: stored bytes decoded, chain columns as stored."""
-
-    position: int
-    topic: str
-    event: Event
-    recorded_at: datetime
-    stream: UUID
-    stream_version: int
-    hash: bytes
-    prev_hash: bytes
-
-    @property
-    def type_name(self) -> str:
-        return type(self.event).type_name
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "position": self.position,
-            "type": self.type_name,
-            "hash": self.hash.hex(),
-            "prev_hash": self.prev_hash.hex(),
-            "recorded_at": self.recorded_at.isoformat(),
-            "payload": self.event.payload(),
-        }
-
-
-Store = _sqlite.SQLiteJournalStore | _postgres.PostgresJournalStore
-
-
-def _store_for(location: Location) -> Store:
-    if location.kind == "sqlite":
-        if location.path is None:  # constructed only by resolve_location
-            raise BadInputError("SQLite location without a path")
-        return _sqlite.SQLiteJournalStore(location.path)
-    return _postgres.PostgresJournalStore(dict(location.conninfo or {}))
+# How long an append waits, after its connection broke mid-COMMIT, for the server to
+# answer on a fresh connection and for the old session to end (PostgreSQL ends a
+# session idle in a transaction after 5 s; see Location.app_env).
+SETTLE_WAIT_S = 15.0
 
 
 _STALE_DECISION = (
@@ -122,13 +81,14 @@ _STALE_DECISION = (
 )
 
 
-def _holds_journal(store: Store) -> bool:
-    """Whether ``store`` has a Charter journal's metadata (what ``init`` writes)."""
-    try:
-        store.read_meta()
-    except StateError:
-        return False
-    return True
+def _checked(events: Iterable[Event]) -> tuple[Event, ...]:
+    batch = tuple(events)
+    if not batch:
+        raise BadInputError("append needs at least one event")
+    for event in batch:
+        if not isinstance(event, Event) or not type(event).type_name:
+            raise BadInputError(f"{event!r} is not a registered Charter event")
+    return batch
 
 
 class Journal:
@@ -140,10 +100,18 @@ class Journal:
         store: Store,
         meta: JournalMeta,
         env: Mapping[str, str] | None = None,
+        *,
+        read_only: bool = False,
     ) -> None:
         self.location = location
         self.meta = meta
+        self.read_only = read_only
         self._store = store
+        self._app: JournalApplication | None = None
+        self.settle_wait_s = SETTLE_WAIT_S
+        self._closed = False
+        if read_only:  # no eventsourcing application: nothing opens the file to write
+            return
         app_env = location.app_env()
         for key, value in (env or {}).items():
             app_env[key] = app_env[f"CHARTER_{key}"] = value
@@ -156,77 +124,98 @@ class Journal:
             raise StateError(f"journal recorder {type(recorder).__name__} cannot track positions")
         self._recorder: ProcessRecorder = recorder
 
+    def _writer(self) -> tuple[JournalApplication, ProcessRecorder]:
+        """The application and recorder, for appends and tracked reads; refused on a
+        closed journal (its connection pool is gone: the library's error is not ours)
+        and on one opened read-only."""
+        if self._closed:
+            raise StateError(f"journal {self.location.display} was closed; open it again")
+        if self._app is None:
+            raise StateError(f"journal {self.location.display} was opened read-only")
+        return self._app, self._recorder
+
     # -- lifecycle -----------------------------------------------------------------
 
     @classmethod
-    def create(cls, url: str | Location | None = None, *, journal_key: str = "") -> Journal:
+    def create(
+        cls, url: str | Location | None = None, *, journal_key: str = "", resume: bool = False
+    ) -> Journal:
         """Create the schema (events, append-only triggers, metadata) in one transaction.
 
         Refuses when a journal, or any other file, is already there: nothing is written.
+        ``resume=True`` (an init finishing what it left unfinished) opens a journal made
+        with the same ``journal_key`` instead, and creates the schema in an empty SQLite
+        file; anything else there is still refused. Nothing is ever deleted that this
+        call did not create.
         """
         location = resolve_location(url)
-        store = _store_for(location)
-        cls._refuse_existing(location, store)
+        store = store_for(location)
+        if resume:
+            try:
+                existing = store.read_meta()
+            except StateError:
+                existing = None
+            if existing is not None:
+                if existing.journal_key != journal_key:
+                    store.close()
+                    raise StateError(
+                        f"{location.display} holds a journal made with another key; it is "
+                        "not the one this init left unfinished (refusing to touch it)"
+                    )
+                return cls(location, store, existing)
+        else:
+            refuse_existing(location, store)
         meta = JournalMeta(created_at=datetime.now(UTC).isoformat(), journal_key=journal_key)
-        store.create_schema(meta)
+        try:
+            store.create_schema(meta, reuse_empty=resume)
+        except BaseException:
+            store.close()
+            raise
         return cls(location, store, meta)
-
-    def discard_new(self) -> None:
-        """Undo :meth:`create` after a later step of initialisation failed (SQLite only:
-        a PostgreSQL database is the operator's and is left to them, with a message)."""
-        self.close()
-        if isinstance(self._store, _sqlite.SQLiteJournalStore):
-            self._store.remove()
 
     @staticmethod
     def refuse_existing(url: str | Location | None = None) -> None:
         """Raise StateError if ``url`` already holds a journal (or any other file)."""
         location = resolve_location(url)
-        store = _store_for(location)
+        store = store_for(location)
         try:
-            Journal._refuse_existing(location, store)
+            refuse_existing(location, store)
         finally:
             store.close()
-
-    @staticmethod
-    def _refuse_existing(location: Location, store: Store) -> None:
-        if isinstance(store, _sqlite.SQLiteJournalStore) and store.exists():
-            what = "a Charter journal" if _holds_journal(store) else "a file that is not a journal"
-            raise StateError(
-                f"{location.display} already holds {what}; refusing to initialise it again "
-                "(choose another --db or CHARTER_HOME)"
-            )
-        if isinstance(store, _postgres.PostgresJournalStore) and _holds_journal(store):
-            raise StateError(
-                f"{location.display} already holds a Charter journal; refusing to "
-                "initialise it again"
-            )
 
     @staticmethod
     def open_chain(url: str | Location | None = None) -> Store:
         """Only the raw rows of an existing journal (what verification reads), without
         the eventsourcing application: cheap enough to open once per worker process."""
         location = resolve_location(url)
-        store = _store_for(location)
+        store = store_for(location)
         store.read_meta()
         return store
 
     @classmethod
     def open(
-        cls, url: str | Location | None = None, *, env: Mapping[str, str] | None = None
+        cls,
+        url: str | Location | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        read_only: bool = False,
     ) -> Journal:
         """Open an existing journal; never creates or changes anything.
 
         ``env`` adds eventsourcing settings (tests select fault-injecting subclasses of
         the chained recorders this way); the chained recorders refuse unsafe settings.
+        ``read_only`` opens only the raw reader (verify, show): appending raises
+        StateError, and a SQLite file nobody may write is read without side files.
         """
         location = resolve_location(url)
-        store = _store_for(location)
+        store = store_for(location)
         meta = store.read_meta()
-        return cls(location, store, meta, env)
+        return cls(location, store, meta, env, read_only=read_only)
 
     def close(self) -> None:
-        self._app.close()
+        self._closed = True
+        if self._app is not None:
+            self._app.close()
         self._store.close()
 
     def __enter__(self) -> Journal:
@@ -243,38 +232,54 @@ class Journal:
     @property
     def application(self) -> JournalApplication:
         """The underlying eventsourcing Application (notification log, followers)."""
-        return self._app
+        return self._writer()[0]
 
     # -- writing -------------------------------------------------------------------
 
     def tracked_position(self, follower: str) -> int:
         """The last journal position ``follower`` recorded (0 if none)."""
-        return int(self._recorder.max_tracking_id(follower) or 0)
+        _, recorder = self._writer()
+        try:
+            return int(recorder.max_tracking_id(follower) or 0)
+        except PersistenceError as e:
+            raise self._read_failed(e) from e
+
+    def _read_failed(self, error: PersistenceError) -> UnavailableError:
+        """A recorder read's driver error (already the library's PersistenceError,
+        translated by the store's datastore) as the contract's UnavailableError."""
+        return UnavailableError(
+            f"journal {self.location.display} could not be read ({type(error).__name__}: "
+            f"{error}); check the database and retry"
+        )
 
     def stream_version(self, stream: str) -> int:
         """The version of ``stream`` now (0 when it has no events)."""
         return self._version(stream_uuid(stream))
 
     def _version(self, originator: UUID) -> int:
-        last = self._recorder.select_events(originator, desc=True, limit=1)
+        _, recorder = self._writer()
+        try:
+            last = recorder.select_events(originator, desc=True, limit=1)
+        except PersistenceError as e:
+            raise self._read_failed(e) from e
         return last[0].originator_version if last else 0
 
     def _envelopes(
-        self, events: Sequence[Event], expect: Mapping[str, int], at: datetime
+        self, events: Sequence[Event], expect: Mapping[str, int], at: datetime, batch: str
     ) -> list[Envelope]:
         versions: dict[str, int] = {}
         envelopes = []
         for event in events:
             stream = event.stream()
             if stream is None:
-                envelopes.append(Envelope(stream_uuid(None), 1, at, event))
+                envelopes.append(Envelope(stream_uuid(None), 1, at, event, batch))
                 continue
             if stream not in versions:
                 versions[stream] = (
                     expect[stream] if stream in expect else self.stream_version(stream)
                 )
             versions[stream] += 1
-            envelopes.append(Envelope(stream_uuid(stream), versions[stream], at, event))
+            envelopes.append(Envelope(stream_uuid(stream), versions[stream], at, event, batch))
         return envelopes
 
     def append(
@@ -284,8 +289,18 @@ class Journal:
         expect: Mapping[str, int] | None = None,
         tracking: tuple[str, int] | None = None,
         deadline_ms: int | None = None,
+        batch: str | None = None,
     ) -> tuple[Committed, ...]:
         """Append ``events`` atomically; return their positions and hashes after commit.
+
+        Every append has a batch id (``batch``, else a fresh one), stored in each of its
+        entries, so it can be looked up (:meth:`batch_entries`, ``journal show
+        --batch``). An append whose id is already in the journal writes nothing and
+        returns the entries committed under it: retrying with the same id never writes
+        twice. If the connection breaks while the batch commits, the outcome is settled
+        by re-reading on a fresh connection; if it cannot be settled in time,
+        :class:`OutcomeUnknownError` names the batch (never AppendFailedError, which
+        always means nothing was written).
 
         The commit time is stamped by the recorder under its write lock, so it never
         decreases with position. ``deadline_ms`` is the earliest deadline the decision
@@ -300,28 +315,28 @@ class Journal:
         transaction (exactly once: a position already recorded raises
         :class:`AlreadyTrackedError`). Any other failure raises :class:`AppendFailedError`.
         """
-        batch = tuple(events)
-        if not batch:
-            raise BadInputError("append needs at least one event")
-        for event in batch:
-            if not isinstance(event, Event) or not type(event).type_name:
-                raise BadInputError(f"{event!r} is not a registered Charter event")
+        events_ = _checked(events)
+        self._writer()  # refused when closed or read-only, before anything is done
+        batch_id = batch or uuid4().hex
+        earlier = self._committed_batch(batch) if batch is not None else ()
+        if earlier:
+            return earlier
         pinned = dict(expect or {})
         # Pinned streams this batch does not write to: the recorder checks their
         # versions under its write lock (the stream keys catch the written ones).
-        written = {event.stream() for event in batch}
+        written = {event.stream() for event in events_}
         guards = tuple(
             (stream_uuid(stream), version)
             for stream, version in pinned.items()
             if stream not in written
         )
         for _ in range(_MAX_RETRIES):
-            envelopes = self._envelopes(batch, pinned, now())
+            envelopes = self._envelopes(events_, pinned, now(), batch_id)
             try:
                 # The application's event store: one recorder insert, one transaction
                 # (what Application.save does, minus a per-event runtime Protocol
                 # isinstance check that costs ~20 ms per 1000 events on Python 3.11).
-                self._app.events.put(
+                self._writer()[0].events.put(
                     envelopes,
                     tracking=Tracking(*tracking) if tracking else None,
                     guards=guards,
@@ -331,6 +346,15 @@ class Journal:
                 raise AppendConflictError(_STALE_DECISION) from e
             except CommitPastDeadlineError as e:
                 raise DeadlinePassedError(str(e)) from e
+            except WriteLockTimeoutError as e:
+                raise WriterStalledError(
+                    f"journal append failed, nothing written: {e}; retry once that writer is gone"
+                ) from e
+            except CommitOutcomeAmbiguousError as e:
+                settled = settle(self._store, e, envelopes, self.settle_wait_s, self.location)
+                if settled is None:
+                    continue  # definitely not committed (its session has ended): retry
+                return settled
             except IntegrityError as e:
                 landed = self._resolve_integrity_error(e, envelopes, pinned, tracking)
                 if landed is None:
@@ -342,16 +366,49 @@ class Journal:
                     f"{self.location.display} and retry"
                 ) from e
             commit = last_commit()
-            if commit is None or len(commit.positions) != len(batch):
+            if commit is None or len(commit.positions) != len(events_):
                 raise AppendFailedError("journal recorder did not report the committed chain")
             at = datetime.fromisoformat(commit.stamp.decode())
             return tuple(
-                Committed(p, h, env.event, at)
+                Committed(p, h, env.event, at, batch_id)
                 for p, h, env in zip(commit.positions, commit.hashes, envelopes, strict=True)
             )
         raise AppendConflictError(
             f"journal append lost {_MAX_RETRIES} races in a row for the same streams; retry"
         )
+
+    def _committed_batch(self, batch_id: str) -> tuple[Committed, ...]:
+        """The entries an earlier append with this batch id committed (empty if none)."""
+        if not (0 < len(batch_id) <= 64 and batch_id.isascii() and batch_id.isalnum()):
+            raise BadInputError(f"batch id {batch_id!r} must be 1-64 ASCII letters or digits")
+        return tuple(
+            Committed(e.position, e.hash, e.event, e.recorded_at, batch_id)
+            for e in self.batch_entries(batch_id)
+        )
+
+    def require_new_batch(self, batch_id: str) -> None:
+        """Raise :class:`BatchCommittedError` if an append with this id committed (a
+        request retried after an outcome-unknown error that had in fact landed)."""
+        earlier = self._committed_batch(batch_id)
+        if earlier:
+            span = (earlier[0].position, earlier[-1].position)
+            raise BatchCommittedError(
+                f"batch {batch_id} already committed at positions {span[0]}-{span[1]}; "
+                f"it is not done again (see `charter journal show --batch {batch_id}`)",
+                batch=batch_id,
+                positions=span,
+            )
+
+    def batch_entries(self, batch_id: str) -> list[Entry]:
+        """The entries one append wrote, found by its batch id (a scan of the journal's
+        stored bytes; only entries holding the id's marker are decoded)."""
+        marker = batch_marker(batch_id)
+        found: list[Entry] = []
+        for rows in self._store.payloads():
+            hits = {pos for pos, _topic, state in rows if marker in state}
+            for pos in sorted(hits):
+                found.extend(e for e in self.entries(pos, pos) if e.batch == batch_id)
+        return found
 
     def record_refusal(self, event: Event, error: BaseException) -> None:
         """Journal a refusal; if the journal cannot take it, say so on ``error`` (which
@@ -374,12 +431,23 @@ class Journal:
         whose acknowledgement was lost), None if the caller should retry, and raises
         for everything else.
         """
+        try:
+            return self._integrity_error_meant(error, envelopes, pinned, tracking)
+        except AppendFailedError:
+            raise  # settled: refused by the database, nothing written
+        except UnavailableError as lost:  # the re-read itself failed: cannot be known
+            raise outcome_unknown(self.location, envelopes[0].batch or "", lost) from lost
+
+    def _integrity_error_meant(
+        self,
+        error: IntegrityError,
+        envelopes: Sequence[Envelope],
+        pinned: Mapping[str, int],
+        tracking: tuple[str, int] | None,
+    ) -> tuple[Committed, ...] | None:
         landed = self._landed(envelopes)
         if landed is not None:
-            return tuple(
-                Committed(r.position, r.chain_hash, env.event, decode_state(r.topic, r.state)[0])
-                for r, env in zip(landed, envelopes, strict=True)
-            )
+            return as_committed(landed, envelopes)
         if tracking is not None and self.tracked_position(tracking[0]) >= tracking[1]:
             raise AlreadyTrackedError(
                 f"{tracking[0]} has already recorded position {tracking[1]}"
@@ -404,14 +472,8 @@ class Journal:
 
     def _landed(self, envelopes: Sequence[Envelope]) -> list[ChainRow] | None:
         """After an integrity error, re-read: did this exact batch commit (lost ack)?"""
-        rows = []
-        for env in envelopes:
-            row = self._store.find(env.originator_id.bytes, env.originator_version)
-            # The commit time was stamped under the lock: compare what this writer encoded.
-            if row is None or payload_bytes(row.state) != payload_bytes(encode_state(env)):
-                return None
-            rows.append(row)
-        return rows
+        rows = [self._store.find(e.originator_id.bytes, e.originator_version) for e in envelopes]
+        return rows_if_mine(rows, envelopes)
 
     # -- reading -------------------------------------------------------------------
 
@@ -454,7 +516,7 @@ class Journal:
         for row in self.rows(start, stop):
             if wanted and row.topic.partition("/v")[0] not in wanted:
                 continue
-            at, event = decode_state(row.topic, row.state)
+            at, event, batch = decode_entry(row.topic, row.state)
             yield Entry(
                 position=row.position,
                 topic=row.topic,
@@ -464,4 +526,5 @@ class Journal:
                 stream_version=row.version,
                 hash=row.chain_hash,
                 prev_hash=row.prev_hash,
+                batch=batch,
             )

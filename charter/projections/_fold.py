@@ -24,6 +24,7 @@ import orjson
 
 from charter.core.budget import Budget
 from charter.core.clock import entry_ms
+from charter.core.errors import UnknownEventTypeError
 
 __all__ = ["AXES", "Changes", "Fold", "at_ms_of_state", "iso_to_ms"]
 
@@ -406,11 +407,23 @@ _HANDLERS: dict[str, _Handler] = {
     "AgentRegistered": Fold._agent_registered,
     "GrantMinted": Fold._grant_minted,
 }
+# The stored version of each type its handler was written for. A handler reads raw
+# payload keys, so a new version of a type needs its handler (and this entry) updated.
+_HANDLED_VERSION = "1"
 _MINTED = _HANDLERS["GrantMinted"]
 # topic -> (type name, handler or None): the few topics a journal holds, parsed once.
 _KINDS: dict[str, tuple[str, _Handler | None]] = {}
 
 
 def _kind(topic: str) -> tuple[str, _Handler | None]:
-    name = topic.partition("/")[0]
-    return name, _HANDLERS.get(name)
+    name, _, version = topic.partition("/v")
+    handler = _HANDLERS.get(name)
+    if handler is not None and version != _HANDLED_VERSION:
+        # A type projected here but at a version this Charter does not know (say
+        # GrantMinted/v9): its payload may mean something else, so folding it would
+        # give wrong budgets. UnknownEventTypeError says so, never a KeyError.
+        raise UnknownEventTypeError(
+            f"journal entry has event type {topic!r}, which this Charter's projections do "
+            f"not know (they read {name}/v{_HANDLED_VERSION}); upgrade Charter to read it"
+        )
+    return name, handler

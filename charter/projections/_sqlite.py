@@ -12,7 +12,9 @@ snapshot for the statements of a read.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +31,22 @@ class SQLiteProjectionStore(ProjectionStore):
         super().__init__(prefix, tracking_name)
         self.path = path
         self._conn: sqlite3.Connection | None = None
+        self._scratch = False
+
+    @classmethod
+    def scratch(cls, prefix: str, tracking_name: str) -> SQLiteProjectionStore:
+        """Tables in a private temporary file, removed on close: for a reader that may
+        not write the journal's file (an auditor), which folds from position 0."""
+        fd, name = tempfile.mkstemp(prefix="charter-projection-", suffix=".db")
+        os.close(fd)
+        store = cls(Path(name), prefix, tracking_name)
+        with store.write() as cur:  # the journal file's tracking table, here the scratch's
+            cur.execute(
+                f"CREATE TABLE {store.tracking_table} (application_name TEXT PRIMARY KEY, "
+                "notification_id BIGINT NOT NULL)"
+            )
+        store._scratch = True
+        return store
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -82,3 +100,6 @@ class SQLiteProjectionStore(ProjectionStore):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._scratch:
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)

@@ -41,6 +41,8 @@ def _store_for(journal: Journal, prefix: str) -> ProjectionStore:
     if location.kind == "sqlite":
         if location.path is None:  # resolve_location always sets it
             raise InternalError("a SQLite journal location without a path")
+        if journal.read_only:  # nothing is written into a journal opened read-only
+            return _sqlite.SQLiteProjectionStore.scratch(prefix, tracking)
         return _sqlite.SQLiteProjectionStore(location.path, prefix, tracking)
     return _postgres.PostgresProjectionStore(location.conninfo or {}, prefix, tracking)
 

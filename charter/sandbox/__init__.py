@@ -16,6 +16,7 @@ from charter.sandbox.errors import (
     SignatureTagError,
     SlotStateError,
     UidPoolExhaustedError,
+    WorkspaceRefusedError,
 )
 from charter.sandbox.events import (
     EgressAttempted,
@@ -29,7 +30,7 @@ from charter.sandbox.events import (
     SandboxUsage,
 )
 from charter.sandbox.keys import KeyBroker, framed, verify_signature
-from charter.sandbox.launcher import EventSink, Launcher, MemorySink, Outcome
+from charter.sandbox.launcher import EventSink, Launcher, MemorySink, Outcome, reap_host
 from charter.sandbox.pool import Slot, WarmPool
 from charter.sandbox.probe import ProbeCheck, ProbeReport, probe, refuse, require_isolation
 from charter.sandbox.render import BwrapFds, render_bwrap, render_cgroup, render_oci, render_seccomp
@@ -62,6 +63,7 @@ __all__ = [
     "Outcome",
     "Slot",
     "WarmPool",
+    "reap_host",
     # brokers
     "EgressBroker",
     "EgressGrant",
@@ -101,4 +103,5 @@ __all__ = [
     "SandboxUnavailableError",
     "SlotStateError",
     "UidPoolExhaustedError",
+    "WorkspaceRefusedError",
 ]

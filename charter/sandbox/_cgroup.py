@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from charter.sandbox._host import CGROUP_ROOT, UidLease, own_cgroups, uid_lock_dir
-from charter.sandbox.errors import SandboxUnavailableError
+from charter.sandbox.errors import HostCannotIsolateError, SandboxUnavailableError
 from charter.sandbox.render import render_cgroup
 from charter.sandbox.spec import CgroupMode, SandboxSpec
 
@@ -131,8 +131,14 @@ class Cgroup:
             for d in self.dirs:
                 self.join_fds.append(os.open(d / _join_file(self.mode), os.O_WRONLY | os.O_CLOEXEC))
         except OSError as e:
-            self.remove()
-            raise SandboxUnavailableError(f"cannot set up the sandbox cgroup: {e}") from e
+            with contextlib.suppress(SandboxUnavailableError):  # what exists is reaped later
+                self.remove()
+            # Without its cgroup caps a sandbox cannot run: the host cannot isolate now
+            # (whatever a remembered probe pass said), a refusal like the probe's.
+            raise HostCannotIsolateError(
+                f"this host cannot isolate sandboxes now: the sandbox cgroup cannot be set "
+                f"up ({e}); run `charter sandbox probe` once the cgroups are usable again"
+            ) from e
 
     def write_limits(self, spec: SandboxSpec) -> None:
         """Write ``spec``'s limits into the cgroup (raises OSError). In render order, so

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import secrets
@@ -156,14 +155,3 @@ def allocate_uid(state_dir: Path) -> UidLease:
     raise UidPoolExhaustedError(
         f"all {UID_RANGE} sandbox host uids are held by live sandboxes; wait for one to end"
     )
-
-
-def remove_tree(path: Path) -> None:
-    """Delete a directory tree the launcher made; missing is fine."""
-    try:
-        path.rmdir()  # the common case: the sandbox left nothing behind
-    except FileNotFoundError:
-        return
-    except OSError:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(path)

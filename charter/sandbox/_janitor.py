@@ -1,15 +1,27 @@
-"""Housekeeping off the critical path: removing the empty directories a finished sandbox
-leaves (its cgroups, its scratch workspace). Only ever given things no process uses."""
+"""Housekeeping: removing, off the critical path, the empty directories a finished
+sandbox leaves (its cgroups), and sweeping the broker sockets of launchers that died
+without closing them. Only ever given things no process uses."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import queue
+import re
+import stat
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["defer", "drain"]
+from charter.sandbox._host import uid_lock_dir
+
+__all__ = ["SOCKET_NAME", "defer", "drain", "sweep_orphans", "sweep_sockets"]
+
+SOCKET_NAME = re.compile(r"^[a-z]+-(?P<pid>[1-9][0-9]{0,9})\.sock$")
+"""A broker socket in the sandbox state directory is named ``KIND-PID.sock`` after the
+launcher process that serves it (``egress-4242.sock``), so a sweep can tell whose it is."""
 
 _tasks: queue.Queue[Callable[[], None]] = queue.Queue()
 _started = threading.Lock()
@@ -43,3 +55,64 @@ def drain() -> None:
 
 
 atexit.register(drain)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_sockets(state_dir: Path) -> int:
+    """Remove the broker sockets in ``state_dir`` whose launcher process is gone (a
+    SIGKILLed launcher never closes its broker); returns how many. A live process with
+    the same pid keeps its socket: a reused pid errs on the side of keeping a file."""
+    removed = 0
+    try:
+        names = os.listdir(state_dir)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        match = SOCKET_NAME.match(name)
+        if match is None or _alive(int(match["pid"])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(state_dir / name).st_mode):
+                os.unlink(state_dir / name)
+                removed += 1
+    return removed
+
+
+_GRACE_S = 60.0
+"""A slot or workspace directory younger than this may belong to a sandbox being set up
+(its directory is made a moment before its uid record names it): never swept."""
+
+
+def sweep_orphans(state_dir: Path, kind: str, remove: Callable[[Path], None]) -> int:
+    """Remove with ``remove`` the per-sandbox directories ``state_dir/kind/ID`` (warm-pool
+    slot mount points, persistent workspaces' overlays) that no uid record names any
+    more: their launcher died (SIGKILLed) and the uid reaper has killed their sandboxes.
+    Call it after that reaper; returns how many."""
+    parent = state_dir / kind
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        return 0
+    live: set[str] = set()
+    with contextlib.suppress(FileNotFoundError):
+        for lock in uid_lock_dir(state_dir).iterdir():
+            with contextlib.suppress(OSError):
+                live.update(re.findall(r"charter-sbx-([a-z0-9-]+)", lock.read_text()))
+    removed = 0
+    for name in names:
+        if name in live:
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile, or in use: left for later
+            if time.time() - os.lstat(parent / name).st_mtime > _GRACE_S:
+                remove(parent / name)
+                removed += 1
+    return removed

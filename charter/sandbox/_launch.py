@@ -9,6 +9,7 @@ append returns is anything started. If the append fails, nothing runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -18,7 +19,6 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import charter.sandbox._janitor as janitor
 from charter.core.budget import Budget
 from charter.core.events import Event
 from charter.sandbox._cgroup import cgroup_dirs, reap_stale, settle
@@ -27,9 +27,10 @@ from charter.sandbox._host import (
     cgroup_mode,
     default_state_dir,
     find_bwrap,
-    remove_tree,
 )
+from charter.sandbox._janitor import sweep_orphans, sweep_sockets
 from charter.sandbox._proc import How, SandboxProcess, Stdio
+from charter.sandbox._workspace import PersistentWorkspace, unmount_stale
 from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
 from charter.sandbox.events import (
     SandboxDiscarded,
@@ -39,7 +40,7 @@ from charter.sandbox.events import (
     SandboxUsage,
 )
 from charter.sandbox.keys import KeyBroker
-from charter.sandbox.spec import CgroupMode, HostFacts, SandboxSpec, compile_spec
+from charter.sandbox.spec import CgroupMode, HostFacts, SandboxSpec, compile_spec, workspace_cap
 
 __all__ = [
     "MAX_OUTPUT_BYTES",
@@ -50,6 +51,7 @@ __all__ = [
     "host_facts",
     "leased_event",
     "new_sandbox_id",
+    "reap",
 ]
 
 
@@ -94,6 +96,16 @@ class Outcome(BaseModel):
     stderr_truncated: bool = Field(default=False, exclude=True)
 
 
+def reap(mode: CgroupMode, state_dir: Path) -> int:
+    """Clean up after launchers that died without doing it (SIGKILLed): kill what is left
+    of their sandboxes and remove their cgroups, then remove their broker sockets,
+    warm-pool slot directories and persistent workspaces' overlays (whose changes are
+    discarded: only a run that ended commits). Returns how many things were removed."""
+    removed = reap_stale(mode, state_dir) + sweep_sockets(state_dir)
+    removed += sweep_orphans(state_dir, "slots", os.rmdir)
+    return removed + sweep_orphans(state_dir, "ws", unmount_stale)
+
+
 def new_sandbox_id() -> str:
     return uuid.uuid4().hex[:16]
 
@@ -130,7 +142,7 @@ def leased_event(
 def host_facts(
     sandbox_id: str,
     host_uid: int,
-    workspace: str,
+    workspace: str | None,
     *,
     egress: EgressBroker | None,
     keys: KeyBroker | None,
@@ -199,9 +211,11 @@ class RawLauncher:
         self.host_cpus = host_cpus or os.cpu_count() or 1
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.state_dir = self.state_dir.resolve()
-        # Sandboxes (and empty cgroups) left by launchers that were SIGKILLed.
-        reap_stale(self.mode, self.state_dir)
-        (self.state_dir / "ws").mkdir(exist_ok=True, mode=0o755)
+        # Sandboxes, empty cgroups and broker sockets left by launchers that were
+        # SIGKILLed.
+        reap(self.mode, self.state_dir)
+        # Persistent workspaces' overlays, made by root: traversable, not listable.
+        (self.state_dir / "ws").mkdir(exist_ok=True, mode=0o711)
 
     def _journal(self, make: Callable[[], Sequence[Event]]) -> None:
         """Append the events ``make`` builds (built only when there is a journal)."""
@@ -230,21 +244,26 @@ class RawLauncher:
         sealed grant, journaled in ``SandboxLeased`` (None: an operator's own run).
         With ``capture``, at most ``max_output_bytes`` of each stream is returned."""
         sandbox_id = new_sandbox_id()
-        with allocate_uid(self.state_dir) as uid:
-            settle(uid)
-            own_ws = workspace is None
-            ws = self.state_dir / "ws" / sandbox_id if workspace is None else workspace
-            if own_ws:
-                os.mkdir(ws, 0o700)
-            try:
-                if own_ws:
-                    os.chown(ws, uid.uid, uid.uid)
+        # A persistent workspace is reached without following any symlink and overlaid
+        # with a size-capped tmpfs that takes every write; its changes are applied to
+        # the directory once the sandbox is gone. Without one the workspace is a private
+        # size-capped tmpfs.
+        ws = (
+            PersistentWorkspace(
+                workspace, self.state_dir / "ws" / sandbox_id, workspace_cap(budget)
+            )
+            if workspace is not None
+            else None
+        )
+        try:
+            with allocate_uid(self.state_dir) as uid:
+                settle(uid)
                 spec = compile_spec(
                     budget,
                     host_facts(
                         sandbox_id,
                         uid.uid,
-                        str(ws if own_ws else ws.resolve()),
+                        str(ws.merged) if ws is not None else None,
                         egress=self.egress,
                         keys=self.keys,
                         cgroup_mode=self.mode,
@@ -270,9 +289,14 @@ class RawLauncher:
                     stdio=(stdin, stdout, stderr),
                     capture=max_output_bytes if capture else None,
                 )
-            finally:
-                if own_ws:
-                    janitor.defer(lambda: remove_tree(ws))
+        finally:
+            if ws is not None:
+                try:
+                    # No process of the sandbox is left (the run waited for its cgroup
+                    # to empty): its writes go to the directory now, setuid bits cleared.
+                    ws.commit()
+                finally:
+                    ws.close()
 
     def _run_spec(
         self,
@@ -283,53 +307,30 @@ class RawLauncher:
         stdio: tuple[Stdio, Stdio, Stdio],
         capture: int | None,
     ) -> Outcome:
-        """``capture``: None, or how many bytes of each captured stream to read back."""
+        """Start, wait, journal the end. ``capture``: None, or how many bytes of each
+        captured stream to read back. Whatever goes wrong after the lease was journaled,
+        the lease gets its end (``SandboxDiscarded`` at least): no lease dangles."""
         stdin, stdout, stderr = stdio
         egress = self.egress
-        registered = False
+        registered = ended = False
         out_fd = err_fd = None
         proc: SandboxProcess | None = None
         try:
             if capture is not None:
                 out_fd = os.memfd_create("stdout")
                 err_fd = os.memfd_create("stderr")
-            cgroup = cgroup_dirs(self.mode, spec.cgroup_name)
-            if egress is not None:
-                # The broker enforces the spec's egress bytes (the budget), lowered by
-                # the grant's own cap when it has one; it knows the peer by uid and cgroup
-                # and journals each connection it opens before opening it.
-                grant = grant or EgressGrant()
-                egress.register(
-                    spec.host_uid,
-                    spec.sandbox_id,
-                    grant,
-                    byte_cap=grant.byte_cap(spec.egress_bytes),
-                    cgroup=cgroup,
-                    journal=lambda events: self._journal(lambda: events),
-                )
-                registered = True
-            if self.keys is not None:
-                self.keys.register(spec.host_uid, spec.sandbox_id, cgroup=cgroup)
+            registered = self._register_brokers(spec, grant)
             start = time.monotonic()
-            proc = SandboxProcess(
+            proc = self._start(
                 spec,
                 command,
-                bwrap=self.bwrap,
-                stdin=stdin,
-                stdout=out_fd if out_fd is not None else stdout,
-                stderr=err_fd if err_fd is not None else stderr,
+                (
+                    stdin,
+                    out_fd if out_fd is not None else stdout,
+                    err_fd if err_fd is not None else stderr,
+                ),
             )
-            try:
-                pid = proc.pid
-                self._journal(
-                    lambda: [
-                        SandboxStarted(sandbox_id=spec.sandbox_id, pid=pid, command=tuple(command))
-                    ]
-                )
-            except BaseException:
-                proc.destroy()
-                raise
-            code, how = proc.wait()
+            code, how = proc.wait_or_interrupt()
             wall_ms = int((time.monotonic() - start) * 1000)
             cg = proc.usage()
             proc.destroy(defer_removal=True)
@@ -338,6 +339,7 @@ class RawLauncher:
                 registered = False
                 tally = egress.unregister(spec.host_uid)
             usage = SandboxUsage(wall_ms=wall_ms, egress_bytes=tally.used, **cg.model_dump())
+            ended = True  # from here the end is journaled, or its failure is the error
             self._journal(
                 lambda: [
                     *tally.attempts,
@@ -345,19 +347,19 @@ class RawLauncher:
                     SandboxDiscarded(sandbox_id=spec.sandbox_id),
                 ]
             )
-            limit = capture if capture is not None else 0
-            out, out_cut = read_capped(out_fd, limit) if out_fd is not None else (None, False)
-            err, err_cut = read_capped(err_fd, limit) if err_fd is not None else (None, False)
-            return Outcome(
-                sandbox_id=spec.sandbox_id,
-                exit_code=code,
-                how=how,
-                usage=usage,
-                stdout=out,
-                stderr=err,
-                stdout_truncated=out_cut,
-                stderr_truncated=err_cut,
-            )
+            if how == "interrupted":
+                # The end is on record; now the caller learns it was interrupted.
+                raise KeyboardInterrupt  # noqa: TRY301 (the wait caught the original)
+            return _outcome(spec, code, how, usage, (out_fd, err_fd), capture or 0)
+        except BaseException:
+            if proc is not None and proc.proc.poll() is None:
+                proc.destroy()
+            if not ended:
+                # The lease is on record: give it its end, so no lease dangles. The
+                # original error is what the caller needs; a second one is dropped.
+                with contextlib.suppress(Exception):
+                    self._journal(lambda: [SandboxDiscarded(sandbox_id=spec.sandbox_id)])
+            raise
         finally:
             if proc is not None and proc.proc.poll() is None:
                 proc.destroy()
@@ -368,3 +370,63 @@ class RawLauncher:
             for fd in (out_fd, err_fd):
                 if fd is not None:
                     os.close(fd)
+
+    def _register_brokers(self, spec: SandboxSpec, grant: EgressGrant | None) -> bool:
+        """Make the sandbox known to the brokers (by uid and cgroup); True when the
+        egress broker has it, so the caller unregisters it."""
+        cgroup = cgroup_dirs(self.mode, spec.cgroup_name)
+        if self.keys is not None:
+            self.keys.register(spec.host_uid, spec.sandbox_id, cgroup=cgroup)
+        if self.egress is None:
+            return False
+        # The broker enforces the spec's egress bytes (the budget), lowered by the
+        # grant's own cap when it has one; it knows the peer by uid and cgroup and
+        # journals each connection it opens before opening it.
+        grant = grant or EgressGrant()
+        self.egress.register(
+            spec.host_uid,
+            spec.sandbox_id,
+            grant,
+            byte_cap=grant.byte_cap(spec.egress_bytes),
+            cgroup=cgroup,
+            journal=lambda events: self._journal(lambda: events),
+        )
+        return True
+
+    def _start(
+        self,
+        spec: SandboxSpec,
+        command: list[str],
+        stdio: tuple[Stdio, Stdio, Stdio],
+    ) -> SandboxProcess:
+        """Start bwrap and commit ``SandboxStarted``; if that append fails, kill it."""
+        stdin, stdout, stderr = stdio
+        proc = SandboxProcess(
+            spec, command, bwrap=self.bwrap, stdin=stdin, stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+        try:
+            pid = proc.pid
+            started = SandboxStarted(sandbox_id=spec.sandbox_id, pid=pid, command=tuple(command))
+            self._journal(lambda: [started])
+        except BaseException:
+            proc.destroy()
+            raise
+        return proc
+
+
+def _outcome(
+    spec: SandboxSpec,
+    code: int,
+    how: str,
+    usage: SandboxUsage,
+    captured: tuple[int | None, int | None],
+    limit: int,
+) -> Outcome:
+    """The run's outcome, with at most ``limit`` bytes of each captured stream."""
+    out_fd, err_fd = captured
+    out, out_cut = read_capped(out_fd, limit) if out_fd is not None else (None, False)
+    err, err_cut = read_capped(err_fd, limit) if err_fd is not None else (None, False)
+    return Outcome(
+        sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage,
+        stdout=out, stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut,
+    )  # fmt: skip

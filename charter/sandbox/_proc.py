@@ -18,13 +18,15 @@ from typing import IO, Any, Literal
 
 import charter.sandbox._janitor as janitor
 from charter.sandbox._cgroup import Cgroup, CgroupUsage, home_fds
+from charter.sandbox._tty import TerminalGuard
 from charter.sandbox.errors import SandboxUnavailableError
 from charter.sandbox.render import BwrapFds, render_bwrap, render_seccomp
 from charter.sandbox.spec import CgroupMode, SandboxSpec
 
-__all__ = ["EXIT_WALL_CLOCK", "Overlay", "SandboxProcess", "exit_code_of"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_WALL_CLOCK", "Overlay", "SandboxProcess", "exit_code_of"]
 
 EXIT_WALL_CLOCK = 124
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 _LIMITED = (resource.RLIMIT_NPROC, resource.RLIMIT_NOFILE, resource.RLIMIT_CORE)
 _spawn_lock = threading.Lock()  # the cold spawn lowers process-wide soft rlimits for a fork
 _CLONE_NEWNS = 0x00020000
@@ -42,7 +44,7 @@ _libc.unshare.argtypes = [ctypes.c_int]
 _BWRAP_ENV: dict[str, str] = {}
 
 Stdio = int | IO[Any] | None
-How = Literal["exited", "signalled", "wall_clock"]
+How = Literal["exited", "signalled", "wall_clock", "interrupted"]
 
 
 def exit_code_of(returncode: int) -> int:
@@ -115,7 +117,15 @@ class SandboxProcess:
         stderr: Stdio = None,
     ) -> None:
         self.spec = spec
-        self.cgroup = Cgroup(spec)
+        # No terminal descriptor reaches the sandbox (see _tty): stdin that is one is
+        # /dev/null, stdout/stderr that are one are relayed through pipes.
+        self._terminal = TerminalGuard(stdin, stdout, stderr)
+        stdin, stdout, stderr = self._terminal.stdin, self._terminal.stdout, self._terminal.stderr
+        try:
+            self.cgroup = Cgroup(spec)
+        except BaseException:
+            self._terminal.finish()
+            raise
         fds: list[int] = []
         try:
             seccomp = _memfd("seccomp", render_seccomp(spec))
@@ -143,6 +153,7 @@ class SandboxProcess:
             for fd in fds:
                 os.close(fd)
             self.cgroup.close_join_fds()
+            self._terminal.spawned()
         self.started_at = time.monotonic()
         self._pidfd = os.pidfd_open(self.proc.pid)
 
@@ -230,6 +241,16 @@ class SandboxProcess:
         rc = self.proc.wait()
         return exit_code_of(rc), ("signalled" if rc < 0 or rc > 128 else "exited")
 
+    def wait_or_interrupt(self, deadline: float | None = None) -> tuple[int, How]:
+        """:meth:`wait`; on Ctrl-C (SIGINT at the launcher) the sandbox is killed and its
+        end reported as ``interrupted`` with exit code 130, for the caller to journal
+        before it passes the interrupt on."""
+        try:
+            return self.wait(deadline)
+        except KeyboardInterrupt:
+            self.kill()
+            return EXIT_INTERRUPTED, "interrupted"
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(signal.SIGKILL)
@@ -246,6 +267,7 @@ class SandboxProcess:
             self.kill()
         if not self.cgroup.wait_empty():
             self.cgroup.kill_all()
+        self._terminal.finish()  # no process holds the relays' pipes now
         if defer_removal:
             janitor.defer(self.cgroup.remove)
         else:

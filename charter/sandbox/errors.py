@@ -21,6 +21,7 @@ __all__ = [
     "PoolExhaustedError",
     "UidPoolExhaustedError",
     "KeyHandleError",
+    "WorkspaceRefusedError",
 ]
 
 
@@ -75,3 +76,11 @@ class KeyHandleError(RefusedError):
     """A key handle is unknown, released, or presented by a sandbox it was not issued to."""
 
     reason = "key-handle"
+
+
+class WorkspaceRefusedError(RefusedError):
+    """A ``--workspace`` path is reached through a symlink (or a ``..``), or is not a
+    directory: a sandbox could have planted the link to bind a host directory into the
+    next one. Give the directory's real path."""
+
+    reason = "workspace-unsafe"

@@ -81,11 +81,12 @@ class SandboxStarted(_SandboxEvent):
 
 
 class SandboxExited(_SandboxEvent):
-    """The command ended: ``how`` says whether by itself, by a signal or by the wall clock."""
+    """The command ended: ``how`` says whether by itself, by a signal, by the wall clock,
+    or killed because its launcher was interrupted (Ctrl-C: exit code 130)."""
 
     type_name = "SandboxExited"
     exit_code: int
-    how: Literal["exited", "signalled", "wall_clock"]
+    how: Literal["exited", "signalled", "wall_clock", "interrupted"]
     usage: SandboxUsage
 
 

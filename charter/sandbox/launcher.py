@@ -4,8 +4,11 @@ fail-closed isolation gate."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from charter.sandbox._gate import ensure_isolation
+from charter.core.budget import Budget
+from charter.sandbox._gate import ensure_isolation, forget_pass
+from charter.sandbox._host import cgroup_mode, default_state_dir
 from charter.sandbox._launch import (
     EventSink,
     MemorySink,
@@ -14,8 +17,10 @@ from charter.sandbox._launch import (
     host_facts,
     leased_event,
     new_sandbox_id,
+    reap,
 )
 from charter.sandbox.egress import EgressBroker
+from charter.sandbox.errors import HostCannotIsolateError
 from charter.sandbox.keys import KeyBroker
 
 __all__ = [
@@ -26,6 +31,7 @@ __all__ = [
     "host_facts",
     "leased_event",
     "new_sandbox_id",
+    "reap_host",
 ]
 
 
@@ -47,7 +53,27 @@ class Launcher(RawLauncher):
         bwrap: str | None = None,
         host_cpus: int | None = None,
     ) -> None:
+        # The gate comes first: a host without bubblewrap is refused (exit 4, journaled)
+        # before anything else looks for it.
+        ensure_isolation(sink, state_dir=state_dir, bwrap=bwrap)
         super().__init__(
             sink, state_dir=state_dir, egress=egress, keys=keys, bwrap=bwrap, host_cpus=host_cpus
         )
-        ensure_isolation(sink, state_dir=self.state_dir, bwrap=self.bwrap)
+
+    def run(self, budget: Budget, command: list[str], **kw: Any) -> Outcome:
+        """:meth:`RawLauncher.run`; when the host turns out unable to isolate after all
+        (its cgroups became unusable since the remembered pass), the pass is forgotten,
+        so the next launcher probes again, and the refusal is raised (exit 4)."""
+        try:
+            return super().run(budget, command, **kw)
+        except HostCannotIsolateError:
+            forget_pass(self.state_dir)
+            raise
+
+
+def reap_host(state_dir: Path | None = None) -> int:
+    """``charter sandbox reap``: what every launcher and pool does as it starts, on its
+    own. Kills the sandboxes of launchers that were SIGKILLed (their uid records name
+    their cgroups), removes their cgroups, broker sockets and slot directories; returns
+    how many things were removed."""
+    return reap(cgroup_mode(), (state_dir or default_state_dir()).resolve())

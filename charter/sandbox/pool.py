@@ -22,7 +22,7 @@ from pathlib import Path
 from charter.core.budget import Budget
 from charter.core.events import Event
 from charter.sandbox._cgroup import cgroup_dirs, settle
-from charter.sandbox._gate import ensure_isolation
+from charter.sandbox._gate import ensure_isolation, forget_pass
 from charter.sandbox._host import UidLease, allocate_uid, cgroup_mode, default_state_dir, find_bwrap
 from charter.sandbox._launch import (
     MAX_OUTPUT_BYTES,
@@ -32,10 +32,12 @@ from charter.sandbox._launch import (
     leased_event,
     new_sandbox_id,
     read_memfd,
+    reap,
 )
 from charter.sandbox._proc import Overlay, SandboxProcess
 from charter.sandbox.egress import EgressBroker, EgressGrant
 from charter.sandbox.errors import (
+    HostCannotIsolateError,
     PoolCapacityError,
     PoolExhaustedError,
     SandboxUnavailableError,
@@ -169,14 +171,20 @@ class Slot:
         if not command:
             raise SlotStateError("an empty command cannot run")
         self.state = SlotState.RAN
+        pool, proc = self.pool, self.proc
+        started = SandboxStarted(sandbox_id=self.sandbox_id, pid=proc.pid, command=tuple(command))
+        # The start is committed before the command can run: the stub is still parked
+        # (reading its argv). If the append fails the stub is killed, never fed.
+        try:
+            pool.journal(started)
+        except BaseException:
+            self._destroy()
+            raise
         start = time.monotonic()
         os.write(self._args_w, b"".join(a.encode() + b"\0" for a in command))
         os.close(self._args_w)
         self._args_w = -1
-        pool, proc = self.pool, self.proc
-        started = SandboxStarted(sandbox_id=self.sandbox_id, pid=proc.pid, command=tuple(command))
-        pool.journal(started)
-        code, how = proc.wait(deadline=start + self.spec.wall_ms / 1000)
+        code, how = proc.wait_or_interrupt(deadline=start + self.spec.wall_ms / 1000)
         wall_ms = int((time.monotonic() - start) * 1000)
         cg = proc.usage()
         attempts = pool.egress.attempts(self.spec.host_uid) if pool.egress else []
@@ -186,6 +194,8 @@ class Slot:
             *attempts,
             SandboxExited(sandbox_id=self.sandbox_id, exit_code=code, how=how, usage=usage),
         )
+        if how == "interrupted":
+            raise KeyboardInterrupt  # its end is on record; the caller releases the slot
         no: tuple[None, bool] = (None, False)
         out, out_cut = read_memfd(os.dup(self._out), max_output_bytes) if capture else no
         err, err_cut = read_memfd(os.dup(self._err), max_output_bytes) if capture else no
@@ -262,10 +272,11 @@ class WarmPool:
         self.keys = keys
         self.state_dir = state_dir or default_state_dir()
         self.name = name
+        ensure_isolation(sink, state_dir=self.state_dir, bwrap=bwrap)  # fail closed, first
         self.bwrap = bwrap or find_bwrap()
         self.mode = cgroup_mode()
         self.host_cpus = os.cpu_count() or 1
-        ensure_isolation(sink, state_dir=self.state_dir, bwrap=self.bwrap)  # fail closed
+        reap(self.mode, self.state_dir)  # what launchers that were SIGKILLed left running
         self._parked: list[Slot] = []
         self._leased: set[Slot] = set()
         self._building = 0  # reserved capacity whose slot is being built (outside the lock)
@@ -320,6 +331,12 @@ class WarmPool:
         """Build a slot whose capacity the caller reserved; a failed build gives it back."""
         try:
             return Slot(self)
+        except HostCannotIsolateError:
+            forget_pass(self.state_dir)  # unusable cgroups since the pass: probe again
+            with self._cond:
+                self._building -= 1
+                self._cond.notify_all()
+            raise
         except BaseException:
             with self._cond:
                 self._building -= 1

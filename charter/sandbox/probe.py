@@ -87,6 +87,9 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
     canary_env = "CHARTER_PROBE_CANARY_" + secrets.token_hex(4).upper()
     ws = Path(tempfile.mkdtemp(prefix="charter-probe-"))
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # The canary is handed a terminal as stdin (a fresh pty): the launcher must not let
+    # it reach the sandbox.
+    terminal, terminal_slave = os.openpty()
     os.environ[canary_env] = "leaked"
     try:
         os.chmod(ws, 0o777)  # noqa: S103 (the canary's own scratch workspace)
@@ -103,12 +106,14 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
             PROBE_BUDGET,
             [_CANARY_PYTHON, "-I", "-c", CANARY, str(port), canary_env, str(os.getsid(0)),
              str(spec_pids), str(PROBE_BUDGET.mem_bytes), *host_ns],
-            workspace=ws, capture=True, stdin=subprocess.DEVNULL,
+            workspace=ws, capture=True, stdin=terminal_slave,
         )  # fmt: skip
         canary_owner = (ws / "canary").stat().st_uid if (ws / "canary").exists() else None
     finally:
         os.environ.pop(canary_env, None)
         listener.close()
+        os.close(terminal)
+        os.close(terminal_slave)
         for name in ("secret", "public", "canary"):
             with contextlib.suppress(FileNotFoundError):
                 (ws / name).unlink()
@@ -137,6 +142,9 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
                    detail=json.dumps({k: v for k, v in w.items() if "workspace" not in k})),
         ProbeCheck(name="one_writable_workspace",
                    ok=w["/workspace/canary"] == "allowed", detail=w["/workspace/canary"]),
+        ProbeCheck(name="workspace_nosuid_nodev",
+                   ok={"nosuid", "nodev"} <= set(f["workspace_opts"].split(",")),
+                   detail=f"/workspace mounted {f['workspace_opts'] or 'nowhere'}"),
         ProbeCheck(name="tmpfs_capped",
                    ok=0 < tmp <= PROBE_BUDGET.mem_bytes and 0 < shm <= tmp,
                    detail=f"tmp {tmp} B, shm {shm} B"),
@@ -181,6 +189,8 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
         ProbeCheck(name="all_namespaces_unshared", ok=not f["ns_shared"],
                    detail="shared: " + (",".join(f["ns_shared"]) or "none")),
         ProbeCheck(name="new_session", ok=f["sid_differs"], detail=str(f["sid_differs"])),
+        ProbeCheck(name="no_terminal", ok=f["terminal_fds"] == [],
+                   detail=f"terminal fds given a terminal stdin: {f['terminal_fds'] or 'none'}"),
         ProbeCheck(name="pids_cap", ok=stopped is not None and stopped < spec_pids,
                    detail=f"fork refused after {stopped} children (pids.max {spec_pids})"),
         ProbeCheck(name="memory_cap", ok=f["memory_hog_rc"] == -9,
@@ -188,13 +198,16 @@ def _live_checks(launcher: RawLauncher) -> list[ProbeCheck]:
     ]  # fmt: skip
 
 
-def probe(*, state_dir: Path | None = None, bwrap: str | None = None) -> ProbeReport:
-    """Run every check and report (never raises for a failed check: any error is a failure)."""
+def probe(
+    sink: EventSink | None = None, *, state_dir: Path | None = None, bwrap: str | None = None
+) -> ProbeReport:
+    """Run every check and report (never raises for a failed check: any error is a
+    failure). The canary sandbox is journaled through ``sink`` like any other."""
     checks: list[ProbeCheck] = []
     try:
         path = bwrap or find_bwrap()
         checks += _static_checks(path)
-        launcher = RawLauncher(state_dir=state_dir or default_state_dir(), bwrap=path)
+        launcher = RawLauncher(sink, state_dir=state_dir or default_state_dir(), bwrap=path)
         checks += _live_checks(launcher)
     except Exception as e:  # noqa: BLE001 (fail closed: any error at all is a refusal)
         failure = f"{type(e).__name__}: {e}"
@@ -206,7 +219,7 @@ def require_isolation(
     sink: EventSink | None = None, *, state_dir: Path | None = None, bwrap: str | None = None
 ) -> ProbeReport:
     """Probe; if the host cannot isolate, journal the refusal and raise (exit 4)."""
-    report = probe(state_dir=state_dir, bwrap=bwrap)
+    report = probe(sink, state_dir=state_dir, bwrap=bwrap)
     if not report.ok:
         raise refuse(report, sink)
     return report

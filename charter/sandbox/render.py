@@ -115,9 +115,17 @@ def render_bwrap(
         "--remount-ro", "/dev",
         # Without --size a tmpfs grows until the memory cgroup kills the sandbox.
         "--size", str(spec.tmp_bytes), "--tmpfs", TMP,
-        # The one writable host directory.
-        "--bind", spec.workspace_src, spec.workspace_dest,
     ]  # fmt: skip
+    if spec.workspace_src is None:
+        # A private workspace: a size-capped tmpfs. Without --size it grows until the
+        # memory cgroup kills the sandbox; on a host directory instead, writes would
+        # fill the host's disk, outlive the sandbox and could leave setuid files there.
+        argv += ["--size", str(spec.workspace_bytes), "--tmpfs", spec.workspace_dest]
+    else:
+        # The one writable bind: a persistent workspace's overlay, which the launcher
+        # mounts nosuid,nodev with every write on a size-capped tmpfs (a direct bind of
+        # the host directory would let writes fill its disk and leave setuid files).
+        argv += ["--bind", spec.workspace_src, spec.workspace_dest]
     if spec.egress_socket_src is not None:
         # The only route outward: no network device but 'lo' exists inside.
         argv += ["--ro-bind", spec.egress_socket_src, spec.egress_socket_dest]
@@ -221,14 +229,16 @@ def render_oci(spec: SandboxSpec, command: list[str], *, rootfs: str = "rootfs")
     mounts += [
         {"destination": d, "type": "bind", "source": s, "options": ro} for s, d in spec.ro_binds
     ]
-    mounts.append(
-        {
-            "destination": spec.workspace_dest,
-            "type": "bind",
-            "source": spec.workspace_src,
-            "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"],
-        }
-    )
+    if spec.workspace_src is None:
+        mounts.append(
+            {"destination": spec.workspace_dest, "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "nodev", f"size={spec.workspace_bytes}"]}
+        )  # fmt: skip
+    else:
+        mounts.append(
+            {"destination": spec.workspace_dest, "type": "bind", "source": spec.workspace_src,
+             "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"]}
+        )  # fmt: skip
     if spec.egress_socket_src is not None:
         mounts.append(
             {"destination": spec.egress_socket_dest, "type": "bind",

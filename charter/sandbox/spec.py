@@ -29,6 +29,7 @@ __all__ = [
     "compile_spec",
     "FIRST_SANDBOX_UID",
     "MIN_MEMORY_BYTES",
+    "workspace_cap",
 ]
 
 PAGE = 4096
@@ -89,7 +90,10 @@ class HostFacts(BaseModel):
     sandbox_id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     host_uid: int = Field(ge=FIRST_SANDBOX_UID, lt=2**31)
     host_gid: int = Field(ge=FIRST_SANDBOX_UID, lt=2**31)
-    workspace: str
+    workspace: str | None = None
+    """The host path bound at /workspace (for a persistent workspace, the overlay the
+    launcher made over it); None for a private, size-capped tmpfs workspace that
+    vanishes with the sandbox."""
     egress_socket: str | None = None
     key_socket: str | None = None
     cgroup_mode: CgroupMode = CgroupMode.V1
@@ -132,8 +136,9 @@ class SandboxSpec(BaseModel):
     ro_binds: tuple[tuple[str, str], ...]
     symlinks: tuple[tuple[str, str], ...]
     files: tuple[tuple[str, str], ...]
-    workspace_src: str
+    workspace_src: str | None
     workspace_dest: str
+    workspace_bytes: int
     tmp_bytes: int
     shm_bytes: int
     egress_socket_src: str | None
@@ -164,6 +169,13 @@ class SandboxSpec(BaseModel):
 
 def _page_floor(n: int) -> int:
     return n - n % PAGE
+
+
+def workspace_cap(budget: Budget) -> int:
+    """The most a sandbox can write to its workspace, private or persistent: half its
+    memory, as a tmpfs whose pages are charged to the memory cap too (so /workspace,
+    /tmp and /dev/shm together never hold more than the memory)."""
+    return _page_floor(_page_floor(budget.mem_bytes) // 2)
 
 
 def compile_spec(budget: Budget, host: HostFacts) -> SandboxSpec:
@@ -212,6 +224,7 @@ def compile_spec(budget: Budget, host: HostFacts) -> SandboxSpec:
         files=files,
         workspace_src=host.workspace,
         workspace_dest=WORKSPACE,
+        workspace_bytes=workspace_cap(budget),
         tmp_bytes=_page_floor(memory // 4),
         shm_bytes=_page_floor(memory // 16),
         egress_socket_src=host.egress_socket,

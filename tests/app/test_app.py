@@ -5,6 +5,8 @@ warm pool's capacity is the cell's committed processing cap."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,20 +106,25 @@ def test_an_unconfigured_cell_has_no_processing_cap(sqlite_url: str, tmp_path: P
 def test_the_warm_pool_capacity_is_the_cells_committed_processing_cap(
     sqlite_url: str, tmp_path: Path
 ) -> None:
+    # The state directory must be traversable by the sandbox uids (broker sockets, slot
+    # and workspace overlays are bound from under it; the gate's probe binds one).
+    state = Path(tempfile.mkdtemp(prefix="charter-state-"))
+    state.chmod(0o755)
     with _init(sqlite_url, tmp_path / "home", cores=4, reserve=1) as charter:
         template = tmp_path / "template"
         template.mkdir()
-        pool = charter.warm_pool(template, COST, state_dir=tmp_path / "state")
+        pool = charter.warm_pool(template, COST, state_dir=state)
         try:
             assert pool.capacity == 3
         finally:
             pool.close()
         charter.configure_cell(CellSetup(cores=4, reserve=1, processing=1))
-        pool = charter.warm_pool(template, COST, state_dir=tmp_path / "state")
+        pool = charter.warm_pool(template, COST, state_dir=state)
         try:
             assert pool.capacity == 1  # reconfigured: the pool follows the journal
         finally:
             pool.close()
+    shutil.rmtree(state, ignore_errors=True)
 
 
 def test_read_answers_evaluate_time_now_unless_a_position_is_asked(

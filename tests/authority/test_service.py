@@ -143,8 +143,9 @@ class FailingJournal(Journal):
         expect: Mapping[str, int] | None = None,
         tracking: tuple[str, int] | None = None,
         deadline_ms: int | None = None,
+        batch: str | None = None,
     ) -> tuple[Committed, ...]:
-        del events, expect, tracking, deadline_ms
+        del events, expect, tracking, deadline_ms, batch
         raise AppendFailedError("injected: the disk went away")
 
 

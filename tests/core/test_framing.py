@@ -33,6 +33,7 @@ TAGS = {
     "CHILD_KEY_TAG": b"charter/custody/child/v1\x00",
     "SANDBOX_KEY_TAG": b"charter/sandbox-key/v1\x00",
     "WORKER_INPUTS_TAG": b"charter/worker-inputs/v1\x00",
+    "ROTATION_TAG": b"charter/journal-key-rotation/v1\x00",
 }
 
 PREV = bytes(range(32))
@@ -99,6 +100,11 @@ def ref_worker_inputs_digest(argv: tuple[str, ...], inputs: tuple[str, ...]) -> 
     return hashlib.sha256(framed).digest()
 
 
+def ref_key_rotation_signing_input(origin: str, old: bytes, new: bytes) -> bytes:
+    raw = origin.encode("utf-8")
+    return b"charter/journal-key-rotation/v1\x00" + struct.pack(">H", len(raw)) + raw + old + new
+
+
 # -- the vectors -----------------------------------------------------------------------
 
 ENTRY_HEX = "d15de77c73bb72a6e517a37ea40a23c8f85870ab019f21a6cc2fe041ed77b110"
@@ -122,6 +128,20 @@ SANDBOX_INPUT_HEX = (
 WORKER_ARGV = ("/usr/bin/python3", "-I", "-c", "print(1)")
 WORKER_INPUTS = ("a.py", "")
 WORKER_INPUTS_HEX = "01c5ec2cca81fc53199d320d475353aa28cca3b6fe565ad2fa0db07135223438"
+
+
+ROTATION_INPUT_HEX = (
+    "636861727465722f6a6f75726e616c2d6b65792d726f746174696f6e2f7631000014636861727465722e"
+    "6a6f75726e616c2f30303131000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d"
+    "1e1f202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f"
+)
+
+
+def test_key_rotation_signing_input_vector() -> None:
+    old, new = bytes(range(32)), bytes(range(32, 64))
+    got = framing.key_rotation_signing_input("charter.journal/0011", old, new)
+    assert got == ref_key_rotation_signing_input("charter.journal/0011", old, new)
+    assert got.hex() == ROTATION_INPUT_HEX
 
 
 def test_entry_hash_vector() -> None:

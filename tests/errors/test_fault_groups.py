@@ -301,12 +301,13 @@ def test_a_truncated_journal_exits_3_and_a_refusal_exits_4(home: Path, db: str) 
     assert "does not verify" in _one_charter_line(result)
     assert charter_cli("--db", db, "journal", "verify", home=home).returncode == 0  # control
 
-    amount = "tokens=1,wall=1s,cpu=1s,mem=0,egress=0"
     result = charter_cli(
-        "--db", db, "lease", "usage", "agent:root/sa-nobody", "--amount", amount, home=home
-    )
+        "--db", db, "spawn", "--parent", "agent:root", "--width", "1", "--objective",
+        "scan host alpha for the open ports list", "--est-cost",
+        "tokens=900M,wall=1m,cpu=1m,mem=1MiB,egress=0", home=home,
+    )  # fmt: skip
     assert result.returncode == 4, result.stderr
-    assert "no budget ledger" in _one_charter_line(result)
+    assert "refused (gate-negative)" in _one_charter_line(result)
 
 
 def test_a_group_readable_custody_key_stops_the_cli_with_exit_1(home: Path, db: str) -> None:

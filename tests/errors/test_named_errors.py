@@ -18,8 +18,9 @@ import pytest
 
 from charter.app import CellSetup, Charter
 from charter.audit import ChainBrokenError, ChainHead, Fault, verify_chain
-from charter.budgets import BudgetRefusedError, NoBudgetLedgerError
-from charter.control import Ceiling
+from charter.authority import SpawnIntent
+from charter.budgets import BudgetRefusedError, NoBudgetLedgerError, UnknownLeaseError
+from charter.control import Ceiling, register_root
 from charter.core import (
     BadInputError,
     Budget,
@@ -264,9 +265,29 @@ def test_chain_broken_by_a_changed_entry(tmp_path: Path) -> None:
 # -- budgets ------------------------------------------------------------------------------
 
 
-def test_a_budget_refusal_is_a_member_of_its_group(charter_app: Charter) -> None:
-    with pytest.raises(BudgetRefusedError) as err:
+def test_usage_for_a_lineage_with_no_lease_is_bad_input_and_not_journaled(
+    charter_app: Charter,
+) -> None:
+    head = charter_app.journal.head()
+    with pytest.raises(UnknownLeaseError, match="sa-nobody"):
         charter_app.budgets().record_usage("agent:estate/sa-nobody", Budget.zero())
+    assert charter_app.journal.head() == head
+    charter_app.budgets().record_usage("agent:estate", Budget.zero())  # control: it exists
+    assert charter_app.journal.head() != head
+
+
+def test_a_budget_refusal_is_a_member_of_its_group(charter_app: Charter) -> None:
+    register_root(
+        charter_app.journal, charter_app.keys, "poor", Ceiling(budget=ROOT_BUDGET),
+        budget_ledger=False,
+    )  # fmt: skip
+    fanout = SpawnIntent(
+        width=1,
+        objective="scan the estate host by host",
+        estimated_cost=Budget.parse("tokens=100k,wall=1m,cpu=1m,mem=1MiB,egress=0"),
+    )
+    with pytest.raises(BudgetRefusedError) as err:
+        charter_app.spawn("agent:poor", fanout)
     assert type(err.value) is NoBudgetLedgerError
     assert isinstance(err.value, RefusedError)
     assert err.value.reason == "no-budget-ledger"

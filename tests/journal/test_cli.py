@@ -101,7 +101,15 @@ def test_show_prints_json_lines_with_the_contract_keys(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(lines) == 2  # the last two of the three pings, from --from on
     assert lines[1]["position"] == lines[0]["position"] + 1
-    assert set(lines[0]) == {"position", "type", "hash", "prev_hash", "recorded_at", "payload"}
+    assert set(lines[0]) == {
+        "position",
+        "type",
+        "hash",
+        "prev_hash",
+        "recorded_at",
+        "batch",
+        "payload",
+    }
     assert lines[1]["prev_hash"] == lines[0]["hash"]
     assert lines[0]["payload"] == {"writer": "x", "batch": 0, "n": 1, "pad": ""}
 

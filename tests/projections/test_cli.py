@@ -125,7 +125,7 @@ def test_read_commands_are_never_stale_and_answer_as_of(journal_url: str, tmp_pa
 
 
 def test_human_amounts_never_print_an_exponent() -> None:
-    from charter.cli.projections import _BYTES, _TIME, _TOKENS, _amount
+    from charter.cli._render import _BYTES, _TIME, _TOKENS, _amount
 
     assert _amount(999_999, _TOKENS) == "1M"  # rounds up into the next unit
     assert _amount(1_048_575, _BYTES) == "1020KiB"

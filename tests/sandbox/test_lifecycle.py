@@ -62,7 +62,8 @@ def test_sandbox_dies_with_its_parent(state_dir: Path) -> None:
     started = None
     for line in parent.stdout:
         event = json.loads(line)
-        if event["type"] == "SandboxStarted":
+        # The gate's probe canary (journaled too) may come first: wait for the command.
+        if event["type"] == "SandboxStarted" and event["command"][0] == "/bin/sleep":
             started = event
             break
     assert started is not None

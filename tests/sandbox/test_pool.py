@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from charter.core import Budget, RefusedError
+from charter.core import Budget, Event, RefusedError
+from charter.ledger import AppendFailedError
 from charter.sandbox import (
     MemorySink,
     PoolExhaustedError,
@@ -158,4 +160,63 @@ def test_pooled_wall_clock(template: Path, state_dir: Path) -> None:
         slot = p.lease()
         o = slot.run(["/bin/sleep", "60"])
         assert o.exit_code == 124
+        p.release(slot, refill=False)
+
+
+def _runs(uid: int, argv0: bytes, timeout: float) -> bool:
+    """Whether a process of host uid ``uid`` runs ``argv0`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in _live_processes_of(uid):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmdline.split(b"\0")[0] == argv0:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+class _StartFails:
+    """A journal whose append of SandboxStarted fails (nothing written), after watching
+    for the command for a while: had it been exec'd first, it would be seen running."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.uid = 0
+        self.seen_running: bool | None = None
+
+    def append(self, events: list[Event]) -> object:
+        if any(isinstance(e, SandboxStarted) for e in events):
+            self.seen_running = _runs(self.uid, b"/bin/sleep", 1.5)
+            raise AppendFailedError("journal append failed, nothing written")
+        self.events.extend(events)
+        return tuple(events)
+
+
+def test_a_warm_start_is_committed_before_the_command_runs(template: Path, state_dir: Path) -> None:
+    failing = _StartFails()
+    with WarmPool(template, B, capacity=1, sink=failing, state_dir=state_dir) as p:
+        # Positive control: the watcher sees a command that a slot does exec.
+        slot = p.lease()
+        ran = threading.Thread(target=lambda: slot.run(["/bin/sh", "-c", "exec /bin/sleep 2"]))
+        failing.uid = slot.host_uid
+        p.sink = MemorySink()
+        ran.start()
+        assert _runs(slot.host_uid, b"/bin/sleep", 10)
+        ran.join()
+        p.release(slot)
+        # The attack on the order: the start's append fails.
+        p.sink = failing
+        slot = p.lease()
+        failing.uid = slot.host_uid
+        with pytest.raises(AppendFailedError):
+            slot.run(["/bin/sleep", "300"])
+        assert failing.seen_running is False  # never exec'd while the append was pending
+        assert not _runs(slot.host_uid, b"/bin/sleep", 0)
+        assert _live_processes_of(slot.host_uid) == []  # the parked stub is destroyed
+        with pytest.raises(SlotStateError):
+            slot.run(["/bin/true"])
         p.release(slot, refill=False)

@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from charter.core import Event
 from charter.ledger import Journal
 from charter.sandbox import (
     HostCannotIsolateError,
     MemorySink,
     SandboxProbeRefused,
+    SandboxStarted,
     probe,
     require_isolation,
 )
+from charter.sandbox._canary import CANARY
 
 pytestmark = pytest.mark.sandbox
 
@@ -53,7 +56,8 @@ def test_probe_passes_on_this_host(state_dir: Path) -> None:
                  "no_nested_userns", "seccomp_filter", "pids_cap", "memory_cap",
                  "all_namespaces_unshared", "unprivileged_host_uid", "read_only_root",
                  "rlimits_final", "init_environment_clean", "init_process_hidden",
-                 "socket_families_allow_listed", "parent_death_signal_kept"):  # fmt: skip
+                 "socket_families_allow_listed", "parent_death_signal_kept",
+                 "workspace_nosuid_nodev", "no_terminal"):  # fmt: skip
         assert name in names
 
 
@@ -112,6 +116,39 @@ def test_probe_refuses_a_bwrap_whose_init_holds_the_environment(
     assert {c.name: c.ok for c in report.checks}["init_environment_clean"] is True
 
 
+DEV_BIND_BWRAP = """#!/usr/bin/python3
+# A bwrap that binds a plain host directory at /workspace with devices allowed
+# (--dev-bind), instead of the launcher's nosuid,nodev overlay.
+import os, sys
+argv = sys.argv[1:]
+for i in range(len(argv) - 2):
+    if argv[i] == "--bind" and argv[i + 2] == "/workspace":
+        argv[i:i + 3] = ["--dev-bind", {host_dir!r}, "/workspace"]
+        break
+os.execv("/usr/bin/bwrap", ["bwrap", *argv])
+"""
+
+
+def test_probe_refuses_a_workspace_mounted_with_devices(state_dir: Path, scratch: Path) -> None:
+    host_dir = scratch / "plain"
+    host_dir.mkdir(mode=0o777)
+    host_dir.chmod(0o777)
+    weak = scratch / "bwrap-dev-bind"
+    weak.write_text(DEV_BIND_BWRAP.format(host_dir=str(host_dir)))
+    weak.chmod(0o755)
+    sink = MemorySink()
+    with pytest.raises(HostCannotIsolateError):
+        require_isolation(sink, state_dir=state_dir, bwrap=str(weak))
+    refused = [e for e in sink.events if isinstance(e, SandboxProbeRefused)]
+    assert "workspace_nosuid_nodev" in refused[0].failed
+    assert "canary_ran" not in refused[0].failed  # control: the canary ran and reported
+
+
+def _canary_only(events: list[Event]) -> bool:
+    """Every sandbox started among ``events`` is the probe's canary."""
+    return all(CANARY in e.command for e in events if isinstance(e, SandboxStarted))
+
+
 def test_launcher_and_pool_refuse_to_spawn_on_a_weak_host(state_dir: Path, scratch: Path) -> None:
     from charter.core import Budget
     from charter.sandbox import Launcher, WarmPool
@@ -123,8 +160,12 @@ def test_launcher_and_pool_refuse_to_spawn_on_a_weak_host(state_dir: Path, scrat
     with pytest.raises(HostCannotIsolateError):
         WarmPool(scratch, Budget.parse("tokens=0,wall=5s,cpu=5s,mem=64MiB,egress=0MB"), 1,
                  sink=sink, state_dir=state_dir, bwrap=weak)  # fmt: skip
-    assert [type(e) for e in sink.events] == [SandboxProbeRefused, SandboxProbeRefused]
-    assert not any(type(e).__name__ == "SandboxLeased" for e in sink.events)
+    # Each refusal is journaled after its canary's own lifecycle (the canary is a
+    # sandbox like any other); no other sandbox was leased.
+    assert [type(e) for e in sink.events if isinstance(e, SandboxProbeRefused)] == [
+        SandboxProbeRefused, SandboxProbeRefused,
+    ]  # fmt: skip
+    assert _canary_only(sink.events)
 
 
 def _charter(
@@ -163,7 +204,10 @@ def test_cli_run_passes_exit_codes_through(cli_env: dict[str, str]) -> None:
         # The lifecycle, in order, for each of the four runs.
         wanted = ("SandboxLeased", "SandboxStarted", "SandboxExited", "SandboxDiscarded")
         types = [e.type_name for e in journal.entries(types=wanted)]
-    assert types.count("SandboxLeased") == types.count("SandboxDiscarded") == 4
+        commands = [e.event.command for e in journal.entries(types=("SandboxStarted",))]
+    runs = [c for c in commands if CANARY not in c]
+    assert len(runs) == 4
+    assert types.count("SandboxLeased") == types.count("SandboxDiscarded") == len(commands)
 
 
 def test_cli_run_refuses_a_malformed_egress_destination(cli_env: dict[str, str]) -> None:
@@ -198,10 +242,11 @@ def test_cli_probe_and_refusal(cli_env: dict[str, str], scratch: Path) -> None:
     assert not (scratch / "ran").exists()
     with Journal.open(cli_env["CHARTER_DB"]) as journal:
         refusals = list(journal.entries(types=("SandboxProbeRefused",)))
-        started = list(journal.entries(types=("SandboxStarted",)))
+        started = [e.event for e in journal.entries(types=("SandboxStarted",))]
     assert len(refusals) == 2
     assert "environment_cleared" in refusals[0].event.failed  # type: ignore[attr-defined]
-    assert started == []
+    assert started  # the canaries are journaled ...
+    assert _canary_only(started)  # ... and nothing but them ever started
 
 
 def test_cli_spec_renders_without_running(tmp_path: Path) -> None:

@@ -102,6 +102,27 @@ def test_bwrap_invariants() -> None:
             assert head[i - 2] == "--size"
 
 
+def test_a_private_workspace_is_a_capped_tmpfs_and_no_host_bind() -> None:
+    spec = compile_spec(BUDGET, FACTS.model_copy(update={"workspace": None}))
+    head = render_bwrap(spec, ["cmd"], FDS)
+    head = head[: head.index("--")]
+    assert "--bind" not in head  # no writable host directory at all
+    i = head.index("/workspace", head.index("--tmpfs"))
+    assert head[i - 1] == "--tmpfs"
+    assert head[i - 3 : i - 1] == ["--size", str(spec.workspace_bytes)]
+    assert spec.workspace_bytes == BUDGET.mem_bytes // 2
+    assert i < len(head) - 1 - head[::-1].index("--remount-ro")  # before / goes read-only
+    oci = render_oci(spec, ["cmd"])
+    ws = [m for m in oci["mounts"] if m["destination"] == "/workspace"]
+    assert ws == [{"destination": "/workspace", "type": "tmpfs", "source": "tmpfs",
+                   "options": ["nosuid", "nodev", f"size={spec.workspace_bytes}"]}]  # fmt: skip
+    # Control: with a host workspace the one writable bind is back.
+    assert ["/srv/ws", "/workspace"] in [
+        head2[i + 1 : i + 3] for head2 in [render_bwrap(SPEC, ["cmd"], FDS)]
+        for i, a in enumerate(head2) if a == "--bind"
+    ]  # fmt: skip
+
+
 def test_oci_invariants() -> None:
     config = render_oci(SPEC, ["cmd"])
     linux = config["linux"]

@@ -1,0 +1,136 @@
+"""The auditor's own lease books: what each ledger uses at a time, kept incrementally.
+
+THE lease formula (:mod:`charter.budgets.formula`) defines a child's charge; these books
+keep, for every ledger, the sum of the allocations of its children still counted live
+and the sum of the charges of those that ended, so checking a ledger costs O(log n)
+(expired children leave the live sum lazily, from a heap of expiries), not a walk over
+all its children and their subtrees. Pure: no journal.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from charter.budgets.formula import charge, is_active
+from charter.core.budget import VEC_ZERO, Vec, vec_add, vec_sub
+
+__all__ = ["Books", "Ledger"]
+
+
+@dataclass
+class Ledger:
+    lineage: str
+    parent: str | None
+    allocation: Vec
+    expires: int | None
+    released: int | None = None
+    spent: Vec = VEC_ZERO  # own
+    subtree: Vec = VEC_ZERO  # own and every descendant's
+    children: list[str] = field(default_factory=list)
+    live_alloc: Vec = VEC_ZERO  # Σ allocation of the children counted live
+    ended_charge: Vec = VEC_ZERO  # Σ charge of the children counted ended
+    counted_live: bool = True  # how its parent counts it
+    counted_charge: Vec = VEC_ZERO  # what its parent counts for it once ended
+    # children's expiries: (expires, sequence, lineages), one entry per grant of a group
+    expiries: list[tuple[int, int, tuple[str, ...]]] = field(default_factory=list)
+
+    def live(self, t: int) -> bool:
+        return is_active(self.released, self.expires, t)
+
+
+class Books:
+    """Ledgers by lineage, with each parent's sums kept current."""
+
+    def __init__(self) -> None:
+        self.ledgers: dict[str, Ledger] = {}
+        self._seq = 0
+
+    def get(self, lineage: str) -> Ledger | None:
+        return self.ledgers.get(lineage)
+
+    def open_root(self, lineage: str, allocation: Vec) -> None:
+        self.ledgers[lineage] = Ledger(lineage, None, allocation, None)
+
+    def grant(
+        self, parent: Ledger, lineages: tuple[str, ...], allocation: Vec, expires: int
+    ) -> None:
+        """Leases of one fan-out: the same allocation and expiry for each lineage."""
+        for lineage in lineages:
+            self.ledgers[lineage] = Ledger(lineage, parent.lineage, allocation, expires)
+            parent.children.append(lineage)
+            parent.live_alloc = vec_add(parent.live_alloc, allocation)
+        self._push(parent, expires, lineages)
+
+    def _push(self, parent: Ledger, expires: int, lineages: tuple[str, ...]) -> None:
+        self._seq += 1
+        heapq.heappush(parent.expiries, (expires, self._seq, lineages))
+
+    def _end(self, parent: Ledger, child: Ledger) -> None:
+        """Count ``child`` as ended in its parent's sums (once)."""
+        if not child.counted_live:
+            return
+        child.counted_live = False
+        child.counted_charge = charge(child.allocation, child.subtree, False)
+        parent.live_alloc = vec_sub(parent.live_alloc, child.allocation)
+        parent.ended_charge = vec_add(parent.ended_charge, child.counted_charge)
+
+    def settle(self, ledger: Ledger, t: int) -> None:
+        """Move the children that expired by ``t`` from the live sum to the ended one."""
+        while ledger.expiries and ledger.expiries[0][0] <= t:
+            expires, _, lineages = heapq.heappop(ledger.expiries)
+            for lineage in lineages:
+                child = self.ledgers[lineage]
+                if child.expires == expires and not child.live(t):
+                    self._end(ledger, child)
+
+    def ancestors(self, ledger: Ledger) -> list[Ledger]:
+        out = []
+        node = ledger
+        while node.parent is not None:
+            node = self.ledgers[node.parent]
+            out.append(node)
+        return out
+
+    def use(self, ledger: Ledger, amount: Vec) -> None:
+        ledger.spent = vec_add(ledger.spent, amount)
+        path = [ledger, *self.ancestors(ledger)]
+        for node in path:
+            node.subtree = vec_add(node.subtree, amount)
+        for child, parent in itertools.pairwise(path):
+            if not child.counted_live:  # an ended child's charge follows its subtree
+                new = charge(child.allocation, child.subtree, False)
+                parent.ended_charge = vec_add(
+                    vec_sub(parent.ended_charge, child.counted_charge), new
+                )
+                child.counted_charge = new
+
+    def release(self, ledger: Ledger, t: int) -> None:
+        stack = [ledger]
+        while stack:
+            node = stack.pop()
+            if node.released is None:
+                node.released = t
+            if node.parent is not None:
+                self._end(self.ledgers[node.parent], node)
+            stack.extend(self.ledgers[c] for c in node.children)
+
+    def renew(self, ledger: Ledger, expires: int, t: int) -> None:
+        if ledger.parent is not None:
+            self.settle(self.ledgers[ledger.parent], t)
+        ledger.expires = expires
+        if ledger.parent is None:
+            return
+        parent = self.ledgers[ledger.parent]
+        if not ledger.counted_live and ledger.live(t):  # renewed after it had expired
+            ledger.counted_live = True
+            parent.ended_charge = vec_sub(parent.ended_charge, ledger.counted_charge)
+            parent.live_alloc = vec_add(parent.live_alloc, ledger.allocation)
+        if ledger.counted_live:
+            self._push(parent, expires, (ledger.lineage,))
+
+    def used(self, ledger: Ledger, t: int) -> Vec:
+        """Own spend + Σ charge(children) at ``t``."""
+        self.settle(ledger, t)
+        return vec_add(ledger.spent, vec_add(ledger.live_alloc, ledger.ended_charge))

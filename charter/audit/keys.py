@@ -1,0 +1,130 @@
+"""The journal key's history: rotation events, signed by the old and the new key.
+
+A journal starts with the key ``charter init`` made (``JournalCreated.journal_key``, the
+trust anchor). ``JournalKeyRotated`` replaces it: both the current and the new key sign
+``key_rotation_signing_input(origin, old, new)``. A rotation committed as leaf ``r``
+makes the new key the signer of every checkpoint of size ``> r``; the origin (derived
+from the first key) never changes. A rotation whose old key is not the current one, or
+whose two signatures do not both verify, changes nothing (and ``charter audit`` reports
+it). Pure: no journal.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from nacl.exceptions import BadSignatureError
+from nacl.signing import SigningKey, VerifyKey
+from pydantic import BaseModel, ConfigDict
+
+from charter.audit.errors import KeyRotationError
+from charter.audit.note import NoteKey
+from charter.core.events import Event
+from charter.core.framing import NOTE_ED25519, key_rotation_signing_input
+
+__all__ = [
+    "KEY_STREAM",
+    "JournalKeyRotated",
+    "KeyHistory",
+    "check_rotation",
+    "journal_origin",
+    "rotation",
+]
+
+KEY_STREAM = "journal-keys"
+ROTATION_TOPIC = "JournalKeyRotated/"
+
+
+def journal_origin(journal_key_hex: str) -> str:
+    """A journal's checkpoint origin (and its note key name): ``charter.journal/`` and
+    the first 16 hex digits of its first Ed25519 public key (it survives rotations)."""
+    return f"charter.journal/{journal_key_hex[:16]}"
+
+
+class JournalKeyRotated(Event):
+    """The journal's signing key changes from ``old_key`` to ``new_key`` (hex Ed25519
+    public keys), signed by both over the rotation statement."""
+
+    type_name = "JournalKeyRotated"
+
+    origin: str
+    old_key: str
+    new_key: str
+    old_signature: str
+    new_signature: str
+
+    def stream(self) -> str:
+        return KEY_STREAM
+
+
+def rotation(origin: str, old: SigningKey, new: SigningKey) -> JournalKeyRotated:
+    old_pub, new_pub = bytes(old.verify_key), bytes(new.verify_key)
+    statement = key_rotation_signing_input(origin, old_pub, new_pub)
+    return JournalKeyRotated(
+        origin=origin,
+        old_key=old_pub.hex(),
+        new_key=new_pub.hex(),
+        old_signature=old.sign(statement).signature.hex(),
+        new_signature=new.sign(statement).signature.hex(),
+    )
+
+
+def check_rotation(payload: dict[str, Any], origin: str, current: bytes) -> bytes:
+    """The new key of a valid rotation of ``current``; else :class:`KeyRotationError`."""
+    try:
+        old, new = bytes.fromhex(payload["old_key"]), bytes.fromhex(payload["new_key"])
+        sigs = bytes.fromhex(payload["old_signature"]), bytes.fromhex(payload["new_signature"])
+        claimed = str(payload["origin"])
+    except (KeyError, ValueError, TypeError) as e:
+        raise KeyRotationError(f"a key rotation that does not decode: {e}") from e
+    if claimed != origin:
+        raise KeyRotationError(f"a key rotation for {claimed!r}, not this journal ({origin})")
+    if not hmac.compare_digest(old, current):
+        raise KeyRotationError("a key rotation from a key that is not the journal's current key")
+    statement = key_rotation_signing_input(origin, old, new)
+    for key, sig, who in ((old, sigs[0], "old"), (new, sigs[1], "new")):
+        try:
+            VerifyKey(key).verify(statement, sig)
+        except (BadSignatureError, ValueError) as e:
+            raise KeyRotationError(f"a key rotation the {who} key did not sign") from e
+    return new
+
+
+class KeyHistory(BaseModel):
+    """The journal's keys: ``(after_leaf, key)``, the first with ``after_leaf = -1``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    origin: str
+    keys: tuple[tuple[int, bytes], ...]
+
+    @classmethod
+    def start(cls, origin: str, initial: bytes) -> KeyHistory:
+        return cls(origin=origin, keys=((-1, initial),))
+
+    @property
+    def current(self) -> bytes:
+        return self.keys[-1][1]
+
+    def rotated(self, leaf: int, payload: dict[str, Any]) -> KeyHistory:
+        """This history after the rotation at ``leaf`` (raises if it is not valid)."""
+        new = check_rotation(payload, self.origin, self.current)
+        return self.model_copy(update={"keys": (*self.keys, (leaf, new))})
+
+    def key_for(self, size: int) -> bytes:
+        """The key that signs a checkpoint of ``size`` entries."""
+        return next(key for after, key in reversed(self.keys) if after < size)
+
+    def up_to(self, size: int) -> KeyHistory:
+        """The history as a checkpoint of ``size`` entries knows it."""
+        return self.model_copy(update={"keys": tuple(k for k in self.keys if k[0] < size)})
+
+    def note_key_for(self, size: int) -> NoteKey:
+        return NoteKey.make(self.origin, NOTE_ED25519, self.key_for(size))
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [
+            {"after_leaf": after, "key": NoteKey.make(self.origin, NOTE_ED25519, key).text()}
+            for after, key in self.keys
+        ]

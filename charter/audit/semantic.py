@@ -1,0 +1,432 @@
+"""Semantic audits: does the history obey Charter's own rules? Pure (no journal).
+
+It folds ``(position, topic, state)`` rows in position order, reading each entry's
+stored canonical JSON (``{"at": ISO time, "payload": {...}}``) directly, not through the
+product's event classes, and keeps its own books. Budgets use THE lease formula
+(:mod:`charter.budgets.formula`); grant chains are checked with
+:func:`charter.authority.verify_grant_chain`. The checks, each a finding with the
+position where the rule first breaks:
+
+- ``entry-format``: every entry decodes (canonical JSON with its time and payload).
+- ``commit-order``: commit times never decrease with position.
+- ``conservation``: at every entry that can raise a live ledger's use (a lease grant, a
+  usage, a renewal), own spend + Σ charge(child) ≤ allocation on every axis, for the
+  ledger and every ancestor (a live child is charged its allocation, an ended one what
+  its subtree spent, capped at it).
+- ``usage-after-end``: no usage is charged to a lease that is released or expired, or
+  whose ancestor's is, and none to a lineage without a ledger.
+- ``grant-chain``: every minted grant's chain, from its root's ceiling down to it,
+  verifies to the root's registered trust root, and no axis, clearance or mode rises
+  along it (the issuer must hold a verified grant).
+- ``gate``: every fan-out's gate is decided exactly once, with an allowing verdict, by
+  the minting parent, before the first of its mints.
+- ``sandbox-lease``: a worker's sandbox is leased while its lease is live and after its
+  grant was minted; a sandbox starts only after it was leased.
+- ``lifecycle``: every started sandbox ends (exited, quarantined or discarded) or is
+  still live: its lease has not ended as of the audited position.
+- ``revoked-subtree``: no grant is minted, and no sandbox leased, under a lineage whose
+  lease was released (revoked), after the release.
+- ``key-rotation``: every journal key rotation is signed by the journal's current key
+  and by the new one (the journal's first key is its ``JournalCreated`` entry's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from charter.audit._books import Books
+from charter.audit.errors import KeyRotationError
+from charter.audit.keys import KeyHistory, journal_origin
+from charter.authority import SealedGrant, verify_grant_chain
+from charter.core.budget import Vec
+from charter.core.errors import CharterError
+
+__all__ = ["AuditReport", "Finding", "audit_history", "CHECKS"]
+
+CHECKS = (
+    "entry-format",
+    "commit-order",
+    "conservation",
+    "usage-after-end",
+    "grant-chain",
+    "gate",
+    "sandbox-lease",
+    "lifecycle",
+    "revoked-subtree",
+    "key-rotation",
+)
+_AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ALLOWING = ("positive", "neutral")
+_ENDS = ("SandboxExited", "SandboxQuarantined", "SandboxDiscarded")
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    check: str
+    position: int
+    lineage: str | None
+    detail: str
+
+
+class AuditReport(BaseModel):
+    """The ``--json`` document of ``charter audit``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ok: bool
+    checked: int
+    findings: tuple[Finding, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _vec(d: dict[str, Any]) -> Vec:
+    return (
+        int(d["tokens"]),
+        int(d["wall_ms"]),
+        int(d["cpu_ms"]),
+        int(d["mem_bytes"]),
+        int(d["egress_bytes"]),
+    )
+
+
+def _ms(text: str) -> int:
+    return (datetime.fromisoformat(text) - _EPOCH) // timedelta(milliseconds=1)
+
+
+def _parent(lineage: str) -> str | None:
+    return lineage.rpartition("/")[0] if "/" in lineage else None
+
+
+@dataclass
+class _Sandbox:
+    position: int
+    lineage: str | None
+    lease: str | None
+    started: int | None = None
+    ended: bool = False
+
+
+class _Auditor:
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.books = Books()
+        self.trust_roots: dict[str, bytes] = {}
+        self.chains: dict[str, tuple[SealedGrant, ...]] = {}
+        self.gates: dict[str, tuple[int, str, str]] = {}  # fanout → (position, actor, verdict)
+        self.minted_fanouts: set[str] = set()
+        self.released: dict[str, int] = {}  # lineage → position of its release
+        self.sandboxes: dict[str, _Sandbox] = {}
+        self.keys: KeyHistory | None = None
+        self._handlers = self._make_handlers()
+        self.last_at = 0
+        self.position = 0
+
+    def find(self, check: str, lineage: str | None, detail: str) -> None:
+        self.findings.append(
+            Finding(check=check, position=self.position, lineage=lineage, detail=detail)
+        )
+
+    # -- budgets -----------------------------------------------------------------------
+
+    def _check_conserved(self, lineage: str, t: int) -> None:
+        node = self.books.get(lineage)
+        while node is not None:
+            if node.live(t):
+                used = self.books.used(node, t)
+                over = [
+                    a for a, u, cap in zip(_AXES, used, node.allocation, strict=True) if u > cap
+                ]
+                if over:
+                    self.find(
+                        "conservation",
+                        node.lineage,
+                        f"{node.lineage} uses {dict(zip(_AXES, used, strict=True))} of its "
+                        f"allocation {dict(zip(_AXES, node.allocation, strict=True))} "
+                        f"({', '.join(over)})",
+                    )
+            node = self.books.get(node.parent) if node.parent is not None else None
+
+    def ledger_opened(self, p: dict[str, Any]) -> None:
+        self.books.open_root(str(p["lineage"]), _vec(p["allocation"]))
+
+    def lease_granted(self, p: dict[str, Any], t: int) -> None:
+        parent = str(p["parent"])
+        ledger = self.books.get(parent)
+        if ledger is None or not ledger.live(t):
+            self.find(
+                "usage-after-end",
+                parent,
+                f"leases granted out of {parent}, which holds no live ledger",
+            )
+            if ledger is None:
+                return
+        lineages = tuple(str(lineage) for lineage in p["lineages"])
+        self.books.grant(ledger, lineages, _vec(p["allocation"]), int(p["expires_at_ms"]))
+        self._check_conserved(parent, t)
+
+    def usage(self, p: dict[str, Any], t: int) -> None:
+        lineage = str(p["lineage"])
+        ledger = self.books.get(lineage)
+        if ledger is None:
+            self.find(
+                "usage-after-end", lineage, f"usage charged to {lineage}, which has no ledger"
+            )
+            return
+        for node in (ledger, *self.books.ancestors(ledger)):
+            if not node.live(t):
+                self.find(
+                    "usage-after-end",
+                    lineage,
+                    f"usage charged to {lineage} after {node.lineage}'s lease ended",
+                )
+                break
+        self.books.use(ledger, _vec(p["amount"]))
+        self._check_conserved(lineage, t)
+
+    def released_lease(self, p: dict[str, Any], t: int) -> None:
+        lineage = str(p["lineage"])
+        self.released.setdefault(lineage, self.position)
+        ledger = self.books.get(lineage)
+        if ledger is not None:
+            self.books.release(ledger, t)
+
+    def renewed(self, p: dict[str, Any], t: int) -> None:
+        ledger = self.books.get(str(p["lineage"]))
+        if ledger is None:
+            self.find(
+                "usage-after-end", str(p["lineage"]), "a renewal of a lease that does not exist"
+            )
+            return
+        self.books.renew(ledger, int(p["expires_at_ms"]), t)
+        self._check_conserved(str(p["parent"]), t)
+
+    # -- authority -------------------------------------------------------------------
+
+    def revoked_above(self, lineage: str) -> str | None:
+        node: str | None = lineage
+        while node is not None:
+            if node in self.released:
+                return node
+            node = _parent(node)
+        return None
+
+    def grant_minted(self, p: dict[str, Any]) -> None:
+        lineage, issuer, fanout = str(p["lineage"]), str(p["issuer"]), str(p["fanout"])
+        revoked = self.revoked_above(issuer)
+        if revoked is not None:
+            self.find(
+                "revoked-subtree",
+                lineage,
+                f"minted under {revoked}, released at position {self.released[revoked]}",
+            )
+        if lineage != issuer:
+            self._gate_for_mint(fanout, issuer, lineage)
+        try:
+            sealed = SealedGrant.from_record({"body": p["body"], "signature": p["signature"]})
+        except (CharterError, ValidationError, ValueError, KeyError, TypeError) as e:
+            self.find("grant-chain", lineage, f"the minted grant does not parse: {e}")
+            return
+        if lineage == issuer:
+            chain: tuple[SealedGrant, ...] = (sealed,)
+        elif issuer in self.chains:
+            chain = (*self.chains[issuer], sealed)
+        else:
+            self.find("grant-chain", lineage, f"its issuer {issuer} holds no verified grant")
+            return
+        root = str(chain[0].grant.lineage)
+        trust_root = self.trust_roots.get(root)
+        if trust_root is None:
+            self.find("grant-chain", lineage, f"its root {root} is not registered")
+            return
+        try:
+            verify_grant_chain(chain, trust_root)
+        except CharterError as e:
+            self.find("grant-chain", lineage, str(e))
+            return
+        self.chains[lineage] = chain
+
+    def gate_decided(self, p: dict[str, Any]) -> None:
+        fanout = str(p["fanout"])
+        if fanout in self.gates:
+            self.find(
+                "gate",
+                str(p["actor"]),
+                f"fan-out {fanout}'s gate decided again (first at {self.gates[fanout][0]})",
+            )
+            return
+        if fanout in self.minted_fanouts:
+            self.find("gate", str(p["actor"]), f"fan-out {fanout}'s gate decided after its mints")
+        self.gates[fanout] = (self.position, str(p["actor"]), str(p["verdict"]))
+
+    def _gate_for_mint(self, fanout: str, issuer: str, lineage: str) -> None:
+        first = fanout not in self.minted_fanouts
+        self.minted_fanouts.add(fanout)
+        gate = self.gates.get(fanout)
+        if gate is None:
+            if first:
+                self.find(
+                    "gate",
+                    lineage,
+                    f"minted in fan-out {fanout}, whose gate was never decided before it",
+                )
+            return
+        _, actor, verdict = gate
+        if first and verdict not in _ALLOWING:
+            self.find("gate", lineage, f"minted in fan-out {fanout}, whose gate said {verdict}")
+        if first and actor != issuer:
+            self.find(
+                "gate",
+                lineage,
+                f"fan-out {fanout}'s gate was asked by {actor}, not by the minting {issuer}",
+            )
+
+    def key_rotated(self, p: dict[str, Any]) -> None:
+        if self.keys is None:
+            self.find("key-rotation", None, "a key rotation in a journal with no first key")
+            return
+        try:
+            self.keys = self.keys.rotated(self.position, p)
+        except KeyRotationError as e:
+            self.find("key-rotation", None, str(e))
+
+    # -- sandboxes -------------------------------------------------------------------
+
+    def sandbox_leased(self, p: dict[str, Any], t: int) -> None:
+        sandbox = str(p["sandbox_id"])
+        lineage = p.get("lineage")
+        lease = p.get("lease") or lineage
+        self.sandboxes[sandbox] = _Sandbox(self.position, lineage, lease)
+        if lineage is None:
+            return  # an operator's own sandbox (`charter sandbox run`): no worker
+        if str(lineage) not in self.chains:
+            self.find(
+                "sandbox-lease",
+                str(lineage),
+                f"sandbox {sandbox} leased for {lineage}, which holds no minted grant",
+            )
+        ledger = self.books.get(str(lease))
+        if ledger is None or not ledger.live(t):
+            self.find(
+                "sandbox-lease",
+                str(lineage),
+                f"sandbox {sandbox} leased without a live lease ({lease})",
+            )
+        revoked = self.revoked_above(str(lineage))
+        if revoked is not None:
+            self.find(
+                "revoked-subtree",
+                str(lineage),
+                f"sandbox {sandbox} leased under {revoked}, released at position "
+                f"{self.released[revoked]}",
+            )
+
+    def sandbox_started(self, p: dict[str, Any]) -> None:
+        sandbox = self.sandboxes.get(str(p["sandbox_id"]))
+        if sandbox is None:
+            self.find(
+                "sandbox-lease", None, f"sandbox {p['sandbox_id']} started without being leased"
+            )
+            self.sandboxes[str(p["sandbox_id"])] = _Sandbox(
+                self.position, None, None, self.position
+            )
+            return
+        sandbox.started = self.position
+
+    def sandbox_ended(self, p: dict[str, Any]) -> None:
+        sandbox = self.sandboxes.get(str(p["sandbox_id"]))
+        if sandbox is not None:
+            sandbox.ended = True
+
+    def lifecycle(self, t: int) -> None:
+        for sandbox_id, s in self.sandboxes.items():
+            if s.started is None or s.ended or s.lease is None:
+                continue
+            ledger = self.books.get(s.lease)
+            if ledger is None or not ledger.live(t):
+                self.findings.append(
+                    Finding(
+                        check="lifecycle",
+                        position=s.started,
+                        lineage=s.lineage,
+                        detail=f"sandbox {sandbox_id} started, its lease ended, and it never "
+                        "exited or failed",
+                    )
+                )
+
+    # -- the fold --------------------------------------------------------------------
+
+    def apply(self, position: int, topic: str, state: bytes) -> None:
+        self.position = position
+        try:
+            doc = orjson.loads(state)
+            t = _ms(doc["at"])
+            p: dict[str, Any] = doc["payload"]
+        except (ValueError, KeyError, TypeError) as e:
+            self.find("entry-format", None, f"the entry does not decode: {e}")
+            return
+        if t < self.last_at:
+            self.find(
+                "commit-order",
+                None,
+                f"committed at {t} ms, before the entry before it ({self.last_at} ms)",
+            )
+        self.last_at = max(self.last_at, t)
+        kind = topic.partition("/")[0]
+        try:
+            self._dispatch(kind, p, t)
+        except (KeyError, TypeError, ValueError) as e:
+            self.find("entry-format", None, f"a {kind} entry lacks what it must say: {e}")
+
+    def _dispatch(self, kind: str, p: dict[str, Any], t: int) -> None:
+        """The entry's rule, by its type (types no rule reads pass through)."""
+        handler = self._handlers.get(kind)
+        if handler is not None:
+            handler(p, t)
+
+    def _make_handlers(self) -> dict[str, Callable[[dict[str, Any], int], None]]:
+        return {
+            "JournalCreated": self.journal_created,
+            "JournalKeyRotated": lambda p, _: self.key_rotated(p),
+            "AgentRegistered": self.agent_registered,
+            "GrantMinted": lambda p, _: self.grant_minted(p),
+            "GateDecided": lambda p, _: self.gate_decided(p),
+            "BudgetLedgerOpened": lambda p, _: self.ledger_opened(p),
+            "LeaseGranted": self.lease_granted,
+            "UsageRecorded": self.usage,
+            "LeaseReleased": self.released_lease,
+            "LeaseRenewed": self.renewed,
+            "SandboxLeased": self.sandbox_leased,
+            "SandboxStarted": lambda p, _: self.sandbox_started(p),
+            **{end: lambda p, _: self.sandbox_ended(p) for end in _ENDS},
+        }
+
+    def journal_created(self, p: dict[str, Any], _: int) -> None:
+        key = str(p["journal_key"])
+        self.keys = KeyHistory.start(journal_origin(key), bytes.fromhex(key))
+
+    def agent_registered(self, p: dict[str, Any], _: int) -> None:
+        self.trust_roots[str(p["lineage"])] = bytes.fromhex(p["trust_root"])
+
+
+def audit_history(rows: Iterable[Iterable[tuple[int, str, bytes]]]) -> AuditReport:
+    """Audit batches of ``(position, topic, state)`` in position order (what
+    ``Journal.payloads`` yields, or a bundle's entries as one batch)."""
+    auditor = _Auditor()
+    checked = 0
+    for batch in rows:
+        for position, topic, state in batch:
+            auditor.apply(position, topic, bytes(state))
+            checked += 1
+    auditor.lifecycle(auditor.last_at)
+    findings = tuple(sorted(auditor.findings, key=lambda f: (f.position, f.check)))
+    return AuditReport(ok=not findings, checked=checked, findings=findings)

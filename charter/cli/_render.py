@@ -1,0 +1,239 @@
+"""Output for people: compact tables that fit 80 columns, natural order (sa-2 before
+sa-10), and journal payloads decoded and shortened. ``--json`` never comes here."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
+
+from charter.core import Budget
+from charter.projections import BudgetReport, SlotsReport, TreeReport
+
+__all__ = [
+    "brief_payload",
+    "decode_nested",
+    "natural_key",
+    "render_budgets",
+    "render_slots",
+    "render_tree",
+    "select",
+    "short_budget",
+]
+
+T = TypeVar("T")
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(lineage: str) -> tuple[tuple[tuple[int, int | str], ...], ...]:
+    """Sort key: numbers inside a segment compare as numbers (``sa-2`` before
+    ``sa-10``), and a lineage sorts before every lineage below it."""
+    return tuple(
+        tuple((0, int(part)) if part.isdigit() else (1, part) for part in _DIGITS.split(seg))
+        for seg in lineage.split("/")
+    )
+
+
+def select(
+    items: Iterable[T],
+    lineage_of: Callable[[T], str],
+    status_of: Callable[[T], str],
+    *,
+    statuses: tuple[str, ...],
+    limit: int | None,
+) -> tuple[list[T], int]:
+    """``items`` in natural order, only those of ``statuses`` (all when empty), at most
+    ``limit`` of them (all when None); also how many were left out by the limit."""
+    kept = sorted(
+        (item for item in items if not statuses or status_of(item) in statuses),
+        key=lambda item: natural_key(lineage_of(item)),
+    )
+    if limit is None or len(kept) <= limit:
+        return kept, 0
+    return kept[:limit], len(kept) - limit
+
+
+# -- amounts -------------------------------------------------------------------------
+
+
+def _amount(value: float, units: tuple[tuple[float, str], ...]) -> str:
+    """``value`` in the largest unit it reaches, three significant digits at most (a
+    value that rounds up to the next unit is shown in that unit: 1M, not 1e+03k)."""
+    i = next((i for i, (size, _) in enumerate(units) if value >= size), None)
+    if i is None:
+        return f"{value:g}{units[-1][1]}"
+    if i > 0 and float(f"{value / units[i][0]:.3g}") >= units[i - 1][0] / units[i][0]:
+        i -= 1
+    size, unit = units[i]
+    if i == 0 and value / size >= 1000:  # beyond the largest unit: no exponent
+        return f"{value / size:.0f}{unit}"
+    return f"{float(f'{value / size:.3g}'):g}{unit}"
+
+
+_TOKENS = ((1e6, "M"), (1e3, "k"), (1, ""))
+_TIME = ((3_600_000, "h"), (60_000, "m"), (1_000, "s"), (1, "ms"))
+_BYTES = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+
+
+def _axes(b: Budget) -> tuple[str, str, str, str, str]:
+    return (
+        _amount(b.tokens, _TOKENS),
+        _amount(b.wall_ms, _TIME),
+        _amount(b.cpu_ms, _TIME),
+        _amount(b.mem_bytes, _BYTES),
+        _amount(b.egress_bytes, _BYTES),
+    )
+
+
+def short_budget(b: Budget) -> str:
+    """A budget in the CLI's own syntax, rounded for people (``--json`` is exact)."""
+    names = ("tokens", "wall", "cpu", "mem", "egress")
+    return ",".join(f"{name}={value}" for name, value in zip(names, _axes(b), strict=True))
+
+
+def _ms(value: int) -> str:
+    return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _until(expires_at_ms: int | None, now_ms: int) -> str:
+    """An expiry relative to the answer's time: ``in 9m``, ``2h ago``, ``-`` for none."""
+    if expires_at_ms is None:
+        return "-"
+    delta = expires_at_ms - now_ms
+    span = _amount(abs(delta), ((86_400_000 * 365, "y"), (86_400_000, "d"), *_TIME[:3]))
+    return f"in {span}" if delta >= 0 else f"{span} ago"
+
+
+# -- tables --------------------------------------------------------------------------
+
+
+def _table(title: str) -> Table:
+    # one space between columns and none at the edges: a ledger fits 80 columns
+    return Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+        title_justify="left",
+    )
+
+
+def render_budgets(report: BudgetReport, console: Console) -> None:
+    """One line a ledger: what remains on each axis, and when the lease ends."""
+    table = _table(f"remaining budget as of position {report.as_of} ({_ms(report.at_ms)})")
+    # the lineage gives way first when the terminal is narrow (it ends in "…")
+    table.add_column("lineage", no_wrap=True, overflow="ellipsis")
+    table.add_column("status", no_wrap=True)
+    for axis in ("tokens", "wall", "cpu", "mem", "egress"):
+        table.add_column(axis, justify="right", no_wrap=True)
+    table.add_column("expires", no_wrap=True)
+    for line in report.ledgers:
+        status = "exhausted" if line.exhausted and line.status == "active" else line.status
+        table.add_row(
+            line.lineage, status, *_axes(line.remaining), _until(line.expires_at_ms, report.at_ms)
+        )
+    console.print(table)
+
+
+def render_tree(report: TreeReport, console: Console) -> None:
+    top = Tree(f"lineage as of position {report.as_of}")
+    branches: dict[str, Tree] = {}
+    for node in report.nodes:  # natural order: a parent comes before its children
+        # escaped: "[active]" would otherwise be read as rich markup and vanish
+        # the lease's status, then (for a scheduled worker) the worker's own
+        status = escape(f"[{node.status}]") + (f" {node.worker}" if node.worker else "")
+        parent = branches.get(node.parent) if node.parent else None
+        name = node.lineage.rsplit("/", 1)[-1] if parent is not None else node.lineage
+        label = f"{name}  {status} @{node.position}"
+        branches[node.lineage] = (parent or top).add(label)
+    console.print(top)
+
+
+def render_slots(report: SlotsReport, console: Console) -> None:
+    table = _table(f"slots as of position {report.as_of}")
+    for column in ("cell", "class", "occupancy", "cap", "holders", "queued"):
+        table.add_column(column, no_wrap=column not in ("holders", "queued"))
+
+    def first(lineages: list[str]) -> str:
+        return ", ".join(lineages[:3]) + (f" (+{len(lineages) - 3})" if len(lineages) > 3 else "")
+
+    for cell in report.cells:
+        for resource, info in cell.to_json()["slots"].items():
+            holders = sorted(info["holders"], key=natural_key)
+            queued = list(info.get("queued", ()))  # in admission order, not sorted
+            table.add_row(
+                cell.cell,
+                resource,
+                str(info["occupancy"]),
+                str(info["cap"]),
+                first(holders),
+                first(queued),
+            )
+    console.print(table)
+
+
+# -- journal payloads ----------------------------------------------------------------
+
+_HEX = re.compile(r"^[0-9a-f]{16,}$")  # hashes, keys, signatures, fan-out ids
+_LONG = 40
+_ITEMS = 3
+_DEPTH = 2  # mappings nested deeper are shown as {…N}
+_LINE = 120  # payload characters a line shows without --full
+
+
+def decode_nested(value: Any) -> Any:
+    """``value`` with every string that holds a JSON object or array decoded (a grant's
+    signed body is JSON inside the payload's JSON)."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return decode_nested(json.loads(value))
+        except ValueError:
+            return value
+    if isinstance(value, Mapping):
+        return {k: decode_nested(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [decode_nested(v) for v in value]
+    return value
+
+
+def _brief(value: Any, depth: int = 0) -> str:
+    if isinstance(value, Mapping):
+        if set(value) == set(Budget.AXES):
+            try:
+                return short_budget(Budget.model_validate(value))
+            except ValueError:  # not a valid budget after all: shown as it is
+                pass
+        if depth >= _DEPTH:
+            return f"{{…{len(value)}}}"
+        return "{" + " ".join(f"{k}={_brief(v, depth + 1)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        shown = [_brief(v, depth + 1) for v in value[:_ITEMS]]
+        if len(value) > _ITEMS:
+            shown.append(f"…+{len(value) - _ITEMS}")
+        return "[" + ",".join(shown) + "]"
+    if isinstance(value, str):
+        return _brief_text(value)
+    return json.dumps(value)
+
+
+def _brief_text(value: str) -> str:
+    if _HEX.fullmatch(value):
+        return value[:12] + "…"
+    return value if len(value) <= _LONG else value[: _LONG - 1] + "…"
+
+
+def brief_payload(payload: Mapping[str, Any]) -> str:
+    """A payload as ``key=value`` pairs, nested JSON decoded, long values shortened,
+    at most ``_LINE`` characters (``journal show --full`` shows everything)."""
+    decoded = decode_nested(payload)
+    text = " ".join(f"{k}={_brief(v, 1)}" for k, v in sorted(decoded.items()))
+    return text if len(text) <= _LINE else text[: _LINE - 1] + "…"

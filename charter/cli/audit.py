@@ -1,0 +1,444 @@
+"""``charter checkpoint``, ``charter witness`` and ``charter proof``: the auditor's side."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+from nacl.signing import SigningKey
+
+from charter.app import JOURNAL_KEY, Charter
+from charter.audit.bundle import verify_bundle
+from charter.audit.errors import NotInTreeError
+from charter.audit.export import export_bundle, export_jsonl
+from charter.audit.keys import KEY_STREAM, rotation
+from charter.audit.note import NoteKey, SignedNote
+from charter.audit.proofs import ConsistencyText, InclusionText
+from charter.audit.semantic import Finding, audit_history
+from charter.audit.siem import lines as jsonl_lines
+from charter.audit.tree import ExtensionReport, MerkleLog, verify_extension
+from charter.audit.witness import Witness
+from charter.cli._common import AsciiIntRange, Ctx
+from charter.core import KeyStore, charter_home
+from charter.core.errors import BadInputError, CharterError, StateError
+from charter.ledger import Journal
+
+__all__ = ["audit_cmd", "checkpoint", "export", "proof", "witness"]
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInputError(f"cannot read {path}: {e}") from e
+
+
+def _write(path: str | None, text: str) -> None:
+    if path is not None:
+        try:
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise BadInputError(f"cannot write {path}: {e}") from e
+
+
+# -- checkpoint ------------------------------------------------------------------------
+
+
+@click.group(invoke_without_command=True)
+@click.option("--out", "out", metavar="FILE", help="Also save the checkpoint to FILE.")
+@click.pass_context
+def checkpoint(click_ctx: click.Context, out: str | None) -> None:
+    """Print a C2SP checkpoint of the journal (a signed note), signed with the journal's
+    key; the Merkle tree is first brought up to the journal's head."""
+    if click_ctx.invoked_subcommand is not None:
+        return
+    ctx: Ctx = click_ctx.obj
+    with Charter.open(ctx.db) as charter:
+        log = MerkleLog(charter.journal)
+        note = log.checkpoint(_journal_keys(charter.keys))
+        log.publish(note)
+    text = note.render()
+    _write(out, text)
+    size, root = _summary(note)
+    ctx.emit(
+        {"origin": log.origin, "size": size, "root": root, "note": text},
+        lambda: click.echo(text, nl=False),
+    )
+
+
+def _journal_keys(keys: KeyStore) -> list[SigningKey]:
+    """The journal's signing keys in the home: ``journal``, then each rotated one
+    (``journal.1``, ``journal.2``, …); the tree picks the one a checkpoint needs."""
+    found = [keys.load(JOURNAL_KEY)]
+    n = 1
+    while keys.exists(f"{JOURNAL_KEY}.{n}"):
+        found.append(keys.load(f"{JOURNAL_KEY}.{n}"))
+        n += 1
+    return found
+
+
+def _summary(note: SignedNote) -> tuple[int, str]:
+    lines = note.text.split("\n")
+    return int(lines[1]), lines[2]
+
+
+@checkpoint.command("follow")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds between published checkpoints (the bound on a commit's wait for one).",
+)
+@click.pass_obj
+def checkpoint_follow(ctx: Ctx, interval: float) -> None:
+    """Follow the journal: keep the Merkle tree current and publish a signed checkpoint
+    whenever it grew, at most every --interval seconds, until Ctrl-C."""
+    with Charter.open(ctx.db) as charter:
+        log = MerkleLog(charter.journal)
+        ctx.status(f"following {charter.journal.location.display}; Ctrl-C to stop")
+        with contextlib.suppress(KeyboardInterrupt):
+            log.follow(_journal_keys(charter.keys), publish_every_s=interval)
+        size = log.size()
+    ctx.emit({"size": size}, f"tree size {size}")
+
+
+@checkpoint.command("key")
+@click.option(
+    "--current", is_flag=True, help="The key that signs checkpoints now (after rotations)."
+)
+@click.pass_obj
+def checkpoint_key(ctx: Ctx, current: bool) -> None:
+    """Print the journal's first verifier key (the trust anchor its key history starts
+    from), or with --current the one that signs checkpoints now."""
+    with Journal.open(ctx.db) as journal:
+        log = MerkleLog(journal)
+        if current:
+            log.catch_up()
+        key = log.note_key() if current else log.anchor_key()
+    ctx.emit({"key": key.text(), "name": key.name}, key.text())
+
+
+@checkpoint.command("rotate")
+@click.pass_obj
+def checkpoint_rotate(ctx: Ctx) -> None:
+    """Rotate the journal's signing key: a new key (``journal.N`` in the home) and a
+    JournalKeyRotated entry signed by the current and the new key; checkpoints past it
+    are signed by the new key, and verify from the first key through the rotation."""
+    with Charter.open(ctx.db) as charter:
+        journal = charter.journal
+        version = journal.stream_version(KEY_STREAM)  # pinned: one rotation at a time
+        log = MerkleLog(journal)
+        log.catch_up()
+        history = log.history()
+        current = next(
+            (k for k in _journal_keys(charter.keys) if bytes(k.verify_key) == history.current),
+            None,
+        )
+        if current is None:
+            raise StateError("the home does not hold the journal's current signing key")
+        name = f"{JOURNAL_KEY}.{len(history.keys)}"
+        new = charter.keys.create(name)
+        try:
+            journal.append([rotation(log.origin, current, new)], expect={KEY_STREAM: version})
+        except CharterError:
+            charter.keys.remove(name)  # no key without its rotation
+            raise
+        log.catch_up()
+        key = log.note_key()
+    ctx.emit({"key": key.text(), "name": name}, key.text())
+
+
+def extends_checkpoint(ctx: Ctx, file: str, vkey: str | None) -> ExtensionReport:
+    """Prove the journal extends the checkpoint saved in ``file`` (``checkpoint verify``
+    and ``journal verify --checkpoint``); raises ConsistencyProofError if it does not."""
+    note = SignedNote.parse(_read(file))
+    key = NoteKey.parse(vkey) if vkey else None
+    with Journal.open(ctx.db) as journal:
+        return verify_extension(journal, note, key)
+
+
+@checkpoint.command("verify")
+@click.argument("file")
+@click.option("--journal-key", "vkey", metavar="KEY", help="Verifier key (default: the journal's).")
+@click.pass_obj
+def checkpoint_verify(ctx: Ctx, file: str, vkey: str | None) -> None:
+    """Prove the journal is a consistent extension of a checkpoint saved earlier (every
+    entry re-hashed); exit 3 for a cut tail, a rewritten history or a bad signature."""
+    report = extends_checkpoint(ctx, file, vkey)
+    ctx.emit(
+        report.to_json(),
+        f"ok: the journal ({report.size} entries) extends the checkpoint of "
+        f"{report.checkpoint_size} entries",
+    )
+
+
+# -- witness ---------------------------------------------------------------------------
+
+
+def _witness() -> Witness:
+    return Witness(KeyStore(charter_home()))
+
+
+@click.group()
+def witness() -> None:
+    """A witness with its own key: cosigns only consistent extensions of a log."""
+
+
+@witness.command("init")
+@click.option("--name", required=True, help="The witness's key name, e.g. witness.example/w1.")
+@click.pass_obj
+def witness_init(ctx: Ctx, name: str) -> None:
+    """Create the witness's key in the Charter home; print its verifier key."""
+    key = _witness().init(name)
+    ctx.emit({"key": key.text(), "name": key.name}, key.text())
+
+
+@witness.command("key")
+@click.pass_obj
+def witness_key(ctx: Ctx) -> None:
+    """Print the witness's verifier key."""
+    key = _witness().verifier_key()
+    ctx.emit({"key": key.text(), "name": key.name}, key.text())
+
+
+@witness.command("cosign")
+@click.argument("file")
+@click.option("--log-key", "log_key", required=True, metavar="KEY", help="The log's verifier key.")
+@click.option(
+    "--proof",
+    "proof_file",
+    metavar="FILE",
+    help="Consistency proof from the last cosigned size (default: asked of the journal).",
+)
+@click.option("--out", "out", metavar="FILE", help="Also save the cosigned checkpoint to FILE.")
+@click.pass_obj
+def witness_cosign(
+    ctx: Ctx, file: str, log_key: str, proof_file: str | None, out: str | None
+) -> None:
+    """Cosign a checkpoint if it extends the last one this witness cosigned for its log;
+    refuse a fork or a rollback (exit 3)."""
+    w = _witness()
+    key = NoteKey.parse(log_key)
+    note = SignedNote.parse(_read(file))
+    new_size, _ = _summary(note)
+    last = w.last(key.name)
+    old_size = _summary(last)[0] if last is not None else None
+    path: tuple[bytes, ...] | None = None
+    if proof_file is not None:
+        given = ConsistencyText.parse(_read(proof_file))
+        if (given.old, given.new) != (old_size, new_size):
+            raise BadInputError(
+                f"the proof is from size {given.old} to {given.new}; needed: from "
+                f"{old_size} to {new_size}"
+            )
+        path = given.path
+    elif old_size is not None and 0 < old_size < new_size:
+        with Journal.open(ctx.db) as journal:
+            path = MerkleLog(journal).consistency(old_size, new_size).path
+    cosigned = w.cosign(note, key, path)
+    text = cosigned.render()
+    _write(out, text)
+    ctx.emit({"note": text, "size": new_size}, lambda: click.echo(text, nl=False))
+
+
+# -- proofs ----------------------------------------------------------------------------
+
+
+@click.group()
+def proof() -> None:
+    """Inclusion and consistency proofs of the journal's Merkle tree."""
+
+
+@proof.command("inclusion")
+@click.argument("position", type=AsciiIntRange(min=1))
+@click.option("--size", type=AsciiIntRange(min=1), help="Tree size (default: the whole tree).")
+@click.pass_obj
+def proof_inclusion(ctx: Ctx, position: int, size: int | None) -> None:
+    """A C2SP tlog-proof that the entry at POSITION is in the tree, with the entry's
+    frame and a signed checkpoint of that tree."""
+    with Charter.open(ctx.db) as charter:
+        log = MerkleLog(charter.journal)
+        made = log.tlog_proof(position, _journal_keys(charter.keys), size)
+        detail = log.inclusion(position, size)
+    text = made.render()
+    ctx.emit({**detail.to_json(), "text": text}, lambda: click.echo(text, nl=False))
+
+
+@proof.command("consistency")
+@click.argument("old", type=AsciiIntRange(min=0))
+@click.argument("new", type=AsciiIntRange(min=0))
+@click.pass_obj
+def proof_consistency(ctx: Ctx, old: int, new: int) -> None:
+    """The RFC 6962 consistency proof from tree size OLD to NEW."""
+    if old > new:
+        raise NotInTreeError(f"OLD ({old}) is larger than NEW ({new})")
+    with Journal.open(ctx.db) as journal:
+        log = MerkleLog(journal)
+        log.catch_up()
+        made = log.consistency(old, new)
+    text = ConsistencyText(old=old, new=new, path=made.path).render()
+    ctx.emit({**made.to_json(), "text": text}, lambda: click.echo(text, nl=False))
+
+
+@proof.command("verify")
+@click.argument("file")
+@click.option("--journal-key", "vkey", required=True, metavar="KEY", help="The log's verifier key.")
+@click.pass_obj
+def proof_verify(ctx: Ctx, file: str, vkey: str) -> None:
+    """Verify a tlog-proof offline (no database): the checkpoint's signature and the
+    entry's inclusion; exit 3 if either fails."""
+    made = InclusionText.parse(_read(file))
+    checkpoint_ = made.verify(NoteKey.parse(vkey))
+    ctx.emit(
+        {"ok": True, "index": made.index, "size": checkpoint_.size},
+        f"ok: entry {made.index} is in the tree of {checkpoint_.size} entries",
+    )
+
+
+# -- export ----------------------------------------------------------------------------
+
+
+class _ExportGroup(click.Group):
+    """``charter export OUT …`` writes a bundle; ``charter export verify …`` checks one."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["write", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_ExportGroup)
+def export() -> None:
+    """Export bundles: `charter export OUT [--lineage L] [--from P --to Q]`, and
+    `charter export verify BUNDLE --journal-key KEY` (offline)."""
+
+
+@export.command("write")
+@click.argument("out")
+@click.option("--lineage", metavar="L", help="Only entries about L or below it.")
+@click.option("--from", "start", type=AsciiIntRange(min=1), help="First position.")
+@click.option("--to", "stop", type=AsciiIntRange(min=1), help="Last position.")
+@click.option(
+    "--checkpoint",
+    "checkpoint_file",
+    metavar="FILE",
+    help="A saved (e.g. cosigned) checkpoint to prove against (default: a new one).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["bundle", "jsonl"]),
+    default="bundle",
+    show_default=True,
+    help="bundle: verifiable offline; jsonl: flat decoded JSON lines for log pipelines.",
+)
+@click.pass_obj
+def export_write(
+    ctx: Ctx,
+    out: str,
+    lineage: str | None,
+    start: int | None,
+    stop: int | None,
+    checkpoint_file: str | None,
+    fmt: str,
+) -> None:
+    """Write one bundle file: the selected entries' stored bytes, their inclusion proofs,
+    the checkpoint, the keys, the grant chains' entries and a manifest. With
+    --format jsonl, one flat decoded record per entry instead (for a SIEM)."""
+    if fmt == "jsonl":
+        _export_jsonl(ctx, out, lineage, start, stop)
+        return
+    given = SignedNote.parse(_read(checkpoint_file)) if checkpoint_file else None
+    with Charter.open(ctx.db) as charter:
+        key = None if given is not None else _journal_keys(charter.keys)
+        bundle = export_bundle(
+            charter.journal, key, lineage=lineage, start=start, stop=stop, checkpoint=given
+        )
+    data = bundle.to_bytes()
+    try:
+        Path(out).write_bytes(data)
+    except OSError as e:
+        raise BadInputError(f"cannot write {out}: {e}") from e
+    count = sum(not e.context for e in bundle.entries)
+    ctx.emit(
+        {"out": out, "entries": count, "context": len(bundle.entries) - count, "bytes": len(data)},
+        f"wrote {out}: {count} entries (+{len(bundle.entries) - count} for grant chains)",
+    )
+
+
+def _export_jsonl(
+    ctx: Ctx, out: str, lineage: str | None, start: int | None, stop: int | None
+) -> None:
+    count = 0
+    with Journal.open(ctx.db) as journal:
+        records = export_jsonl(journal, lineage=lineage, start=start, stop=stop)
+        try:
+            with Path(out).open("wb") as f:
+                for line in jsonl_lines(records):
+                    f.write(line)
+                    count += 1
+        except OSError as e:
+            raise BadInputError(f"cannot write {out}: {e}") from e
+    ctx.emit({"out": out, "entries": count}, f"wrote {out}: {count} entries as JSON lines")
+
+
+@export.command("verify")
+@click.argument("bundle")
+@click.option("--journal-key", "vkey", required=True, metavar="KEY", help="The log's verifier key.")
+@click.option(
+    "--witness-key",
+    "witness_keys",
+    multiple=True,
+    metavar="KEY",
+    help="A witness whose cosignature must be on the checkpoint (repeatable).",
+)
+@click.pass_obj
+def export_verify(ctx: Ctx, bundle: str, vkey: str, witness_keys: tuple[str, ...]) -> None:
+    """Verify a bundle offline (no database, no network, no home); exit 3 naming the
+    first part that does not verify."""
+    try:
+        data = Path(bundle).read_bytes()
+    except OSError as e:
+        raise BadInputError(f"cannot read {bundle}: {e}") from e
+    report = verify_bundle(
+        data, NoteKey.parse(vkey), witness_keys=[NoteKey.parse(k) for k in witness_keys]
+    )
+    if not report.ok:
+        _findings(ctx, report.to_json(), report.findings)
+    ctx.emit(
+        report.to_json(),
+        f"ok: {report.entries} entries (+{report.context} for {report.grant_chains} grant "
+        f"chains) verify against the checkpoint of {report.checkpoint_size} entries",
+    )
+
+
+# -- audit -----------------------------------------------------------------------------
+
+
+def _findings(ctx: Ctx, doc: dict[str, object], findings: Sequence[Finding]) -> None:
+    """Print the findings (stdout: the JSON document, or one line each) and exit 3."""
+    if ctx.as_json:
+        click.echo(json.dumps(doc, sort_keys=True))
+    else:
+        for f in findings:
+            click.echo(f"{f.position:>8}  {f.check:<16} {f.lineage or '-'}  {f.detail}")
+    click.echo(f"charter: error: {len(findings)} audit finding(s)", err=True)
+    raise click.exceptions.Exit(3)
+
+
+@click.command("audit")
+@click.option("--as-of", "as_of", type=AsciiIntRange(min=0), help="Audit up to this position.")
+@click.pass_obj
+def audit_cmd(ctx: Ctx, as_of: int | None) -> None:
+    """Semantic checks over the journal (budget conservation, grant chains, the gate,
+    sandbox leases and lifecycles, revoked subtrees); exit 3 with the positions of
+    any finding."""
+    with Journal.open(ctx.db) as journal:
+        report = audit_history(journal.payloads(None, as_of))
+    if not report.ok:
+        _findings(ctx, report.to_json(), report.findings)
+    ctx.emit(report.to_json(), f"ok: {report.checked} entries audited, no findings")

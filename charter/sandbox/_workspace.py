@@ -1,0 +1,298 @@
+"""A persistent workspace (``--workspace DIR``) on the host side: reached without ever
+following a symlink, overlaid with a size-capped tmpfs that takes every write, and
+updated from it once the sandbox is gone, with no setuid or setgid bit carried over.
+
+A sandbox writing straight into a host directory could do three things that outlive it:
+plant a symlink where the next sandbox's workspace path is looked up (a link to ``/``
+once bound the host's root read-write into the next sandbox); leave a setuid file (bwrap
+binds nosuid, so the bit does nothing inside, but the host's own mount honours it: any
+local user could run it as the sandbox's host uid, reach the egress broker as that
+sandbox, and signal or ptrace a later sandbox given the same uid); and fill the host's
+disk. So :func:`open_workspace` opens each path component ``O_NOFOLLOW`` (a link is
+refused), the opened directory is the overlay's lower layer (given to the kernel by its
+descriptor, so no later swap of a path component is followed), every write lands in a
+tmpfs of the workspace cap (ENOSPC past it; both mounts nosuid), and
+:meth:`PersistentWorkspace.commit` applies the changes through descriptors, never
+following a link, clearing setuid and setgid bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import shutil
+import stat
+import threading
+from pathlib import Path
+
+from charter.sandbox.errors import SandboxUnavailableError, WorkspaceRefusedError
+
+__all__ = ["PersistentWorkspace", "bind_source", "open_workspace", "unmount_stale"]
+
+_SETID = stat.S_ISUID | stat.S_ISGID
+_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_workspace(path: Path) -> int:
+    """An ``O_PATH`` descriptor of the directory ``path``, reached from ``/`` one
+    component at a time without following any symlink. Refuses
+    (:class:`WorkspaceRefusedError`) a relative path, a ``..`` component, a symlink
+    anywhere on the path, or anything that is not a directory."""
+    if not path.is_absolute():
+        path = Path.cwd() / path  # the cwd itself was reached by the kernel, not a link
+    if ".." in path.parts:
+        raise WorkspaceRefusedError(f"workspace {path} has a '..' component: give its real path")
+    fd = os.open("/", _DIR)
+    try:
+        for name in path.parts[1:]:
+            try:
+                nxt = os.open(name, _DIR, dir_fd=fd)
+            except OSError as e:
+                raise WorkspaceRefusedError(
+                    f"workspace {path}: {name!r} is a symlink or not a directory ({e.strerror}); "
+                    "a workspace is never reached through a symlink: give its real path"
+                ) from e
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def bind_source(fd: int) -> str:
+    """The path bwrap binds: the opened directory itself, whatever its path now names."""
+    return f"/proc/self/fd/{fd}"
+
+
+class PersistentWorkspace:
+    """A ``--workspace`` as the sandbox sees it: an overlay whose lower layer is the
+    directory (reached by :func:`open_workspace`) and whose upper layer, where every
+    write of the sandbox goes, is a tmpfs of ``size_bytes`` in a root-only directory of
+    the state directory. Writes past the cap fail inside with ENOSPC and never reach the
+    host disk; nothing the sandbox writes is reachable by other host users while it
+    runs. :meth:`commit`, once no process of the sandbox is left, applies the upper
+    layer to the directory (files copied, deletions done, symlinks made, never followed;
+    setuid and setgid bits cleared); :meth:`close` unmounts and removes the rest."""
+
+    def __init__(self, path: Path, home: Path, size_bytes: int) -> None:
+        if any(c in str(home) for c in ",:\\"):
+            raise WorkspaceRefusedError(f"path {home} cannot hold an overlay layer")
+        self.home = home
+        self.dest = open_workspace(path)
+        self._mounted: list[Path] = []
+        try:
+            # Traversable (bwrap resolves the bind source as the sandbox's uid), not
+            # listable; both mounts are nosuid, so no setuid bit works through them.
+            os.mkdir(home, 0o711)
+            _mount(b"tmpfs", home, b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                   f"size={size_bytes},mode=0711".encode())  # fmt: skip
+            self._mounted.append(home)
+            for name in ("upper", "work", "merged"):
+                os.mkdir(home / name, 0o700)
+            # The merged root takes the upper root's owner and mode: the directory's own.
+            st = os.stat(self.dest)
+            os.chown(home / "upper", st.st_uid, st.st_gid)
+            os.chmod(home / "upper", stat.S_IMODE(st.st_mode))
+            layers = f"lowerdir={bind_source(self.dest)},upperdir={home}/upper,workdir={home}/work"
+            _mount(b"overlay", home / "merged", b"overlay", _MS_NOSUID | _MS_NODEV,
+                   layers.encode())  # fmt: skip
+            self._mounted.append(home / "merged")
+        except OSError as e:
+            self.close()
+            raise WorkspaceRefusedError(f"workspace {path} cannot be overlaid: {e}") from e
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def merged(self) -> Path:
+        """What bwrap binds at /workspace: a path only the launcher (root) makes."""
+        return self.home / "merged"
+
+    def commit(self) -> None:
+        """Apply the sandbox's changes to the directory (call it once no process of the
+        sandbox remains: nothing changes the upper layer then)."""
+        try:
+            upper = os.open(self.home / "upper", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                dest = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.dest)
+                links: _Links = {}
+                try:
+                    _apply(upper, dest, links)
+                    _copy_attrs(os.fstat(upper), dest)
+                finally:
+                    os.close(dest)
+                    for dir_fd, _ in links.values():
+                        os.close(dir_fd)
+            finally:
+                os.close(upper)
+        except OSError as e:
+            raise SandboxUnavailableError(
+                f"the sandbox's changes could not all be applied to its workspace: {e}"
+            ) from e
+
+    def close(self) -> None:
+        """Unmount the overlay and its tmpfs (the upper layer's bytes go with it)."""
+        while self._mounted:
+            _umount(self._mounted.pop())
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.home)
+        if self.dest >= 0:
+            os.close(self.dest)
+            self.dest = -1
+
+
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 0x2, 0x4, 0x2
+_WHITEOUT_DEV = 0
+_OPAQUE = "trusted.overlay.opaque"
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]  # fmt: skip
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+def _mount(source: bytes, target: Path, fstype: bytes, flags: int, data: bytes) -> None:
+    if _libc.mount(source, bytes(target), fstype, flags, data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype.decode()} at {target}: {os.strerror(err)}")
+
+
+def _umount(target: Path) -> None:
+    """Detach ``target`` (lazily: an open file keeps the mount, not the path)."""
+    _libc.umount2(bytes(target), _MNT_DETACH)
+
+
+def unmount_stale(home: Path) -> None:
+    """Unmount and remove a workspace's overlay and tmpfs left by a launcher that died
+    (its changes are discarded: only a run that ended commits)."""
+    _umount(home / "merged")
+    _umount(home)
+    with contextlib.suppress(OSError):
+        shutil.rmtree(home)
+
+
+def _copy_attrs(st: os.stat_result, fd: int) -> None:
+    """Owner and mode of ``st`` onto ``fd``, never a setuid or setgid bit."""
+    os.fchown(fd, st.st_uid, st.st_gid)
+    os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~_SETID)
+
+
+def _remove(dest: int, name: str) -> None:
+    """Remove ``name`` from the directory ``dest``, a tree without following links."""
+    try:
+        st = os.stat(name, dir_fd=dest, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dest)
+    else:
+        os.unlink(name, dir_fd=dest)
+
+
+_Links = dict[int, tuple[int, str]]
+"""Upper-layer inode -> (a duplicate of the destination directory's fd, name) of the
+first copy of a file with several links: the other names are linked to it, not copied
+again (a 30 MB file with a thousand links is 30 MB of tmpfs, not 30 GB of disk)."""
+
+
+def _apply(upper: int, dest: int, links: _Links) -> None:
+    """Make the directory ``dest`` what the overlay showed: every entry of the upper
+    layer ``upper`` applied, through descriptors (no path is looked up twice, no
+    symlink in ``dest`` is followed)."""
+    for entry in os.scandir(upper):
+        name = entry.name
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == _WHITEOUT_DEV:
+            _remove(dest, name)  # deleted in the sandbox
+        elif stat.S_ISDIR(st.st_mode):
+            _apply_dir(upper, dest, name, st, links)
+        elif stat.S_ISREG(st.st_mode):
+            _apply_file(upper, dest, name, st, links)
+        elif stat.S_ISLNK(st.st_mode):
+            target = os.readlink(name, dir_fd=upper)
+            _remove(dest, name)
+            os.symlink(target, name, dir_fd=dest)
+            os.chown(name, st.st_uid, st.st_gid, dir_fd=dest, follow_symlinks=False)
+        # fifos and sockets made in the sandbox are not carried over
+
+
+def _apply_dir(upper: int, dest: int, name: str, st: os.stat_result, links: _Links) -> None:
+    sub_upper = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=upper)
+    try:
+        opaque = False
+        with contextlib.suppress(OSError):
+            opaque = os.getxattr(sub_upper, _OPAQUE) == b"y"
+        existing = None
+        with contextlib.suppress(FileNotFoundError):
+            existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
+        if existing is not None and (opaque or not stat.S_ISDIR(existing.st_mode)):
+            _remove(dest, name)  # replaced in the sandbox: nothing of the old one stays
+            existing = None
+        if existing is None:
+            os.mkdir(name, 0o700, dir_fd=dest)
+        sub_dest = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dest)
+        try:
+            _apply(sub_upper, sub_dest, links)
+            _copy_attrs(st, sub_dest)
+        finally:
+            os.close(sub_dest)
+    finally:
+        os.close(sub_upper)
+
+
+def _apply_file(upper: int, dest: int, name: str, st: os.stat_result, links: _Links) -> None:
+    """Copy the file into a fresh temporary entry of ``dest`` (or link it to the first
+    copy of the same inode), then rename it over ``name`` (a directory there is removed
+    first)."""
+    temp = f".charter-commit-{os.getpid()}-{threading.get_ident()}"
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=upper)
+    try:
+        _remove(dest, temp)
+        first = links.get(st.st_ino) if st.st_nlink > 1 else None
+        if first is not None:
+            os.link(first[1], temp, src_dir_fd=first[0], dst_dir_fd=dest, follow_symlinks=False)
+        else:
+            out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                          dir_fd=dest)  # fmt: skip
+            try:
+                _copy_data(src, out, st.st_size)
+                _copy_attrs(st, out)
+            finally:
+                os.close(out)
+            if st.st_nlink > 1:
+                links[st.st_ino] = (os.dup(dest), name)
+        existing = None
+        with contextlib.suppress(FileNotFoundError):
+            existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
+        if existing is not None and stat.S_ISDIR(existing.st_mode):
+            _remove(dest, name)
+        os.rename(temp, name, src_dir_fd=dest, dst_dir_fd=dest)
+    finally:
+        os.close(src)
+
+
+def _copy_data(src: int, out: int, size: int) -> None:
+    """Copy only the data of ``src`` (a tmpfs file) to ``out``, holes left as holes,
+    then set the size. A sandbox can make a file of any apparent size at no cost to its
+    tmpfs (``truncate -s 1T``): copying its holes as zeros would fill the host's disk,
+    so what reaches the disk is the data the tmpfs held, which the cap bounds."""
+    offset = 0
+    while offset < size:
+        try:
+            data = os.lseek(src, offset, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole is left
+                break
+            raise
+        hole = os.lseek(src, data, os.SEEK_HOLE)
+        os.lseek(out, data, os.SEEK_SET)
+        while data < hole:
+            sent = os.sendfile(out, src, data, hole - data)
+            if sent == 0:
+                break
+            data += sent
+        offset = hole
+    os.ftruncate(out, size)

@@ -1,0 +1,96 @@
+"""Journals for the auditor's tests, and an attacker's tools (raw SQL, re-hashing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from charter.core.framing import entry_hash
+from charter.ledger import Journal
+from tests.journal._support import Counter, Ping
+from tests.journal.test_contract import _Raw
+
+__all__ = ["Counter", "Ping", "_Raw", "fill", "make_journal", "rehash_from"]
+
+
+def make_journal(url: str) -> tuple[Journal, SigningKey]:
+    key = SigningKey.generate()
+    return Journal.create(url, journal_key=bytes(key.verify_key).hex()), key
+
+
+def fill(journal: Journal, batches: int, size: int = 3, tag: str = "w") -> None:
+    for b in range(batches):
+        journal.append(
+            [Ping(writer=tag, batch=b, n=i, pad="p" * (b % 5)) for i in range(size - 1)]
+            + [Counter(name=f"{tag}{b % 3}", value=b)]
+        )
+
+
+def rehash_from(url: str, raw: _Raw, position: int, state: bytes | None = None) -> None:
+    """The consistent re-hash: (optionally) change the state of the entry at ``position``
+    and recompute the chain from there on, so the chain walk alone finds nothing."""
+    with Journal.open(url) as j:
+        rows = list(j.rows())
+    prev = bytes(32)
+    for row in rows:
+        if row.position < position:
+            prev = row.chain_hash
+            continue
+        new_state = state if (row.position == position and state is not None) else row.state
+        new_hash = entry_hash(
+            prev, row.position, row.originator, row.version, row.topic.encode(), new_state
+        )
+        raw.execute(
+            f"UPDATE {raw.table} SET state = ?, prev_hash = ?, chain_hash = ? WHERE {raw.pos} = ?",
+            (new_state, prev, new_hash, row.position),
+        )
+        prev = new_hash
+
+
+BUDGET = "tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB"
+COST = "tokens=10k,wall=1m,cpu=1m,mem=64MiB,egress=1MB"
+
+
+def real_history(url: str, home: Path) -> tuple[str, list[str]]:
+    """A real journal made by the product: init, a fan-out of 3 under the root, a fan-out
+    of 2 under its first worker. Returns the journal's verifier key and the lineages."""
+    from charter.app import CellSetup, Charter, Settings
+    from charter.audit.tree import MerkleLog
+    from charter.authority import FixedPolicy, RequestedGrant, SpawnIntent, Verdict
+    from charter.control import Ceiling
+    from charter.core import Budget, KeyStore
+
+    charter, _ = Charter.initialise(
+        url,
+        root="estate",
+        ceiling=Ceiling(budget=Budget.parse(BUDGET)),
+        cell=CellSetup(cores=8, reserve=1),
+        keys=KeyStore(home),
+        settings=Settings(),
+    )
+    with charter:
+        service = charter.spawn_service(FixedPolicy(Verdict.POSITIVE))
+        root = service.durable_caller("estate")
+        cost = Budget.parse(COST)
+        first = service.spawn(
+            root,
+            SpawnIntent(
+                width=3,
+                objective="survey the estate",
+                estimated_cost=cost,
+                grant=RequestedGrant(fanout=2),
+            ),
+        )
+        worker = root.child(first.children[0])
+        second = service.spawn(
+            worker,
+            SpawnIntent(
+                width=2,
+                objective="survey one wing",
+                estimated_cost=Budget.parse("tokens=2k,wall=10s,cpu=10s,mem=16MiB,egress=100KB"),
+            ),
+        )
+        lineages = [str(c.lineage) for c in (*first.children, *second.children)]
+        vkey = MerkleLog(charter.journal).anchor_key().text()
+    return vkey, lineages

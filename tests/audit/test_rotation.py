@@ -1,0 +1,122 @@
+"""Journal key rotation (SQLite and PostgreSQL): the old and the new key both sign it;
+checkpoints past it are signed by the new key and verify from the first key through the
+rotation; bundles carry the rotation; a rotation not signed by the current key changes
+nothing, is a finding, and a checkpoint by its key is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from nacl.signing import SigningKey
+
+from charter.audit.bundle import verify_bundle
+from charter.audit.errors import KeyRotationError, NoteSignatureError
+from charter.audit.export import export_bundle
+from charter.audit.keys import KeyHistory, rotation
+from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint
+from charter.audit.semantic import audit_history
+from charter.audit.tree import MerkleLog, verify_extension
+from charter.core import KeyStore
+from charter.ledger import Journal
+from tests.audit._support import fill
+from tests.audit.test_cli_audit import charter, ok
+from tests.audit.test_export import _fails_at, _remanifest
+
+
+def test_a_rotation_needs_both_signatures_and_the_current_key() -> None:
+    old, new, stranger = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
+    history = KeyHistory.start("o", bytes(old.verify_key))
+    good = rotation("o", old, new).payload()
+    assert history.rotated(4, good).key_for(5) == bytes(new.verify_key)
+    assert history.rotated(4, good).key_for(4) == bytes(old.verify_key)
+    for bad in (
+        rotation("o", stranger, new).payload(),  # not from the current key
+        {**good, "new_signature": rotation("o", old, stranger).payload()["new_signature"]},
+        {**good, "old_signature": "00" * 64},
+        {**good, "origin": "another"},
+    ):
+        with pytest.raises(KeyRotationError):
+            history.rotated(4, bad)
+
+
+def test_checkpoints_verify_across_a_rotation(journal_url: str, tmp_path: Path) -> None:
+    home, witness_home = tmp_path / "home", tmp_path / "witness"
+    ok(charter("init", home=home, db=journal_url))
+    anchor = ok(charter("checkpoint", "key", home=home, db=journal_url)).strip()
+    cp1 = tmp_path / "cp1"
+    ok(charter("checkpoint", "--out", str(cp1), home=home, db=journal_url))
+    ok(charter("witness", "init", "--name", "w.example", home=witness_home))
+    ok(charter("witness", "cosign", str(cp1), "--log-key", anchor, home=witness_home))
+
+    new_key = ok(charter("checkpoint", "rotate", home=home, db=journal_url)).strip()
+    assert new_key != anchor
+    assert (home / "keys" / "journal.1.key").exists()
+    current = ok(charter("checkpoint", "key", "--current", home=home, db=journal_url)).strip()
+    assert current == new_key
+    with Journal.open(journal_url) as j:
+        fill(j, 3, tag="after")
+    cp2 = tmp_path / "cp2"
+    ok(charter("checkpoint", "--out", str(cp2), home=home, db=journal_url))
+    note2 = SignedNote.parse(cp2.read_text())
+    assert note2.matching(NoteKey.parse(new_key))
+    assert not note2.matching(NoteKey.parse(anchor))
+    for cp in (cp1, cp2):  # both verify from the first key, through the rotation
+        report = ok(charter("--json", "checkpoint", "verify", str(cp), home=home, db=journal_url))
+        assert json.loads(report)["ok"] is True
+        ok(
+            charter(
+                "checkpoint", "verify", str(cp), "--journal-key", anchor, home=home, db=journal_url
+            )
+        )
+    # the witness goes on with the log's new key (same origin, consistent tree)
+    ok(
+        charter(
+            "witness", "cosign", str(cp2), "--log-key", new_key, home=witness_home, db=journal_url
+        )
+    )
+    # a bundle across the rotation verifies from the first key; it carries the rotation
+    with Journal.open(journal_url) as j:
+        keys = KeyStore(home)
+        bundle = export_bundle(j, [keys.load("journal"), keys.load("journal.1")], start=5)
+        assert any(e.type_name == "JournalKeyRotated" for e in bundle.entries)
+        assert len(bundle.keys) == 2
+        report = verify_bundle(bundle.to_bytes(), NoteKey.parse(anchor))
+        assert report.checkpoint_size > 0
+    doc = json.loads(bundle.to_bytes())
+    # the key history cut back to the first key: the new key's checkpoint is refused
+    _fails_at(_remanifest({**doc, "keys": doc["keys"][:1]}), NoteKey.parse(anchor), "checkpoint")
+    # a history naming another key than the rotation's: refused at the keys
+    other = NoteKey.make(NoteKey.parse(anchor).name, b"\x01", bytes(range(32))).text()
+    keys = [doc["keys"][0], {**doc["keys"][1], "key": other}]
+    _fails_at(_remanifest({**doc, "keys": keys}), NoteKey.parse(anchor), "keys")
+    assert ok(charter("audit", home=home, db=journal_url)).startswith("ok:")
+
+
+def test_a_rotation_by_a_stranger_changes_nothing_and_is_found(
+    journal_url: str, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    ok(charter("init", home=home, db=journal_url))
+    stranger, evil = SigningKey.generate(), SigningKey.generate()
+    with Journal.open(journal_url) as j:
+        log = MerkleLog(j)
+        (forged,) = j.append([rotation(log.origin, stranger, evil)])
+        fill(j, 2, tag="later")
+        size = log.catch_up()
+        assert log.history().current == log.initial  # the forged rotation changed nothing
+        root = log.root()[1]
+        evil_note = sign_checkpoint(
+            Checkpoint(origin=log.origin, size=size, root=root), log.origin, evil
+        )
+        with pytest.raises(NoteSignatureError):
+            verify_extension(j, evil_note)
+        good = log.checkpoint(KeyStore(home).load("journal"))
+        verify_extension(j, good)  # positive control: the journal's own key still signs
+        report = audit_history(j.payloads())
+    assert [(f.check, f.position) for f in report.findings] == [("key-rotation", forged.position)]
+    found = charter("--json", "audit", home=home, db=journal_url)
+    refused_doc = json.loads(found.stdout)
+    assert found.returncode == 3
+    assert refused_doc["findings"][0]["check"] == "key-rotation"

@@ -1,0 +1,261 @@
+"""Attacks through the workspace: a symlink planted for the next sandbox, a setuid file
+left for host users, writes past the cap. Each beside a positive control."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from charter.core import Budget, RefusedError
+from charter.sandbox import Launcher, MemorySink, SandboxLeased, WorkspaceRefusedError
+from charter.sandbox._workspace import PersistentWorkspace
+from charter.sandbox.spec import workspace_cap
+
+from ._support import PY, out, sandboxed
+
+pytestmark = pytest.mark.sandbox
+
+B = Budget.parse("tokens=0,wall=20s,cpu=20s,mem=128MiB,egress=0MB")
+NOBODY = 65534
+
+READ = """
+import sys
+for p in sys.argv[1:]:
+    try:
+        print(p, open(p).read().strip())
+    except OSError as e:
+        print(p, "errno", e.errno)
+"""
+
+
+def _sh(launcher: Launcher, script: str, **kw: object) -> tuple[int, str]:
+    o = launcher.run(
+        B, ["/bin/sh", "-c", script], capture=True, stdin=subprocess.DEVNULL,
+        **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return o.exit_code, out(o) + (o.stderr or b"").decode()
+
+
+@pytest.fixture
+def shared(scratch: Path) -> Path:
+    """A persistent workspace every sandbox uid can write (as an operator might give)."""
+    ws = scratch / "shared"
+    ws.mkdir()
+    ws.chmod(0o777)
+    return ws
+
+
+@pytest.fixture
+def host_dir(scratch: Path) -> Path:
+    """A host directory no sandbox is given, holding a world-readable file."""
+    d = scratch / "host-only"
+    d.mkdir(mode=0o755)
+    (d / "note").write_text("host data\n")
+    (d / "note").chmod(0o644)
+    (d / "sub").mkdir(mode=0o755)
+    return d
+
+
+@pytest.mark.parametrize("where", ["last", "middle"])
+def test_a_planted_symlink_is_never_followed_to_the_next_workspace(
+    launcher: Launcher, sink: MemorySink, shared: Path, host_dir: Path, where: str
+) -> None:
+    # The first sandbox plants a link in its workspace, for the next one's path.
+    code, _ = _sh(launcher, f"ln -s {host_dir} /workspace/next", workspace=shared)
+    assert code == 0
+    assert (shared / "next").is_symlink()
+    target = shared / "next" if where == "last" else shared / "next" / "sub"
+    leased = sum(isinstance(e, SandboxLeased) for e in sink.events)
+    with pytest.raises(WorkspaceRefusedError) as refused:
+        sandboxed(launcher, B, READ, "/workspace/note", workspace=target)
+    assert isinstance(refused.value, RefusedError)  # exit 4 at the CLI
+    assert refused.value.reason == "workspace-unsafe"
+    assert sum(isinstance(e, SandboxLeased) for e in sink.events) == leased  # nothing ran
+    # Positive control: the path the link leads to, given as is, is bound and readable
+    # (what following the link handed the next sandbox).
+    o = sandboxed(launcher, B, READ, "/workspace/note", workspace=target.resolve().parent
+                  if where == "middle" else target.resolve())  # fmt: skip
+    assert out(o).split()[1:] == ["host", "data"]
+
+
+def test_a_real_directory_is_a_workspace(launcher: Launcher, shared: Path) -> None:
+    (shared / "in").mkdir(mode=0o777)
+    (shared / "in" / "f").write_text("given\n")
+    (shared / "in" / "f").chmod(0o644)
+    o = sandboxed(launcher, B, READ, "/workspace/f", workspace=shared / "in")
+    assert out(o).split()[1:] == ["given"]
+
+
+def test_a_workspace_path_swapped_after_it_is_opened_changes_nothing(
+    launcher: Launcher, shared: Path, host_dir: Path, state_dir: Path
+) -> None:
+    """The overlay's lower layer is the directory opened at the start, by descriptor:
+    renaming it away and putting a link in its place (what a concurrent sandbox could
+    do) neither shows the link's target nor sends the commit there."""
+    ws = shared / "ws"
+    ws.mkdir(mode=0o777)
+    (ws / "mine").write_text("mine\n")
+    (ws / "mine").chmod(0o644)
+    overlay = PersistentWorkspace(ws, state_dir / "ws-swap-test", 1 << 20)
+    try:
+        ws.rename(shared / "moved")
+        ws.symlink_to(host_dir)
+        assert sorted(os.listdir(overlay.merged)) == ["mine"]
+        (overlay.merged / "new").write_text("new\n")
+        overlay.commit()
+    finally:
+        overlay.close()
+    assert (shared / "moved" / "new").read_text() == "new\n"
+    assert not (host_dir / "new").exists()
+    assert not (state_dir / "ws-swap-test").exists()
+
+
+def _setid_files(root: Path) -> list[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            st = os.lstat(Path(dirpath) / name)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                found.append(f"{dirpath}/{name}")
+    return found
+
+
+WHOAMI = "import os; print(os.geteuid())"
+
+
+def test_no_setuid_file_survives_in_a_persistent_workspace(
+    launcher: Launcher, sink: MemorySink, shared: Path
+) -> None:
+    script = (
+        f"cp {PY} /workspace/py && chmod 6755 /workspace/py && "
+        "mkdir -p /workspace/d/e && chmod 2777 /workspace/d && "
+        f"cp {PY} /workspace/d/e/py2 && chmod 4755 /workspace/d/e/py2 && "
+        "ln -s /usr/bin/passwd /workspace/link && "
+        "stat -c %a /workspace/py /workspace/d /workspace/d/e/py2"
+    )
+    code, text = _sh(launcher, script, workspace=shared)
+    # Positive control: inside, the bits were set on files the sandbox owns.
+    assert code == 0, text
+    assert text.split()[:3] == ["6755", "2777", "4755"]
+    uid = next(e.host_uid for e in sink.events if isinstance(e, SandboxLeased))
+    assert (shared / "py").stat().st_uid == uid
+    # After the run nothing there is setuid or setgid ...
+    assert _setid_files(shared) == []
+    assert (shared / "link").is_symlink()  # ... and no link was followed to strip a target
+    assert Path("/usr/bin/passwd").stat().st_mode & stat.S_ISUID
+    # ... so a host user running the copies stays themselves.
+    for path in (shared / "py", shared / "d" / "e" / "py2"):
+        r = subprocess.run(
+            [str(path), "-I", "-c", WHOAMI], user=NOBODY, group=NOBODY, extra_groups=[],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert r.stdout.strip() == str(NOBODY), r.stderr
+
+
+def test_a_surviving_setuid_file_would_run_as_the_sandbox_uid(
+    launcher: Launcher, sink: MemorySink, shared: Path
+) -> None:
+    """Positive control of the attack: the host mount honours setuid, so a file like the
+    one a sandbox made, had its bit survived, runs as the sandbox's host uid."""
+    code, text = _sh(launcher, f"cp {PY} /workspace/py", workspace=shared)
+    assert code == 0, text
+    uid = next(e.host_uid for e in sink.events if isinstance(e, SandboxLeased))
+    # A copy in a root-owned directory: chown as root, then the bit (as the sandbox did).
+    kept = shared.parent / "kept"
+    kept.mkdir(mode=0o755)
+    shutil.copy(shared / "py", kept / "py")
+    os.chown(kept / "py", uid, uid)
+    (kept / "py").chmod(0o4755)
+    r = subprocess.run(
+        [str(kept / "py"), "-I", "-c", WHOAMI], user=NOBODY, group=NOBODY, extra_groups=[],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert r.stdout.strip() == str(uid), r.stderr
+
+
+FILL = "dd if=/dev/zero of=/workspace/big bs=1M count={mib} 2>&1; stat -f -c %T /workspace"
+
+
+def test_the_private_workspace_is_capped_and_never_on_the_host_disk(launcher: Launcher) -> None:
+    cap = workspace_cap(B)
+    code, text = _sh(launcher, FILL.format(mib=cap // 2**20 + 8))
+    assert code == 0, text
+    assert "No space left on device" in text  # ENOSPC inside, at the cap
+    assert text.split()[-1] == "tmpfs"  # the bytes are in memory (charged to its cgroup)
+
+
+def test_a_persistent_workspace_is_capped_on_the_host_disk(
+    launcher: Launcher, shared: Path
+) -> None:
+    cap = workspace_cap(B)
+    _, text = _sh(launcher, FILL.format(mib=cap // 2**20 + 8), workspace=shared)
+    assert "No space left on device" in text, text  # ENOSPC inside, at the cap
+    assert text.split()[-1] == "overlayfs"
+    written = (shared / "big").stat().st_size
+    assert 0 < written <= cap  # what reached the host disk stays within the cap
+    # A file of any apparent size costs the tmpfs nothing: its holes stay holes.
+    code, text = _sh(launcher, "truncate -s 100G /workspace/sparse && echo x >> /workspace/sparse",
+                     workspace=shared)  # fmt: skip
+    assert code == 0, text
+    sparse = (shared / "sparse").stat()
+    assert sparse.st_size == 100 * 2**30 + 2
+    assert sparse.st_blocks * 512 <= cap  # not 100 GiB of zeros on the disk
+    # Nor do hard links: a thousand names of one 1 MiB file are one file on the disk.
+    links = "dd if=/dev/urandom of=/workspace/one bs=1M count=1 2>/dev/null && mkdir /workspace/l"
+    links += " && for i in $(seq 1000); do ln /workspace/one /workspace/l/$i; done"
+    code, text = _sh(launcher, links, workspace=shared)
+    assert code == 0, text
+    one = (shared / "one").stat()
+    assert one.st_nlink == 1001
+    assert (shared / "l" / "999").stat().st_ino == one.st_ino
+    # Positive control: the directory's own disk takes more than the cap.
+    dd = ["dd", "if=/dev/zero", f"of={shared}/big2", "bs=1M", f"count={cap // 2**20 + 8}"]
+    subprocess.run(dd, check=True, capture_output=True, timeout=60)
+    assert (shared / "big2").stat().st_size > cap
+
+
+CHANGES = """
+set -e
+cd /workspace
+echo new > created
+echo changed > kept
+rm gone
+rm -r gone_dir
+rm -r replaced && echo file > replaced
+mkdir -p deep/er && echo deep > deep/er/f
+ln -s /etc/passwd link
+mv renamed_from renamed_to
+ls -A
+"""
+
+
+def test_a_persistent_workspace_keeps_what_the_sandbox_did(
+    launcher: Launcher, shared: Path
+) -> None:
+    (shared / "kept").write_text("old\n")
+    (shared / "gone").write_text("x\n")
+    (shared / "gone_dir" / "sub").mkdir(parents=True)
+    (shared / "gone_dir" / "sub" / "f").write_text("x\n")
+    (shared / "replaced").mkdir()
+    (shared / "replaced" / "f").write_text("x\n")
+    (shared / "renamed_from").write_text("moved\n")
+    for path in [shared, *shared.rglob("*")]:
+        path.chmod(0o777 if path.is_dir() else 0o666)
+    code, text = _sh(launcher, CHANGES, workspace=shared)
+    assert code == 0, text
+    inside = sorted(text.split())
+    assert sorted(p.name for p in shared.iterdir()) == inside  # the host sees what it saw
+    assert (shared / "created").read_text() == "new\n"
+    assert (shared / "kept").read_text() == "changed\n"
+    assert (shared / "replaced").read_text() == "file\n"
+    assert (shared / "deep" / "er" / "f").read_text() == "deep\n"
+    assert (shared / "renamed_to").read_text() == "moved\n"
+    assert os.readlink(shared / "link") == "/etc/passwd"  # made as a link, not followed
+    assert not (shared / "gone").exists()
+    assert not (shared / "gone_dir").exists()
+    assert not list(shared.glob(".charter-commit-*"))
