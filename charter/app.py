@@ -33,6 +33,7 @@ from charter.control import (
     ResourceView,
     SpawnResult,
     SpawnService,
+    WorkerSpec,
     custody_key_name,
     register_root,
 )
@@ -387,10 +388,12 @@ class Charter:
         intent: SpawnIntent,
         *,
         policy: GatePolicy | None = None,
+        workers: tuple[WorkerSpec, ...] | None = None,
         request_id: str | None = None,
     ) -> SpawnResult:
-        """A fan-out under durable agent ``parent`` (``agent:NAME``), as its operator.
-        Give ``request_id`` to make a retry safe (see ``SpawnService.spawn``)."""
+        """A fan-out under durable agent ``parent`` (``agent:NAME``), as its operator;
+        with ``workers``, each child is scheduled to run on this host's cell. Give
+        ``request_id`` to make a retry safe (see ``SpawnService.spawn``)."""
         lineage = parent if isinstance(parent, Lineage) else Lineage(parent)
         if not lineage.is_root:
             raise BadInputError(
@@ -399,7 +402,7 @@ class Charter:
             )
         service = self.spawn_service(policy)
         return service.spawn(
-            service.durable_caller(lineage.root_name), intent, request_id=request_id
+            service.durable_caller(lineage.root_name), intent, workers, request_id=request_id
         )
 
     def processing_cap(self, cell: str | None = None) -> int:

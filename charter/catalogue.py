@@ -6,3 +6,4 @@ from __future__ import annotations
 
 # Imported for their registrations only.
 from charter import audit, authority, budgets, control, ledger, sandbox  # noqa: F401
+from charter.runner import events as _runner_events  # noqa: F401

@@ -159,3 +159,113 @@ def check_history(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) 
 def journal_history(journal: Any) -> list[tuple[int, str, dict[str, Any], datetime]]:
     """Every entry of a Charter journal as (position, type, payload, recorded_at)."""
     return [(e.position, e.type_name, e.event.payload(), e.recorded_at) for e in journal.entries()]
+
+
+# -- the cell: worker lifecycles and slots ------------------------------------------
+#
+# Written from DESIGN §1, §5 and §7, not from the cell's code:
+# - a sandbox starts only after its lease is committed; a worker's sandbox only after
+#   the worker's schedule; no sandbox starts twice and no worker starts twice;
+# - at every position, each cell's holders of a class are at most its configured cap
+#   for that class, and at most the cap the admitting event says was in force;
+# - a kill is committed before its sandbox's exit;
+# and, once the cell is idle (``check_settled``): every scheduled worker ended, no slot
+# is held by an ended worker, and every started sandbox was discarded.
+
+
+@dataclass
+class _Cells:
+    caps: dict[str, dict[str, int]] = field(default_factory=dict)
+    holders: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+
+
+def check_workers(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) -> Findings:
+    found = Findings()
+    cells = _Cells()
+    leased: dict[str, str | None] = {}  # sandbox -> lineage
+    scheduled: set[str] = set()
+    started_workers: set[str] = set()
+    started_sandboxes: set[str] = set()
+    killed: set[str] = set()
+    sandbox_of: dict[str, str] = {}
+    for position, kind, p, _at in entries:
+        match kind:
+            case "CellConfigured":
+                cells.caps[p["cell"]] = {str(k): int(v) for k, v in p["caps"].items()}
+            case "SlotAdmitted":
+                key = (p["cell"], p["resource"])
+                held = cells.holders.setdefault(key, set())
+                held.add(p["lineage"])
+                configured = cells.caps.get(p["cell"], {}).get(p["resource"], 0)
+                if len(held) > min(configured, int(p["cap"])):
+                    found.problems.append(
+                        f"{position}: {p['cell']} {p['resource']} holds {len(held)} over its "
+                        f"cap ({configured} configured, {p['cap']} in force)"
+                    )
+            case "SlotReleased":
+                cells.holders.setdefault((p["cell"], p["resource"]), set()).discard(p["lineage"])
+            case "WorkerScheduled":
+                scheduled.add(p["lineage"])
+            case "SandboxLeased":
+                leased[p["sandbox_id"]] = p.get("lineage")
+            case "WorkerStarted":
+                if p["lineage"] in started_workers:
+                    found.problems.append(f"{position}: {p['lineage']} started twice")
+                if p["lineage"] not in scheduled:
+                    found.problems.append(f"{position}: {p['lineage']} started unscheduled")
+                started_workers.add(p["lineage"])
+                sandbox_of[p["sandbox_id"]] = p["lineage"]
+            case "SandboxStarted":
+                sid = p["sandbox_id"]
+                if sid in started_sandboxes:
+                    found.problems.append(f"{position}: sandbox {sid} started twice")
+                started_sandboxes.add(sid)
+                if sid not in leased:
+                    found.problems.append(f"{position}: sandbox {sid} started before its lease")
+                elif leased[sid] is not None and leased[sid] not in scheduled:
+                    found.problems.append(f"{position}: sandbox {sid} runs an unscheduled worker")
+            case "WorkerKilled":
+                killed.add(p["lineage"])
+            case "WorkerEnded":
+                if p["outcome"] == "killed" and p["lineage"] not in killed:
+                    found.problems.append(f"{position}: {p['lineage']} killed with no kill event")
+            case _:
+                continue
+        found.checked += 1
+    return found
+
+
+def check_settled(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) -> Findings:
+    """After the cell went idle: every scheduled worker ended (exited, failed or
+    killed), none holds a slot, every started sandbox was discarded."""
+    found = Findings()
+    scheduled: set[str] = set()
+    ended: dict[str, str] = {}
+    holders: dict[tuple[str, str], set[str]] = {}
+    started: set[str] = set()
+    discarded: set[str] = set()
+    for _position, kind, p, _at in entries:
+        found.checked += 1
+        match kind:
+            case "WorkerScheduled":
+                scheduled.add(p["lineage"])
+            case "WorkerEnded":
+                ended[p["lineage"]] = p["outcome"]
+            case "SlotAdmitted":
+                holders.setdefault((p["cell"], p["resource"]), set()).add(p["lineage"])
+            case "SlotReleased":
+                holders.setdefault((p["cell"], p["resource"]), set()).discard(p["lineage"])
+            case "SandboxStarted":
+                started.add(p["sandbox_id"])
+            case "SandboxDiscarded":
+                discarded.add(p["sandbox_id"])
+            case _:
+                pass
+    for lineage in sorted(scheduled - set(ended)):
+        found.problems.append(f"{lineage} was scheduled and never ended")
+    for (cell, resource), held in sorted(holders.items()):
+        for lineage in sorted(held & set(ended)):
+            found.problems.append(f"{lineage} ended but holds a {resource} slot on {cell}")
+    for sid in sorted(started - discarded):
+        found.problems.append(f"sandbox {sid} started and was never discarded")
+    return found

@@ -149,7 +149,8 @@ def render_tree(report: TreeReport, console: Console) -> None:
     branches: dict[str, Tree] = {}
     for node in report.nodes:  # natural order: a parent comes before its children
         # escaped: "[active]" would otherwise be read as rich markup and vanish
-        status = escape(f"[{node.status}]")
+        # the lease's status, then (for a scheduled worker) the worker's own
+        status = escape(f"[{node.status}]") + (f" {node.worker}" if node.worker else "")
         parent = branches.get(node.parent) if node.parent else None
         name = node.lineage.rsplit("/", 1)[-1] if parent is not None else node.lineage
         label = f"{name}  {status} @{node.position}"
@@ -159,13 +160,24 @@ def render_tree(report: TreeReport, console: Console) -> None:
 
 def render_slots(report: SlotsReport, console: Console) -> None:
     table = _table(f"slots as of position {report.as_of}")
-    for column in ("cell", "class", "occupancy", "cap", "holders"):
-        table.add_column(column, no_wrap=column != "holders")
+    for column in ("cell", "class", "occupancy", "cap", "holders", "queued"):
+        table.add_column(column, no_wrap=column not in ("holders", "queued"))
+
+    def first(lineages: list[str]) -> str:
+        return ", ".join(lineages[:3]) + (f" (+{len(lineages) - 3})" if len(lineages) > 3 else "")
+
     for cell in report.cells:
         for resource, info in cell.to_json()["slots"].items():
             holders = sorted(info["holders"], key=natural_key)
-            shown = ", ".join(holders[:3]) + (f" (+{len(holders) - 3})" if len(holders) > 3 else "")
-            table.add_row(cell.cell, resource, str(info["occupancy"]), str(info["cap"]), shown)
+            queued = list(info.get("queued", ()))  # in admission order, not sorted
+            table.add_row(
+                cell.cell,
+                resource,
+                str(info["occupancy"]),
+                str(info["cap"]),
+                first(holders),
+                first(queued),
+            )
     console.print(table)
 
 

@@ -8,8 +8,11 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
-from charter.app import CellSetup
+from charter.app import CellSetup, Charter
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
+from charter.core import Budget
+from charter.runner import cell_for, run_cell
+from charter.runner.status import cell_status
 
 __all__ = ["cell_group"]
 
@@ -23,6 +26,61 @@ def cell_group() -> None:
 
 def _cap(name: str, text: str) -> Callable[[FC], FC]:
     return click.option(f"--{name}", type=AsciiIntRange(0, 1_000_000), default=None, help=text)
+
+
+@cell_group.command("run")
+@click.option("--id", "cell", default=None, metavar="NAME", help="The cell (default: this host's).")
+@click.option("--once", is_flag=True, help="Stop when nothing scheduled on the cell is left.")
+@click.option(
+    "--slot-budget",
+    default="tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=100MB",
+    show_default=True,
+    metavar="VECTOR",
+    help="The most any worker's sandbox gets; each runs under its own lease and grant.",
+)
+@click.option(
+    "--ignore-host-load",
+    is_flag=True,
+    help="Leave the load average out of the adaptive processing cap (a busy shared host).",
+)
+@click.pass_obj
+def run(ctx: Ctx, cell: str | None, once: bool, slot_budget: str, ignore_host_load: bool) -> None:
+    """Run a cell: follow the journal and run the workers scheduled on it (SIGTERM or
+    Ctrl-C stops it; the workers still running are killed, journaled first)."""
+    with Charter.open(ctx.db) as charter:
+        runner = cell_for(
+            charter,
+            cell=cell,
+            slot_budget=Budget.parse(slot_budget),
+            ignore_host_load=ignore_host_load,
+        )
+        ctx.status(f"cell {runner.cell}: following the journal")
+        run_cell(runner, once=once)
+        ctx.emit(
+            {"cell": runner.cell, "incarnation": runner.incarnation},
+            f"cell {runner.cell} (incarnation {runner.incarnation}) stopped",
+        )
+
+
+@cell_group.command("status")
+@click.option("--id", "cell", default=None, metavar="NAME", help="The cell (default: this host's).")
+@click.pass_obj
+def status(ctx: Ctx, cell: str | None) -> None:
+    """A cell now: its caps, who holds its slots, its queue in order, and every worker
+    that has not exited (queued, admitted, running, waiting, failed or killed)."""
+    with Charter.open(ctx.db) as charter:
+        report = cell_status(charter.journal, cell or charter.settings.cell)
+
+    def text() -> None:
+        click.echo(f"cell {report.cell} at position {report.position}")
+        for name, cap in report.caps.items():
+            held = report.holders.get(name, [])
+            click.echo(f"  {name}: {len(held)} of {cap}")
+        click.echo(f"  queued: {len(report.queued)}")
+        for row in report.workers:
+            click.echo(f"{row.lineage}  {row.status}  {row.burn}")
+
+    ctx.emit(report.to_json(), text)
 
 
 @cell_group.command("configure")

@@ -163,7 +163,7 @@ def tree(
 @_AS_OF
 @click.pass_obj
 def slots(ctx: Ctx, as_of: int | None) -> None:
-    """Slot occupancy per cell and resource class."""
+    """Slot occupancy per cell and resource class, and who queues for a slot."""
     with _projector(ctx) as projector:
         report = projector.slots(as_of)
     ctx.emit(report.to_json(), lambda: render_slots(report, Console()))

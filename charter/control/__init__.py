@@ -20,6 +20,12 @@ from charter.control.spawn import (
     SpawnService,
     host_cap_inputs,
 )
+from charter.control.workers import (
+    WorkerScheduled,
+    WorkerSpec,
+    inputs_digest,
+    worker_stream,
+)
 
 __all__ = [
     "DEFAULT_CELL",
@@ -38,4 +44,8 @@ __all__ = [
     "SpawnResult",
     "SpawnService",
     "host_cap_inputs",
+    "WorkerScheduled",
+    "WorkerSpec",
+    "inputs_digest",
+    "worker_stream",
 ]

@@ -7,6 +7,7 @@ Its stages are named, typed and required, and run in this order in :meth:`spawn`
 2. **gate**     asked once per fan-out (in :func:`charter.authority.decide`);
 3. **mint**     ``width`` children, each ``requested ∩ parent`` with every invariant checked;
 4. **leases**   each child's budget carved out of the parent's remainder (fail closed);
+4a. **schedule** with workers named, what each child runs (``WorkerScheduled``);
 5. **admission** each child admitted to a slot of its cell, or queued (never over a cap);
 6. **ceilings** the fabric's population and depth ceilings (FAILS OPEN on a registry
    read error, journaled as ``CeilingCheckFailedOpen``; DESIGN §5).
@@ -62,7 +63,9 @@ from charter.budgets import (
 )
 from charter.control.directory import AgentRecord, AuthorityView, custody_key_name
 from charter.control.resources import ResourceView
+from charter.control.workers import WorkerScheduled, WorkerSpec
 from charter.core import (
+    BadInputError,
     CharterError,
     Clock,
     InternalError,
@@ -229,15 +232,26 @@ class SpawnService:
     # -- the pipeline ----------------------------------------------------------------
 
     def spawn(
-        self, caller: Caller, intent: SpawnIntent, *, request_id: str | None = None
+        self,
+        caller: Caller,
+        intent: SpawnIntent,
+        workers: tuple[WorkerSpec, ...] | None = None,
+        *,
+        request_id: str | None = None,
     ) -> SpawnResult:
         """One fan-out through every stage, appended once; raises the named refusal
         (journaled) when refused, and AppendFailedError (nothing handed out) when the
-        journal does not commit.
+        journal does not commit. With ``workers`` (one per child, or one for all), each
+        child is scheduled on the cell in the same append (:class:`WorkerScheduled`).
 
         ``request_id`` (1-64 letters or digits) makes a retry safe: it is the fan-out id
         and the append's batch id, so a retry after OutcomeUnknownError whose first try
         did commit raises BatchCommittedError instead of minting a second fan-out."""
+        if workers is not None and len(workers) not in (1, intent.width):
+            raise BadInputError(
+                f"a fan-out of {intent.width} names {len(workers)} workers; give one for "
+                "every child, or one for all of them"
+            )
         fanout_id = request_id or uuid.uuid4().hex
         claimed = caller.claimed
         gate = _AskedOnce(self.policy)  # a retry carries the first verdict, never re-asks
@@ -262,6 +276,7 @@ class SpawnService:
                 attenuate_fn=self.attenuate_fn,
             )
             decision = self._lease(decision, intent, now)
+            decision = self._schedule(decision, workers)
             decision = self._admit(decision, cell_version)
             decision = self._ceilings_fail_open(decision, intent)
             deadline = None
@@ -383,6 +398,28 @@ class SpawnService:
             return decision.refused(error, str(decision.parent), intent)
         # Leases go on the parent's stream, which the mints already pinned.
         return decision.joined(leases)
+
+    def _schedule(
+        self, decision: FanoutDecision, workers: tuple[WorkerSpec, ...] | None
+    ) -> FanoutDecision:
+        """Stage 4a: what each child runs, scheduled on the cell before its slot, so a
+        cell that sees the slot has already seen the schedule (same append)."""
+        if decision.refusal is not None or workers is None:
+            return decision
+        specs = workers * len(decision.children) if len(workers) == 1 else workers
+        scheduled = tuple(
+            WorkerScheduled(
+                fanout=decision.fanout_id,
+                lineage=str(child.lineage),
+                cell=self.cell,
+                argv=spec.argv,
+                inputs=spec.inputs,
+                inputs_digest=spec.digest(),
+                grant_digest=child.sealed.digest.hex(),
+            )
+            for child, spec in zip(decision.children, specs, strict=True)
+        )
+        return decision.joined(scheduled)
 
     def _admit(self, decision: FanoutDecision, cell_version: int) -> FanoutDecision:
         """Stage 5: a processing slot on the cell for each child while there is room, the

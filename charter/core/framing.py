@@ -12,6 +12,7 @@ tag: a change here that alters a single stored byte fails it.
 | ``charter/grant-digest/v1``  | the digest that names a sealed grant                  |
 | ``charter/custody/child/v1`` | a child's custody-key seed, derived from its parent's |
 | ``charter/sandbox-key/v1``   | what the key broker signs on a worker's behalf        |
+| ``charter/worker-inputs/v1`` | a scheduled worker's argv and inputs (its digest)     |
 | ``0x00`` / ``0x01``          | RFC 6962 Merkle leaf / interior node (no text tag)    |
 | signed-note key id           | sha256(name ‖ 0x0A ‖ type ‖ Ed25519 key)[:4] (C2SP)   |
 | ``cosignature/v1``           | what a witness signs (C2SP tlog-cosignature)          |
@@ -41,6 +42,7 @@ __all__ = [
     "HASH_SIZE",
     "SANDBOX_KEY_TAG",
     "SIGNATURE_TAG",
+    "WORKER_INPUTS_TAG",
     "ChainRow",
     "child_seed",
     "COSIGNATURE_HEADER",
@@ -59,6 +61,7 @@ __all__ = [
     "grant_signing_input",
     "key_rotation_signing_input",
     "sandbox_key_signing_input",
+    "worker_inputs_digest",
 ]
 
 ENTRY_TAG = b"charter/entry/v1\x00"
@@ -66,6 +69,7 @@ SIGNATURE_TAG = b"charter/grant/v1\x00"
 DIGEST_TAG = b"charter/grant-digest/v1\x00"
 CHILD_KEY_TAG = b"charter/custody/child/v1\x00"
 SANDBOX_KEY_TAG = b"charter/sandbox-key/v1\x00"
+WORKER_INPUTS_TAG = b"charter/worker-inputs/v1\x00"
 
 # RFC 6962 §2.1: a leaf hash is sha256(0x00 ‖ input), an interior node sha256(0x01 ‖ l ‖ r).
 LEAF_PREFIX = b"\x00"
@@ -167,6 +171,18 @@ def child_seed(parent_seed: bytes, child_lineage: str) -> bytes:
 def sandbox_key_signing_input(tag: bytes, message: bytes) -> bytes:
     """What the key broker signs for a worker: domain ‖ len‖tag ‖ len64‖message."""
     return SANDBOX_KEY_TAG + _LEN.pack(len(tag)) + tag + _LEN64.pack(len(message)) + message
+
+
+def worker_inputs_digest(argv: tuple[str, ...], inputs: tuple[str, ...]) -> bytes:
+    """sha256(tag ‖ u32 count‖(u32 len‖arg)… of ``argv`` ‖ the same of ``inputs``),
+    each argument UTF-8 encoded: the digest a ``WorkerScheduled`` names its command by."""
+    h = sha256(WORKER_INPUTS_TAG)
+    for group in (argv, inputs):
+        h.update(_LEN.pack(len(group)))
+        for arg in group:
+            data = arg.encode()
+            h.update(_LEN.pack(len(data)) + data)
+    return h.digest()
 
 
 def key_rotation_signing_input(origin: str, old_key: bytes, new_key: bytes) -> bytes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from charter.budgets import formula
@@ -165,7 +165,10 @@ class TreeNode:
     kind: str  # agent | worker
     position: int  # where it first appeared
     fanout: str | None
-    status: str  # active | released | expired | no-ledger
+    status: str  # active | released | expired | no-ledger (its lease)
+    # A scheduled worker's own status: scheduled | queued | running | exited | failed |
+    # killed (None: nothing was scheduled for it, such as an operator's spawn).
+    worker: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,6 +179,7 @@ class TreeNode:
             "position": self.position,
             "fanout": self.fanout,
             "status": self.status,
+            "worker": self.worker,
         }
 
 
@@ -196,12 +200,14 @@ class CellSlots:
     failover_reserve: int
     since: int
     holders: dict[str, tuple[str, ...]]  # resource class → lineages, sorted
+    # resource class → lineages waiting for a slot, first come first served
+    queued: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def occupancy(self, resource: str) -> int:
         return len(self.holders.get(resource, ()))
 
     def to_json(self) -> dict[str, Any]:
-        resources = sorted(set(self.caps) | set(self.holders))
+        resources = sorted(set(self.caps) | set(self.holders) | set(self.queued))
         return {
             "cell": self.cell,
             "cores": self.cores,
@@ -212,6 +218,7 @@ class CellSlots:
                     "cap": self.caps.get(r),
                     "occupancy": self.occupancy(r),
                     "holders": list(self.holders.get(r, ())),
+                    "queued": list(self.queued.get(r, ())),
                 }
                 for r in resources
             },
@@ -228,11 +235,19 @@ class SlotsReport:
 
     @classmethod
     def from_rows(
-        cls, cells: Iterable[Sequence[Any]], slots: Iterable[Sequence[Any]], as_of: int
+        cls,
+        cells: Iterable[Sequence[Any]],
+        slots: Iterable[Sequence[Any]],
+        as_of: int,
+        queue: Iterable[Sequence[Any]] = (),
     ) -> SlotsReport:
         holders: dict[str, dict[str, list[str]]] = {}
         for cell, resource, lineage, _, _ in slots:
             holders.setdefault(cell, {}).setdefault(resource, []).append(lineage)
+        waiting: dict[str, dict[str, list[str]]] = {}
+        # In queue order: the position it was queued at, then its place in that event.
+        for cell, resource, lineage, _, _, _ in sorted(queue, key=lambda r: (r[3], r[5])):
+            waiting.setdefault(cell, {}).setdefault(resource, []).append(lineage)
         out = []
         for cell, valid_from, _, caps, cores, reserve in sorted(cells, key=lambda r: str(r[0])):
             held = holders.get(cell, {})
@@ -244,6 +259,7 @@ class SlotsReport:
                     failover_reserve=int(reserve),
                     since=int(valid_from),
                     holders={r: tuple(sorted(ls)) for r, ls in sorted(held.items())},
+                    queued={r: tuple(ls) for r, ls in sorted(waiting.get(cell, {}).items())},
                 )
             )
         return cls(as_of, tuple(out))

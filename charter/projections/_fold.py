@@ -51,6 +51,12 @@ LEDGER_COLUMNS = (
 CELL_COLUMNS = ("cell", "valid_from", "valid_to", "caps", "cores", "failover_reserve")
 SLOT_COLUMNS = ("cell", "resource", "lineage", "valid_from", "valid_to")
 NODE_COLUMNS = ("lineage", "parent", "depth", "kind", "position", "fanout")
+# A scheduled worker's status: scheduled | queued | running | exited | failed | killed.
+WORKER_COLUMNS = ("lineage", "valid_from", "valid_to", "cell", "status")
+W_STATUS = 4
+# A lineage waiting for a slot; ``seq`` orders lineages queued by one event.
+QUEUE_COLUMNS = ("cell", "resource", "lineage", "valid_from", "valid_to", "seq")
+_PROCESSING = "processing"
 
 
 def iso_to_ms(text: str) -> int:
@@ -79,6 +85,10 @@ class Changes:
     slot_inserts: list[tuple[Any, ...]] = field(default_factory=list)
     slot_closes: list[tuple[int, str, str, str]] = field(default_factory=list)
     node_inserts: list[tuple[Any, ...]] = field(default_factory=list)
+    worker_inserts: list[tuple[Any, ...]] = field(default_factory=list)
+    worker_closes: list[tuple[int, str]] = field(default_factory=list)
+    queue_inserts: list[tuple[Any, ...]] = field(default_factory=list)
+    queue_closes: list[tuple[int, str, str, str]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -91,10 +101,14 @@ class Fold:
         self.children: dict[str, dict[str, None]] = {}  # insertion-ordered sets
         self.cells: dict[str, list[Any]] = {}
         self.slots: dict[tuple[str, str, str], int] = {}  # open slot → valid_from
+        self.workers: dict[str, list[Any]] = {}
+        self.queue: dict[tuple[str, str, str], tuple[int, int]] = {}  # → valid_from, seq
         # Current rows that are already in the database (closing them is an UPDATE).
         self.persisted_ledgers: set[str] = set()
         self.persisted_cells: set[str] = set()
         self.persisted_slots: set[tuple[str, str, str]] = set()
+        self.persisted_workers: set[str] = set()
+        self.persisted_queue: set[tuple[str, str, str]] = set()
         self.changes = Changes()
 
     # -- loading the current rows of an existing projection --------------------------
@@ -104,6 +118,8 @@ class Fold:
         ledgers: Iterable[Sequence[Any]],
         cells: Iterable[Sequence[Any]],
         slots: Iterable[Sequence[Any]],
+        workers: Iterable[Sequence[Any]] = (),
+        queue: Iterable[Sequence[Any]] = (),
     ) -> None:
         for row in ledgers:
             lineage = row[L_LINEAGE]
@@ -118,6 +134,12 @@ class Fold:
         for cell, resource, lineage, valid_from, _ in slots:
             self.slots[cell, resource, lineage] = valid_from
             self.persisted_slots.add((cell, resource, lineage))
+        for row in workers:
+            self.workers[row[0]] = list(row)
+            self.persisted_workers.add(row[0])
+        for cell, resource, lineage, valid_from, _, seq in queue:
+            self.queue[cell, resource, lineage] = (valid_from, seq)
+            self.persisted_queue.add((cell, resource, lineage))
 
     # -- versioning ----------------------------------------------------------------
 
@@ -152,6 +174,25 @@ class Fold:
             self.changes.slot_closes.append((position, *key))
         else:
             self.changes.slot_inserts.append((*key, valid_from, position))
+
+    def _close_queued(self, key: tuple[str, str, str], position: int) -> None:
+        valid_from, seq = self.queue.pop(key)
+        if key in self.persisted_queue:
+            self.persisted_queue.discard(key)
+            self.changes.queue_closes.append((position, *key))
+        else:
+            self.changes.queue_inserts.append((*key, valid_from, position, seq))
+
+    def _worker_status(self, lineage: str, status: str, position: int) -> None:
+        """A new version of ``lineage``'s worker row with ``status``."""
+        old = self.workers[lineage]
+        if lineage in self.persisted_workers:
+            self.persisted_workers.discard(lineage)
+            self.changes.worker_closes.append((position, lineage))
+        else:
+            old[2] = position
+            self.changes.worker_inserts.append(tuple(old))
+        self.workers[lineage] = [lineage, position, None, old[3], status]
 
     def _node(self, lineage: str, position: int, fanout: str | None) -> None:
         cut = lineage.rfind("/")
@@ -245,6 +286,45 @@ class Fold:
         key = (p["cell"], p["resource"], p["lineage"])
         if key not in self.slots:
             self.slots[key] = position
+        if key in self.queue:
+            self._close_queued(key, position)
+        worker = self.workers.get(p["lineage"])
+        if p["resource"] == _PROCESSING and worker is not None and worker[W_STATUS] == "queued":
+            self._worker_status(p["lineage"], "scheduled", position)
+
+    def _slot_queued(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        for seq, lineage in enumerate(p["lineages"]):
+            key = (p["cell"], p["resource"], lineage)
+            if key not in self.queue:
+                self.queue[key] = (position, seq)
+            worker = self.workers.get(lineage)
+            if (
+                p["resource"] == _PROCESSING
+                and worker is not None
+                and worker[W_STATUS] == "scheduled"
+            ):
+                self._worker_status(lineage, "queued", position)
+
+    def _worker_scheduled(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        lineage, cell = p["lineage"], p["cell"]
+        queued = (cell, _PROCESSING, lineage) in self.queue
+        row = [lineage, position, None, cell, "queued" if queued else "scheduled"]
+        if lineage in self.workers:  # never twice on one stream; replace, do not fork
+            self._worker_status(lineage, str(row[W_STATUS]), position)
+        else:
+            self.workers[lineage] = row
+
+    def _worker_started(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        if p["lineage"] in self.workers:
+            self._worker_status(p["lineage"], "running", position)
+
+    def _worker_ended(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        if p["lineage"] in self.workers:
+            self._worker_status(p["lineage"], str(p["outcome"]), position)
 
     def _slot_released(self, position: int, p: dict[str, Any], at: str) -> None:
         del at
@@ -281,6 +361,14 @@ class Fold:
                 if key not in self.persisted_slots:
                     changes.slot_inserts.append((*key, valid_from, None))
                     self.persisted_slots.add(key)
+            for lineage, row in self.workers.items():
+                if lineage not in self.persisted_workers:
+                    changes.worker_inserts.append(tuple(row))
+                    self.persisted_workers.add(lineage)
+            for key, (valid_from, seq) in self.queue.items():
+                if key not in self.persisted_queue:
+                    changes.queue_inserts.append((*key, valid_from, None, seq))
+                    self.persisted_queue.add(key)
         return changes
 
 
@@ -312,6 +400,10 @@ _HANDLERS: dict[str, _Handler] = {
     "CellConfigured": Fold._cell_configured,
     "SlotAdmitted": Fold._slot_admitted,
     "SlotReleased": Fold._slot_released,
+    "SlotQueued": Fold._slot_queued,
+    "WorkerScheduled": Fold._worker_scheduled,
+    "WorkerStarted": Fold._worker_started,
+    "WorkerEnded": Fold._worker_ended,
     "AgentRegistered": Fold._agent_registered,
     "GrantMinted": Fold._grant_minted,
 }

@@ -55,6 +55,11 @@ class PostgresProjectionStore(ProjectionStore):
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             yield cur
 
+    def table_exists(self, cur: psycopg.Cursor[Any], table: str) -> bool:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{self.prefix}_{table}",))
+        row = cur.fetchone()
+        return bool(row is not None and row[0])
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

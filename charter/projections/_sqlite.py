@@ -89,6 +89,13 @@ class SQLiteProjectionStore(ProjectionStore):
         finally:
             cur.execute("COMMIT")
 
+    def table_exists(self, cur: sqlite3.Cursor, table: str) -> bool:
+        cur.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+            (f"{self.prefix}_{table}",),
+        )
+        return cur.fetchone() is not None
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

@@ -23,11 +23,13 @@ from charter.projections._fold import (
     CELL_COLUMNS,
     LEDGER_COLUMNS,
     NODE_COLUMNS,
+    QUEUE_COLUMNS,
     SLOT_COLUMNS,
+    WORKER_COLUMNS,
     Changes,
 )
 
-__all__ = ["ProjectionStore", "check_prefix"]
+__all__ = ["NEWEST_TABLE", "ProjectionStore", "check_prefix"]
 
 _PREFIX = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
 
@@ -57,9 +59,22 @@ _DDL = [
     "CREATE TABLE IF NOT EXISTS {p}_nodes (lineage TEXT PRIMARY KEY, parent TEXT, "
     "depth BIGINT NOT NULL, kind TEXT NOT NULL, position BIGINT NOT NULL, fanout TEXT)",
     "CREATE TABLE IF NOT EXISTS {p}_counts (type TEXT PRIMARY KEY, n BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS {p}_workers (lineage TEXT NOT NULL, "
+    "valid_from BIGINT NOT NULL, valid_to BIGINT, cell TEXT NOT NULL, status TEXT NOT NULL, "
+    "PRIMARY KEY (lineage, valid_from), CHECK (valid_to IS NULL OR valid_to > valid_from))",
+    "CREATE UNIQUE INDEX IF NOT EXISTS {p}_workers_current ON {p}_workers (lineage) "
+    "WHERE valid_to IS NULL",
+    "CREATE TABLE IF NOT EXISTS {p}_queue (cell TEXT NOT NULL, resource TEXT NOT NULL, "
+    "lineage TEXT NOT NULL, valid_from BIGINT NOT NULL, valid_to BIGINT, "
+    "seq BIGINT NOT NULL, PRIMARY KEY (cell, resource, lineage, valid_from), "
+    "CHECK (valid_to IS NULL OR valid_to > valid_from))",
+    "CREATE UNIQUE INDEX IF NOT EXISTS {p}_queue_current ON {p}_queue "
+    "(cell, resource, lineage) WHERE valid_to IS NULL",
 ]
 
-_TABLES = ("ledgers", "cells", "slots", "nodes", "counts")
+_TABLES = ("ledgers", "cells", "slots", "nodes", "counts", "workers", "queue")
+# The table added last: a projection made before it existed is rebuilt once on open.
+NEWEST_TABLE = "queue"
 
 _AS_OF = "valid_from <= ? AND (valid_to IS NULL OR valid_to > ?)"
 # Lineage paths below L sort between "L/" and "L0" ('0' follows '/'): no LIKE escaping.
@@ -106,6 +121,19 @@ _STATEMENTS = {
     "slots_as_of": "SELECT " + ", ".join(SLOT_COLUMNS) + " FROM {p}_slots WHERE " + _AS_OF,
     "nodes_as_of": "SELECT " + ", ".join(NODE_COLUMNS) + " FROM {p}_nodes WHERE position <= ?",
     "counts": "SELECT type, n FROM {p}_counts",
+    "worker_insert": _insert("workers", WORKER_COLUMNS),
+    "worker_close": "UPDATE {p}_workers SET valid_to = ? WHERE lineage = ? AND valid_to IS NULL",
+    "queue_insert": _insert("queue", QUEUE_COLUMNS),
+    "queue_close": "UPDATE {p}_queue SET valid_to = ? WHERE cell = ? AND resource = ? "
+    "AND lineage = ? AND valid_to IS NULL",
+    "current_workers": "SELECT "
+    + ", ".join(WORKER_COLUMNS)
+    + " FROM {p}_workers WHERE valid_to IS NULL",
+    "current_queue": "SELECT "
+    + ", ".join(QUEUE_COLUMNS)
+    + " FROM {p}_queue WHERE valid_to IS NULL",
+    "workers_as_of": "SELECT " + ", ".join(WORKER_COLUMNS) + " FROM {p}_workers WHERE " + _AS_OF,
+    "queue_as_of": "SELECT " + ", ".join(QUEUE_COLUMNS) + " FROM {p}_queue WHERE " + _AS_OF,
 }
 
 
@@ -145,6 +173,10 @@ class ProjectionStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    @abstractmethod
+    def table_exists(self, cur: Any, table: str) -> bool:
+        """Whether the table ``{prefix}_{table}`` exists (inside ``cur``'s transaction)."""
 
     def _q(self, sql: str) -> str:
         return sql
@@ -199,12 +231,20 @@ class ProjectionStore(ABC):
             (self.tracking_name,),
         )
 
-    def current(self, cur: Any) -> tuple[list[Any], list[Any], list[Any]]:
+    def current(self, cur: Any) -> tuple[list[Any], ...]:
+        """The current rows of ledgers, cells, slots, workers and the queue (the order
+        :meth:`Fold.load` takes them in)."""
         out = []
-        for key in ("current_ledgers", "current_cells", "current_slots"):
+        for key in (
+            "current_ledgers",
+            "current_cells",
+            "current_slots",
+            "current_workers",
+            "current_queue",
+        ):
             cur.execute(self._q(self.sql[key]))
             out.append(cur.fetchall())
-        return out[0], out[1], out[2]
+        return tuple(out)
 
     def apply(self, cur: Any, changes: Changes) -> None:
         """Write ``changes``: closes first (a current row must be closed before its
@@ -214,10 +254,14 @@ class ProjectionStore(ABC):
             ("ledger_close", changes.ledger_closes),
             ("cell_close", changes.cell_closes),
             ("slot_close", changes.slot_closes),
+            ("worker_close", changes.worker_closes),
+            ("queue_close", changes.queue_closes),
             ("ledger_insert", changes.ledger_inserts),
             ("cell_insert", changes.cell_inserts),
             ("slot_insert", changes.slot_inserts),
             ("node_insert", changes.node_inserts),
+            ("worker_insert", changes.worker_inserts),
+            ("queue_insert", changes.queue_inserts),
             ("count", list(changes.counts.items())),
         ):
             if rows:

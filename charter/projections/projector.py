@@ -25,8 +25,8 @@ from charter.projections._answers import (
     TreeReport,
     _status,
 )
-from charter.projections._fold import L_LINEAGE, Fold, at_ms_of_state
-from charter.projections._store import ProjectionStore
+from charter.projections._fold import L_LINEAGE, W_STATUS, Fold, at_ms_of_state
+from charter.projections._store import NEWEST_TABLE, ProjectionStore
 from charter.projections.errors import PositionBeyondHeadError, ProjectionConflictError
 
 __all__ = ["Projector", "DEFAULT_NAME"]
@@ -73,7 +73,12 @@ class Projector:
         self.store = _store_for(journal, name)
         self._fold: Fold | None = None  # current rows as of _fold.position, if loaded
         with self.store.write() as cur:
+            # A projection made before its newest table existed has no rows of that
+            # table for the entries it already folded: replay it once, from zero.
+            stale = not self.store.table_exists(cur, NEWEST_TABLE) and self.store.tracked(cur) > 0
             self.store.create(cur)
+        if stale:
+            self.rebuild()
 
     @property
     def tracking_name(self) -> str:
@@ -216,8 +221,10 @@ class Projector:
             where, params = self.store.subtree(lineage)
             nodes = list(self.store.select(cur, "nodes_as_of", (p, *params), where))
             ledgers = list(self.store.select(cur, "ledgers_as_of", (p, p, *params), where))
+            workers = list(self.store.select(cur, "workers_as_of", (p, p, *params), where))
         at_ms = self._when(p, as_of)
         status = {row[L_LINEAGE]: _status(row, at_ms) for row in ledgers}
+        worker = {str(row[0]): str(row[W_STATUS]) for row in workers}
         out = [
             TreeNode(
                 lineage=lin,
@@ -227,6 +234,7 @@ class Projector:
                 position=int(pos),
                 fanout=fanout,
                 status=status.get(lin, "no-ledger"),
+                worker=worker.get(lin),
             )
             for lin, parent, depth, kind, pos, fanout in nodes
         ]
@@ -237,7 +245,8 @@ class Projector:
             p = self._as_of(cur, as_of)
             cells = list(self.store.select(cur, "cells_as_of", (p, p)))
             slots = list(self.store.select(cur, "slots_as_of", (p, p)))
-        return SlotsReport.from_rows(cells, slots, p)
+            queue = list(self.store.select(cur, "queue_as_of", (p, p)))
+        return SlotsReport.from_rows(cells, slots, p, queue)
 
     def counts(self) -> dict[str, int]:
         """Entries projected so far, by event type (every entry is counted once)."""

@@ -2,6 +2,7 @@
 warm pool, the egress and key brokers, and the fail-closed host probe."""
 
 from charter.sandbox._host import default_state_dir
+from charter.sandbox._peer import Member, PeerServer, Refusal, peer_uid
 from charter.sandbox.egress import EgressBroker, EgressGrant
 from charter.sandbox.errors import (
     HostCannotIsolateError,
@@ -69,6 +70,10 @@ __all__ = [
     "KeyBroker",
     "framed",
     "verify_signature",
+    "Member",
+    "PeerServer",
+    "Refusal",
+    "peer_uid",
     # fail closed
     "ProbeCheck",
     "ProbeReport",

@@ -127,12 +127,7 @@ class Cgroup:
                     d.parent.mkdir(exist_ok=True)
                     _made_parents.add(str(d.parent))
                 d.mkdir()
-            for key, value in render_cgroup(spec).items():
-                fd = os.open(self._path(key), os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.write(fd, value.encode())
-                finally:
-                    os.close(fd)
+            self.write_limits(spec)
             for d in self.dirs:
                 self.join_fds.append(os.open(d / _join_file(self.mode), os.O_WRONLY | os.O_CLOEXEC))
         except OSError as e:
@@ -144,6 +139,16 @@ class Cgroup:
                 f"this host cannot isolate sandboxes now: the sandbox cgroup cannot be set "
                 f"up ({e}); run `charter sandbox probe` once the cgroups are usable again"
             ) from e
+
+    def write_limits(self, spec: SandboxSpec) -> None:
+        """Write ``spec``'s limits into the cgroup (raises OSError). In render order, so
+        a lowered v1 memory limit is written before the memory+swap one that bounds it."""
+        for key, value in render_cgroup(spec).items():
+            fd = os.open(self._path(key), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, value.encode())
+            finally:
+                os.close(fd)
 
     def _path(self, key: str) -> Path:
         match self.mode:

@@ -96,18 +96,17 @@ class Slot:
             self.slot_dir.mkdir(parents=True, mode=0o755)
             self._made_dir = True
             self.overlay = Overlay(pool.template, self.slot_dir, 0)
-            self.spec = compile_spec(
-                pool.budget,
-                host_facts(
-                    self.sandbox_id,
-                    self.host_uid,
-                    str(self.overlay.merged),
-                    egress=pool.egress,
-                    keys=pool.keys,
-                    cgroup_mode=pool.mode,
-                    host_cpus=pool.host_cpus,
-                ),
+            self.facts = host_facts(
+                self.sandbox_id,
+                self.host_uid,
+                str(self.overlay.merged),
+                egress=pool.egress,
+                keys=pool.keys,
+                cgroup_mode=pool.mode,
+                host_cpus=pool.host_cpus,
             )
+            self.budget = pool.budget  # what the slot runs under (see ``narrow``)
+            self.spec = compile_spec(pool.budget, self.facts)
             self.overlay.size_bytes = self.spec.tmp_bytes
             self._uid.mark(cgroup_dirs(pool.mode, self.spec.cgroup_name))
             ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
@@ -135,6 +134,24 @@ class Slot:
             for fd in (ready_r, ready_w, args_r):
                 if fd >= 0:
                     os.close(fd)
+
+    def narrow(self, budget: Budget) -> None:
+        """Lower this parked slot's caps to ``budget`` (each axis at most the pool's): a
+        worker runs under its own lease, not the pool's slot budget. The cgroup limits
+        are rewritten before anything runs; the wall clock ``run`` enforces and the
+        egress bytes the broker counts come from the narrowed spec. The workspace tmpfs
+        keeps the size it was mounted with (its pages count in the memory cap)."""
+        if self.state is not SlotState.PARKED or self.proc is None:
+            raise SlotStateError(f"slot {self.sandbox_id} is {self.state}; narrow it parked")
+        capped = self.pool.budget.minimum(budget)
+        spec = compile_spec(capped, self.facts).model_copy(
+            update={"tmp_bytes": self.spec.tmp_bytes, "shm_bytes": self.spec.shm_bytes}
+        )
+        try:
+            self.proc.cgroup.write_limits(spec)
+        except OSError as e:
+            raise SandboxUnavailableError(f"cannot lower the sandbox's limits: {e}") from e
+        self.spec, self.budget = spec, capped
 
     def _await_parked(self, ready_r: int) -> None:
         if not _wait_readable(ready_r, _PARK_TIMEOUT) or os.read(ready_r, 1) != b"r":
@@ -342,6 +359,7 @@ class WarmPool:
         timeout: float = 0.0,
         lineage: str | None = None,
         grant_digest: str | None = None,
+        budget: Budget | None = None,
     ) -> Slot:
         """Take a parked slot (journaling the lease first). ``lineage`` and
         ``grant_digest`` name the worker it is leased for and its sealed grant, journaled
@@ -350,7 +368,8 @@ class WarmPool:
         When no slot is parked but not every slot is leased, the rest of the capacity is
         being built or destroyed on other threads: this waits for that (bounded by their
         work, not by ``timeout``), or builds a slot itself, outside the lock, when
-        capacity is free."""
+        capacity is free. ``budget`` narrows the slot's caps to a worker's lease
+        (:meth:`Slot.narrow`) before the brokers learn its egress bytes."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -375,6 +394,8 @@ class WarmPool:
                 self._building += 1  # a cold fill within capacity, built outside the lock
         slot = parked if parked is not None else self._lease_cold()
         try:
+            if budget is not None:
+                slot.narrow(budget)
             cgroup = cgroup_dirs(self.mode, slot.spec.cgroup_name)
             if self.egress is not None:
                 # The broker enforces the spec's egress bytes (the budget), lowered by
@@ -389,7 +410,7 @@ class WarmPool:
             if self.keys is not None:  # handles issued to the slot die with it
                 self.keys.register(slot.spec.host_uid, slot.sandbox_id, cgroup=cgroup)
             leased = leased_event(
-                slot.spec, self.budget, self.name, grant, lineage=lineage, grant_digest=grant_digest
+                slot.spec, slot.budget, self.name, grant, lineage=lineage, grant_digest=grant_digest
             )
             self.journal(leased)
         except BaseException:

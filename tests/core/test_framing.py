@@ -20,6 +20,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from charter.authority import derive_child_seed
+from charter.control import WorkerSpec
 from charter.core import Budget, BudgetSyntaxError, Event, Lineage, framing
 from charter.ledger import Journal
 from charter.sandbox import KeyBroker, framed, verify_signature
@@ -31,6 +32,7 @@ TAGS = {
     "DIGEST_TAG": b"charter/grant-digest/v1\x00",
     "CHILD_KEY_TAG": b"charter/custody/child/v1\x00",
     "SANDBOX_KEY_TAG": b"charter/sandbox-key/v1\x00",
+    "WORKER_INPUTS_TAG": b"charter/worker-inputs/v1\x00",
     "ROTATION_TAG": b"charter/journal-key-rotation/v1\x00",
 }
 
@@ -89,6 +91,15 @@ def ref_sandbox_key_signing_input(tag: bytes, message: bytes) -> bytes:
     )
 
 
+def ref_worker_inputs_digest(argv: tuple[str, ...], inputs: tuple[str, ...]) -> bytes:
+    framed = b"charter/worker-inputs/v1\x00"
+    for group in (argv, inputs):
+        framed += struct.pack(">I", len(group))
+        for arg in group:
+            framed += struct.pack(">I", len(arg.encode("utf-8"))) + arg.encode("utf-8")
+    return hashlib.sha256(framed).digest()
+
+
 def ref_key_rotation_signing_input(origin: str, old: bytes, new: bytes) -> bytes:
     raw = origin.encode("utf-8")
     return b"charter/journal-key-rotation/v1\x00" + struct.pack(">H", len(raw)) + raw + old + new
@@ -111,6 +122,12 @@ SANDBOX_INPUT_HEX = (
     "636861727465722f73616e64626f782d6b65792f7631000000000a6769742f636f6d6d69740000000000"
     "00000b68656c6c6f00776f726c64"
 )
+
+# Computed by the digest as it stood in charter/control/workers.py before the tag moved
+# here: journals written then keep their WorkerScheduled.inputs_digest.
+WORKER_ARGV = ("/usr/bin/python3", "-I", "-c", "print(1)")
+WORKER_INPUTS = ("a.py", "")
+WORKER_INPUTS_HEX = "01c5ec2cca81fc53199d320d475353aa28cca3b6fe565ad2fa0db07135223438"
 
 
 ROTATION_INPUT_HEX = (
@@ -202,6 +219,19 @@ def test_sandbox_key_signing_input_vector() -> None:
     assert got.hex() == SANDBOX_INPUT_HEX
     # Tag and message are each length-prefixed: a different split is different bytes.
     assert framing.sandbox_key_signing_input(b"git/commi", b"thello\x00world") != got
+
+
+def test_worker_inputs_digest_vector() -> None:
+    got = framing.worker_inputs_digest(WORKER_ARGV, WORKER_INPUTS)
+    assert got == ref_worker_inputs_digest(WORKER_ARGV, WORKER_INPUTS)
+    assert got.hex() == WORKER_INPUTS_HEX
+    assert WorkerSpec(argv=WORKER_ARGV, inputs=WORKER_INPUTS).digest() == WORKER_INPUTS_HEX
+    # argv and inputs are counted groups: moving an argument across names other bytes.
+    assert framing.worker_inputs_digest((*WORKER_ARGV, "a.py"), ("",)) != got
+    # Each argument is length-prefixed: the same characters split differently differ.
+    assert framing.worker_inputs_digest(("/bin/echo", "ab"), ()) != framing.worker_inputs_digest(
+        ("/bin/echo", "a", "b"), ()
+    )
 
 
 def test_child_key_derivation_through_authority() -> None:

@@ -90,7 +90,9 @@ def test_read_commands_are_never_stale_and_answer_as_of(journal_url: str, tmp_pa
         child = next(n["lineage"] for n in tree["nodes"] if n["depth"] == 1)
         sub = _json(charter("--db", journal_url, "--json", "tree", child, home=tmp_path))
         assert {n["lineage"] for n in sub["nodes"]} == {
-            n["lineage"] for n in tree["nodes"] if n["lineage"].startswith(child)
+            n["lineage"]
+            for n in tree["nodes"]
+            if n["lineage"] == child or n["lineage"].startswith(child + "/")
         }
         slots = _json(charter("--db", journal_url, "--json", "slots", home=tmp_path))
         assert {c["cell"] for c in slots["cells"]} == {"c1", "c2"}

@@ -1,0 +1,129 @@
+"""The cell's read state: every worker's schedule and lifecycle, folded from the journal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from charter.authority import GrantMinted, SealedGrant
+from charter.control import WorkerScheduled
+from charter.core.events import Event
+from charter.ledger import JournalFold
+from charter.runner.events import (
+    CellStarted,
+    WorkerEnded,
+    WorkerKilled,
+    WorkerResult,
+    WorkerStarted,
+    WorkerWaiting,
+)
+from charter.sandbox import SandboxExited, SandboxLeased
+
+__all__ = ["WorkerRecord", "WorkersView"]
+
+
+@dataclass
+class WorkerRecord:
+    """One scheduled worker as folded so far."""
+
+    scheduled: WorkerScheduled
+    position: int
+    sandbox_id: str | None = None
+    host_uid: int | None = None
+    exit_code: int | None = None  # its sandbox's command ended (SandboxExited)
+    waiting: tuple[str, ...] = ()
+    killed: str | None = None
+    result: WorkerResult | None = None
+    ended: WorkerEnded | None = None
+    children: list[str] = field(default_factory=list)
+
+    @property
+    def lineage(self) -> str:
+        return self.scheduled.lineage
+
+    @property
+    def live(self) -> bool:
+        return self.ended is None
+
+
+class WorkersView(JournalFold):
+    """Workers by lineage, sandboxes' host uids, and each cell's incarnations."""
+
+    types = (
+        WorkerScheduled.type_name,
+        WorkerStarted.type_name,
+        WorkerWaiting.type_name,
+        WorkerResult.type_name,
+        WorkerKilled.type_name,
+        WorkerEnded.type_name,
+        SandboxLeased.type_name,
+        SandboxExited.type_name,
+        CellStarted.type_name,
+        GrantMinted.type_name,
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.workers: dict[str, WorkerRecord] = {}
+        self.uids: dict[str, int] = {}  # sandbox id -> host uid (from its lease)
+        self.running: dict[str, str] = {}  # sandbox id -> the worker it runs
+        self.incarnations: dict[str, int] = {}
+        self.grants: dict[str, GrantMinted] = {}
+
+    def apply(self, event: Event, position: int, at_ms: int) -> None:
+        del at_ms
+        if isinstance(event, WorkerScheduled | GrantMinted | SandboxLeased | CellStarted):
+            self._apply_fact(event, position)
+        else:
+            self._apply_lifecycle(event)
+
+    def _apply_fact(self, event: Event, position: int) -> None:
+        match event:
+            case WorkerScheduled():
+                self.workers[event.lineage] = WorkerRecord(event, position)
+                parent = event.lineage.rpartition("/")[0]
+                if parent in self.workers:
+                    self.workers[parent].children.append(event.lineage)
+            case GrantMinted():
+                self.grants[str(event.lineage)] = event
+            case SandboxLeased():
+                self.uids[event.sandbox_id] = event.host_uid
+            case CellStarted():
+                self.incarnations[event.cell] = event.incarnation
+            case _:
+                pass
+
+    def _apply_lifecycle(self, event: Event) -> None:
+        match event:
+            case WorkerStarted():
+                w = self.workers[event.lineage]
+                w.sandbox_id, w.host_uid = event.sandbox_id, self.uids.get(event.sandbox_id)
+                self.running[event.sandbox_id] = event.lineage
+            case SandboxExited():
+                lineage = self.running.get(event.sandbox_id)
+                if lineage is not None:
+                    self.workers[lineage].exit_code = event.exit_code
+            case WorkerWaiting():
+                self.workers[event.lineage].waiting = event.children
+            case WorkerResult():
+                self.workers[event.lineage].result = event
+            case WorkerKilled():
+                self.workers[event.lineage].killed = event.reason
+            case WorkerEnded():
+                self.workers[event.lineage].ended = event
+            case _:
+                pass
+
+    def on_cell(self, cell: str) -> list[WorkerRecord]:
+        return [w for w in self.workers.values() if w.scheduled.cell == cell]
+
+    def live_descendants(self, lineage: str) -> list[WorkerRecord]:
+        """Live workers below ``lineage``, shallowest first: a waiting parent dies before
+        its children, so it never sees them end and carries on."""
+        prefix = lineage + "/"
+        found = [w for k, w in self.workers.items() if k.startswith(prefix) and w.live]
+        return sorted(found, key=lambda w: w.lineage.count("/"))
+
+    def chain(self, lineage: str) -> tuple[SealedGrant, ...]:
+        """The sealed grants from the root down to ``lineage``, as journaled."""
+        parts = lineage.split("/")
+        return tuple(self.grants["/".join(parts[: i + 1])].sealed() for i in range(len(parts)))

@@ -1,0 +1,572 @@
+"""The cell: turns committed events into running workers, and nothing else.
+
+It follows the journal from its tracked position (the process recorder's tracking row,
+committed in the same transaction as the start it records) and acts only on committed
+entries: record, commit, then act. For each worker scheduled on it, when the worker
+holds a processing slot (``SlotAdmitted``), in order:
+
+1. lease a warm-pool slot, narrowed to the worker's own lease and grant (caps, wall
+   clock up to its expiry, egress allow-list at the cell's egress broker);
+2. journal ``SandboxLeased`` (lineage, lease, grant digest), ``WorkerStarted`` and
+   ``SandboxStarted`` in one append, pinned to the worker's stream (so it starts at
+   most once) and carrying the tracking position (so a replay skips it);
+3. exec the worker (only after that commit);
+4. on exit, journal ``SandboxExited`` with the measured usage, charge it to the lease,
+   return the lease, destroy the sandbox, and journal ``SandboxDiscarded``,
+   ``WorkerEnded`` and ``SlotReleased`` with the admission of whoever queued next.
+
+A parent that stops waiting (it ended, or its wait timed out) has every live descendant
+killed, each ``WorkerKilled`` committed before the kill. A cell that starts after a crash
+fails every worker its previous incarnation had started (never resumes one), kills what
+is left of their sandboxes, returns their leases and slots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from charter.budgets import ResourceClass, SlotAdmitted
+from charter.control import (
+    BudgetService,
+    HostLoad,
+    ResourceView,
+    host_cap_inputs,
+    worker_stream,
+)
+from charter.core import Budget, CharterError, Event, KeyStore, now_ms
+from charter.ledger import (
+    AlreadyTrackedError,
+    AppendConflictError,
+    AppendFailedError,
+    Journal,
+)
+from charter.runner._admission import queue_admissions
+from charter.runner._caps import WorkerCaps, worker_caps
+from charter.runner._custody import Custody, custody_seed
+from charter.runner._kill import kill_uid
+from charter.runner._sink import BrokerEvents
+from charter.runner._view import WorkerRecord, WorkersView
+from charter.runner.errors import LeaseSpentError, NotAWorkerError
+from charter.runner.events import (
+    RESULT_CAP,
+    CellStarted,
+    WorkerEnded,
+    WorkerKilled,
+    WorkerResult,
+    WorkerStarted,
+)
+from charter.sandbox import (
+    EgressBroker,
+    KeyBroker,
+    SandboxBudgetError,
+    SandboxDiscarded,
+    SandboxExited,
+    SandboxStarted,
+    Slot,
+    WarmPool,
+    default_state_dir,
+)
+from charter.sandbox.launcher import leased_event
+
+__all__ = ["Cell", "kill_uid"]
+
+_RETRIES = 16
+_STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
+Outcome = Literal["exited", "killed", "failed"]
+
+
+class Cell:
+    """One cell process: ``open`` (journals the incarnation, recovers), then ``step`` or
+    ``run``; ``close`` at the end. The Python API for workers' requests (``spawn``,
+    ``wait``, ``result``, ``sign``) is what the door calls, with the caller resolved
+    from the sandbox's host uid."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        keys: KeyStore,
+        *,
+        cell: str,
+        budget: Budget,
+        template: Path | None = None,
+        state_dir: Path | None = None,
+        host_load: HostLoad = host_cap_inputs,
+        key_broker: KeyBroker | None = None,
+        egress_broker: EgressBroker | None = None,
+        pool_capacity: int | None = None,
+    ) -> None:
+        self.journal = journal
+        self.keys = keys
+        self.cell = cell
+        self.template = template
+        self.budget = budget
+        self.state_dir = state_dir
+        self.host_load = host_load
+        self.key_broker = key_broker or KeyBroker()
+        self.egress_broker = egress_broker
+        self.pool_capacity = pool_capacity
+        self.tracking = f"charter.cell.{cell}"
+        self.view = WorkersView()
+        self.resources = ResourceView()
+        self.budgets = BudgetService(journal)
+        self.incarnation = 0
+        self.pool: WarmPool | None = None
+        self._lock = threading.RLock()  # the folds and the cell's appends
+        self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
+        self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
+        self.custody = Custody(keys, self.key_broker)
+        self._threads: list[threading.Thread] = []
+        self._scanned = 0  # admissions read up to here by this process
+        self.changed = threading.Condition(self._lock)
+
+    # -- life ------------------------------------------------------------------------
+
+    def open(self) -> CellStarted:
+        """Journal this incarnation, recover from the last one, build the pool."""
+        template = self.template or self._own_template()
+        with self._lock:
+            self.view.refresh(self.journal)
+            self.resources.refresh(self.journal)
+            state = self.resources.cells.get(self.cell)
+            self.incarnation = self.view.incarnations.get(self.cell, 0) + 1
+            started = CellStarted(
+                cell=self.cell,
+                incarnation=self.incarnation,
+                pid=os.getpid(),
+                host=socket.gethostname(),
+            )
+            self.journal.append([started], expect={f"cellrun:{self.cell}": self.incarnation - 1})
+            self._recover()
+        capacity = self.pool_capacity or (
+            state.caps.get(ResourceClass.PROCESSING, 0)
+            + state.caps.get(ResourceClass.COORDINATION, 0)
+        )
+        base = self.state_dir or default_state_dir()
+        if self.egress_broker is None:  # every worker's way out: its grant's destinations
+            self.egress_broker = EgressBroker(base / f"egress-{self.cell}-{os.getpid()}.sock")
+        # A waiting coordinator keeps its sandbox while it holds a coordination slot
+        # instead of a processing one: the pool holds room for both.
+        self.pool = WarmPool(
+            template,
+            self.budget,
+            max(1, capacity),
+            sink=BrokerEvents(self.journal),
+            egress=self.egress_broker,
+            keys=self.key_broker,
+            state_dir=self.state_dir,
+            name=self.cell,
+        )
+        return started
+
+    def _own_template(self) -> Path:
+        """The workspace every worker starts from: empty but for the door's client
+        (``/workspace/charter_door.py``), read-only under each worker's overlay."""
+        base = self.state_dir or default_state_dir()
+        path = base / f"cell-{self.cell}-template"
+        path.mkdir(parents=True, exist_ok=True)
+        base.chmod(0o755)
+        path.chmod(0o755)
+        client = path / "charter_door.py"
+        client.write_bytes(Path(__file__).with_name("client.py").read_bytes())
+        client.chmod(0o644)
+        return path
+
+    def close(self) -> None:
+        """Kill every live worker of this cell (journaled first), then stop."""
+        with self._lock:
+            live = [w.lineage for w in self.view.on_cell(self.cell) if w.live and w.sandbox_id]
+        for lineage in live:
+            self.kill(lineage, "the cell is shutting down")
+        for thread in list(self._threads):
+            thread.join(timeout=30)
+        if self.pool is not None:
+            self.pool.close()
+        self.key_broker.close()
+        if self.egress_broker is not None:
+            self.egress_broker.close()
+
+    def __enter__(self) -> Cell:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _recover(self) -> None:
+        """Fail every worker a previous incarnation started and did not end: kill what
+        survives of its sandbox, journal the failure, return its lease and slot."""
+        failed: list[str] = []
+        for w in self.view.on_cell(self.cell):
+            if w.live and w.sandbox_id is not None:
+                if w.host_uid is not None:
+                    kill_uid(w.host_uid)
+                reason = f"driver died: cell {self.cell} restarted (incarnation {self.incarnation})"
+                if w.exit_code is None:
+                    self._end(w, "failed", None, reason, discard=True)
+                else:  # it had exited; only its teardown was cut short
+                    self._end(w, "exited", w.exit_code, reason, discard=True)
+                failed.append(w.lineage)
+        for lineage in failed:  # nobody waits for their children any more
+            self._kill_descendants(lineage, f"parent {lineage} failed: its driver died")
+
+    # -- following -------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Act on every processing slot admitted on this cell since the tracked position
+        (read once per process: what was passed over is final); return how many
+        workers were started."""
+        started = 0
+        self._admit_room()
+        with self._lock:
+            tracked = self.journal.tracked_position(self.tracking)
+            self.view.refresh(self.journal)
+            self.resources.refresh(self.journal)
+            start, stop = max(tracked, self._scanned) + 1, self.view.position
+            admitted = (
+                [
+                    (e.position, e.event)
+                    for e in self.journal.entries(start, stop, types=("SlotAdmitted",))
+                ]
+                if start <= stop
+                else []
+            )
+            self._scanned = max(self._scanned, stop)
+        for position, event in admitted:
+            if not isinstance(event, SlotAdmitted) or event.cell != self.cell:
+                continue
+            if event.resource is not ResourceClass.PROCESSING:
+                continue
+            with self._lock:
+                w = self.view.workers.get(event.lineage)
+            if w is None or w.scheduled.cell != self.cell or w.sandbox_id is not None:
+                continue  # not a worker of ours, or one resuming after a wait
+            if not w.live:
+                self._settle(w.lineage, ())
+                continue
+            outcome = self._start(w, position)
+            if outcome is None:  # the journal did not take the start: read it again
+                self._scanned = position - 1
+                break
+            started += outcome
+        return started
+
+    def _admit_room(self) -> None:
+        """Admit queued workers when the cell has room no release will announce (a
+        fan-out queued while the host was loaded, or before the cell was configured)."""
+        for _ in range(_RETRIES):
+            with self._lock:
+                version = self.journal.stream_version(f"cell:{self.cell}")
+                self.resources.refresh(self.journal)
+                self.view.refresh(self.journal)
+                state = self.resources.cells.cells().get(self.cell)
+                if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
+                    return
+                events = self.admit_queued(freed=0)
+                if not events:
+                    return
+                try:
+                    self.journal.append(events, expect={f"cell:{self.cell}": version})
+                except AppendConflictError:
+                    continue
+                self.changed.notify_all()
+                return
+
+    def run(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.01) -> None:
+        """Follow the journal until ``until()`` is true."""
+        while not until():
+            if self.step() == 0:
+                head = self.journal.head()
+                with self.changed:
+                    if head is None or head[0] <= self.view.position:
+                        self.changed.wait(poll_s)
+
+    def idle(self) -> bool:
+        """Nothing of this cell's is running or waiting to run."""
+        with self._lock:
+            self.view.refresh(self.journal)
+            return not any(w.live for w in self.view.on_cell(self.cell))
+
+    # -- one worker --------------------------------------------------------------------
+
+    def _start(self, w: WorkerRecord, position: int) -> int | None:
+        if self.pool is None:
+            raise CharterError("open the cell before following the journal")
+        command = w.scheduled.command
+        try:  # fail closed: nothing left on its lease, no start; the worker ends
+            caps = self._caps(w.lineage)
+            slot = self.pool.lease(
+                caps.egress,
+                timeout=60.0,
+                lineage=w.lineage,
+                grant_digest=w.scheduled.grant_digest,
+                budget=caps.budget,
+            )
+        except (LeaseSpentError, SandboxBudgetError) as error:
+            self._end(w, "failed", None, f"not started: {error}", discard=False)
+            return 0
+        try:
+            with self._lock:
+                minted = self.view.grants.get(w.lineage)
+            self.custody.issue(w.lineage, minted, slot.sandbox_id)
+        except CharterError as error:  # fail closed: no key, no start; the worker ends
+            self.pool.release(slot, refill=False)
+            self._end(w, "failed", None, f"no custody key: {error}", discard=False)
+            return 0
+        events: list[Event] = [
+            leased_event(
+                slot.spec,
+                slot.budget,
+                self.pool.name,
+                caps.egress,
+                lineage=w.lineage,
+                grant_digest=w.scheduled.grant_digest,
+            ),
+            WorkerStarted(
+                lineage=w.lineage,
+                cell=self.cell,
+                incarnation=self.incarnation,
+                sandbox_id=slot.sandbox_id,
+            ),
+            SandboxStarted(
+                sandbox_id=slot.sandbox_id,
+                pid=slot.proc.pid if slot.proc else 0,
+                command=command,
+            ),
+        ]
+        try:
+            with self._lock:
+                committed = self.journal.append(
+                    events,
+                    expect={worker_stream(w.lineage): 1},  # the schedule, and nothing since
+                    tracking=(self.tracking, position),
+                )
+                self.view.applied(committed)
+                self._slots[w.lineage] = slot
+                self._by_uid[slot.host_uid] = w.lineage
+        except (AppendConflictError, AlreadyTrackedError, AppendFailedError) as error:
+            # Killed meanwhile, already started by another incarnation, or the journal
+            # refused the record: no record, no start (the last is tried again).
+            self.custody.release(w.lineage)
+            self.pool.release(slot, refill=False)
+            return None if isinstance(error, AppendFailedError) else 0
+        thread = threading.Thread(
+            target=self._drive, args=(w, slot, command), name=f"worker-{slot.sandbox_id}"
+        )
+        self._threads.append(thread)
+        thread.start()
+        return 1
+
+    def _drive(self, w: WorkerRecord, slot: Slot, command: tuple[str, ...]) -> None:
+        """The worker's driver thread: exec (its start is committed), wait, tear down."""
+        outcome = slot.run(list(command), capture=True, max_output_bytes=RESULT_CAP)
+        usage = outcome.usage
+        with self._lock:
+            self.journal.append(
+                [
+                    SandboxExited(
+                        sandbox_id=slot.sandbox_id,
+                        exit_code=outcome.exit_code,
+                        how=outcome.how,
+                        usage=usage,
+                    )
+                ]
+            )
+            self.view.refresh(self.journal)
+            record = self.view.workers[w.lineage]
+        if record.result is None and outcome.stdout:
+            # A worker that never used the door answers with what it printed.
+            self.journal_result(w.lineage, outcome.stdout)
+        spent = Budget(
+            tokens=0,
+            wall_ms=usage.wall_ms,
+            cpu_ms=usage.cpu_ms,
+            mem_bytes=usage.memory_peak_bytes,
+            egress_bytes=usage.egress_bytes,
+        )
+        with contextlib.suppress(CharterError):  # the lease ended first (refusal journaled)
+            self.budgets.record_usage(w.lineage, spent)
+        outcome_kind: Outcome = "killed" if record.killed is not None else "exited"
+        # Its children die with its interest in them (each kill journaled first).
+        self._kill_descendants(w.lineage, f"parent {w.lineage} ended")
+        reason = record.killed or ""
+        if not reason and outcome.how == "wall_clock":
+            # The deadline was journaled with the lease (SandboxLeased.wall_ms).
+            reason = "its lease's wall clock or expiry ran out: killed by the sandbox"
+        if not reason and outcome.exit_code != 0 and outcome.stderr:
+            reason = "stderr: " + outcome.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
+        # The sandbox is destroyed before its slot is given back: never oversubscribed.
+        self._destroy(w.lineage)
+        self._end(record, outcome_kind, outcome.exit_code, reason, discard=True)
+
+    def _destroy(self, lineage: str) -> None:
+        with self._lock:
+            slot = self._slots.pop(lineage, None)
+            if slot is not None:
+                self._by_uid.pop(slot.host_uid, None)
+        self.custody.release(lineage)
+        if slot is not None and self.pool is not None:
+            self.pool.release(slot, refill=False)
+
+    def _end(
+        self,
+        w: WorkerRecord,
+        outcome: Outcome,
+        exit_code: int | None,
+        reason: str,
+        *,
+        discard: bool,
+    ) -> None:
+        """Journal the end, return the unspent lease, release whichever slot it holds
+        (admitting whoever queued next in the same append)."""
+        ended = WorkerEnded(
+            lineage=w.lineage,
+            outcome=outcome,
+            exit_code=exit_code,
+            sandbox_id=w.sandbox_id,
+            reason=reason,
+        )
+        extra: list[Event] = [ended]
+        if discard and w.sandbox_id is not None:
+            extra.append(SandboxDiscarded(sandbox_id=w.sandbox_id))
+        with contextlib.suppress(CharterError):  # already ended (expired, or an ancestor's)
+            self.budgets.release(w.lineage)
+        self._settle(w.lineage, tuple(extra))
+
+    def _settle(self, lineage: str, extra: tuple[Event, ...]) -> None:
+        """In one append pinned to the cell's stream: ``extra``, every slot ``lineage``
+        holds given back, and the processing queue's head(s) admitted into the room
+        there is (never over the cap)."""
+        for _ in range(_RETRIES):
+            with self._lock:
+                version = self.journal.stream_version(f"cell:{self.cell}")
+                self.resources.refresh(self.journal)
+                self.view.refresh(self.journal)
+                cells = self.resources.cells
+                state = cells.get(self.cell)
+                held = [r for r in ResourceClass if lineage in state.holders[r]]
+                events: list[Event] = list(extra)
+                events.extend(cells.decide_release(self.cell, lineage, r) for r in held)
+                freed = 1 if ResourceClass.PROCESSING in held else 0
+                events.extend(self.admit_queued(freed=freed, dead={lineage}))
+                if not events:
+                    return
+                try:
+                    committed = self.journal.append(events, expect={f"cell:{self.cell}": version})
+                except AppendConflictError:
+                    continue
+                self.view.applied(committed)
+                self.changed.notify_all()
+                return
+        raise AppendConflictError(f"settling {lineage}'s slots kept racing; retry")
+
+    def admit_queued(
+        self, *, freed: int, dead: frozenset[str] | set[str] = frozenset()
+    ) -> list[Event]:
+        """Admissions of the processing queue's head(s) (:func:`queue_admissions`), on
+        the folds as they stand (hold the lock)."""
+        cells = self.resources.cells
+        state = cells.get(self.cell)
+        workers = self.view.workers
+
+        def live(lineage: str) -> bool:
+            w = workers.get(lineage)
+            return w is None or w.live
+
+        inputs = self.host_load(state.cores, state.failover_reserve)
+        return queue_admissions(cells, self.cell, inputs, live, freed=freed, dead=dead)
+
+    # -- kills -----------------------------------------------------------------------
+
+    def kill(self, lineage: str, reason: str) -> None:
+        """Kill ``lineage`` and its live descendants, each ``WorkerKilled`` committed
+        before its kill. A worker not started yet is ended at once and never starts."""
+        self._kill_descendants(lineage, reason)
+        self._kill_one(lineage, reason)
+
+    def _kill_descendants(self, lineage: str, reason: str) -> None:
+        with self._lock:
+            self.view.refresh(self.journal)
+            below = self.view.live_descendants(lineage)
+        for w in below:
+            self._kill_one(w.lineage, reason)
+
+    def _kill_one(self, lineage: str, reason: str) -> None:
+        with self._lock:
+            self.view.refresh(self.journal)
+            w = self.view.workers.get(lineage)
+            if w is None or not w.live or w.killed is not None or w.exit_code is not None:
+                return  # gone, being killed, or already exited by itself
+            self.view.applied(self.journal.append([WorkerKilled(lineage=lineage, reason=reason)]))
+            slot = self._slots.get(lineage)
+        if slot is not None:
+            kill_uid(slot.host_uid)  # its driver thread journals the end
+        elif w.sandbox_id is None:
+            self._end(w, "killed", None, reason, discard=False)  # never started
+
+    # -- the workers' requests (the door calls these) ---------------------------------
+
+    def knows_uid(self, host_uid: int) -> bool:
+        """Whether ``host_uid`` is the sandbox of a live worker of this cell (called on
+        the door's accepting thread: it must not block)."""
+        return host_uid in self._by_uid
+
+    def lineage_of(self, host_uid: int) -> str:
+        with self._lock:
+            lineage = self._by_uid.get(host_uid)
+        if lineage is None:
+            raise NotAWorkerError("no live worker of this cell runs as this peer")
+        return lineage
+
+    def journal_result(self, lineage: str, data: bytes) -> str:
+        data = data[:RESULT_CAP]
+        digest = hashlib.sha256(data).hexdigest()
+        event = WorkerResult(
+            lineage=lineage,
+            digest=digest,
+            size=len(data),
+            text=data.decode("utf-8", errors="replace"),
+        )
+        with self._lock:
+            self.view.applied(self.journal.append([event]))
+        return digest
+
+    def sign(self, lineage: str, tag: str, message: bytes) -> bytes:
+        """Sign for ``lineage`` with the key issued to its sandbox (and only that one)."""
+        with self._lock:
+            slot = self._slots.get(lineage)
+        if slot is None:
+            raise NotAWorkerError(f"{lineage} holds no key here")
+        return self.custody.sign(lineage, tag, message, slot.sandbox_id)
+
+    # -- caps --------------------------------------------------------------------------
+
+    def _caps(self, lineage: str) -> WorkerCaps:
+        """The sandbox caps of ``lineage``: its lease and grant as committed, now."""
+        with self._lock:
+            self.resources.refresh(self.journal)
+            self.view.refresh(self.journal)
+            book = self.resources.book
+            minted = self.view.grants.get(lineage)
+            if minted is None:
+                raise LeaseSpentError(f"{lineage} has no committed grant")
+            at = now_ms()
+            return worker_caps(
+                self.budget,
+                book.remaining(lineage, at),
+                book.deadline(lineage),
+                minted.sealed().grant.terms,
+                at,
+            )
+
+    def custody_seed(self, lineage: str) -> bytes:
+        """``lineage``'s custody seed (its committed grant's subject key, or refused)."""
+        with self._lock:
+            minted = self.view.grants.get(lineage)
+        return custody_seed(self.keys, lineage, minted)

@@ -1,0 +1,52 @@
+"""Errors of the runner (the cell and its door), over the fault groups in
+:mod:`charter.core.errors`. Each refusal has its own stable ``reason`` code."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from charter.core.errors import RefusedError, StateError
+
+__all__ = [
+    "DoorRefusedError",
+    "LeaseSpentError",
+    "NotAWorkerError",
+    "ResultTooLargeError",
+    "WaitRefusedError",
+    "DemoFailedError",
+]
+
+
+class DoorRefusedError(RefusedError, abstract=True):
+    """A worker's request through its door, refused by policy (exit 4)."""
+
+    reason: ClassVar[str] = "door"
+
+
+class NotAWorkerError(DoorRefusedError):
+    """The peer is not a live worker of this cell (or holds no key here)."""
+
+    reason = "not-a-worker"
+
+
+class WaitRefusedError(DoorRefusedError):
+    """A worker asked to wait on a lineage that is not one of its children."""
+
+    reason = "not-a-child"
+
+
+class ResultTooLargeError(DoorRefusedError):
+    """A worker's result is over the size the journal keeps."""
+
+    reason = "result-too-large"
+
+
+class LeaseSpentError(RefusedError):
+    """A worker's lease or grant has expired, or holds no time to run, when its sandbox
+    would start: it is not started (it ends failed)."""
+
+    reason = "lease-spent"
+
+
+class DemoFailedError(StateError):
+    """The demo's coordinator ended without its report (its reason is in the message)."""

@@ -1,0 +1,78 @@
+"""A cell for an open :class:`~charter.app.Charter`, with its door: the composition the
+CLI, the demo and the tests use."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+from charter.app import Charter
+from charter.budgets import CapInputs
+from charter.control import host_cap_inputs
+from charter.core import Budget
+from charter.runner.cell import Cell
+from charter.runner.door import Door
+from charter.sandbox import default_state_dir
+
+__all__ = ["DEFAULT_SLOT_BUDGET", "cell_for", "run_cell", "steady_load"]
+
+# The most any one worker's sandbox may get: each worker runs under its own lease and
+# grant, narrowed from this (docs/cell.md, "Caps").
+DEFAULT_SLOT_BUDGET = Budget.parse("tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=100MB")
+
+
+def steady_load(cores: int, reserve: int) -> CapInputs:
+    """The adaptive cap's inputs WITHOUT the host's load average: only for a shared or
+    busy machine where someone else's load would shrink this cell to nothing (the
+    demo's ``--ignore-host-load``). Cores, reserve and the configured caps still hold."""
+    return CapInputs(cores=cores, failover_reserve=reserve, load_average=0.0, live_peers=0)
+
+
+def cell_for(
+    charter: Charter,
+    *,
+    cell: str | None = None,
+    slot_budget: Budget = DEFAULT_SLOT_BUDGET,
+    state_dir: Path | None = None,
+    template: Path | None = None,
+    ignore_host_load: bool = False,
+) -> Cell:
+    """A cell (not opened yet) on ``charter``'s journal and home, with its door."""
+    name = cell or charter.settings.cell
+    base = state_dir or default_state_dir()
+    door = Door(base / f"door-{name}-{os.getpid()}.sock")
+    runner = Cell(
+        charter.journal,
+        charter.keys,
+        cell=name,
+        budget=slot_budget,
+        template=template,
+        state_dir=base,
+        host_load=steady_load if ignore_host_load else host_cap_inputs,
+        key_broker=door,
+    )
+    door.cell = runner
+    return runner
+
+
+def run_cell(cell: Cell, *, once: bool) -> None:
+    """Open ``cell`` and follow the journal: with ``once``, until nothing of its is left
+    to run; otherwise until SIGTERM or SIGINT. Closing kills what still runs (journaled)."""
+    stop = threading.Event()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    if threading.current_thread() is threading.main_thread():
+        for sig in previous:
+            signal.signal(sig, lambda *_: stop.set())
+    cell.open()
+    try:
+        if once:
+            cell.run(until=lambda: stop.is_set() or cell.idle())
+        else:
+            cell.run(until=stop.is_set)
+    finally:
+        cell.close()
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -1,0 +1,165 @@
+"""What a worker asks through its door, answered for the worker its sandbox runs.
+
+The caller is always resolved by the cell from the sandbox (the door passes the lineage
+it found for the peer's host uid), never taken from a request.
+"""
+
+from __future__ import annotations
+
+import time
+
+from nacl.signing import SigningKey
+
+from charter.authority import SpawnIntent
+from charter.budgets import ResourceClass
+from charter.control import Caller, SpawnResult, SpawnService, WorkerSpec
+from charter.core import Event, Lineage
+from charter.ledger import AppendConflictError
+from charter.runner._view import WorkerRecord
+from charter.runner.cell import Cell
+from charter.runner.errors import ResultTooLargeError, WaitRefusedError
+from charter.runner.events import RESULT_CAP, WorkerWaiting
+
+__all__ = ["WorkerRequests"]
+
+_RETRIES = 16
+
+
+class WorkerRequests:
+    """``spawn``, ``wait`` and ``result`` for the workers of ``cell``."""
+
+    def __init__(self, cell: Cell) -> None:
+        self.cell = cell
+        self.name = cell.cell
+
+    def caller(self, lineage: str) -> Caller:
+        """The worker as a caller: its journaled chain and its custody key, derived from
+        the root's custody key along the committed grants."""
+        with self.cell.changed:
+            self.cell.view.refresh(self.cell.journal)
+            chain = self.cell.view.chain(lineage)
+        return Caller(chain, self._signing_key(lineage))
+
+    def spawn(
+        self, lineage: str, intent: SpawnIntent, workers: tuple[WorkerSpec, ...]
+    ) -> SpawnResult:
+        service = SpawnService(
+            self.cell.journal,
+            keystore=self.cell.keys,
+            cell=self.name,
+            host_load=self.cell.host_load,
+        )
+        result = service.spawn(self.caller(lineage), intent, workers)
+        with self.cell.changed:
+            self.cell.changed.notify_all()
+        return result
+
+    def wait(self, lineage: str, children: tuple[str, ...], timeout_s: float) -> dict[str, object]:
+        """Wait on ``children`` (each must be a child of ``lineage``): the processing
+        slot goes back and a coordination slot is held meanwhile; when they end, the
+        worker queues for processing again and the answer comes once it holds it. On
+        timeout every child still live is killed (journaled first)."""
+        for child in children:
+            if Lineage(child).parent != Lineage(lineage):
+                raise WaitRefusedError(f"{child} is not a child of {lineage}")
+        self._swap_for_coordination(lineage, children, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        timed_out = False
+        with self.cell.changed:
+            while True:
+                self.cell.view.refresh(self.cell.journal)
+                live = [
+                    c
+                    for c in children
+                    if c in self.cell.view.workers and self.cell.view.workers[c].live
+                ]
+                if not live:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                self.cell.changed.wait(min(left, 0.05))
+        if timed_out:
+            for child in children:
+                self.cell.kill(child, f"{lineage} stopped waiting (timed out)")
+        self._back_to_processing(lineage)
+        with self.cell.changed:
+            self.cell.view.refresh(self.cell.journal)
+            return {c: self._answer(self.cell.view.workers.get(c)) for c in children} | {
+                "timed_out": timed_out
+            }
+
+    @staticmethod
+    def _answer(w: WorkerRecord | None) -> object:
+        if w is None:
+            return {"status": "unknown"}
+        if w.ended is None:
+            return {"status": "running"}
+        return {
+            "status": w.ended.outcome,
+            "exit_code": w.ended.exit_code,
+            "result": w.result.text if w.result is not None else None,
+            "digest": w.result.digest if w.result is not None else None,
+            "reason": w.ended.reason,
+        }
+
+    def _swap_for_coordination(
+        self, lineage: str, children: tuple[str, ...], timeout_s: float
+    ) -> None:
+        for _ in range(_RETRIES):
+            with self.cell.changed:
+                version = self.cell.journal.stream_version(f"cell:{self.name}")
+                self.cell.resources.refresh(self.cell.journal)
+                swap = self.cell.resources.cells.decide_wait_on_children(self.name, lineage)
+                waiting = WorkerWaiting(
+                    lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
+                )
+                events: list[Event] = [waiting, *swap]
+                # The processing slot given back goes to the queue's head at once.
+                events.extend(self.cell.admit_queued(freed=1))
+                try:
+                    self.cell.journal.append(events, expect={f"cell:{self.name}": version})
+                except AppendConflictError:
+                    continue
+                self.cell.changed.notify_all()
+                return
+        raise AppendConflictError(f"{lineage}'s wait kept racing for the cell's slots; retry")
+
+    def _back_to_processing(self, lineage: str) -> None:
+        """Give back the coordination slot and take (or queue for) a processing one;
+        return once it is held."""
+        for _ in range(_RETRIES):
+            with self.cell.changed:
+                version = self.cell.journal.stream_version(f"cell:{self.name}")
+                self.cell.resources.refresh(self.cell.journal)
+                cells = self.cell.resources.cells
+                release = cells.decide_release(self.name, lineage, ResourceClass.COORDINATION)
+                state = cells.get(self.name)
+                inputs = self.cell.host_load(state.cores, state.failover_reserve)
+                placed = cells.decide_place(self.name, [lineage], ResourceClass.PROCESSING, inputs)
+                try:
+                    self.cell.journal.append(
+                        [release, *placed], expect={f"cell:{self.name}": version}
+                    )
+                except AppendConflictError:
+                    continue
+                self.cell.changed.notify_all()
+                break
+        with self.cell.changed:
+            while True:
+                self.cell.resources.refresh(self.cell.journal)
+                holders = self.cell.resources.cells.get(self.name).holders[ResourceClass.PROCESSING]
+                if lineage in holders:
+                    return
+                self.cell.changed.wait(0.05)
+
+    def result(self, lineage: str, data: bytes) -> str:
+        if len(data) > RESULT_CAP:
+            raise ResultTooLargeError(
+                f"a result holds at most {RESULT_CAP} bytes, not {len(data)}; write less"
+            )
+        return self.cell.journal_result(lineage, data)
+
+    def _signing_key(self, lineage: str) -> SigningKey:
+        return SigningKey(self.cell.custody_seed(lineage))

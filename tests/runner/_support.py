@@ -1,0 +1,78 @@
+"""Helpers for cell tests: a cell on a journal, run until its workers are done."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from charter.app import Charter
+from charter.authority import FixedPolicy, SpawnIntent, Verdict
+from charter.control import SpawnResult, WorkerSpec
+from charter.core import Budget
+from charter.runner.cell import Cell
+from charter.runner.door import Door
+from tests.runner.conftest import SLOT_BUDGET, steady
+
+COST = Budget.parse("tokens=200k,wall=10m,cpu=10m,mem=1GiB,egress=0MB")
+
+
+def fan_out(charter: Charter, width: int, *workers: WorkerSpec, **grant: object) -> SpawnResult:
+    intent = SpawnIntent.model_validate(
+        {"width": width, "objective": "run the workers", "estimated_cost": COST, "grant": grant}
+    )
+    return charter.spawn(
+        "agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE), workers=tuple(workers)
+    )
+
+
+def make_cell(
+    charter: Charter,
+    template: Path | None,
+    state_dir: Path,
+    *,
+    door: bool = False,
+    max_requests: int = 10_000,
+    budget: Budget = SLOT_BUDGET,
+) -> Cell:
+    path = state_dir / f"door-{uuid.uuid4().hex[:8]}.sock"
+    broker = Door(path, max_requests=max_requests) if door else None
+    cell = Cell(
+        charter.journal,
+        charter.keys,
+        cell=charter.settings.cell,
+        template=template,
+        budget=budget,
+        state_dir=state_dir,
+        host_load=steady,
+        key_broker=broker,
+    )
+    if broker is not None:
+        broker.cell = cell
+    return cell
+
+
+@contextmanager
+def running(cell: Cell) -> Iterator[Cell]:
+    """The cell opened and following on a thread until the block ends."""
+    stop = threading.Event()
+    cell.open()
+    thread = threading.Thread(target=cell.run, kwargs={"until": stop.is_set}, daemon=True)
+    thread.start()
+    try:
+        yield cell
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        cell.close()
+
+
+def until_idle(cell: Cell, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cell.idle():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the cell's workers did not finish in time")
+        time.sleep(0.05)
