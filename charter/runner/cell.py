@@ -50,6 +50,7 @@ from charter.ledger import (
 from charter.runner._admission import queue_admissions
 from charter.runner._caps import WorkerCaps, worker_caps
 from charter.runner._custody import Custody, custody_seed
+from charter.runner._filler import PoolFiller
 from charter.runner._kill import kill_uid
 from charter.runner._sink import BrokerEvents
 from charter.runner._view import WorkerRecord, WorkersView
@@ -118,6 +119,7 @@ class Cell:
         self.budgets = BudgetService(journal)
         self.incarnation = 0
         self.pool: WarmPool | None = None
+        self._filler: PoolFiller | None = None
         self._lock = threading.RLock()  # the folds and the cell's appends
         self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
         self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
@@ -163,6 +165,8 @@ class Cell:
             state_dir=self.state_dir,
             name=self.cell,
         )
+        self._filler = PoolFiller(self.pool)
+        self._filler.start()
         return started
 
     def _own_template(self) -> Path:
@@ -188,6 +192,8 @@ class Cell:
             thread.join(timeout=30)
         if self.pool is not None:
             self.pool.close()
+        if self._filler is not None:
+            self._filler.stop()
         self.key_broker.close()
         if self.egress_broker is not None:
             self.egress_broker.close()
@@ -316,7 +322,7 @@ class Cell:
                 minted = self.view.grants.get(w.lineage)
             self.custody.issue(w.lineage, minted, slot.sandbox_id)
         except CharterError as error:  # fail closed: no key, no start; the worker ends
-            self.pool.release(slot, refill=False)
+            self._give_back(slot)
             self._end(w, "failed", None, f"no custody key: {error}", discard=False)
             return 0
         events: list[Event] = [
@@ -354,7 +360,7 @@ class Cell:
             # Killed meanwhile, already started by another incarnation, or the journal
             # refused the record: no record, no start (the last is tried again).
             self.custody.release(w.lineage)
-            self.pool.release(slot, refill=False)
+            self._give_back(slot)
             return None if isinstance(error, AppendFailedError) else 0
         thread = threading.Thread(
             target=self._drive, args=(w, slot, command), name=f"worker-{slot.sandbox_id}"
@@ -405,14 +411,22 @@ class Cell:
         self._destroy(w.lineage)
         self._end(record, outcome_kind, outcome.exit_code, reason, discard=True)
 
+    def _give_back(self, slot: Slot) -> None:
+        """Discard a leased slot (never re-parked: a sandbox runs one worker) and have
+        the filler build its replacement off the follower's path."""
+        if self.pool is not None:
+            self.pool.release(slot, refill=False)
+        if self._filler is not None:
+            self._filler.wake()
+
     def _destroy(self, lineage: str) -> None:
         with self._lock:
             slot = self._slots.pop(lineage, None)
             if slot is not None:
                 self._by_uid.pop(slot.host_uid, None)
         self.custody.release(lineage)
-        if slot is not None and self.pool is not None:
-            self.pool.release(slot, refill=False)
+        if slot is not None:
+            self._give_back(slot)
 
     def _end(
         self,
