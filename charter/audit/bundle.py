@@ -60,6 +60,11 @@ def digest(value: Any) -> str:
     return hashlib.sha256(canonical(value)).hexdigest()
 
 
+def _manifest(parts: Mapping[str, Any]) -> dict[str, str]:
+    """The digest of each part, by name."""
+    return {name: digest(part) for name, part in parts.items()}
+
+
 class BundleEntry(BaseModel):
     """One journal entry as stored, with its inclusion proof."""
 
@@ -147,17 +152,18 @@ class Bundle(BaseModel):
         return out
 
     def manifest(self) -> dict[str, str]:
-        return {name: digest(part) for name, part in self.parts().items()}
+        return _manifest(self.parts())
 
     def to_bytes(self) -> bytes:
+        parts = self.parts()  # each entry's JSON built once, for the manifest and the file
         return canonical(
             {
                 "format": BUNDLE_FORMAT,
                 "selection": self.selection,
                 "keys": list(self.keys),
                 "checkpoint": self.checkpoint,
-                "entries": [e.to_json() for e in self.entries],
-                "manifest": self.manifest(),
+                "entries": [parts[f"entry/{e.position}"] for e in self.entries],
+                "manifest": _manifest(parts),
             }
         )
 

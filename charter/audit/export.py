@@ -90,11 +90,14 @@ def export_bundle(
                 selected.append((row, payload))
     if not selected:
         raise NotInTreeError("the selection has no entries in the checkpoint's tree")
-    named = {a for _, payload in selected for n in lineages_in(payload) for a in _ancestors(n)}
     rows = {row[0]: (row, False) for row, _ in selected}
-    for name in named:
-        for row in context.get(name, ()):
-            rows.setdefault(row[0], (row, True))
+    if lineage is not None or start is not None or stop is not None:
+        # A part of the journal: add the grant chains of every lineage it names (a
+        # whole journal's selection holds them already).
+        named = {a for _, payload in selected for n in lineages_in(payload) for a in _ancestors(n)}
+        for name in named:
+            for row in context.get(name, ()):
+                rows.setdefault(row[0], (row, True))
     for row in rotations:
         rows.setdefault(row[0], (row, True))
     ordered = sorted(rows.items())
