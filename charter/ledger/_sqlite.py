@@ -142,6 +142,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         return [_CREATE_EVENTS, *_APPEND_ONLY]
 
     _turn: WriterTurn | None = None
+    _own_last: Head | None = None  # the head this recorder itself last committed
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
         """Take the writers' turn (see ``_turn``: a kernel queue, so the next writer
@@ -155,15 +156,23 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         conn: SQLiteConnection
         with self._turn.held(timeout):
             hint = self._turn.hint()  # written only after a commit: never ahead
+            # A hint that is this recorder's own last commit is no forgery: it need not
+            # be looked up (the common case of one writer; a later commit by another
+            # writer would have replaced it, or makes the insert after it conflict).
+            own = hint is not None and hint == self._own_last
             with (
                 self.datastore.get_connection(commit=True) as conn,
                 _ImmediateTransaction(conn, commit=True) as c,
                 c,
             ):
-                positions = self._insert_events(c, stored_events, hint=hint, **kwargs)
+                positions = self._insert_events(
+                    c, stored_events, hint=hint, hint_is_own=own, **kwargs
+                )
             commit = last_commit()
             if commit is not None and commit.positions:
-                self._turn.set_hint(Head(commit.positions[-1], commit.hashes[-1], commit.stamp))
+                head = Head(commit.positions[-1], commit.hashes[-1], commit.stamp)
+                self._turn.set_hint(head)
+                self._own_last = head
         return positions
 
     def _insert_events(
@@ -172,12 +181,13 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         stored_events: Sequence[StoredEvent],
         *,
         hint: Head | None = None,
+        hint_is_own: bool = False,
         **kwargs: Any,
     ) -> Sequence[int] | None:
         # Everything below runs under the write lock (BEGIN IMMEDIATE has taken it).
         check_guards(kwargs.get("guards") or (), self._stream_version(c))
         deadline = kwargs.get("deadline_ms")
-        if hint is not None and stored_events:
+        if hint is not None and stored_events and not hint_is_own:
             # The hint comes from a file: use it only if it names a real entry, so the
             # insert right after it conflicts unless that entry is the head.
             c.execute(_IS_ENTRY, (hint.position, hint.hash))
