@@ -170,24 +170,39 @@ class Bundle(BaseModel):
     @classmethod
     def parse(cls, data: bytes) -> tuple[Bundle, dict[str, str]]:
         """The bundle and the manifest it carries (checked by :func:`verify_bundle`)."""
-        try:
-            doc = json.loads(data)
-            fmt = doc.get("format")
-        except (ValueError, AttributeError) as e:
-            raise BundleError("format", f"the bundle is not a JSON object: {e}") from e
-        if fmt != BUNDLE_FORMAT:
-            raise BundleError("format", f"not a {BUNDLE_FORMAT} bundle")
-        try:
-            bundle = cls(
-                selection=doc["selection"],
-                keys=tuple(doc["keys"]),
-                checkpoint=doc["checkpoint"],
-                entries=tuple(BundleEntry.from_json(e) for e in doc["entries"]),
-            )
-            manifest = {str(k): str(v) for k, v in doc["manifest"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
-            raise BundleError("format", f"the bundle does not parse: {e}") from e
+        bundle, manifest, _ = _parse(cls, data)
         return bundle, manifest
+
+
+def _parse(cls: type[Bundle], data: bytes) -> tuple[Bundle, dict[str, str], dict[str, str]]:
+    """The bundle, the manifest it carries, and the digest of each part as it stands in
+    the file (each entry's JSON object as read, not re-encoded: a part is what was
+    digested, byte for byte after canonical encoding)."""
+    try:
+        doc = json.loads(data)
+        fmt = doc.get("format")
+    except (ValueError, AttributeError) as e:
+        raise BundleError("format", f"the bundle is not a JSON object: {e}") from e
+    if fmt != BUNDLE_FORMAT:
+        raise BundleError("format", f"not a {BUNDLE_FORMAT} bundle")
+    try:
+        bundle = cls(
+            selection=doc["selection"],
+            keys=tuple(doc["keys"]),
+            checkpoint=doc["checkpoint"],
+            entries=tuple(BundleEntry.from_json(e) for e in doc["entries"]),
+        )
+        manifest = {str(k): str(v) for k, v in doc["manifest"].items()}
+        parts = {
+            "selection": doc["selection"],
+            "keys": doc["keys"],
+            "checkpoint": doc["checkpoint"],
+        }
+        for entry, raw in zip(bundle.entries, doc["entries"], strict=True):
+            parts[f"entry/{entry.position}"] = raw
+    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
+        raise BundleError("format", f"the bundle does not parse: {e}") from e
+    return bundle, manifest, _manifest(parts)
 
 
 class BundleReport(BaseModel):
@@ -219,8 +234,8 @@ def verify_bundle(
     A bundle of the whole journal (no lineage, no range) is also audited semantically
     (:mod:`charter.audit.semantic`); its findings make the report not ok. A partial
     bundle lacks the history the budget and lifecycle rules need, so it is not."""
-    bundle, manifest = Bundle.parse(data)
-    _check_manifest(bundle, manifest)
+    bundle, manifest, digests = _parse(Bundle, data)
+    _check_manifest(digests, manifest)
     history = _check_keys(bundle, journal_key)
     checkpoint = _check_checkpoint(bundle, history, witness_keys)
     _check_entries(bundle, checkpoint)
@@ -242,8 +257,7 @@ def verify_bundle(
     )
 
 
-def _check_manifest(bundle: Bundle, manifest: Mapping[str, str]) -> None:
-    expected = bundle.manifest()
+def _check_manifest(expected: Mapping[str, str], manifest: Mapping[str, str]) -> None:
     for name in sorted(expected.keys() | manifest.keys()):
         if manifest.get(name) != expected.get(name):
             raise BundleError(
