@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -225,3 +226,40 @@ def test_journal_verify_with_a_checkpoint_catches_what_the_chain_walk_cannot(
     # The consistent re-hash leaves a chain that walks clean: the chain walk alone misses it.
     ok(charter("journal", "verify", home=home, db=url))
     refused(charter("journal", "verify", "--checkpoint", str(cp), home=home, db=url), "rewritten")
+
+
+def test_the_witness_refuses_a_second_journal_that_shares_a_prefix(tmp_path: Path) -> None:
+    """Two journals with one key and one prefix (a copy of the file taken at a cosigned
+    checkpoint, each then written on its own): the witness that cosigned the first one's
+    extension refuses the second's, as a fork."""
+    home = tmp_path / "home"
+    first = f"sqlite:///{tmp_path / 'a.db'}"
+    ok(charter("init", home=home, db=first))
+    _grow(first, 2, "shared")
+    vkey = ok(charter("checkpoint", "key", home=home, db=first)).strip()
+    witness_home = tmp_path / "witness"
+    ok(charter("witness", "init", "--name", "w.example", home=witness_home))
+    cp0 = tmp_path / "cp0"
+    ok(charter("checkpoint", "--out", str(cp0), home=home, db=first))
+    ok(charter("witness", "cosign", str(cp0), "--log-key", vkey, home=witness_home))
+    second = f"sqlite:///{tmp_path / 'b.db'}"
+    with sqlite3.connect(tmp_path / "a.db") as src, sqlite3.connect(tmp_path / "b.db") as dst:
+        src.backup(dst)  # the same bytes, key and tree: one history so far
+    _grow(first, 3, "honest")
+    _grow(second, 4, "forked")
+    cp1, cp2 = tmp_path / "cp1", tmp_path / "cp2"
+    ok(charter("checkpoint", "--out", str(cp1), home=home, db=first))
+    ok(charter("checkpoint", "--out", str(cp2), home=home, db=second))
+    # Each journal alone extends the shared checkpoint: only a witness sees the fork.
+    ok(charter("checkpoint", "verify", str(cp0), home=home, db=second))
+    ok(charter("witness", "cosign", str(cp1), "--log-key", vkey, home=witness_home, db=first))
+    # Positive control: the second journal's checkpoint would be cosigned by a witness
+    # that had seen only the shared prefix.
+    fresh = tmp_path / "fresh-witness"
+    ok(charter("witness", "init", "--name", "w2.example", home=fresh))
+    ok(charter("witness", "cosign", str(cp0), "--log-key", vkey, home=fresh))
+    ok(charter("witness", "cosign", str(cp2), "--log-key", vkey, home=fresh, db=second))
+    refused(
+        charter("witness", "cosign", str(cp2), "--log-key", vkey, home=witness_home, db=second),
+        "fork",
+    )
