@@ -361,3 +361,13 @@ def test_budget_units_parse_to_exact_integers(
 def test_budget_units_reject_what_they_do_not_define(text: str) -> None:
     with pytest.raises(BudgetSyntaxError):
         Budget.parse(text)
+
+
+def test_key_rotation_signing_input_frames_an_origin_longer_than_32767_bytes() -> None:
+    # The origin's length is an unsigned 16-bit count: 40000 bytes are framed, not refused.
+    old, new = bytes(range(32)), bytes(range(32, 64))
+    origin = "o" * 40_000
+    got = framing.key_rotation_signing_input(origin, old, new)
+    assert got == ref_key_rotation_signing_input(origin, old, new)
+    tag_len = len(b"charter/journal-key-rotation/v1\x00")
+    assert got[tag_len : tag_len + 2] == (40_000).to_bytes(2, "big")

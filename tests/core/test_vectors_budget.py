@@ -11,6 +11,7 @@ from charter.core.budget import (
     MAX_TTL_S,
     VEC_ZERO,
     budget_of,
+    parse_duration_ms,
     vec_add,
     vec_min,
     vec_of,
@@ -148,3 +149,17 @@ def test_the_plain_vector_arithmetic_agrees_with_budget_arithmetic() -> None:
     assert vec_sub(a, b) == (2, -10, 1, 0, -1)
     assert budget_of(a) == A
     assert budget_of(vec_add(a, b)) == A + B
+
+
+def test_parse_duration_ms_reads_time_units() -> None:
+    assert parse_duration_ms("90s") == 90_000
+    assert parse_duration_ms("1.5h") == 5_400_000
+
+
+def test_parse_duration_ms_names_the_duration_in_its_refusal() -> None:
+    with pytest.raises(BudgetSyntaxError) as caught:
+        parse_duration_ms("10")
+    assert str(caught.value) == (
+        "budget axis 'duration': cannot read '10'; write a number with one of the units "
+        "ms, s, m, h (for example tokens=200k,wall=10m,cpu=60s,mem=512MiB,egress=20MB)"
+    )
