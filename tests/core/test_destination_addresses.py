@@ -279,6 +279,8 @@ def test_what_an_entry_grants(
         ("224.0.0.1", False),  # multicast, which Python counts as global
         ("ff0e::1", False),
         ("240.0.0.1", False),  # reserved
+        ("4000::1", False),  # reserved IPv6, which Python counts as global
+        ("e000::1", False),
         ("192.0.2.1", False),  # documentation
         ("2001:db8::1", False),
         # IPv4 mapped into IPv6, or behind NAT64, is judged as the IPv4 it carries

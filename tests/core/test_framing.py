@@ -371,3 +371,16 @@ def test_key_rotation_signing_input_frames_an_origin_longer_than_32767_bytes() -
     assert got == ref_key_rotation_signing_input(origin, old, new)
     tag_len = len(b"charter/journal-key-rotation/v1\x00")
     assert got[tag_len : tag_len + 2] == (40_000).to_bytes(2, "big")
+
+
+def test_auditor_framings_follow_rfc6962_and_c2sp() -> None:
+    # Re-implemented from the texts (RFC 6962 leaf/node hash; C2SP signed-note key id and
+    # tlog-cosignature/v1 message); tests/audit/test_audit_framing.py pins their vectors.
+    left, right, key = bytes(range(32)), bytes(range(32, 64)), bytes(range(200, 232))
+    assert framing.merkle_leaf_hash(b"entry") == hashlib.sha256(b"\x00entry").digest()
+    assert framing.merkle_node_hash(left, right) == hashlib.sha256(b"\x01" + left + right).digest()
+    key_id = framing.note_key_id("example.com/log", b"\x01", key)
+    assert key_id == hashlib.sha256(b"example.com/log\n\x01" + key).digest()[:4]
+    assert len(key_id) == 4
+    message = framing.cosignature_message(1679315147, b"o\n1\nAA==\n")
+    assert message == b"cosignature/v1\ntime 1679315147\no\n1\nAA==\n"
