@@ -14,7 +14,9 @@ An entry is a host pattern, or an address or address range, and an optional port
 | ``[::1]:8443``          | that IPv6 address (always in brackets), 8443 only |
 | ``[fd00::/8]``          | every address of that IPv6 range, on 80 and 443   |
 
-Host labels are lower-case DNS labels; a ``*`` is allowed only as the whole first label.
+Host labels are lower-case DNS labels; a ``*`` is allowed only as the whole first label,
+and a name's last label is never all digits (``127.1`` and ``010.0.0.1`` are refused:
+resolvers read them as addresses; write an address as an address).
 Schemes, paths, a bare ``*``, upper case, an unbracketed IPv6 address and a range with
 host bits set are refused, so every entry has one meaning.
 
@@ -131,6 +133,10 @@ def check_destination(entry: str) -> str:
         not bare
         or len(bare) > _MAX_HOST
         or not all(_LABEL.fullmatch(x) for x in labels)
+        # A name's last label is never all digits (RFC 3696 §2): resolvers read such a
+        # "name" as an address (127.1 is 127.0.0.1, 010.0.0.1 is octal), and a pattern
+        # such as *.0.1 would admit address literals asked for by a sandbox.
+        or labels[-1].isdigit()
         or (sep and not _port_ok(port))
     ):
         raise _bad(entry)

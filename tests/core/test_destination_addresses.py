@@ -134,15 +134,21 @@ def test_a_bad_range_is_refused_with_the_range_error_as_its_cause() -> None:
     assert "host bits" in str(caught.value.__cause__)
 
 
-def test_digits_and_dots_that_are_no_address_are_a_name() -> None:
-    # ``1.2.3`` is no IPv4 address: it is read as a host name, not refused
-    assert check_destination("1.2.3") == "1.2.3"
-    assert check_destination("1.2.3:8443") == "1.2.3:8443"
-    assert split("1.2.3") == ("1.2.3", None)
-    assert admits("1.2.3", "1.2.3", 443)
-    # and as a name it covers no address, nor is covered by one
-    assert not covers("1.2.0.0/16", "1.2.3")
-    assert not covers("1.2.3", "1.2.0.3")
+@pytest.mark.parametrize("entry", ["1.2.3", "1.2.3:8443", "127.1", "010.0.0.1", "*.0.1", "host.42"])
+def test_digits_and_dots_that_are_no_address_are_refused_not_read_as_names(entry: str) -> None:
+    # Resolvers read these as addresses (127.1 is 127.0.0.1; 010.0.0.1 is octal), and a
+    # pattern over numeric labels would admit address literals: a name's last label is
+    # never all digits.
+    with pytest.raises(AxisValueError):
+        check_destination(entry)
+
+
+def test_a_name_with_digits_in_its_labels_is_still_a_name() -> None:
+    # control: digits are fine inside labels and in any label but the last
+    assert check_destination("1.2.example") == "1.2.example"
+    assert check_destination("*.0.1.example:8443") == "*.0.1.example:8443"
+    assert admits("*.0.1.example", "a.0.1.example", 443)
+    assert not covers("1.2.0.0/16", "1.2.example")
 
 
 # -- split ----------------------------------------------------------------------------
