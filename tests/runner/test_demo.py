@@ -51,6 +51,14 @@ def test_the_demo_reports_what_the_plain_scan_finds(tmp_path: Path) -> None:
     assert check_history(history).problems == []
     assert check_workers(history).problems == []
     assert check_settled(history).problems == []
+    # The auditor's semantic checks agree: the main job's history breaks no rule.
+    audit = subprocess.run(
+        [sys.executable, "-m", "charter", "--json", "audit"],
+        env={**env, "CHARTER_HOME": str(home)}, capture_output=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert audit.returncode == 0, audit.stdout.decode()[-3000:]
+    assert json.loads(audit.stdout)["ok"] is True
 
 
 @pytest.mark.sandbox
