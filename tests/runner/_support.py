@@ -38,7 +38,9 @@ def make_cell(
     max_requests: int = 10_000,
     budget: Budget = SLOT_BUDGET,
 ) -> Cell:
-    path = state_dir / f"door-{uuid.uuid4().hex[:8]}.sock"
+    # Not KIND-DIGITS.sock: the sandbox janitor sweeps sockets named like a launcher's
+    # (``egress-4242.sock``) whose pid is gone, and 8 hex digits are sometimes all digits.
+    path = state_dir / f"door-test-{uuid.uuid4().hex[:8]}.sock"
     broker = Door(path, max_requests=max_requests) if door else None
     cell = Cell(
         charter.journal,
