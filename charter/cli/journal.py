@@ -12,6 +12,7 @@ from pydantic import ValidationError
 import charter.catalogue  # noqa: F401 - journal show decodes every event type
 from charter.app import CellSetup, Charter
 from charter.audit import ChainBrokenError, parse_head
+from charter.audit.export import mentions
 from charter.audit.journal import audit_journal
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
 from charter.cli._render import brief_payload, decode_nested
@@ -145,20 +146,6 @@ def verify(
     raise ChainBrokenError(report)
 
 
-def _names_lineage(value: object, lineage: str) -> bool:
-    """Whether ``value`` (a payload, walked through its lists and mappings) names
-    ``lineage`` or a lineage below it."""
-    match value:
-        case str():
-            return value == lineage or value.startswith(lineage + "/")
-        case dict():
-            return any(_names_lineage(v, lineage) for v in value.values())
-        case list() | tuple():
-            return any(_names_lineage(v, lineage) for v in value)
-        case _:
-            return False
-
-
 @journal.command("show")
 @click.option("--from", "start", type=AsciiIntRange(min=1), help="First position.")
 @click.option("--to", "stop", type=AsciiIntRange(min=1), help="Last position.")
@@ -186,7 +173,7 @@ def show(
         for entry in entries:
             if limit is not None and shown >= limit:
                 break
-            if lineage and not _names_lineage(entry.event.payload(), lineage):
+            if lineage and not mentions(entry.event.payload(), lineage):
                 continue
             shown += 1
             if ctx.as_json:
