@@ -32,7 +32,7 @@ class Location:
         """eventsourcing environment for this location (schema is never created here)."""
         if self.kind == "sqlite":
             env = {
-                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                "PERSISTENCE_MODULE": "charter.ledger._sqlite:ChainedSQLiteFactory",
                 "SQLITE_DBNAME": str(self.path),
                 "SQLITE_LOCK_TIMEOUT": "30",
                 # The process variant: the same chained insert, plus tracking positions.
