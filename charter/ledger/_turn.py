@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import queue
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from eventsourcing.persistence import OperationalError
@@ -37,12 +38,16 @@ _HINT = struct.Struct(">q32s32s")  # position, chain hash, commit time (32 bytes
 
 
 class WriterTurn:
-    """One process's handle on the turn file ``<journal>-writer``."""
+    """One process's handle on the turn file ``<journal>-writer``. One thread of the
+    process at a time holds it (``flock`` belongs to the open file, which the threads
+    share, so the kernel alone would let them all in at once)."""
 
     def __init__(self, journal: Path) -> None:
         self.path = Path(f"{journal}-writer")
         self._fd: int | None = None
         self._pid = 0
+        self._threads = threading.Lock()
+        self._waiter_thread: _Waiter | None = None
 
     def _file(self) -> int:
         # A forked child must not share its parent's open file description: flock
@@ -55,17 +60,55 @@ class WriterTurn:
                     f"cannot open the writers' turn file {self.path}: {e}"
                 ) from e
             self._pid = os.getpid()
+            self._threads = threading.Lock()  # a parent's thread may have held it at fork
+            self._waiter_thread = None  # threads do not survive a fork
         return self._fd
 
-    @contextlib.contextmanager
-    def held(self, timeout: float) -> Iterator[None]:
-        """Hold the turn (waiting at most ``timeout`` seconds, then WriteLockTimeoutError)."""
+    def try_take(self) -> bool:
+        """Take the turn if it is free right now (never waits)."""
         fd = self._file()
-        _acquire(fd, timeout)
+        if not self._threads.acquire(blocking=False):
+            return False
         try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._threads.release()
+            return False
+        return True
+
+    def take(self, deadline: float) -> None:
+        """Wait for the turn until ``deadline`` (``time.monotonic()``), then
+        WriteLockTimeoutError."""
+        fd = self._file()
+        if not self._threads.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise WriteLockTimeoutError(
+                "this process has waited for the journal's write turn for the whole lock "
+                "timeout (another writer may be stalled holding it)"
+            )
+        try:
+            _acquire(
+                fd,
+                deadline,
+                self._waiter,
+                # An abandoned wait still ends in the kernel's queue: until it has got and
+                # let go the lock, no other thread of this process may take the turn (the
+                # unlock would be theirs too: it belongs to the shared open file).
+                abandoned=self._threads.release,
+            )
+        except WriteLockTimeoutError:
+            raise
+        except BaseException:
+            self._threads.release()
+            raise
+
+    def _waiter(self) -> _Waiter:
+        if self._waiter_thread is None:
+            self._waiter_thread = _Waiter()
+        return self._waiter_thread
+
+    def release(self) -> None:
+        fcntl.flock(self._file(), fcntl.LOCK_UN)
+        self._threads.release()
 
     def hint(self) -> Head | None:
         """The head the last writer committed (only while holding the turn)."""
@@ -88,33 +131,67 @@ class WriterTurn:
         self._fd = None
 
 
-def _acquire(fd: int, timeout: float) -> None:
-    """``flock(LOCK_EX)`` with a timeout: at once if free, else a helper thread blocks
-    in the kernel's queue for it (no polling) while the caller waits at most
-    ``timeout``; a turn the helper gets after the caller gave up is released at once."""
+class _Waiter:
+    """The thread of this process that waits in the kernel's queue for the turn, so a
+    caller can give up at its deadline (``flock`` itself has no timeout). Long-lived:
+    starting a thread per wait cost ~110 us, a hand-off to this one ~60 us."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Wait] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, daemon=True, name="charter-writer-turn").start()
+
+    def _serve(self) -> None:
+        while True:
+            self._jobs.get().run()
+
+    def wait(self, job: _Wait) -> None:
+        self._jobs.put(job)
+
+
+class _Wait:
+    """One wait for the lock: ``got`` once it is held for the caller; if the caller
+    gave up first (``abandon``), the lock is released as soon as it comes and then
+    ``abandoned`` is called."""
+
+    def __init__(self, fd: int, mode: int, abandoned: Callable[[], None]) -> None:
+        self.fd, self.mode, self._abandoned = fd, mode, abandoned
+        self.got = threading.Event()
+        self._guard = threading.Lock()
+        self._given_up = False
+
+    def run(self) -> None:
+        fcntl.flock(self.fd, self.mode)
+        with self._guard:
+            if not self._given_up:
+                self.got.set()
+                return
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self._abandoned()
+
+    def abandon(self) -> bool:
+        """Give up; False if the lock was got meanwhile (the caller holds it)."""
+        with self._guard:
+            if self.got.is_set():
+                return False
+            self._given_up = True
+            return True
+
+
+def _acquire(
+    fd: int, deadline: float, waiter: Callable[[], _Waiter], *, abandoned: Callable[[], None]
+) -> None:
+    """``flock(LOCK_EX)`` until ``deadline``: at once if free, else the turn's waiter
+    thread blocks in the kernel's queue for it (no polling) while the caller waits at
+    most until the deadline; a lock got after the caller gave up is released at once,
+    and then ``abandoned`` is called."""
     with contextlib.suppress(BlockingIOError):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return
-    got = threading.Event()
-    state = {"abandoned": False}
-    guard = threading.Lock()
-
-    def wait() -> None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        with guard:
-            if state["abandoned"]:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return
-            got.set()
-
+    job = _Wait(fd, fcntl.LOCK_EX, abandoned)
     started = time.monotonic()
-    threading.Thread(target=wait, daemon=True, name="charter-writer-turn").start()
-    if got.wait(timeout):
+    waiter().wait(job)
+    if job.got.wait(max(0.0, deadline - started)) or not job.abandon():
         return
-    with guard:
-        if got.is_set():
-            return
-        state["abandoned"] = True
     raise WriteLockTimeoutError(
         f"another writer has held the journal's write turn for {time.monotonic() - started:.0f} s "
         "(the lock timeout); it may be stalled"

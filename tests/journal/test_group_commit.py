@@ -1,0 +1,351 @@
+"""Group commit of SQLite writers (docs/decisions/0007): writers that find the turn
+taken leave their batch in the spool, and the next holder commits them all in one
+transaction. Shown here: the group forms; a refused batch leaves the others whole;
+hostile bytes in the spool are skipped; a leader killed before or after its commit
+leaves every waiting writer with its batch committed exactly once; a leader stalled
+holding a claimed batch gives that writer OutcomeUnknownError naming the batch; a
+forged answer is not believed. Every case ends with the auditor's independent fold."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import select
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from charter.audit.journal import audit_journal
+from charter.ledger import AppendConflictError, Journal, OutcomeUnknownError, _sqlite
+from charter.ledger._spool import Answer, Request, Spool
+from tests.journal._support import Counter, Ping
+
+FORK = multiprocessing.get_context("fork")
+
+
+@contextmanager
+def _turn_held(db: Path) -> Iterator[Callable[[], None]]:
+    """Hold the writers' turn (as a writer of another process would); yields release."""
+    fd = os.open(f"{db}-writer", os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    held = [True]
+
+    def release() -> None:
+        if held[0]:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            held[0] = False
+
+    try:
+        yield release
+    finally:
+        release()
+        os.close(fd)
+
+
+def _waiting(db: Path, n: int, *, timeout: float = 30) -> list[str]:
+    """The writers whose batch waits in the spool, once there are ``n`` of them."""
+    spool = Path(f"{db}-spool")
+    deadline = time.monotonic() + timeout
+    while True:
+        names = []
+        for pipe in spool.glob("*.in") if spool.is_dir() else []:
+            if pipe.is_fifo():
+                fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+                try:
+                    poll = select.poll()
+                    poll.register(fd, select.POLLIN)
+                    if any(ev & select.POLLIN for _, ev in poll.poll(0)):
+                        names.append(pipe.name.removesuffix(".in"))
+                finally:
+                    os.close(fd)
+        if len(names) >= n:
+            return names
+        assert time.monotonic() < deadline, f"only {len(names)} of {n} batches waiting"
+        time.sleep(0.01)
+
+
+def _nudge(db: Path, pid: int) -> None:
+    """Wake the writer of process ``pid`` (as a holder that let the turn go does)."""
+    (out,) = Path(f"{db}-spool").glob(f"{pid}-*.out")
+    fd = os.open(out, os.O_WRONLY | os.O_NONBLOCK)
+    os.write(fd, b"\0")
+    os.close(fd)
+
+
+def _pings(journal: Journal) -> list[tuple[str, int]]:
+    return [(e.event.writer, e.position) for e in journal.entries() if isinstance(e.event, Ping)]
+
+
+def _count_groups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    sizes: list[int] = []
+    commit_group = _sqlite.ChainedSQLiteApplicationRecorder._commit_group
+
+    def counting(self: Any, own: Any, waiting: Any) -> Any:
+        sizes.append((own is not None) + len(waiting))
+        return commit_group(self, own, waiting)
+
+    monkeypatch.setattr(_sqlite.ChainedSQLiteApplicationRecorder, "_commit_group", counting)
+    return sizes
+
+
+def _plant_hostile_writers(db: Path) -> int:
+    """A pipe of garbage, a regular file and a symlink where batches wait."""
+    spool = Path(f"{db}-spool")
+    spool.mkdir(exist_ok=True)
+    os.mkfifo(spool / "evil.in")
+    os.mkfifo(spool / "evil.out")
+    fd = os.open(spool / "evil.in", os.O_RDWR | os.O_NONBLOCK)
+    os.write(fd, b"CHARTER-SPOOL-REQ-2\n" + b"\xff" * 64)
+    (spool / "plain.in").write_bytes(b"not a pipe")
+    (spool / "link.in").symlink_to("/etc/passwd")
+    return fd
+
+
+def test_writers_waiting_for_the_turn_commit_in_one_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "j.db"
+    url = f"sqlite:///{db}"
+    Journal.create(url).close()
+    groups = _count_groups(monkeypatch)
+    journals = [Journal.open(url) for _ in range(8)]
+    with _turn_held(db) as release, ThreadPoolExecutor(8) as pool:
+        hostile = _plant_hostile_writers(db)
+        futures = [
+            pool.submit(j.append, [Ping(writer=f"w{i}", batch=0, n=0)])
+            for i, j in enumerate(journals)
+        ]
+        _waiting(db, 9)  # eight writers and the hostile pipe
+        release()
+        results = [f.result(timeout=60) for f in futures]
+    os.close(hostile)
+    # One writer took the turn and committed its batch and the seven others at once.
+    assert max(groups) == 8, groups
+    positions = sorted(r[0].position for r in results)
+    assert positions == list(range(positions[0], positions[0] + 8))
+    with Journal.open(url, read_only=True) as journal:
+        assert sorted(_pings(journal)) == sorted(
+            (f"w{i}", r[0].position) for i, r in enumerate(results)
+        )
+        report = audit_journal(journal)
+        assert report.ok, report
+    for j in journals:
+        j.close()
+
+
+def test_a_refused_batch_leaves_the_rest_of_its_group_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "j.db"
+    url = f"sqlite:///{db}"
+    Journal.create(url).close()
+    groups = _count_groups(monkeypatch)
+    journals = [Journal.open(url) for _ in range(6)]
+    counters = [Counter(name="c", value=v) for v in (1, 2)]  # both decided on version 0
+    with _turn_held(db) as release, ThreadPoolExecutor(6) as pool:
+        futures = [
+            pool.submit(journals[i].append, [counters[i]], expect={"counter:c": 0})
+            for i in range(2)
+        ] + [
+            pool.submit(journals[i].append, [Ping(writer=f"w{i}", batch=0, n=0)])
+            for i in range(2, 6)
+        ]
+        _waiting(db, 6)
+        release()
+        outcomes: list[Any] = []
+        for f in futures:
+            try:
+                outcomes.append(f.result(timeout=60))
+            except AppendConflictError as e:
+                outcomes.append(e)
+    assert max(groups) == 6, groups
+    refused = [o for o in outcomes[:2] if isinstance(o, AppendConflictError)]
+    assert len(refused) == 1  # the second decision on version 0 is stale: refused
+    assert all(not isinstance(o, Exception) for o in outcomes[2:])
+    with Journal.open(url, read_only=True) as journal:
+        assert len(_pings(journal)) == 4
+        assert [e.event.value for e in journal.entries() if isinstance(e.event, Counter)] in (
+            [1],
+            [2],
+        )
+        report = audit_journal(journal)
+        assert report.ok, report
+    for j in journals:
+        j.close()
+
+
+def _waiter(url: str, writer: str, nap: float, env: dict[str, str], out: Any) -> None:
+    """A writer process: append one ping, report its position or its error."""
+    _sqlite._NAP_S = nap  # sleeps until answered or nudged (so the test picks the leader)
+    with Journal.open(url, env=env) as journal:
+        try:
+            out.put((writer, journal.append([Ping(writer=writer, batch=0, n=0)])[0].position))
+        except Exception as e:  # reported to the test, which asserts on it
+            out.put((writer, (type(e).__name__, getattr(e, "batch", None), str(e))))
+
+
+def _leader(url: str, moment: str, out: Any) -> None:
+    """A writer process that, leading a group, dies (or stalls) at ``moment``."""
+    _sqlite._NAP_S = 60.0
+    recorder = _sqlite.ChainedSQLiteApplicationRecorder
+    commit_group = recorder._commit_group
+
+    def dying(self: Any, own: Any, waiting: Any) -> Any:
+        if waiting and moment == "before-commit":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if waiting and moment == "stalled":
+            time.sleep(3600)
+        return commit_group(self, own, waiting)
+
+    def answer_then_die(*args: Any) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    recorder._commit_group = dying  # type: ignore[method-assign]
+    if moment == "after-commit":
+        Spool.answer_writer = answer_then_die  # type: ignore[method-assign,assignment]
+    _waiter(url, "leader", 60.0, {}, out)
+
+
+def _start(target: Callable[..., None], *args: Any) -> Any:
+    process = FORK.Process(target=target, args=args, daemon=True)
+    process.start()
+    return process
+
+
+@pytest.mark.parametrize("moment", ["before-commit", "after-commit"])
+def test_a_leader_killed_with_batches_waiting_leaves_each_committed_once(
+    tmp_path: Path, moment: str
+) -> None:
+    db = tmp_path / "j.db"
+    url = f"sqlite:///{db}"
+    Journal.create(url).close()
+    out = FORK.Queue()
+    with _turn_held(db) as release:
+        waiters = [_start(_waiter, url, f"w{i}", 2.0, {}, out) for i in range(4)]
+        _waiting(db, 4)
+        leader = _start(_leader, url, moment, out)
+        _waiting(db, 5)
+        release()
+        _nudge(db, leader.pid)
+        leader.join(60)
+        assert leader.exitcode == -signal.SIGKILL  # it died leading the group
+        results = dict(out.get(timeout=60) for _ in waiters)
+    for w in waiters:
+        w.join(60)
+    assert all(isinstance(p, int) for p in results.values()), results
+    with Journal.open(url, read_only=True) as journal:
+        pings = _pings(journal)
+        assert sorted(p for p in pings if p[0] != "leader") == sorted(results.items())
+        leader_entries = [p for p in pings if p[0] == "leader"]
+        assert len(leader_entries) == (1 if moment == "after-commit" else 0)
+        report = audit_journal(journal)
+        assert report.ok, report
+
+
+def test_a_leader_stalled_with_a_claimed_batch_is_outcome_unknown(tmp_path: Path) -> None:
+    db = tmp_path / "j.db"
+    url = f"sqlite:///{db}"
+    Journal.create(url).close()
+    out = FORK.Queue()
+    with _turn_held(db) as release:
+        waiter = _start(_waiter, url, "w", 1.0, {"SQLITE_LOCK_TIMEOUT": "2"}, out)
+        _waiting(db, 1)
+        leader = _start(_leader, url, "stalled", out)
+        _waiting(db, 2)
+        release()
+        _nudge(db, leader.pid)
+        try:
+            _, error = out.get(timeout=60)
+        finally:
+            leader.kill()
+            leader.join(60)
+    waiter.join(60)
+    kind, batch, message = error
+    assert kind == OutcomeUnknownError.__name__, error
+    assert batch
+    assert f"journal show --batch {batch}" in message
+    with Journal.open(url, read_only=True) as journal:
+        assert _pings(journal) == []  # claimed by the stalled leader, never committed
+        report = audit_journal(journal)
+        assert report.ok, report
+
+
+def test_a_forged_answer_is_not_believed(tmp_path: Path) -> None:
+    db = tmp_path / "j.db"
+    url = f"sqlite:///{db}"
+    with Journal.create(url) as journal:
+        (first,) = journal.append([Ping(writer="first", batch=0, n=0)])
+    out = FORK.Queue()
+    with _turn_held(db) as release:
+        waiter = _start(_waiter, url, "w", 60.0, {}, out)
+        (name,) = _waiting(db, 1)
+        spool = Path(f"{db}-spool")
+        # The attacker takes the batch out of the spool and answers for it: "committed
+        # at position 1" (a real entry, with its real hash, but not this batch).
+        fd = os.open(spool / f"{name}.in", os.O_RDONLY | os.O_NONBLOCK)
+        request = Request.decode(os.read(fd, 1 << 16))
+        os.close(fd)
+        forged = Answer(request.ticket, (first.position,), (first.hash,), bytes(32), None)
+        release()
+        fd = os.open(spool / f"{name}.out", os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, forged.encode())  # wakes the writer, which checks it and leads
+        os.close(fd)
+        _, position = out.get(timeout=60)
+    waiter.join(60)
+    assert position != first.position
+    with Journal.open(url, read_only=True) as journal:
+        assert _pings(journal) == [("first", 1), ("w", position)]  # its own writer, once
+        report = audit_journal(journal)
+        assert report.ok, report
+
+
+def test_threads_sharing_one_journal_wait_their_turn(tmp_path: Path) -> None:
+    """Threads of one process share its pipes: one batch of the process waits in the
+    spool at a time, the others queue for the turn; none is lost or doubled."""
+    db = tmp_path / "j.db"
+    url = f"sqlite:///{db}"
+    Journal.create(url).close()
+    with Journal.open(url) as journal, ThreadPoolExecutor(6) as pool:
+        with _turn_held(db) as release:
+            futures = [
+                pool.submit(journal.append, [Ping(writer=f"t{i}", batch=0, n=0)]) for i in range(6)
+            ]
+            _waiting(db, 1)
+            release()
+        positions = sorted(f.result(timeout=60)[0].position for f in futures)
+        assert positions == list(range(1, 7))
+        assert sorted(w for w, _ in _pings(journal)) == [f"t{i}" for i in range(6)]
+        report = audit_journal(journal)
+        assert report.ok, report
+    assert list(Path(f"{db}-spool").iterdir()) == []  # closing the journal removed its pipes
+
+
+def test_the_spool_is_never_more_open_than_the_journal(tmp_path: Path) -> None:
+    """Anyone who may put a batch in the spool has it committed: the spool gets the
+    journal file's permissions, however lax the umask of the writer that makes it."""
+    db = tmp_path / "j.db"
+    url = f"sqlite:///{db}"
+    Journal.create(url).close()
+    os.chmod(db, 0o640)
+    old = os.umask(0)
+    try:
+        with Journal.open(url) as journal, ThreadPoolExecutor(1) as pool:
+            with _turn_held(db) as release:
+                future = pool.submit(journal.append, [Ping(writer="w", batch=0, n=0)])
+                (name,) = _waiting(db, 1)
+                spool = Path(f"{db}-spool")
+                modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in spool.iterdir()}
+                release()
+            future.result(timeout=60)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(spool.stat().st_mode) == 0o750
+    assert modes == {f"{name}.in": 0o640, f"{name}.out": 0o640}
