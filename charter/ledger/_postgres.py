@@ -111,6 +111,17 @@ def schema_statements(schema: str, table: str) -> list[Composed]:
     ]
 
 
+def _roll_back(conn: psycopg.Connection[DictRow]) -> None:
+    """End a failed transaction begun by hand. ``Connection.rollback`` also leaves a
+    pipeline's aborted state and forgets the statements psycopg had queued for preparing
+    (the server skipped them after the failure: "prepared statement _pg3_N does not
+    exist" otherwise). A failure here is the connection's; the error that led here is
+    the one raised."""
+    if not (conn.broken or conn.closed):
+        with contextlib.suppress(psycopg.Error):
+            conn.rollback()
+
+
 @contextlib.contextmanager
 def _timeouts_are_final() -> Iterator[None]:
     try:
@@ -229,51 +240,53 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
     def _insert_on(
         self, conn: psycopg.Connection[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Any:
-        exc: Exception | None = None
+        """One transaction, pipelined, with BEGIN and COMMIT sent by hand: psycopg's own
+        transaction block syncs the pipeline before its COMMIT, one more round trip with
+        the table lock held (five round trips per commit instead of two or three)."""
         ids: Sequence[int] | None = None
         set_last_commit(None)
         hint, self._head_hint = self._head_hint, None  # only a committed head is a hint
         pid = conn.info.backend_pid
         committing = False
         try:
-            with conn.pipeline() as pipeline, conn.transaction():
-                with conn.cursor() as curs:
+            with conn.pipeline(), conn.cursor() as curs:
+                curs.execute("BEGIN")
+                try:
                     self._insert_events(curs, stored_events, **kwargs)  # tracking, if any
-                if stored_events:
-                    with conn.cursor() as curs:
-                        try:
-                            self._insert_stored_events(
-                                curs,
-                                stored_events,
-                                guards=kwargs.get("guards") or (),
-                                deadline_ms=kwargs.get("deadline_ms"),
-                                hint=hint,
-                            )
-                            pipeline.sync()
-                            ids = self._fetch_ids_after_insert_events(curs, stored_events)
-                        except Exception as e:  # noqa: BLE001 - re-raised below, after rollback
-                            exc = e
-                            raise psycopg.Rollback from None
-                committing = True  # leaving the block sends the COMMIT
-        except psycopg.Rollback as e:  # not taken by its transaction: nothing committed
-            raise exc or OperationalError(f"the journal transaction was rolled back: {e}") from e
+                    if stored_events:
+                        guarded = self._insert_stored_events(
+                            curs,
+                            stored_events,
+                            guards=kwargs.get("guards") or (),
+                            deadline_ms=kwargs.get("deadline_ms"),
+                            hint=hint,
+                        )
+                        # A guarded insert is looked at before the commit (it may have
+                        # found another head); a chained one commits in the same flight.
+                        ids = self._fetch_ids_after_insert_events(curs, stored_events, guarded)
+                    committing = True  # the COMMIT goes out with what is still in flight
+                    curs.execute("COMMIT")
+                except BaseException:
+                    _roll_back(conn)
+                    raise
+                # leaving the pipeline syncs it: the one round trip of the COMMIT
         except (psycopg.Error, OSError) as e:
-            # Raised on the way out of the block: the COMMIT was queued. If the session
-            # is gone the server may have committed it or not; only a re-read can tell.
+            # The COMMIT was in flight. If the session is gone the server may have
+            # committed it or not; only a re-read can tell.
             if committing and (conn.broken or conn.closed):
                 raise CommitOutcomeAmbiguousError(
                     f"the connection broke while the batch was committing: {e}",
                     backend_pid=pid,
                 ) from e
+            if committing:  # refused in flight (the COMMIT was skipped): end it here
+                _roll_back(conn)
             raise
-        if exc is not None:
-            raise exc
         commit = last_commit()
         if commit is not None and commit.positions:
             self._head_hint = Head(commit.positions[-1], commit.hashes[-1], commit.stamp)
         return ids
 
-    def _insert_stored_events(
+    def _insert_stored_events(  # type: ignore[override]
         self,
         curs: psycopg.Cursor[DictRow],
         stored_events: Sequence[StoredEvent],
@@ -282,9 +295,10 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         deadline_ms: int | None = None,
         hint: Head | None = None,
         **kwargs: Any,
-    ) -> None:
+    ) -> bool:
         """Under the library's table lock: stamp the batch's commit time, chain it onto
-        the head and insert it. Positions are assigned here (head + 1, …) rather than
+        the head and insert it; True if the insert is guarded by the head hint (and
+        must be looked at before the commit). Positions are assigned here (head + 1, …) rather than
         drawn from the sequence, so they are contiguous.
 
         A batch with a deadline (or pinned streams) reads the head after the lock is
@@ -303,12 +317,13 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         if hint is not None and deadline_ms is None and not guards and not self._contended:
             stamped, stamp = stamp_batch(stored_events, hint.stamp, None)
             self._insert_after(curs, hint, stamped, stamp, guarded=True)
-            return
+            return True
         head = self._read_head(curs)
         if hint is not None:  # alone again once the head is the one this writer left
             self._contended = head.hash != hint.hash
         stamped, stamp = stamp_batch(stored_events, head.stamp, deadline_ms)
         self._insert_after(curs, head, stamped, stamp)
+        return False
 
     def _stream_version(self, curs: psycopg.Cursor[DictRow], originator: UUID) -> int:
         curs.execute(self._select_version, (originator,))
@@ -356,22 +371,23 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             curs.execute(self._insert_chained, columns)
         set_last_commit(LastCommit(tuple(positions), tuple(hashes), stamp))
 
-    def _fetch_ids_after_insert_events(
-        self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
+    def _fetch_ids_after_insert_events(  # type: ignore[override]
+        self,
+        curs: psycopg.Cursor[DictRow],
+        stored_events: Sequence[StoredEvent],
+        guarded: bool = False,
     ) -> Sequence[int] | None:
-        del kwargs
-        inserted = curs.fetchall()
-        if len(inserted) != len(stored_events):
-            # The hint was stale (another writer appended): still under the lock, chain
-            # onto the real head and stamp again, in the same transaction.
+        """The positions chained. A guarded insert that inserted nothing found another
+        head (the hint was stale): still under the lock, chain onto the real head and
+        stamp again, in the same transaction."""
+        if guarded and len(curs.fetchall()) != len(stored_events):
             self._contended = True
             head = self._read_head(curs)
             stamped, stamp = stamp_batch(stored_events, head.stamp, None)
             self._insert_after(curs, head, stamped, stamp)
-            inserted = curs.fetchall()
         commit = last_commit()
-        if commit is None or [r["notification_id"] for r in inserted] != list(commit.positions):
-            raise ProgrammingError("journal insert did not return the positions it chained")
+        if commit is None or len(commit.positions) != len(stored_events):
+            raise ProgrammingError("journal insert did not chain every event")
         return list(commit.positions)
 
 
