@@ -43,7 +43,7 @@ from eventsourcing.persistence import StoredEvent
 
 from charter.ledger._rows import Guards
 
-__all__ = ["MAX_REQUEST", "Answer", "Request", "Spool"]
+__all__ = ["MAX_REQUEST", "Answer", "Claimed", "Request", "Spool"]
 
 _REQUEST = b"CHARTER-SPOOL-REQ-2\n"
 _ANSWER = b"CHARTER-SPOOL-RES-2\n"
@@ -275,37 +275,47 @@ class Spool:
 
     # -- the leader's side -----------------------------------------------------------
 
-    def claim(self, limit: int) -> list[tuple[str, Request]]:
-        """Claim waiting batches (at most ``limit``); bytes this module did not write
-        are dropped."""
+    def claim(self, limit: int) -> list[Claimed]:
+        """Claim waiting batches (at most ``limit``) of writers that are still there;
+        bytes this module did not write are dropped. Answer each with :meth:`reply`
+        (or let it go with :meth:`Claimed.close`)."""
         with self._leading:
             return self._claim(limit)
 
-    def _claim(self, limit: int) -> list[tuple[str, Request]]:
+    def _claim(self, limit: int) -> list[Claimed]:
         self._track_writers()
-        claimed: list[tuple[str, Request]] = []
-        for name, fd in list(self._readers.items()):
+        by_fd = {fd: name for name, fd in self._readers.items()}
+        poller = select.poll()
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        claimed: list[Claimed] = []
+        for fd, _events in poller.poll(0):
             if len(claimed) >= limit:
                 break
+            name = by_fd[fd]
+            # The writer is there if it still reads its answer pipe (it holds it open
+            # for its life): a batch whose writer has gone is dropped, never committed
+            # late on behalf of nobody (a pipe held open by a leader keeps its bytes).
             try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                continue
+                out = os.open(self.path / f"{name}.out", os.O_WRONLY | _PIPE_FLAGS | os.O_NOFOLLOW)
             except OSError:
-                self._forget(name)
-                continue
-            if not data:  # end of file: no writer holds the pipe, so its writer has gone
                 self._remove(name)
                 continue
-            try:
-                claimed.append((name, Request.decode(data)))
-            except (SpoolFormatError, UnicodeDecodeError, ValueError, struct.error):
-                continue  # not a batch; its writer (if any) commits its own
+            data = _read(fd)
+            request = _decode(data) if data else None
+            if request is None or not stat.S_ISFIFO(os.fstat(out).st_mode):
+                os.close(out)
+                if data == b"":  # end of file: nobody holds the pipe open any more
+                    self._remove(name)
+                continue
+            claimed.append(Claimed(name, request, out))
         return claimed
 
-    def answer_writer(self, name: str, answer: Answer) -> None:
-        """Answer a waiting writer (after the commit)."""
-        _send(self.path / f"{name}.out", answer.encode())
+    def reply(self, claimed: Claimed, answer: Answer) -> None:
+        """Answer a waiting writer (after the commit); never waits."""
+        with contextlib.suppress(OSError):  # a writer never answered finds its batch itself
+            os.write(claimed.out, answer.encode())
+        claimed.close()
 
     def nudge(self) -> None:
         """Wake the writer of one waiting batch, if any, to take the turn."""
@@ -376,6 +386,37 @@ class Spool:
 
 
 _PIPE_FLAGS = os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass
+class Claimed:
+    """A batch a leader took from a waiting writer, and that writer's answer pipe."""
+
+    name: str
+    request: Request
+    out: int
+
+    def close(self) -> None:
+        if self.out >= 0:
+            os.close(self.out)
+            self.out = -1
+
+
+def _read(fd: int) -> bytes | None:
+    """What is in a pipe (b"": end of file), or None if nothing is there now."""
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+def _decode(data: bytes) -> Request | None:
+    try:
+        return Request.decode(data)
+    except (SpoolFormatError, UnicodeDecodeError, ValueError, struct.error):
+        return None  # not a batch: its writer (if any) commits its own
 
 
 def _put(fd: int, data: bytes) -> None:

@@ -56,7 +56,7 @@ from charter.ledger._rows import (
     stamp_batch,
     stamp_of,
 )
-from charter.ledger._spool import Answer, Request, Spool
+from charter.ledger._spool import Answer, Claimed, Request, Spool
 from charter.ledger._turn import WriterTurn
 
 __all__ = [
@@ -414,9 +414,12 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     def _lead(self, batch: _Batch) -> list[int]:
         """Holding the turn: commit this batch and every batch waiting in the spool, in
         one transaction, then answer the waiting writers; release the turn."""
+        waiting = self._claim()
         try:
-            outcome = self._commit_group(batch, self._claim())
+            outcome = self._commit_group(batch, waiting)
         finally:
+            for claimed in waiting:
+                claimed.close()  # unanswered (the commit failed): they find their way
             self._release()
         if isinstance(outcome, Exception):
             raise outcome
@@ -435,18 +438,14 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         self._turn.release()
         self._spool.nudge()
 
-    def _claim(self) -> list[tuple[str, bytes, _Batch]]:
+    def _claim(self) -> list[Claimed]:
         assert self._spool is not None
         try:
-            return [
-                (name, r.ticket, _Batch.waiting(r)) for name, r in self._spool.claim(_GROUP_LIMIT)
-            ]
+            return self._spool.claim(_GROUP_LIMIT)
         except OSError:
             return []  # a spool this writer cannot read: those writers commit themselves
 
-    def _commit_group(
-        self, own: _Batch, waiting: list[tuple[str, bytes, _Batch]]
-    ) -> LastCommit | Exception:
+    def _commit_group(self, own: _Batch, waiting: list[Claimed]) -> LastCommit | Exception:
         """One transaction: ``own`` (whose failure is raised, or returned if others
         share the transaction) and the waiting batches, each in its own savepoint so a
         refused batch (a conflict, a passed deadline) leaves the others whole. The
@@ -458,7 +457,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         # looked up (the common case of one writer; a later commit by another writer
         # would have replaced it, or makes the insert after it conflict).
         head, head_is_own = hint, hint is not None and hint == self._own_last
-        batches = [own, *(b for _, _, b in waiting)]
+        batches = [own, *(_Batch.waiting(claimed.request) for claimed in waiting)]
         outcomes: list[LastCommit | Exception] = []
         conn: SQLiteConnection
         with (
@@ -477,8 +476,8 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         if head is not None and head != hint:
             self._turn.set_hint(head)
             self._own_last = head
-        for (name, ticket, _), outcome in zip(waiting, outcomes[1:], strict=True):
-            self._spool.answer_writer(name, _answer(ticket, outcome))
+        for claimed, outcome in zip(waiting, outcomes[1:], strict=True):
+            self._spool.reply(claimed, _answer(claimed.request.ticket, outcome))
         return outcomes[0]
 
     def _insert_one(

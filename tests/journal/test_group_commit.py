@@ -210,7 +210,7 @@ def _leader(url: str, moment: str, out: Any) -> None:
 
     recorder._commit_group = dying  # type: ignore[method-assign]
     if moment == "after-commit":
-        Spool.answer_writer = answer_then_die  # type: ignore[method-assign,assignment]
+        Spool.reply = answer_then_die  # type: ignore[method-assign,assignment]
     _waiter(url, "leader", 60.0, {}, out)
 
 
@@ -349,3 +349,30 @@ def test_the_spool_is_never_more_open_than_the_journal(tmp_path: Path) -> None:
         os.umask(old)
     assert stat.S_IMODE(spool.stat().st_mode) == 0o750
     assert modes == {f"{name}.in": 0o640, f"{name}.out": 0o640}
+
+
+def test_a_batch_whose_writer_died_waiting_is_never_committed(tmp_path: Path) -> None:
+    """A writer killed while its batch waits: the batch stays in its pipe as long as
+    some leader holds the pipe open, but no leader commits it on behalf of nobody (it
+    could land arbitrarily late); its pipes are removed."""
+    db = tmp_path / "j.db"
+    url = f"sqlite:///{db}"
+    Journal.create(url).close()
+    out = FORK.Queue()
+    with _turn_held(db) as release:
+        waiter = _start(_waiter, url, "dead", 60.0, {}, out)
+        (name,) = _waiting(db, 1)
+        spool = Path(f"{db}-spool")
+        keeper = os.open(spool / f"{name}.in", os.O_RDONLY | os.O_NONBLOCK)  # as a leader would
+        waiter.kill()
+        waiter.join(60)
+        release()
+    try:
+        with Journal.open(url) as journal:
+            (entry,) = journal.append([Ping(writer="alive", batch=0, n=0)])
+            assert _pings(journal) == [("alive", entry.position)]
+            report = audit_journal(journal)
+            assert report.ok, report
+        assert sorted(p.name for p in spool.iterdir()) == []  # the dead writer's pipes too
+    finally:
+        os.close(keeper)
