@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from charter.authority import SealedGrant
 from charter.budgets import ResourceClass, SlotAdmitted
 from charter.control import (
     BudgetService,
@@ -297,7 +298,7 @@ class Cell:
         """Nothing of this cell's is running or waiting to run."""
         with self._lock:
             self.view.refresh(self.journal)
-            return not any(w.live for w in self.view.on_cell(self.cell))
+            return not self.view.live_count.get(self.cell, 0)
 
     # -- one worker --------------------------------------------------------------------
 
@@ -306,7 +307,8 @@ class Cell:
             raise CharterError("open the cell before following the journal")
         command = w.scheduled.command
         try:  # fail closed: nothing left on its lease, no start; the worker ends
-            caps = self._caps(w.lineage)
+            grant = self._grant(w.lineage)
+            caps = self._caps(w.lineage, grant)
             slot = self.pool.lease(
                 caps.egress,
                 timeout=60.0,
@@ -318,9 +320,7 @@ class Cell:
             self._end(w, "failed", None, f"not started: {error}", discard=False)
             return 0
         try:
-            with self._lock:
-                minted = self.view.grants.get(w.lineage)
-            self.custody.issue(w.lineage, minted, slot.sandbox_id)
+            self.custody.issue(w.lineage, grant, slot.sandbox_id)
         except CharterError as error:  # fail closed: no key, no start; the worker ends
             self._give_back(slot)
             self._end(w, "failed", None, f"no custody key: {error}", discard=False)
@@ -561,21 +561,27 @@ class Cell:
 
     # -- caps --------------------------------------------------------------------------
 
-    def _caps(self, lineage: str) -> WorkerCaps:
-        """The sandbox caps of ``lineage``: its lease and grant as committed, now."""
+    def _grant(self, lineage: str) -> SealedGrant:
+        """``lineage``'s committed grant, parsed (a start parses it once, for the caps
+        and the custody key: each parse validates the whole grant)."""
+        with self._lock:
+            self.view.refresh(self.journal)
+            minted = self.view.grants.get(lineage)
+        if minted is None:
+            raise LeaseSpentError(f"{lineage} has no committed grant")
+        return minted.sealed()
+
+    def _caps(self, lineage: str, grant: SealedGrant) -> WorkerCaps:
+        """The sandbox caps of ``lineage``: its lease and ``grant`` as committed, now."""
         with self._lock:
             self.resources.refresh(self.journal)
-            self.view.refresh(self.journal)
             book = self.resources.book
-            minted = self.view.grants.get(lineage)
-            if minted is None:
-                raise LeaseSpentError(f"{lineage} has no committed grant")
             at = now_ms()
             return worker_caps(
                 self.budget,
                 book.remaining(lineage, at),
                 book.deadline(lineage),
-                minted.sealed().grant.terms,
+                grant.grant.terms,
                 at,
             )
 
@@ -583,4 +589,4 @@ class Cell:
         """``lineage``'s custody seed (its committed grant's subject key, or refused)."""
         with self._lock:
             minted = self.view.grants.get(lineage)
-        return custody_seed(self.keys, lineage, minted)
+        return custody_seed(self.keys, lineage, None if minted is None else minted.sealed())
