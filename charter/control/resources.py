@@ -8,7 +8,7 @@ the spawn pipeline (:mod:`charter.control.spawn`), in the fan-out's one append.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn, TypeVar
 
 from charter.budgets import (
@@ -36,6 +36,9 @@ __all__ = ["AdmissionService", "BudgetService", "ResourceView"]
 
 _RETRIES = 5
 E = TypeVar("E", bound=Event)
+# A caller's events for the same append as a decision, and the stream versions they
+# were decided on (read after the decision's own).
+Also = Callable[[], tuple[Sequence[Event], Mapping[str, int]]]
 
 _TYPES = tuple(cls.type_name for cls in (*LEASE_EVENTS, *ADMISSION_EVENTS))
 
@@ -77,9 +80,13 @@ class BudgetService:
             "usage", lineage, lambda now: self.view.book.decide_usage(lineage, amount, now)
         )
 
-    def release(self, lineage: str) -> LeaseReleased:
+    def release(self, lineage: str, then: Also | None = None) -> LeaseReleased:
+        """Return ``lineage``'s lease. ``then`` adds the caller's own events to the same
+        append, decided on its own pinned streams after the lease's were read (the cell
+        returns a worker's lease and ends it in one commit); on a conflict with either,
+        both are decided again."""
         return self._decide_and_append(
-            "release", lineage, lambda now: self.view.book.decide_release(lineage, now)
+            "release", lineage, lambda now: self.view.book.decide_release(lineage, now), then
         )
 
     def renew(self, lineage: str, expires_at_ms: int) -> LeaseRenewed:
@@ -89,7 +96,13 @@ class BudgetService:
             lambda now: self.view.book.decide_renewal(lineage, expires_at_ms, now),
         )
 
-    def _decide_and_append(self, operation: str, lineage: str, decide: Callable[[int], E]) -> E:
+    def _decide_and_append(
+        self,
+        operation: str,
+        lineage: str,
+        decide: Callable[[int], E],
+        then: Also | None = None,
+    ) -> E:
         self.view.refresh(self.journal)
         if lineage not in self.view.book:  # a typo is not a policy decision: not journaled
             raise UnknownLeaseError(
@@ -100,6 +113,7 @@ class BudgetService:
             # Versions first, then the view: the view covers everything they do.
             expect = {s: self.journal.stream_version(s) for s in self._streams(operation, lineage)}
             self.view.refresh(self.journal)
+            also, pins = then() if then is not None else ((), {})
             now = self.clock()
             try:
                 event = decide(now)
@@ -107,7 +121,9 @@ class BudgetService:
                 # the journal refuses, under its write lock, to commit them at or after
                 # the first of those expiries.
                 deadline = self.view.book.deadline(lineage) if operation != "release" else None
-                committed = self.journal.append([event], expect=expect, deadline_ms=deadline)
+                committed = self.journal.append(
+                    [event, *also], expect={**expect, **pins}, deadline_ms=deadline
+                )
             except AppendConflictError:
                 continue
             except DeadlinePassedError as e:

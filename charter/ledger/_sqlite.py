@@ -588,12 +588,97 @@ def sqlite_uri(path: Path, mode: str) -> str:
     return f"file:{quote(str(path))}?mode={mode}"
 
 
+# Idle read connections kept per journal store; more concurrent readers than this open
+# their own and close them after the read.
+_MAX_IDLE_READERS = 8
+
+# Which files a journal path and its -shm name now, as (device, inode) or None if absent.
+_Files = tuple[tuple[int, int] | None, tuple[int, int] | None]
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class _IdleReaders:
+    """Read connections of one journal file that this process may use again.
+
+    Opening a connection per read cost ~0.3 ms (connect, ``PRAGMA query_only``, the
+    access checks of :meth:`SQLiteJournalStore._read_uri`), against ~5 us for the query
+    itself on an open one: a follower that reads many times per step paid mostly for
+    connecting. A connection is taken for one read (a generator's until it is exhausted
+    or closed) and given back only after its cursor is closed, so an idle one holds no
+    read transaction: in autocommit mode, its next statement sees the latest commit.
+
+    Each idle connection remembers the files it was opened on (the journal and its
+    -shm). While any connection is open SQLite never removes the -shm, so if either is
+    another file now, someone replaced the journal or deleted its side files under it:
+    the connection (whose wal-index and page cache describe the old files) is closed,
+    and the read opens a fresh one that meets the files as they are.
+
+    Lock-free (``list.pop``/``append`` are atomic under the GIL), so a fork can never
+    leave a lock held in the child. A forked child must not use its parent's
+    connections (SQLite's locks are per process), nor close them (closing may
+    checkpoint the parent's WAL): it keeps them referenced, untouched, and opens its
+    own."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = str(path)
+        self._pid = os.getpid()
+        self._idle: list[tuple[sqlite3.Connection, _Files]] = []
+        self._inherited: list[list[tuple[sqlite3.Connection, _Files]]] = []
+        self.closed = False
+
+    def files(self) -> _Files:
+        return _file_id(self._path), _file_id(f"{self._path}-shm")
+
+    def take(self) -> tuple[sqlite3.Connection, _Files] | None:
+        if self._pid != os.getpid():
+            self._inherited.append(self._idle)
+            self._idle, self._pid = [], os.getpid()
+        now: _Files | None = None
+        while True:
+            try:
+                conn, files = self._idle.pop()
+            except IndexError:
+                return None
+            now = now or self.files()
+            if files == now:
+                return conn, files
+            conn.close()  # opened on files that are not the journal's any more
+
+    def give(self, conn: sqlite3.Connection, files: _Files) -> None:
+        if self.closed or self._pid != os.getpid() or len(self._idle) >= _MAX_IDLE_READERS:
+            conn.close()
+            return
+        if files[1] is None:  # it found no -shm: its first read made it
+            files = files[0], _file_id(f"{self._path}-shm")
+        self._idle.append((conn, files))
+        if self.closed:  # closed while it was being given back: close() may have drained
+            self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self._pid != os.getpid():
+            return  # the parent's connections: not this process's to close
+        while self._idle:
+            with contextlib.suppress(IndexError):
+                self._idle.pop()[0].close()
+
+
 class SQLiteJournalStore:
     """Raw reads and schema set-up for a SQLite journal file (no eventsourcing here).
-    A driver error of a read leaves as :class:`UnavailableError` (translated here)."""
+    A driver error of a read leaves as :class:`UnavailableError` (translated here).
+    Reads of a file this process may write reuse their connections (:class:`_IdleReaders`)
+    until :meth:`close`; other reads (an auditor's copy) open one per read."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._readers = _IdleReaders(path)
 
     @contextlib.contextmanager
     def _driver_errors(self) -> Iterator[None]:
@@ -605,12 +690,18 @@ class SQLiteJournalStore:
             ) from e
 
     def _connect(self, *, readonly: bool) -> sqlite3.Connection:
+        return self._open(self._read_uri() if readonly else sqlite_uri(self.path, "rwc"), readonly)
+
+    def _open(self, uri: str, readonly: bool) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
-                self._read_uri() if readonly else sqlite_uri(self.path, "rwc"),
+                uri,
                 uri=True,
                 isolation_level=None,
                 timeout=30,
+                # A reader is reused by whichever thread reads next, one read at a time
+                # (_IdleReaders hands each to one reader only).
+                check_same_thread=False,
             )
             if readonly:
                 conn.execute("PRAGMA query_only = 1")
@@ -634,8 +725,37 @@ class SQLiteJournalStore:
             return sqlite_uri(self.path, "ro")
         return sqlite_uri(self.path, "ro") + "&immutable=1"
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """A query-only connection for one read, translating driver errors. It is kept
+        for the next read only when the read ended cleanly (its cursors closed by the
+        caller) and the file is this process's to write: a mode=rw connection removes
+        the side files when the last one closes, and sees every later commit; a
+        read-only or immutable one (an auditor's copy) is opened for each read as
+        before, so a copy's state is judged afresh every time."""
+        taken = self._readers.take()
+        if taken is None:
+            files = self._readers.files()  # before opening: a change after it is caught
+            uri = self._read_uri()
+            conn = self._open(uri, readonly=True)
+            reusable = uri == sqlite_uri(self.path, "rw")
+        else:
+            (conn, files), reusable = taken, True
+        try:
+            with self._driver_errors():
+                yield conn
+        except BaseException:
+            conn.close()  # a failed read's connection may be unusable: never reused
+            raise
+        if reusable and not conn.in_transaction:
+            self._readers.give(conn, files)
+        else:
+            conn.close()
+
     def close(self) -> None:
-        """Nothing is held open between reads."""
+        """Close the idle read connections (the last one to close removes the WAL side
+        files); a read still running closes its connection when it ends."""
+        self._readers.close()
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -734,28 +854,34 @@ class SQLiteJournalStore:
     def batches(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
         """Raw row tuples in position order, in batches: (position, originator as stored,
         version, topic, state, prev_hash, chain_hash). The fast path for verification."""
-        conn = self._connect(readonly=True)
-        with contextlib.closing(conn), self._driver_errors():
-            cur = conn.execute(
-                "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
-                f"chain_hash FROM {TABLE} WHERE rowid >= ? AND rowid <= ? ORDER BY rowid",
-                (_LOWEST if start is None else start, _HIGHEST if stop is None else stop),
-            )
-            while batch := cur.fetchmany(10_000):
-                yield batch
+        yield from self._fetch_batches(
+            "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
+            f"chain_hash FROM {TABLE} WHERE rowid >= ? AND rowid <= ? ORDER BY rowid",
+            start,
+            stop,
+        )
 
     def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
         """``(position, topic, state)`` tuples in position order, in batches: what a
         read model folds (three columns instead of seven)."""
-        conn = self._connect(readonly=True)
-        with contextlib.closing(conn), self._driver_errors():
-            cur = conn.execute(
-                f"SELECT rowid, topic, state FROM {TABLE} WHERE rowid >= ? AND rowid <= ? "
-                "ORDER BY rowid",
-                (_LOWEST if start is None else start, _HIGHEST if stop is None else stop),
-            )
+        yield from self._fetch_batches(
+            f"SELECT rowid, topic, state FROM {TABLE} WHERE rowid >= ? AND rowid <= ? "
+            "ORDER BY rowid",
+            start,
+            stop,
+        )
+
+    def _fetch_batches(self, sql: str, start: int | None, stop: int | None) -> Iterator[list[Any]]:
+        # The cursor is closed however the caller leaves (exhausted, or the generator
+        # closed mid-way), so no read transaction outlives the read.
+        bounds = (_LOWEST if start is None else start, _HIGHEST if stop is None else stop)
+        with self._reading() as conn, contextlib.closing(conn.execute(sql, bounds)) as cur:
             while batch := cur.fetchmany(10_000):
                 yield batch
+
+    def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
+        with self._reading() as conn, contextlib.closing(conn.execute(sql, params)) as cur:
+            return cur.fetchone()
 
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""
@@ -764,13 +890,11 @@ class SQLiteJournalStore:
         )
 
     def _one(self, where: str, params: tuple[Any, ...]) -> ChainRow | None:
-        conn = self._connect(readonly=True)
-        with contextlib.closing(conn), self._driver_errors():
-            row = conn.execute(
-                "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
-                f"chain_hash FROM {TABLE} {where}",
-                params,
-            ).fetchone()
+        row = self._fetchone(
+            "SELECT rowid, originator_id, originator_version, topic, state, prev_hash, "
+            f"chain_hash FROM {TABLE} {where}",
+            params,
+        )
         if row is None:
             return None
         pos, oid, ver, topic, state, prev, chain = row
@@ -781,15 +905,9 @@ class SQLiteJournalStore:
         return self._one("WHERE rowid < ? ORDER BY rowid DESC LIMIT 1", (position,))
 
     def position_of_hash(self, chain_hash: bytes) -> int | None:
-        conn = self._connect(readonly=True)
-        with contextlib.closing(conn), self._driver_errors():
-            row = conn.execute(
-                f"SELECT rowid FROM {TABLE} WHERE chain_hash = ?", (chain_hash,)
-            ).fetchone()
+        row = self._fetchone(f"SELECT rowid FROM {TABLE} WHERE chain_hash = ?", (chain_hash,))
         return None if row is None else int(row[0])
 
     def head(self) -> tuple[int, bytes] | None:
-        conn = self._connect(readonly=True)
-        with contextlib.closing(conn), self._driver_errors():
-            row = conn.execute(_HEAD).fetchone()
+        row = self._fetchone(_HEAD, ())
         return None if row is None else (int(row[0]), bytes(row[1]))

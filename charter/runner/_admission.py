@@ -27,7 +27,8 @@ def queue_admissions(
     cap, used = cells.cap(cell, ResourceClass.PROCESSING, inputs)
     occupancy = state.occupancy(ResourceClass.PROCESSING) - freed
     events: list[Event] = []
-    for lineage in list(state.queued[ResourceClass.PROCESSING]):
+    # Only read here, so iterated in place (a copy cost O(queue) on every call).
+    for lineage in state.queued[ResourceClass.PROCESSING]:
         if occupancy >= cap:
             break
         events.append(

@@ -14,7 +14,7 @@ import threading
 
 from nacl.signing import SigningKey
 
-from charter.authority import GrantMinted, derive_child_seed
+from charter.authority import SealedGrant, derive_child_seed
 from charter.control import custody_key_name
 from charter.core import KeyStore, Lineage
 from charter.runner.errors import NotAWorkerError
@@ -23,17 +23,15 @@ from charter.sandbox import KeyBroker
 __all__ = ["Custody", "custody_seed"]
 
 
-def custody_seed(keys: KeyStore, lineage: str, minted: GrantMinted | None) -> bytes:
-    """The custody seed of ``lineage`` whose committed grant is ``minted`` (refused when
+def custody_seed(keys: KeyStore, lineage: str, grant: SealedGrant | None) -> bytes:
+    """The custody seed of ``lineage`` whose committed grant is ``grant`` (refused when
     there is none, or when the derived key is not the grant's subject key)."""
     parts = lineage.split("/")
     seed = bytes(keys.load(custody_key_name(Lineage(parts[0]).root_name)))
     for i in range(1, len(parts)):
         seed = derive_child_seed(seed, Lineage("/".join(parts[: i + 1])))
     public = bytes(SigningKey(seed).verify_key)
-    if minted is None or not hmac.compare_digest(
-        public, bytes.fromhex(minted.sealed().grant.subject_key)
-    ):
+    if grant is None or not hmac.compare_digest(public, bytes.fromhex(grant.grant.subject_key)):
         raise NotAWorkerError(f"{lineage} has no committed grant for the key derived here")
     return seed
 
@@ -47,9 +45,9 @@ class Custody:
         self._lock = threading.Lock()
         self._handles: dict[str, str] = {}  # lineage -> key handle
 
-    def issue(self, lineage: str, minted: GrantMinted | None, sandbox_id: str) -> str:
+    def issue(self, lineage: str, grant: SealedGrant | None, sandbox_id: str) -> str:
         """Issue ``lineage``'s key to the registered sandbox ``sandbox_id``."""
-        seed = bytearray(custody_seed(self.keys, lineage, minted))
+        seed = bytearray(custody_seed(self.keys, lineage, grant))
         handle = self.broker.issue(seed, sandbox_id=sandbox_id)
         with self._lock:
             self._handles[lineage] = handle

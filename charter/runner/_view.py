@@ -68,6 +68,10 @@ class WorkersView(JournalFold):
         self.running: dict[str, str] = {}  # sandbox id -> the worker it runs
         self.incarnations: dict[str, int] = {}
         self.grants: dict[str, GrantMinted] = {}
+        # Scheduled workers not ended yet, per cell: a following cell asks whether it is
+        # idle after every step, and scanning every worker ever scheduled made each
+        # step cost more the longer the cell ran.
+        self.live_count: dict[str, int] = {}
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         del at_ms
@@ -79,6 +83,10 @@ class WorkersView(JournalFold):
     def _apply_fact(self, event: Event, position: int) -> None:
         match event:
             case WorkerScheduled():
+                earlier = self.workers.get(event.lineage)
+                if earlier is not None and earlier.live:  # replaced, as on_cell sees it
+                    self.live_count[earlier.scheduled.cell] -= 1
+                self.live_count[event.cell] = self.live_count.get(event.cell, 0) + 1
                 self.workers[event.lineage] = WorkerRecord(event, position)
                 parent = event.lineage.rpartition("/")[0]
                 if parent in self.workers:
@@ -109,7 +117,10 @@ class WorkersView(JournalFold):
             case WorkerKilled():
                 self.workers[event.lineage].killed = event.reason
             case WorkerEnded():
-                self.workers[event.lineage].ended = event
+                w = self.workers[event.lineage]
+                if w.ended is None:
+                    self.live_count[w.scheduled.cell] -= 1
+                w.ended = event
             case _:
                 pass
 

@@ -12,8 +12,8 @@ holds a processing slot (``SlotAdmitted``), in order:
    most once) and carrying the tracking position (so a replay skips it);
 3. exec the worker (only after that commit);
 4. on exit, journal ``SandboxExited`` with the measured usage, charge it to the lease,
-   return the lease, destroy the sandbox, and journal ``SandboxDiscarded``,
-   ``WorkerEnded`` and ``SlotReleased`` with the admission of whoever queued next.
+   destroy the sandbox, and journal in one append the lease returned, ``WorkerEnded``,
+   ``SandboxDiscarded`` and ``SlotReleased`` with the admission of whoever queued next.
 
 A parent that stops waiting (it ended, or its wait timed out) has every live descendant
 killed, each ``WorkerKilled`` committed before the kill. A cell that starts after a crash
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from charter.authority import SealedGrant
 from charter.budgets import ResourceClass, SlotAdmitted
 from charter.control import (
     BudgetService,
@@ -46,6 +47,7 @@ from charter.ledger import (
     AppendConflictError,
     AppendFailedError,
     Journal,
+    OutcomeUnknownError,
 )
 from charter.runner._admission import queue_admissions
 from charter.runner._caps import WorkerCaps, worker_caps
@@ -297,7 +299,7 @@ class Cell:
         """Nothing of this cell's is running or waiting to run."""
         with self._lock:
             self.view.refresh(self.journal)
-            return not any(w.live for w in self.view.on_cell(self.cell))
+            return not self.view.live_count.get(self.cell, 0)
 
     # -- one worker --------------------------------------------------------------------
 
@@ -306,7 +308,8 @@ class Cell:
             raise CharterError("open the cell before following the journal")
         command = w.scheduled.command
         try:  # fail closed: nothing left on its lease, no start; the worker ends
-            caps = self._caps(w.lineage)
+            grant = self._grant(w.lineage)
+            caps = self._caps(w.lineage, grant)
             slot = self.pool.lease(
                 caps.egress,
                 timeout=60.0,
@@ -318,9 +321,7 @@ class Cell:
             self._end(w, "failed", None, f"not started: {error}", discard=False)
             return 0
         try:
-            with self._lock:
-                minted = self.view.grants.get(w.lineage)
-            self.custody.issue(w.lineage, minted, slot.sandbox_id)
+            self.custody.issue(w.lineage, grant, slot.sandbox_id)
         except CharterError as error:  # fail closed: no key, no start; the worker ends
             self._give_back(slot)
             self._end(w, "failed", None, f"no custody key: {error}", discard=False)
@@ -438,7 +439,12 @@ class Cell:
         discard: bool,
     ) -> None:
         """Journal the end, return the unspent lease, release whichever slot it holds
-        (admitting whoever queued next in the same append)."""
+        and admit whoever queued next, all in one append pinned to the lease's stream
+        and the cell's (one commit less per worker than returning the lease on its own).
+        A lease that had ended already is refused (the refusal journaled) and the rest
+        is appended without it; one that could not be returned in that append (its
+        streams kept moving, or the journal refused it) is returned on its own first,
+        as before."""
         ended = WorkerEnded(
             lineage=w.lineage,
             outcome=outcome,
@@ -449,36 +455,55 @@ class Cell:
         extra: list[Event] = [ended]
         if discard and w.sandbox_id is not None:
             extra.append(SandboxDiscarded(sandbox_id=w.sandbox_id))
-        with contextlib.suppress(CharterError):  # already ended (expired, or an ancestor's)
-            self.budgets.release(w.lineage)
-        self._settle(w.lineage, tuple(extra))
+        settle = tuple(extra)
+        with self._lock:  # the settlement's pin on the cell's stream holds until it commits
+            try:
+                self.budgets.release(w.lineage, then=lambda: self._settlement(w.lineage, settle))
+            except (AppendConflictError, AppendFailedError):  # nothing written: two appends
+                with contextlib.suppress(CharterError):
+                    self.budgets.release(w.lineage)
+            except OutcomeUnknownError:
+                raise  # it may have committed: not decided again
+            except CharterError:
+                pass  # already ended (expired, or an ancestor's): refused, and journaled so
+            else:
+                self.changed.notify_all()
+                return
+        self._settle(w.lineage, settle)
 
     def _settle(self, lineage: str, extra: tuple[Event, ...]) -> None:
-        """In one append pinned to the cell's stream: ``extra``, every slot ``lineage``
-        holds given back, and the processing queue's head(s) admitted into the room
-        there is (never over the cap)."""
+        """In one append pinned to the cell's stream: :meth:`_settlement`."""
         for _ in range(_RETRIES):
             with self._lock:
-                version = self.journal.stream_version(f"cell:{self.cell}")
-                self.resources.refresh(self.journal)
-                self.view.refresh(self.journal)
-                cells = self.resources.cells
-                state = cells.get(self.cell)
-                held = [r for r in ResourceClass if lineage in state.holders[r]]
-                events: list[Event] = list(extra)
-                events.extend(cells.decide_release(self.cell, lineage, r) for r in held)
-                freed = 1 if ResourceClass.PROCESSING in held else 0
-                events.extend(self.admit_queued(freed=freed, dead={lineage}))
+                events, pins = self._settlement(lineage, extra)
                 if not events:
                     return
                 try:
-                    committed = self.journal.append(events, expect={f"cell:{self.cell}": version})
+                    committed = self.journal.append(events, expect=pins)
                 except AppendConflictError:
                     continue
                 self.view.applied(committed)
                 self.changed.notify_all()
                 return
         raise AppendConflictError(f"settling {lineage}'s slots kept racing; retry")
+
+    def _settlement(
+        self, lineage: str, extra: tuple[Event, ...]
+    ) -> tuple[list[Event], dict[str, int]]:
+        """``extra``, every slot ``lineage`` holds given back, and the processing queue's
+        head(s) admitted into the room there is (never over the cap); with the cell
+        stream's version, read before the folds, to pin the append to (hold the lock)."""
+        version = self.journal.stream_version(f"cell:{self.cell}")
+        self.resources.refresh(self.journal)
+        self.view.refresh(self.journal)
+        cells = self.resources.cells
+        state = cells.get(self.cell)
+        held = [r for r in ResourceClass if lineage in state.holders[r]]
+        events: list[Event] = list(extra)
+        events.extend(cells.decide_release(self.cell, lineage, r) for r in held)
+        freed = 1 if ResourceClass.PROCESSING in held else 0
+        events.extend(self.admit_queued(freed=freed, dead={lineage}))
+        return events, {f"cell:{self.cell}": version}
 
     def admit_queued(
         self, *, freed: int, dead: frozenset[str] | set[str] = frozenset()
@@ -561,21 +586,27 @@ class Cell:
 
     # -- caps --------------------------------------------------------------------------
 
-    def _caps(self, lineage: str) -> WorkerCaps:
-        """The sandbox caps of ``lineage``: its lease and grant as committed, now."""
+    def _grant(self, lineage: str) -> SealedGrant:
+        """``lineage``'s committed grant, parsed (a start parses it once, for the caps
+        and the custody key: each parse validates the whole grant)."""
+        with self._lock:
+            self.view.refresh(self.journal)
+            minted = self.view.grants.get(lineage)
+        if minted is None:
+            raise LeaseSpentError(f"{lineage} has no committed grant")
+        return minted.sealed()
+
+    def _caps(self, lineage: str, grant: SealedGrant) -> WorkerCaps:
+        """The sandbox caps of ``lineage``: its lease and ``grant`` as committed, now."""
         with self._lock:
             self.resources.refresh(self.journal)
-            self.view.refresh(self.journal)
             book = self.resources.book
-            minted = self.view.grants.get(lineage)
-            if minted is None:
-                raise LeaseSpentError(f"{lineage} has no committed grant")
             at = now_ms()
             return worker_caps(
                 self.budget,
                 book.remaining(lineage, at),
                 book.deadline(lineage),
-                minted.sealed().grant.terms,
+                grant.grant.terms,
                 at,
             )
 
@@ -583,4 +614,4 @@ class Cell:
         """``lineage``'s custody seed (its committed grant's subject key, or refused)."""
         with self._lock:
             minted = self.view.grants.get(lineage)
-        return custody_seed(self.keys, lineage, minted)
+        return custody_seed(self.keys, lineage, None if minted is None else minted.sealed())
