@@ -342,7 +342,8 @@ class Spool:
         except FileNotFoundError:
             names = []
         writers = {n.removesuffix(".in") for n in names if n.endswith(".in")}
-        writers.discard(self._name if self._pid == os.getpid() else "")
+        # This process's own pipe too: a batch in it is another thread's (a leader
+        # never leaves its own batch there), and only a holder of the turn may take it.
         if self._readers_pid != os.getpid():  # a forked child: the parent's are not its own
             self._readers, self._readers_pid = {}, os.getpid()
         for gone in self._readers.keys() - writers:
