@@ -31,10 +31,10 @@ from eventsourcing.postgres import (
 )
 from eventsourcing.utils import retry
 from psycopg.rows import DictRow
-from psycopg.sql import SQL, Composed, Identifier
+from psycopg.sql import SQL, Composed, Identifier, Literal
 
 from charter.core.errors import StateError
-from charter.core.framing import GENESIS, entry_hash
+from charter.core.framing import ENTRY_TAG, GENESIS, entry_hash
 from charter.ledger._rows import (
     CommitOutcomeAmbiguousError,
     Guards,
@@ -111,6 +111,51 @@ def schema_statements(schema: str, table: str) -> list[Composed]:
     ]
 
 
+# The chain computed by the database (see ChainedPostgresApplicationRecorder): the head
+# (or the genesis), the batch's commit time (never earlier than the head's), then each
+# entry framed as charter.core.framing.entry_frame does and hashed with sha256, in order.
+_SERVER_CHAINED = """
+WITH RECURSIVE
+head AS (
+    SELECT notification_id AS pos, chain_hash AS hash, substring(state FROM 8 FOR 32) AS at
+    FROM {schema}.{table} ORDER BY notification_id DESC LIMIT 1
+),
+start AS (
+    SELECT coalesce((SELECT pos FROM head), 0) AS pos,
+           coalesce((SELECT hash FROM head), {genesis}::bytea) AS hash,
+           greatest(%s::bytea, (SELECT at FROM head)) AS at
+),
+batch AS (
+    SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::bytea[])
+        WITH ORDINALITY AS b (oid, version, topic, state, i)
+),
+chain (i, pos, prev, hash, state) AS (
+    SELECT 0::bigint, start.pos, NULL::bytea, start.hash, NULL::bytea FROM start
+    UNION ALL
+    SELECT b.i, c.pos + 1, c.hash,
+           sha256(
+               {tag}::bytea || c.hash || int8send(c.pos + 1) || '\\x0010'::bytea
+               || uuid_send(b.oid) || int8send(b.version)
+               || int4send(octet_length(convert_to(b.topic, 'UTF8')))
+               || convert_to(b.topic, 'UTF8') || int4send(length(s.state)) || s.state
+           ),
+           s.state
+    FROM chain c
+    JOIN batch b ON b.i = c.i + 1
+    CROSS JOIN LATERAL (
+        SELECT overlay(b.state PLACING (SELECT at FROM start) FROM 8 FOR 32) AS state
+    ) s
+)
+INSERT INTO {schema}.{table} (notification_id, originator_id, originator_version, topic,
+                              state, prev_hash, chain_hash)
+SELECT c.pos, b.oid, b.version, b.topic, c.state, c.prev, c.hash
+FROM chain c JOIN batch b ON b.i = c.i
+WHERE c.i > 0
+ORDER BY c.i
+RETURNING notification_id, chain_hash, substring(state FROM 8 FOR 32) AS at
+"""
+
+
 def _roll_back(conn: psycopg.Connection[DictRow]) -> None:
     """End a failed transaction begun by hand. ``Connection.rollback`` also leaves a
     pipeline's aborted state and forgets the statements psycopg had queued for preparing
@@ -184,21 +229,15 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             "SELECT * FROM unnest(%s::bigint[], %s::uuid[], %s::bigint[], %s::text[], "
             "%s::bytea[], %s::bytea[], %s::bytea[]) "
         )
-        self._insert_chained = SQL(insert + "RETURNING notification_id").format(**ids)
-        # The fast path: inserts only if the head is still the one this recorder
-        # committed last (so no other writer came in between), in the same round trip
-        # as the lock, like the stock recorder.
-        self._insert_if_head = SQL(
-            insert + "WHERE (SELECT chain_hash FROM {schema}.{table} "
-            "ORDER BY notification_id DESC LIMIT 1) = %s RETURNING notification_id"
-        ).format(**ids)
-        # The head this recorder committed last; only a hint, checked by the database
-        # under the table lock on every use.
-        self._head_hint: Head | None = None
-        # Whether other writers are appending too (the hint was found stale lately):
-        # then the guarded insert would mostly miss and cost two more round trips under
-        # the lock, so the head is read with the lock instead (one round trip).
-        self._contended = False
+        self._insert_chained = SQL(insert).format(**ids)
+        # The chain computed by the database, under the table lock, in the statement
+        # that inserts: the batch goes out with BEGIN, the lock and COMMIT in one
+        # flight, and no round trip to this process happens while the lock is held.
+        # The frame is ``entry_frame`` (charter/core/framing.py) spelled in SQL; a
+        # difference would fail verification, which recomputes it in Python.
+        self._insert_server_chained = SQL(_SERVER_CHAINED).format(
+            tag=Literal(ENTRY_TAG), genesis=Literal(GENESIS), **ids
+        )
         self._select_version = SQL(
             "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
             "WHERE originator_id = %s"
@@ -245,7 +284,6 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         the table lock held (five round trips per commit instead of two or three)."""
         ids: Sequence[int] | None = None
         set_last_commit(None)
-        hint, self._head_hint = self._head_hint, None  # only a committed head is a hint
         pid = conn.info.backend_pid
         committing = False
         try:
@@ -253,23 +291,22 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
                 curs.execute("BEGIN")
                 try:
                     self._insert_events(curs, stored_events, **kwargs)  # tracking, if any
+                    rows: psycopg.Cursor[DictRow] | None = None
                     if stored_events:
-                        guarded = self._insert_stored_events(
+                        rows = self._insert_stored_events(
                             curs,
                             stored_events,
                             guards=kwargs.get("guards") or (),
                             deadline_ms=kwargs.get("deadline_ms"),
-                            hint=hint,
                         )
-                        # A guarded insert is looked at before the commit (it may have
-                        # found another head); a chained one commits in the same flight.
-                        ids = self._fetch_ids_after_insert_events(curs, stored_events, guarded)
                     committing = True  # the COMMIT goes out with what is still in flight
                     curs.execute("COMMIT")
                 except BaseException:
                     _roll_back(conn)
                     raise
                 # leaving the pipeline syncs it: the one round trip of the COMMIT
+            if stored_events:
+                ids = self._fetch_ids_after_insert_events(rows, stored_events)
         except (psycopg.Error, OSError) as e:
             # The COMMIT was in flight. If the session is gone the server may have
             # committed it or not; only a re-read can tell.
@@ -281,9 +318,6 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             if committing:  # refused in flight (the COMMIT was skipped): end it here
                 _roll_back(conn)
             raise
-        commit = last_commit()
-        if commit is not None and commit.positions:
-            self._head_hint = Head(commit.positions[-1], commit.hashes[-1], commit.stamp)
         return ids
 
     def _insert_stored_events(  # type: ignore[override]
@@ -293,37 +327,52 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         *,
         guards: Guards = (),
         deadline_ms: int | None = None,
-        hint: Head | None = None,
         **kwargs: Any,
-    ) -> bool:
+    ) -> psycopg.Cursor[DictRow] | None:
         """Under the library's table lock: stamp the batch's commit time, chain it onto
-        the head and insert it; True if the insert is guarded by the head hint (and
-        must be looked at before the commit). Positions are assigned here (head + 1, …) rather than
+        the head and insert it. Positions are assigned here (head + 1, …) rather than
         drawn from the sequence, so they are contiguous.
 
-        A batch with a deadline (or pinned streams) reads the head after the lock is
-        taken (the read waits for it in the pipeline), so its time is read under the
-        lock and the deadline is checked against the time it commits. Any other batch
-        takes the fast path when this recorder committed the head last: stamped just
-        before the lock, never earlier than that head, and inserted only if the head
-        is still that one (checked by the database under the lock); otherwise
-        :meth:`_fetch_ids_after_insert_events` chains it onto the real head, under the
-        lock, in the same transaction.
+        A batch without a deadline or pinned streams (most) is chained by the database
+        itself, in the inserting statement: stamped just before the lock, never earlier
+        than the head's time (``greatest``), and sent with the lock and the COMMIT, so
+        the lock is never held across a round trip to this process. A batch with a
+        deadline (or pinned streams) reads the head after the lock is taken (the read
+        waits for it in the pipeline), so its time is read under the lock and the
+        deadline is checked against the time it commits, then is chained here.
+
+        Returns the cursor whose rows the database chained (read after the commit), or
+        None if the chain was computed here (see ``last_commit``).
         """
         del kwargs
         self._lock_table(curs)
         self._notify_channel(curs)
+        if deadline_ms is None and not guards:
+            return self._insert_on_server(curs, stored_events)
         check_guards(guards, lambda originator: self._stream_version(curs, originator))
-        if hint is not None and deadline_ms is None and not guards and not self._contended:
-            stamped, stamp = stamp_batch(stored_events, hint.stamp, None)
-            self._insert_after(curs, hint, stamped, stamp, guarded=True)
-            return True
         head = self._read_head(curs)
-        if hint is not None:  # alone again once the head is the one this writer left
-            self._contended = head.hash != hint.hash
         stamped, stamp = stamp_batch(stored_events, head.stamp, deadline_ms)
         self._insert_after(curs, head, stamped, stamp)
-        return False
+        return None
+
+    def _insert_on_server(
+        self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent]
+    ) -> psycopg.Cursor[DictRow]:
+        """Queue the server-chained insert on a cursor of its own (its rows are read
+        after the COMMIT has been sent with it)."""
+        stamped, stamp = stamp_batch(stored_events, None, None)  # checks the states' shape
+        rows = curs.connection.cursor()
+        rows.execute(
+            self._insert_server_chained,
+            (
+                stamp,
+                [s.originator_id for s in stamped],
+                [s.originator_version for s in stamped],
+                [s.topic for s in stamped],
+                [s.state for s in stamped],
+            ),
+        )
+        return rows
 
     def _stream_version(self, curs: psycopg.Cursor[DictRow], originator: UUID) -> int:
         curs.execute(self._select_version, (originator,))
@@ -343,8 +392,6 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         head: Head,
         stored_events: Sequence[StoredEvent],
         stamp: bytes,
-        *,
-        guarded: bool = False,
     ) -> None:
         position, prev = head.position, head.hash
         positions, oids, versions, topics, states, prevs, hashes = [], [], [], [], [], [], []
@@ -365,26 +412,29 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             hashes.append(h)
             prev = h
         columns = (positions, oids, versions, topics, states, prevs, hashes)
-        if guarded:
-            curs.execute(self._insert_if_head, (*columns, head.hash))
-        else:
-            curs.execute(self._insert_chained, columns)
+        curs.execute(self._insert_chained, columns)
         set_last_commit(LastCommit(tuple(positions), tuple(hashes), stamp))
 
     def _fetch_ids_after_insert_events(  # type: ignore[override]
         self,
-        curs: psycopg.Cursor[DictRow],
+        rows: psycopg.Cursor[DictRow] | None,
         stored_events: Sequence[StoredEvent],
-        guarded: bool = False,
     ) -> Sequence[int] | None:
-        """The positions chained. A guarded insert that inserted nothing found another
-        head (the hint was stale): still under the lock, chain onto the real head and
-        stamp again, in the same transaction."""
-        if guarded and len(curs.fetchall()) != len(stored_events):
-            self._contended = True
-            head = self._read_head(curs)
-            stamped, stamp = stamp_batch(stored_events, head.stamp, None)
-            self._insert_after(curs, head, stamped, stamp)
+        """After the commit: the positions chained, here (``last_commit``) or by the
+        database (the rows its insert returned, which become ``last_commit``)."""
+        if rows is not None:
+            chained = sorted(
+                (r["notification_id"], bytes(r["chain_hash"]), bytes(r["at"]))
+                for r in rows.fetchall()
+            )
+            stamps = {at for _, _, at in chained}
+            if len(chained) != len(stored_events) or len(stamps) != 1:
+                raise ProgrammingError("the database did not chain every event of the batch")
+            set_last_commit(
+                LastCommit(
+                    tuple(p for p, _, _ in chained), tuple(h for _, h, _ in chained), stamps.pop()
+                )
+            )
         commit = last_commit()
         if commit is None or len(commit.positions) != len(stored_events):
             raise ProgrammingError("journal insert did not chain every event")
