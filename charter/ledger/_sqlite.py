@@ -279,6 +279,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
 
     _turn: WriterTurn | None = None
     _spool: Spool | None = None
+    _spool_used = False  # once a writer has waited in the spool, a leader always looks
     _own_last: Head | None = None  # the head this recorder itself last committed
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
@@ -320,6 +321,10 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         if not batch.may_wait_in_spool():
             return None
         try:
+            if not self._spool_used:
+                assert self._turn is not None
+                self._turn.mark_spool_used()  # before the batch is there: see _release
+                self._spool_used = True
             return self._spool.offer(batch.events, batch.guards(), batch.kwargs.get("deadline_ms"))
         except (OSError, ValueError):
             return None
@@ -414,9 +419,14 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     def _lead(self, batch: _Batch) -> list[int]:
         """Holding the turn: commit this batch and every batch waiting in the spool, in
         one transaction, then answer the waiting writers; release the turn."""
-        waiting = self._claim()
+        assert self._turn is not None
+        waiting: list[Claimed] = []
         try:
-            outcome = self._commit_group(batch, waiting)
+            hint, spooled = self._turn.hint()  # written only after a commit: never ahead
+            self._spool_used = self._spool_used or spooled
+            if self._spool_used:
+                waiting = self._claim()
+            outcome = self._commit_group(batch, waiting, hint)
         finally:
             for claimed in waiting:
                 claimed.close()  # unanswered (the commit failed): they find their way
@@ -432,11 +442,15 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
 
         Every holder does this after letting the turn go, and every writer tries the
         turn once more after leaving its batch, so a waiting batch is always either
-        seen by a holder that has let go, or its own writer takes the turn."""
+        seen by a holder that has let go, or its own writer takes the turn. (A writer
+        marks the spool used before its first batch there, so the look after letting
+        go sees the mark whenever that writer found the turn taken.)"""
         assert self._turn is not None
         assert self._spool is not None
         self._turn.release()
-        self._spool.nudge()
+        self._spool_used = self._spool_used or self._turn.spool_used()
+        if self._spool_used:
+            self._spool.nudge()
 
     def _claim(self) -> list[Claimed]:
         assert self._spool is not None
@@ -445,14 +459,15 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         except OSError:
             return []  # a spool this writer cannot read: those writers commit themselves
 
-    def _commit_group(self, own: _Batch, waiting: list[Claimed]) -> LastCommit | Exception:
+    def _commit_group(
+        self, own: _Batch, waiting: list[Claimed], hint: Head | None
+    ) -> LastCommit | Exception:
         """One transaction: ``own`` (whose failure is raised, or returned if others
         share the transaction) and the waiting batches, each in its own savepoint so a
         refused batch (a conflict, a passed deadline) leaves the others whole. The
         waiting writers are answered after the commit."""
         assert self._turn is not None
         assert self._spool is not None
-        hint = self._turn.hint()  # written only after a commit: never ahead
         # A hint that is this recorder's own last commit is no forgery: it need not be
         # looked up (the common case of one writer; a later commit by another writer
         # would have replaced it, or makes the insert after it conflict).

@@ -110,13 +110,25 @@ class WriterTurn:
         fcntl.flock(self._file(), fcntl.LOCK_UN)
         self._threads.release()
 
-    def hint(self) -> Head | None:
-        """The head the last writer committed (only while holding the turn)."""
-        data = os.pread(self._file(), _HINT.size, 0)
-        if len(data) != _HINT.size:
-            return None
-        position, chain, stamp = _HINT.unpack(data)
-        return Head(position, chain, stamp) if position > 0 else None
+    def hint(self) -> tuple[Head | None, bool]:
+        """The head the last writer committed (only while holding the turn), and
+        whether any writer has ever waited in the spool (:meth:`spool_used`)."""
+        data = os.pread(self._file(), _HINT.size + 1, 0)
+        used = len(data) > _HINT.size and data[_HINT.size] != 0
+        if len(data) < _HINT.size:
+            return None, used
+        position, chain, stamp = _HINT.unpack(data[: _HINT.size])
+        return (Head(position, chain, stamp) if position > 0 else None), used
+
+    def spool_used(self) -> bool:
+        """Whether any writer has ever left a batch in the spool. A writer sets it
+        before its first batch there (:meth:`mark_spool_used`) and it is never unset,
+        so a journal that never had a waiting writer costs its lone writer no look at
+        the spool: one byte of the turn file, read with the hint."""
+        return os.pread(self._file(), 1, _HINT.size) not in (b"", b"\0")
+
+    def mark_spool_used(self) -> None:
+        os.pwrite(self._file(), b"\1", _HINT.size)
 
     def set_hint(self, head: Head | None) -> None:
         """Record the head just committed (or forget it: None)."""

@@ -88,9 +88,9 @@ def _count_groups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sizes: list[int] = []
     commit_group = _sqlite.ChainedSQLiteApplicationRecorder._commit_group
 
-    def counting(self: Any, own: Any, waiting: Any) -> Any:
+    def counting(self: Any, own: Any, waiting: Any, *rest: Any) -> Any:
         sizes.append((own is not None) + len(waiting))
-        return commit_group(self, own, waiting)
+        return commit_group(self, own, waiting, *rest)
 
     monkeypatch.setattr(_sqlite.ChainedSQLiteApplicationRecorder, "_commit_group", counting)
     return sizes
@@ -198,17 +198,17 @@ def _leader(url: str, moment: str, out: Any) -> None:
     recorder = _sqlite.ChainedSQLiteApplicationRecorder
     commit_group = recorder._commit_group
 
-    def dying(self: Any, own: Any, waiting: Any) -> Any:
+    def dying(self: Any, own: Any, waiting: Any, *rest: Any) -> Any:
         if waiting and moment == "before-commit":
             os.kill(os.getpid(), signal.SIGKILL)
         if waiting and moment == "stalled":
             time.sleep(3600)
-        return commit_group(self, own, waiting)
+        return commit_group(self, own, waiting, *rest)
 
     def answer_then_die(*args: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    recorder._commit_group = dying  # type: ignore[method-assign]
+    recorder._commit_group = dying  # type: ignore[method-assign,assignment]
     if moment == "after-commit":
         Spool.reply = answer_then_die  # type: ignore[method-assign,assignment]
     _waiter(url, "leader", 60.0, {}, out)
