@@ -204,23 +204,22 @@ class Spool:
         """The batch offered has its outcome: another may wait."""
         self._waiting.release()
 
-    def wait(self, ticket: bytes, timeout: float) -> Answer | bool | None:
-        """The answer for ``ticket`` if it comes within ``timeout`` seconds; True if
-        nudged (the turn was let go: try it); None if nothing came."""
+    def wait(self, ticket: bytes, timeout: float) -> Answer | None:
+        """The answer for ``ticket`` if it comes within ``timeout`` seconds; None if
+        nothing came, or only a nudge (the turn was let go: the caller tries it after
+        any wait)."""
         if not select.select([self._out], [], [], max(0.0, timeout))[0]:
             return None
         return self.answer(ticket)
 
-    def answer(self, ticket: bytes) -> Answer | bool | None:
-        """What has come for ``ticket`` so far (never waits): see :meth:`wait`."""
-        nudged = False
+    def answer(self, ticket: bytes) -> Answer | None:
+        """The answer for ``ticket``, if it has come (never waits); nudges are dropped."""
         with contextlib.suppress(BlockingIOError):
             while chunk := os.read(self._out, 1 << 16):
                 self._received += chunk
         while self._received:
             if self._received.startswith(_NUDGE):
                 self._received = self._received.lstrip(_NUDGE)
-                nudged = True
                 continue
             try:
                 reader = _Reader(self._received, _ANSWER)
@@ -232,7 +231,7 @@ class Spool:
             self._received = self._received[len(self._received) - reader.left() :]
             if answer.ticket == ticket:
                 return answer
-        return True if nudged else None
+        return None
 
     def withdraw(self) -> bool:
         """Take the waiting batch back; False if a leader claimed it first."""

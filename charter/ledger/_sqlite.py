@@ -378,10 +378,10 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             return done
         return self._lead(batch)
 
-    def _believe(self, answer: Answer | bool | None, batch: _Batch) -> list[int] | None:
+    def _believe(self, answer: Answer | None, batch: _Batch) -> list[int] | None:
         """The answer's positions if the journal holds this batch there (a refusal is
         raised); None if there is no answer, or one the journal does not bear out."""
-        if not isinstance(answer, Answer):
+        if answer is None:
             return None
         if answer.error is not None:
             kind, message = answer.error

@@ -165,14 +165,14 @@ class _Wait:
     gave up first (``abandon``), the lock is released as soon as it comes and then
     ``abandoned`` is called."""
 
-    def __init__(self, fd: int, mode: int, abandoned: Callable[[], None]) -> None:
-        self.fd, self.mode, self._abandoned = fd, mode, abandoned
+    def __init__(self, fd: int, abandoned: Callable[[], None]) -> None:
+        self.fd, self._abandoned = fd, abandoned
         self.got = threading.Event()
         self._guard = threading.Lock()
         self._given_up = False
 
     def run(self) -> None:
-        fcntl.flock(self.fd, self.mode)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
         with self._guard:
             if not self._given_up:
                 self.got.set()
@@ -199,7 +199,7 @@ def _acquire(
     with contextlib.suppress(BlockingIOError):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return
-    job = _Wait(fd, fcntl.LOCK_EX, abandoned)
+    job = _Wait(fd, abandoned)
     started = time.monotonic()
     waiter().wait(job)
     if job.got.wait(max(0.0, deadline - started)) or not job.abandon():

@@ -80,6 +80,13 @@ def _nudge(db: Path, pid: int) -> None:
     os.close(fd)
 
 
+def _new_journal(tmp_path: Path) -> tuple[Path, str]:
+    db = tmp_path / "j.db"
+    url = f"sqlite:///{db}"
+    Journal.create(url).close()
+    return db, url
+
+
 def _pings(journal: Journal) -> list[tuple[str, int]]:
     return [(e.event.writer, e.position) for e in journal.entries() if isinstance(e.event, Ping)]
 
@@ -112,9 +119,7 @@ def _plant_hostile_writers(db: Path) -> int:
 def test_writers_waiting_for_the_turn_commit_in_one_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db = tmp_path / "j.db"
-    url = f"sqlite:///{db}"
-    Journal.create(url).close()
+    db, url = _new_journal(tmp_path)
     groups = _count_groups(monkeypatch)
     journals = [Journal.open(url) for _ in range(8)]
     with _turn_held(db) as release, ThreadPoolExecutor(8) as pool:
@@ -144,9 +149,7 @@ def test_writers_waiting_for_the_turn_commit_in_one_group(
 def test_a_refused_batch_leaves_the_rest_of_its_group_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db = tmp_path / "j.db"
-    url = f"sqlite:///{db}"
-    Journal.create(url).close()
+    db, url = _new_journal(tmp_path)
     groups = _count_groups(monkeypatch)
     journals = [Journal.open(url) for _ in range(6)]
     counters = [Counter(name="c", value=v) for v in (1, 2)]  # both decided on version 0
@@ -224,9 +227,7 @@ def _start(target: Callable[..., None], *args: Any) -> Any:
 def test_a_leader_killed_with_batches_waiting_leaves_each_committed_once(
     tmp_path: Path, moment: str
 ) -> None:
-    db = tmp_path / "j.db"
-    url = f"sqlite:///{db}"
-    Journal.create(url).close()
+    db, url = _new_journal(tmp_path)
     out = FORK.Queue()
     with _turn_held(db) as release:
         waiters = [_start(_waiter, url, f"w{i}", 2.0, {}, out) for i in range(4)]
@@ -251,9 +252,7 @@ def test_a_leader_killed_with_batches_waiting_leaves_each_committed_once(
 
 
 def test_a_leader_stalled_with_a_claimed_batch_is_outcome_unknown(tmp_path: Path) -> None:
-    db = tmp_path / "j.db"
-    url = f"sqlite:///{db}"
-    Journal.create(url).close()
+    db, url = _new_journal(tmp_path)
     out = FORK.Queue()
     with _turn_held(db) as release:
         waiter = _start(_waiter, url, "w", 1.0, {"SQLITE_LOCK_TIMEOUT": "2"}, out)
@@ -315,9 +314,7 @@ def test_threads_sharing_one_journal_wait_their_turn(
     waiting one is committed by whichever thread leads (not after a nap: naps are an
     hour long here)."""
     monkeypatch.setattr(_sqlite, "_NAP_S", 3600.0)
-    db = tmp_path / "j.db"
-    url = f"sqlite:///{db}"
-    Journal.create(url).close()
+    db, url = _new_journal(tmp_path)
     with Journal.open(url) as journal, ThreadPoolExecutor(6) as pool:
         with _turn_held(db) as release:
             futures = [
@@ -336,9 +333,7 @@ def test_threads_sharing_one_journal_wait_their_turn(
 def test_the_spool_is_never_more_open_than_the_journal(tmp_path: Path) -> None:
     """Anyone who may put a batch in the spool has it committed: the spool gets the
     journal file's permissions, however lax the umask of the writer that makes it."""
-    db = tmp_path / "j.db"
-    url = f"sqlite:///{db}"
-    Journal.create(url).close()
+    db, url = _new_journal(tmp_path)
     os.chmod(db, 0o640)
     old = os.umask(0)
     try:
@@ -360,9 +355,7 @@ def test_a_batch_whose_writer_died_waiting_is_never_committed(tmp_path: Path) ->
     """A writer killed while its batch waits: the batch stays in its pipe as long as
     some leader holds the pipe open, but no leader commits it on behalf of nobody (it
     could land arbitrarily late); its pipes are removed."""
-    db = tmp_path / "j.db"
-    url = f"sqlite:///{db}"
-    Journal.create(url).close()
+    db, url = _new_journal(tmp_path)
     out = FORK.Queue()
     with _turn_held(db) as release:
         waiter = _start(_waiter, url, "dead", 60.0, {}, out)
