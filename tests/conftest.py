@@ -57,6 +57,15 @@ def require_postgres() -> None:
     pytest.skip(message)
 
 
+@pytest.fixture(autouse=True)
+def _private_runtime_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL writers on one host share commits through files in the user's
+    runtime directory (docs/decisions/0008): the test's own, not the developer's."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("run")))
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""

@@ -14,13 +14,16 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from eventsourcing.persistence import (
+    IntegrityError,
     InterfaceError,
     OperationalError,
+    PersistenceError,
     ProgrammingError,
     StoredEvent,
 )
@@ -35,6 +38,7 @@ from psycopg.sql import SQL, Composed, Identifier, Literal
 
 from charter.core.errors import StateError
 from charter.core.framing import ENTRY_TAG, GENESIS, entry_hash
+from charter.ledger._group import Batch, SharedCommit, SpoolClosingFactory, private_place
 from charter.ledger._rows import (
     CommitOutcomeAmbiguousError,
     Guards,
@@ -47,6 +51,7 @@ from charter.ledger._rows import (
     stamp_batch,
     stamp_of,
 )
+from charter.ledger._spool import Claimed
 
 __all__ = [
     "ChainedPostgresFactory",
@@ -186,7 +191,7 @@ def _timeouts_are_final() -> Iterator[None]:
         raise
 
 
-class ChainedPostgresFactory(PostgresFactory):
+class ChainedPostgresFactory(SpoolClosingFactory, PostgresFactory):
     """The library's factory, plus what its datastore does not hand to the driver: the
     session's statement timeout (``POSTGRES_STATEMENT_TIMEOUT``, seconds) and the URL's
     own connection parameters such as ``sslmode`` (``POSTGRES_CONNINFO_EXTRA``, JSON),
@@ -206,7 +211,7 @@ class ChainedPostgresFactory(PostgresFactory):
         kwargs.update(extra)
 
 
-class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
+class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecorder):
     """Stock recorder plus the hash chain, computed under the library's table lock."""
 
     def __init__(self, datastore: Any, *, events_table_name: str = EVENTS_TABLE) -> None:
@@ -242,6 +247,15 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
             "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
             "WHERE originator_id = %s"
         ).format(**ids)
+        self._select_between = SQL(
+            "SELECT notification_id, originator_id, originator_version, chain_hash AS chain "
+            "FROM {schema}.{table} WHERE notification_id BETWEEN %s AND %s "
+            "ORDER BY notification_id"
+        ).format(**ids)
+        self._select_entry = SQL(
+            "SELECT notification_id, chain_hash, state FROM {schema}.{table} "
+            "WHERE originator_id = %s AND originator_version = %s"
+        ).format(**ids)
         self._select_head = SQL(
             "SELECT notification_id, chain_hash, substring(state from 1 for 40) AS at "
             "FROM {schema}.{table} ORDER BY notification_id DESC LIMIT 1"
@@ -267,9 +281,168 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         :class:`CommitOutcomeAmbiguousError` with the session's backend pid, which is
         never retried here: the journal settles it on a fresh connection (see
         ``PostgresJournalStore.settle``).
+
+        Writers on one host share commits through the writers' turn and spool (group
+        commit, decision 0008: :class:`SharedCommit`, :meth:`_commit_group`); without a
+        private place for them, each batch commits alone.
         """
-        with _timeouts_are_final(), self.datastore.get_connection() as conn:
-            return self._insert_on(conn, stored_events, **kwargs)
+        with _timeouts_are_final():
+            if self._shared():
+                return self._insert_shared(stored_events, kwargs)
+            with self.datastore.get_connection() as conn:
+                return self._insert_on(conn, stored_events, **kwargs)
+
+    _place: Path | None = None
+    _no_place: str | None = None  # why there is no private place (each batch alone)
+
+    def _shared(self) -> bool:
+        if self._place is None and self._no_place is None:
+            kw = self.datastore.pool.kwargs
+            if not isinstance(kw, dict):
+                kw = {}
+            identity = "/".join(
+                str(part)
+                for part in (
+                    kw.get("host"),
+                    kw.get("port"),
+                    kw.get("dbname"),
+                    kw.get("user"),
+                    self.datastore.schema,
+                    self.events_table_name,
+                )
+            )
+            try:
+                self._place = private_place(identity)
+            except OSError as e:
+                self._no_place = str(e)  # no private place: every batch commits alone
+        return self._place is not None
+
+    def _spool_place(self) -> Path:
+        if not self._shared() or self._place is None:
+            raise OSError(f"no private place for the writers' turn and spool: {self._no_place}")
+        return self._place
+
+    def _lock_timeout_s(self) -> float:
+        return float(self.datastore.lock_timeout or 30)
+
+    def _entries_between(self, first: int, last: int) -> list[tuple[int, UUID, int, bytes]]:
+        with self.datastore.get_connection() as conn:
+            rows = conn.execute(self._select_between, (first, last)).fetchall()
+        return [
+            (
+                r["notification_id"],
+                r["originator_id"],
+                r["originator_version"],
+                bytes(r["chain"]),
+            )
+            for r in rows
+        ]
+
+    def _entry_of(self, originator: UUID, version: int) -> tuple[int, bytes, bytes] | None:
+        with self.datastore.get_connection() as conn:
+            row = conn.execute(self._select_entry, (originator, version)).fetchone()
+        if row is None:
+            return None
+        return int(row["notification_id"]), bytes(row["chain_hash"]), bytes(row["state"])
+
+    def _commit_group(
+        self, own: Batch, waiting: list[Claimed], hint: Head | None
+    ) -> LastCommit | Exception:
+        """One transaction for ``own`` and the waiting batches (a lone batch: the usual
+        one flight). All of them go out in one flight; if the database or a check
+        refuses one, the transaction is rolled back and the group is committed again
+        one savepoint per batch, so the refused batch is refused alone. ``own``'s
+        failure is raised; the waiting writers are answered after the commit."""
+        del hint  # the database reads its head in the inserting statement
+        with self.datastore.get_connection() as conn:
+            if not waiting:
+                self._insert_on(conn, own.events, **own.kwargs)
+                commit = last_commit()
+                if commit is None:
+                    raise ProgrammingError("the recorder did not report the committed chain")
+                return commit
+            batches = [own, *(Batch.waiting(claimed.request) for claimed in waiting)]
+            try:
+                outcomes = self._insert_group(conn, batches, isolated=False)
+            except _RefusedError:
+                outcomes = self._insert_group(conn, batches, isolated=True)
+        self._reply(waiting, outcomes[1:])
+        if isinstance(outcomes[0], Exception):
+            raise outcomes[0]
+        return outcomes[0]
+
+    def _insert_group(
+        self, conn: psycopg.Connection[DictRow], batches: Sequence[Batch], *, isolated: bool
+    ) -> list[LastCommit | Exception]:
+        """The batches in one transaction: pipelined (any refusal raises
+        :class:`_RefusedError`, nothing written), or ``isolated``, each in a savepoint of
+        its own (a refused batch's outcome is its error)."""
+        set_last_commit(None)
+        pid = conn.info.backend_pid
+        committing = False
+        chained: list[psycopg.Cursor[DictRow] | LastCommit | Exception] = []
+        try:
+            with contextlib.ExitStack() as stack:
+                if not isolated:
+                    stack.enter_context(conn.pipeline())
+                curs = stack.enter_context(conn.cursor())
+                curs.execute("BEGIN")
+                self._lock_table(curs)  # once for the group
+                self._notify_channel(curs)
+                for batch in batches:
+                    chained.append(self._insert_batch(curs, batch, isolated=isolated))
+                committing = True
+                curs.execute("COMMIT")
+        except (psycopg.Error, OSError, PersistenceError) as e:
+            if committing and (conn.broken or conn.closed):
+                raise CommitOutcomeAmbiguousError(
+                    f"the connection broke while a group of batches was committing: {e}",
+                    backend_pid=pid,
+                ) from e
+            _roll_back(conn)
+            if not isolated and _is_refusal(e):
+                raise _RefusedError from e
+            raise
+        outcomes: list[LastCommit | Exception] = []
+        for batch, done in zip(batches, chained, strict=True):
+            if isinstance(done, psycopg.Cursor):
+                self._fetch_ids_after_insert_events(done, batch.events)
+                commit = last_commit()
+                assert commit is not None
+                outcomes.append(commit)
+            else:
+                outcomes.append(done)
+        return outcomes
+
+    def _insert_batch(
+        self, curs: psycopg.Cursor[DictRow], batch: Batch, *, isolated: bool
+    ) -> psycopg.Cursor[DictRow] | LastCommit | Exception:
+        """One batch of a group: the cursor whose rows the database chained, the chain
+        computed here, or (``isolated``) the error that refused it."""
+        if isolated:
+            curs.execute("SAVEPOINT charter_batch")
+        try:
+            self._insert_events(curs, batch.events, **batch.kwargs)  # tracking, if any
+            rows = self._insert_stored_events(
+                curs,
+                batch.events,
+                guards=batch.guards(),
+                deadline_ms=batch.kwargs.get("deadline_ms"),
+                locked=True,
+            )
+            if rows is not None and isolated:  # read now: the next batch reads the head
+                self._fetch_ids_after_insert_events(rows, batch.events)
+                rows = None
+            done: psycopg.Cursor[DictRow] | LastCommit | Exception
+            done = rows if rows is not None else _reported()
+        except (psycopg.Error, PersistenceError) as e:
+            if not (isolated and _is_refusal(e)):
+                raise
+            curs.execute("ROLLBACK TO SAVEPOINT charter_batch")
+            done = e if isinstance(e, PersistenceError) else IntegrityError(e)
+        if isolated:
+            curs.execute("RELEASE SAVEPOINT charter_batch")
+        return done
 
     @retry((InterfaceError, OperationalError), max_attempts=_ATTEMPTS, wait=0.2)
     def select_events(self, *args: Any, **kwargs: Any) -> Any:
@@ -327,6 +500,7 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         *,
         guards: Guards = (),
         deadline_ms: int | None = None,
+        locked: bool = False,
         **kwargs: Any,
     ) -> psycopg.Cursor[DictRow] | None:
         """Under the library's table lock: stamp the batch's commit time, chain it onto
@@ -345,8 +519,9 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         None if the chain was computed here (see ``last_commit``).
         """
         del kwargs
-        self._lock_table(curs)
-        self._notify_channel(curs)
+        if not locked:  # (a group takes the lock and notifies once)
+            self._lock_table(curs)
+            self._notify_channel(curs)
         if deadline_ms is None and not guards:
             return self._insert_on_server(curs, stored_events)
         check_guards(guards, lambda originator: self._stream_version(curs, originator))
@@ -439,6 +614,23 @@ class ChainedPostgresApplicationRecorder(PostgresApplicationRecorder):
         if commit is None or len(commit.positions) != len(stored_events):
             raise ProgrammingError("journal insert did not chain every event")
         return list(commit.positions)
+
+
+class _RefusedError(Exception):
+    """A batch of a pipelined group was refused: commit the group again, isolated."""
+
+
+def _is_refusal(e: BaseException) -> bool:
+    """A batch's own refusal (a conflict, a moved pin, a passed deadline), not a
+    failure of the connection or the server."""
+    return isinstance(e, psycopg.errors.IntegrityError | IntegrityError)
+
+
+def _reported() -> LastCommit:
+    commit = last_commit()
+    if commit is None:
+        raise ProgrammingError("the recorder did not report the committed chain")
+    return commit
 
 
 class ChainedPostgresProcessRecorder(PostgresProcessRecorder, ChainedPostgresApplicationRecorder):

@@ -118,7 +118,9 @@ def settle(
     definitely did not, OutcomeUnknownError if that cannot be known in ``wait_s``."""
     batch_id = envelopes[0].batch or ""
     settle_on: Callable[..., list[ChainRow | None] | None] | None = getattr(store, "settle", None)
-    if settle_on is None:  # only PostgreSQL commits over a network
+    if settle_on is None or error.backend_pid <= 0:
+        # Only PostgreSQL commits over a network; and a batch another writer took into
+        # its commit (group commit) is in that writer's session, not one to wait for.
         raise outcome_unknown(location, batch_id, error) from error
     keys = [(env.originator_id.bytes, env.originator_version) for env in envelopes]
     rows = settle_on(error.backend_pid, keys, wait_s)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import quote
 from uuid import UUID
 
@@ -22,7 +21,6 @@ from eventsourcing.persistence import (
     IntegrityError,
     InterfaceError,
     OperationalError,
-    PersistenceError,
     ProgrammingError,
     StoredEvent,
 )
@@ -39,25 +37,20 @@ from eventsourcing.sqlite import (
 
 from charter.core.errors import StateError, UnavailableError
 from charter.core.framing import GENESIS, entry_hash
+from charter.ledger._group import Batch, SharedCommit, SpoolClosingFactory
 from charter.ledger._rows import (
     ChainRow,
-    CommitOutcomeAmbiguousError,
-    CommitPastDeadlineError,
-    Guards,
     Head,
     JournalMeta,
     LastCommit,
-    PinnedStreamMovedError,
     WriteLockTimeoutError,
     check_guards,
     last_commit,
-    payload_bytes,
     set_last_commit,
     stamp_batch,
     stamp_of,
 )
-from charter.ledger._spool import Answer, Claimed, Request, Spool
-from charter.ledger._turn import WriterTurn
+from charter.ledger._spool import Claimed
 
 __all__ = [
     "ChainedSQLiteApplicationRecorder",
@@ -177,7 +170,7 @@ class _StatementCachingPool(SQLiteConnectionPool):
         return SQLiteConnection(c, max_age=self.max_age)
 
 
-class ChainedSQLiteFactory(SQLiteFactory):
+class ChainedSQLiteFactory(SpoolClosingFactory, SQLiteFactory):
     """The library's SQLite factory, its connections from :class:`_StatementCachingPool`;
     closing it lets go of its recorders' places in the writers' spool."""
 
@@ -188,34 +181,7 @@ class ChainedSQLiteFactory(SQLiteFactory):
             db_name=library_pool.db_name, lock_timeout=library_pool.lock_timeout
         )
         library_pool.close()
-        self._recorders: list[ChainedSQLiteApplicationRecorder] = []
 
-    def application_recorder(self) -> Any:
-        return self._keep(super().application_recorder())
-
-    def process_recorder(self) -> Any:
-        return self._keep(super().process_recorder())
-
-    def _keep(self, recorder: Any) -> Any:
-        if isinstance(recorder, ChainedSQLiteApplicationRecorder):
-            self._recorders.append(recorder)
-        return recorder
-
-    def close(self) -> None:
-        for recorder in self._recorders:
-            recorder.close_spool()
-        super().close()
-
-
-_GROUP_LIMIT = 256  # waiting batches one leader commits in one transaction
-_NAP_S = 0.05  # a waiting writer looks whether the turn is free this often (a leader died)
-
-_REFUSALS: dict[str, type[PersistenceError]] = {
-    "PinnedStreamMovedError": PinnedStreamMovedError,
-    "CommitPastDeadlineError": CommitPastDeadlineError,
-    "IntegrityError": IntegrityError,
-    "ProgrammingError": ProgrammingError,
-}
 
 _ENTRIES_BETWEEN = (
     f"SELECT rowid, originator_id, originator_version, chain_hash FROM {TABLE} "
@@ -227,240 +193,47 @@ _ENTRY_OF = (
 )
 
 
-class _Batch(NamedTuple):
-    """One ``insert_events`` call: its events and keyword arguments."""
-
-    events: tuple[StoredEvent, ...]
-    kwargs: dict[str, Any]
-
-    def may_wait_in_spool(self) -> bool:
-        """A follower's batch (its tracking position) commits itself."""
-        kwargs = self.kwargs
-        return (
-            kwargs.get("tracking") is None
-            and set(kwargs) <= {"guards", "deadline_ms", "tracking"}
-            and len(self.events) > 0
-        )
-
-    def guards(self) -> Guards:
-        return tuple(self.kwargs.get("guards") or ())
-
-    @classmethod
-    def waiting(cls, request: Request) -> _Batch:
-        return cls(request.events, {"guards": request.guards, "deadline_ms": request.deadline_ms})
-
-    def keys(self) -> list[tuple[str, int]]:
-        return [(_hex(s.originator_id), s.originator_version) for s in self.events]
-
-
-def _hex(originator: UUID | str) -> str:
-    return (originator if isinstance(originator, UUID) else UUID(str(originator))).hex
-
-
 def _head_after(outcome: LastCommit | Exception, before: Head | None) -> Head | None:
     if isinstance(outcome, Exception) or not outcome.positions:
         return before
     return Head(outcome.positions[-1], outcome.hashes[-1], outcome.stamp)
 
 
-def _answer(ticket: bytes, outcome: LastCommit | Exception) -> Answer:
-    if isinstance(outcome, Exception):
-        kind = type(outcome).__name__
-        error = (kind if kind in _REFUSALS else "IntegrityError", str(outcome))
-        return Answer(ticket, (), (), bytes(32), error)
-    return Answer(ticket, outcome.positions, outcome.hashes, outcome.stamp, None)
-
-
-class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
+class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
     """Stock recorder plus the hash chain, computed under the write lock."""
 
     def construct_create_table_statements(self) -> list[str]:
         return [_CREATE_EVENTS, *_APPEND_ONLY]
 
-    _turn: WriterTurn | None = None
-    _spool: Spool | None = None
-    _spool_used = False  # once a writer has waited in the spool, a leader always looks
     _own_last: Head | None = None  # the head this recorder itself last committed
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
-        """Commit a batch through the writers' turn (``_turn``: a kernel queue, so the
-        next writer starts as soon as the last one commits, instead of sleeping in
-        SQLite's busy handler). A writer that finds the turn free leads at once; one that
-        finds it taken leaves its batch in the spool (``_spool``) and sleeps on its pipe,
-        and the leader commits every waiting batch in its one transaction: one fsync for
-        the group (docs/decisions/0007)."""
-        set_last_commit(None)
-        if self._turn is None or self._spool is None:
-            journal = Path(self.datastore.pool.db_name)
-            self._turn = WriterTurn(journal)
-            self._spool = Spool(journal)
-        batch = _Batch(tuple(stored_events), kwargs)
-        if self._turn.try_take():
-            return self._lead(batch)
-        deadline = time.monotonic() + float(self.datastore.pool.lock_timeout or 5)
-        ticket = self._offer(batch)
-        if ticket is None:
-            self._turn.take(deadline)
-            return self._lead(batch)
-        try:
-            if self._turn.try_take():  # the leader left before the batch was there
-                return self._lead_after_waiting(ticket, batch)
-            return self._await(ticket, batch, deadline)
-        finally:
-            self._spool.done()
+        """Through the writers' turn and spool (:class:`SharedCommit`): SQLite has no
+        queue for its write lock (decision 0006), and a waiting batch shares the
+        leader's commit, one fsync for the group (decision 0007)."""
+        return self._insert_shared(stored_events, kwargs)
 
-    def close_spool(self) -> None:
-        if self._spool is not None:
-            self._spool.close()
+    def _spool_place(self) -> Path:
+        return Path(self.datastore.pool.db_name)
 
-    def _offer(self, batch: _Batch) -> bytes | None:
-        """Leave the batch in the spool; its ticket, or None if it must be committed by
-        this writer (a follower's tracking position, a batch too large for the spool,
-        or a spool it cannot use)."""
-        assert self._spool is not None
-        if not batch.may_wait_in_spool():
-            return None
-        try:
-            if not self._spool_used:
-                assert self._turn is not None
-                self._turn.mark_spool_used()  # before the batch is there: see _release
-                self._spool_used = True
-            return self._spool.offer(batch.events, batch.guards(), batch.kwargs.get("deadline_ms"))
-        except (OSError, ValueError):
-            return None
+    def _lock_timeout_s(self) -> float:
+        return float(self.datastore.pool.lock_timeout or 5)
 
-    def _await(self, ticket: bytes, batch: _Batch, deadline: float) -> list[int]:
-        """Sleep on the ticket's pipe until a leader answers; when woken without an
-        answer (nudged by a writer that let the turn go) or after a nap, try the turn:
-        if it is free, no leader has the batch, and this writer leads."""
-        assert self._turn is not None
-        while True:
-            assert self._spool is not None
-            nap = min(_NAP_S, max(0.0, deadline - time.monotonic()))
-            done = self._believe(self._spool.wait(ticket, nap), batch)
-            if done is not None:
-                return done
-            if self._turn.try_take():
-                return self._lead_after_waiting(ticket, batch)
-            if time.monotonic() >= deadline:
-                if self._spool.withdraw():  # no leader took it: nothing was written
-                    raise WriteLockTimeoutError(
-                        "another writer has held the journal's write turn for the whole "
-                        "lock timeout; it may be stalled"
-                    )
-                done = self._believe(self._spool.answer(ticket), batch)
-                if done is not None:
-                    return done
-                raise CommitOutcomeAmbiguousError(
-                    "another writer took this batch into its commit and has not finished "
-                    "within the lock timeout (it may be stalled)",
-                    backend_pid=0,
-                )
-
-    def _lead_after_waiting(self, ticket: bytes, batch: _Batch) -> list[int]:
-        """Holding the turn after waiting: an answer may have come meanwhile; else the
-        batch is taken back, or, if a leader claimed it and then died, looked for in
-        the journal (that leader may have committed it before dying)."""
-        assert self._turn is not None
-        assert self._spool is not None
-        try:
-            done = self._believe(self._spool.answer(ticket), batch)
-            if done is None and not self._spool.withdraw():
-                found = self._find_committed(batch)
-                if found is not None:
-                    set_last_commit(found)
-                    done = list(found.positions)
-        except BaseException:
-            self._turn.release()
-            raise
-        if done is not None:
-            self._release()
-            return done
-        return self._lead(batch)
-
-    def _believe(self, answer: Answer | None, batch: _Batch) -> list[int] | None:
-        """The answer's positions if the journal holds this batch there (a refusal is
-        raised); None if there is no answer, or one the journal does not bear out."""
-        if answer is None:
-            return None
-        if answer.error is not None:
-            kind, message = answer.error
-            raise _REFUSALS.get(kind, IntegrityError)(message)
-        expected = [
-            (p, oid, version, h)
-            for p, (oid, version), h in zip(
-                answer.positions, batch.keys(), answer.hashes, strict=False
-            )
-        ]
-        if not expected or len(expected) != len(batch.events):
-            return None
+    def _entries_between(self, first: int, last: int) -> list[tuple[int, UUID, int, bytes]]:
         with self.datastore.get_connection(commit=False) as conn:
             cursor = conn.cursor()
-            cursor.execute(_ENTRIES_BETWEEN, (expected[0][0], expected[-1][0]))
-            rows = [(r[0], r[1], r[2], bytes(r[3])) for r in cursor.fetchall()]
-        if rows != expected:
-            return None
-        set_last_commit(LastCommit(answer.positions, answer.hashes, answer.stamp))
-        return list(answer.positions)
+            cursor.execute(_ENTRIES_BETWEEN, (first, last))
+            return [(r[0], UUID(r[1]), r[2], bytes(r[3])) for r in cursor.fetchall()]
 
-    def _find_committed(self, batch: _Batch) -> LastCommit | None:
-        """This batch's entries, if a leader committed it (all or none: one transaction)."""
-        found = []
+    def _entry_of(self, originator: UUID, version: int) -> tuple[int, bytes, bytes] | None:
         with self.datastore.get_connection(commit=False) as conn:
             cursor = conn.cursor()
-            for (oid, version), s in zip(batch.keys(), batch.events, strict=True):
-                cursor.execute(_ENTRY_OF, (oid, version))
-                row = cursor.fetchone()
-                if row is None or payload_bytes(row[2]) != payload_bytes(s.state):
-                    return None
-                found.append((int(row[0]), bytes(row[1]), stamp_of(row[2])))
-        return LastCommit(tuple(p for p, _, _ in found), tuple(h for _, h, _ in found), found[0][2])
-
-    def _lead(self, batch: _Batch) -> list[int]:
-        """Holding the turn: commit this batch and every batch waiting in the spool, in
-        one transaction, then answer the waiting writers; release the turn."""
-        assert self._turn is not None
-        waiting: list[Claimed] = []
-        try:
-            hint, spooled = self._turn.hint()  # written only after a commit: never ahead
-            self._spool_used = self._spool_used or spooled
-            if self._spool_used:
-                waiting = self._claim()
-            outcome = self._commit_group(batch, waiting, hint)
-        finally:
-            for claimed in waiting:
-                claimed.close()  # unanswered (the commit failed): they find their way
-            self._release()
-        if isinstance(outcome, Exception):
-            raise outcome
-        set_last_commit(outcome)
-        return list(outcome.positions)
-
-    def _release(self) -> None:
-        """Let the turn go; if a batch is waiting in the spool, wake its writer to take
-        the turn and lead (it may be asleep for a whole nap otherwise).
-
-        Every holder does this after letting the turn go, and every writer tries the
-        turn once more after leaving its batch, so a waiting batch is always either
-        seen by a holder that has let go, or its own writer takes the turn. (A writer
-        marks the spool used before its first batch there, so the look after letting
-        go sees the mark whenever that writer found the turn taken.)"""
-        assert self._turn is not None
-        assert self._spool is not None
-        self._turn.release()
-        self._spool_used = self._spool_used or self._turn.spool_used()
-        if self._spool_used:
-            self._spool.nudge()
-
-    def _claim(self) -> list[Claimed]:
-        assert self._spool is not None
-        try:
-            return self._spool.claim(_GROUP_LIMIT)
-        except OSError:
-            return []  # a spool this writer cannot read: those writers commit themselves
+            cursor.execute(_ENTRY_OF, (originator.hex, version))
+            row = cursor.fetchone()
+        return None if row is None else (int(row[0]), bytes(row[1]), bytes(row[2]))
 
     def _commit_group(
-        self, own: _Batch, waiting: list[Claimed], hint: Head | None
+        self, own: Batch, waiting: list[Claimed], hint: Head | None
     ) -> LastCommit | Exception:
         """One transaction: ``own`` (whose failure is raised, or returned if others
         share the transaction) and the waiting batches, each in its own savepoint so a
@@ -472,7 +245,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         # looked up (the common case of one writer; a later commit by another writer
         # would have replaced it, or makes the insert after it conflict).
         head, head_is_own = hint, hint is not None and hint == self._own_last
-        batches = [own, *(_Batch.waiting(claimed.request) for claimed in waiting)]
+        batches = [own, *(Batch.waiting(claimed.request) for claimed in waiting)]
         outcomes: list[LastCommit | Exception] = []
         conn: SQLiteConnection
         with (
@@ -491,12 +264,11 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         if head is not None and head != hint:
             self._turn.set_hint(head)
             self._own_last = head
-        for claimed, outcome in zip(waiting, outcomes[1:], strict=True):
-            self._spool.reply(claimed, _answer(claimed.request.ticket, outcome))
+        self._reply(waiting, outcomes[1:])
         return outcomes[0]
 
     def _insert_one(
-        self, c: SQLiteCursor, batch: _Batch, hint: Head | None, hint_is_own: bool
+        self, c: SQLiteCursor, batch: Batch, hint: Head | None, hint_is_own: bool
     ) -> LastCommit:
         self._insert_events(c, batch.events, hint=hint, hint_is_own=hint_is_own, **batch.kwargs)
         done = last_commit()
@@ -505,7 +277,7 @@ class ChainedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         return done
 
     def _insert_isolated(
-        self, c: SQLiteCursor, batch: _Batch, hint: Head | None, hint_is_own: bool
+        self, c: SQLiteCursor, batch: Batch, hint: Head | None, hint_is_own: bool
     ) -> LastCommit | Exception:
         c.execute("SAVEPOINT charter_batch")
         try:

@@ -1,6 +1,6 @@
-"""Group commit of SQLite writers (docs/decisions/0007): writers that find the turn
-taken leave their batch in the spool, and the next holder commits them all in one
-transaction. Shown here: the group forms; a refused batch leaves the others whole;
+"""Group commit (docs/decisions/0007 and 0008), on SQLite and on PostgreSQL: writers
+that find the turn taken leave their batch in the spool, and the next holder commits
+them all in one transaction. Shown here: the group forms; a refused batch leaves the others whole;
 hostile bytes in the spool are skipped; a leader killed before or after its commit
 leaves every waiting writer with its batch committed exactly once; a leader stalled
 holding a claimed batch gives that writer OutcomeUnknownError naming the batch; a
@@ -24,7 +24,14 @@ from typing import Any
 import pytest
 
 from charter.audit.journal import audit_journal
-from charter.ledger import AppendConflictError, Journal, OutcomeUnknownError, _sqlite
+from charter.ledger import (
+    AppendConflictError,
+    Journal,
+    OutcomeUnknownError,
+    _group,
+    _postgres,
+    _sqlite,
+)
 from charter.ledger._spool import Answer, Request, Spool
 from tests.journal._support import Counter, Ping
 
@@ -87,19 +94,41 @@ def _new_journal(tmp_path: Path) -> tuple[Path, str]:
     return db, url
 
 
+RECORDERS: dict[str, Any] = {
+    "sqlite": _sqlite.ChainedSQLiteApplicationRecorder,
+    "postgres": _postgres.ChainedPostgresApplicationRecorder,
+}
+LOCK_TIMEOUT = {"sqlite": "SQLITE_LOCK_TIMEOUT", "postgres": "POSTGRES_LOCK_TIMEOUT"}
+
+
+@pytest.fixture
+def shared(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, str, str]:
+    """A new journal of the backend: the place its turn and spool are named after (the
+    journal file; for PostgreSQL a file in this user's private directory), its URL."""
+    if backend == "sqlite":
+        db, url = _new_journal(tmp_path)
+        return db, url, backend
+    url = str(request.getfixturevalue("pg_url"))
+    Journal.create(url).close()
+    with Journal.open(url) as journal:
+        place = journal._writer()[0].events.recorder._spool_place()
+    return place, url, backend
+
+
 def _pings(journal: Journal) -> list[tuple[str, int]]:
     return [(e.event.writer, e.position) for e in journal.entries() if isinstance(e.event, Ping)]
 
 
-def _count_groups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def _count_groups(monkeypatch: pytest.MonkeyPatch, backend: str) -> list[int]:
     sizes: list[int] = []
-    commit_group = _sqlite.ChainedSQLiteApplicationRecorder._commit_group
+    recorder = RECORDERS[backend]
+    commit_group = recorder._commit_group
 
     def counting(self: Any, own: Any, waiting: Any, *rest: Any) -> Any:
         sizes.append((own is not None) + len(waiting))
         return commit_group(self, own, waiting, *rest)
 
-    monkeypatch.setattr(_sqlite.ChainedSQLiteApplicationRecorder, "_commit_group", counting)
+    monkeypatch.setattr(recorder, "_commit_group", counting)
     return sizes
 
 
@@ -117,10 +146,10 @@ def _plant_hostile_writers(db: Path) -> int:
 
 
 def test_writers_waiting_for_the_turn_commit_in_one_group(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared: tuple[Path, str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db, url = _new_journal(tmp_path)
-    groups = _count_groups(monkeypatch)
+    db, url, backend = shared
+    groups = _count_groups(monkeypatch, backend)
     journals = [Journal.open(url) for _ in range(8)]
     with _turn_held(db) as release, ThreadPoolExecutor(8) as pool:
         hostile = _plant_hostile_writers(db)
@@ -147,10 +176,10 @@ def test_writers_waiting_for_the_turn_commit_in_one_group(
 
 
 def test_a_refused_batch_leaves_the_rest_of_its_group_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared: tuple[Path, str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db, url = _new_journal(tmp_path)
-    groups = _count_groups(monkeypatch)
+    db, url, backend = shared
+    groups = _count_groups(monkeypatch, backend)
     journals = [Journal.open(url) for _ in range(6)]
     counters = [Counter(name="c", value=v) for v in (1, 2)]  # both decided on version 0
     with _turn_held(db) as release, ThreadPoolExecutor(6) as pool:
@@ -187,7 +216,7 @@ def test_a_refused_batch_leaves_the_rest_of_its_group_whole(
 
 def _waiter(url: str, writer: str, nap: float, env: dict[str, str], out: Any) -> None:
     """A writer process: append one ping, report its position or its error."""
-    _sqlite._NAP_S = nap  # sleeps until answered or nudged (so the test picks the leader)
+    _group._NAP_S = nap  # sleeps until answered or nudged (so the test picks the leader)
     with Journal.open(url, env=env) as journal:
         try:
             out.put((writer, journal.append([Ping(writer=writer, batch=0, n=0)])[0].position))
@@ -195,10 +224,10 @@ def _waiter(url: str, writer: str, nap: float, env: dict[str, str], out: Any) ->
             out.put((writer, (type(e).__name__, getattr(e, "batch", None), str(e))))
 
 
-def _leader(url: str, moment: str, out: Any) -> None:
+def _leader(url: str, backend: str, moment: str, out: Any) -> None:
     """A writer process that, leading a group, dies (or stalls) at ``moment``."""
-    _sqlite._NAP_S = 60.0
-    recorder = _sqlite.ChainedSQLiteApplicationRecorder
+    _group._NAP_S = 60.0
+    recorder = RECORDERS[backend]
     commit_group = recorder._commit_group
 
     def dying(self: Any, own: Any, waiting: Any, *rest: Any) -> Any:
@@ -225,14 +254,14 @@ def _start(target: Callable[..., None], *args: Any) -> Any:
 
 @pytest.mark.parametrize("moment", ["before-commit", "after-commit"])
 def test_a_leader_killed_with_batches_waiting_leaves_each_committed_once(
-    tmp_path: Path, moment: str
+    shared: tuple[Path, str, str], moment: str
 ) -> None:
-    db, url = _new_journal(tmp_path)
+    db, url, backend = shared
     out = FORK.Queue()
     with _turn_held(db) as release:
         waiters = [_start(_waiter, url, f"w{i}", 2.0, {}, out) for i in range(4)]
         _waiting(db, 4)
-        leader = _start(_leader, url, moment, out)
+        leader = _start(_leader, url, backend, moment, out)
         _waiting(db, 5)
         release()
         _nudge(db, leader.pid)
@@ -251,13 +280,15 @@ def test_a_leader_killed_with_batches_waiting_leaves_each_committed_once(
         assert report.ok, report
 
 
-def test_a_leader_stalled_with_a_claimed_batch_is_outcome_unknown(tmp_path: Path) -> None:
-    db, url = _new_journal(tmp_path)
+def test_a_leader_stalled_with_a_claimed_batch_is_outcome_unknown(
+    shared: tuple[Path, str, str],
+) -> None:
+    db, url, backend = shared
     out = FORK.Queue()
     with _turn_held(db) as release:
-        waiter = _start(_waiter, url, "w", 1.0, {"SQLITE_LOCK_TIMEOUT": "2"}, out)
+        waiter = _start(_waiter, url, "w", 1.0, {LOCK_TIMEOUT[backend]: "2"}, out)
         _waiting(db, 1)
-        leader = _start(_leader, url, "stalled", out)
+        leader = _start(_leader, url, backend, "stalled", out)
         _waiting(db, 2)
         release()
         _nudge(db, leader.pid)
@@ -277,10 +308,9 @@ def test_a_leader_stalled_with_a_claimed_batch_is_outcome_unknown(tmp_path: Path
         assert report.ok, report
 
 
-def test_a_forged_answer_is_not_believed(tmp_path: Path) -> None:
-    db = tmp_path / "j.db"
-    url = f"sqlite:///{db}"
-    with Journal.create(url) as journal:
+def test_a_forged_answer_is_not_believed(shared: tuple[Path, str, str]) -> None:
+    db, url, _ = shared
+    with Journal.open(url) as journal:
         (first,) = journal.append([Ping(writer="first", batch=0, n=0)])
     out = FORK.Queue()
     with _turn_held(db) as release:
@@ -307,14 +337,14 @@ def test_a_forged_answer_is_not_believed(tmp_path: Path) -> None:
 
 
 def test_threads_sharing_one_journal_wait_their_turn(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared: tuple[Path, str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Threads of one process share its pipes: one batch of the process waits in the
     spool at a time, the others queue for the turn; none is lost or doubled, and the
     waiting one is committed by whichever thread leads (not after a nap: naps are an
     hour long here)."""
-    monkeypatch.setattr(_sqlite, "_NAP_S", 3600.0)
-    db, url = _new_journal(tmp_path)
+    monkeypatch.setattr(_group, "_NAP_S", 3600.0)
+    db, url, _ = shared
     with Journal.open(url) as journal, ThreadPoolExecutor(6) as pool:
         with _turn_held(db) as release:
             futures = [
@@ -351,11 +381,13 @@ def test_the_spool_is_never_more_open_than_the_journal(tmp_path: Path) -> None:
     assert modes == {f"{name}.in": 0o640, f"{name}.out": 0o640}
 
 
-def test_a_batch_whose_writer_died_waiting_is_never_committed(tmp_path: Path) -> None:
+def test_a_batch_whose_writer_died_waiting_is_never_committed(
+    shared: tuple[Path, str, str],
+) -> None:
     """A writer killed while its batch waits: the batch stays in its pipe as long as
     some leader holds the pipe open, but no leader commits it on behalf of nobody (it
     could land arbitrarily late); its pipes are removed."""
-    db, url = _new_journal(tmp_path)
+    db, url, _ = shared
     out = FORK.Queue()
     with _turn_held(db) as release:
         waiter = _start(_waiter, url, "dead", 60.0, {}, out)
@@ -374,3 +406,35 @@ def test_a_batch_whose_writer_died_waiting_is_never_committed(tmp_path: Path) ->
         assert sorted(p.name for p in spool.iterdir()) == []  # the dead writer's pipes too
     finally:
         os.close(keeper)
+
+
+@pytest.mark.postgres
+def test_postgres_writers_share_commits_only_through_a_private_place(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn and spool of a PostgreSQL journal have no journal file to live beside:
+    they live in a directory only this user may enter. Where that directory is open to
+    others (anyone could then put a batch in the spool, or answer for one), writers
+    share nothing and each batch commits alone; the journal still works."""
+    Journal.create(pg_url).close()
+    shared_dir = tmp_path / "shared"
+    (shared_dir / "charter").mkdir(parents=True)
+    os.chmod(shared_dir / "charter", 0o755)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(shared_dir))
+    with Journal.open(pg_url) as journal:
+        recorder = journal._writer()[0].events.recorder
+        with pytest.raises(OSError, match="not a directory private to this user"):
+            recorder._spool_place()
+        (entry,) = journal.append([Ping(writer="alone", batch=0, n=0)])
+        assert _pings(journal) == [("alone", entry.position)]
+    assert list((shared_dir / "charter").iterdir()) == []  # nothing made in the open
+    # Positive control: a private directory is used, with a private file in it.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(private))
+    with Journal.open(pg_url) as journal:
+        place = journal._writer()[0].events.recorder._spool_place()
+        journal.append([Ping(writer="shared", batch=0, n=0)])
+    assert place.parent == private / "charter"
+    assert stat.S_IMODE((private / "charter").stat().st_mode) == 0o700
+    assert stat.S_IMODE(place.stat().st_mode) == 0o600
