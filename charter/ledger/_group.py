@@ -330,10 +330,17 @@ class SpoolClosingFactory:
 def private_place(identity: str) -> Path:
     """A place for the turn and spool of a journal with no file of its own (a
     PostgreSQL journal): ``pg-<hash of identity>`` in a directory only this user may
-    enter (``$XDG_RUNTIME_DIR/charter``, else ``~/.cache/charter/run``). Raises OSError
+    enter (``$XDG_RUNTIME_DIR/charter`` if that is absolute, else
+    ``~/.cache/charter/run``). Raises OSError
     if that directory is not private (never a predictable name in a shared place)."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) / "charter" if runtime else Path.home() / ".cache" / "charter" / "run"
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(runtime):  # a relative one is ignored, as the XDG spec says
+        base = Path(runtime) / "charter"
+    else:
+        try:
+            base = Path.home() / ".cache" / "charter" / "run"
+        except (RuntimeError, KeyError) as e:
+            raise OSError(f"no home directory for the writers' turn and spool: {e}") from e
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = base.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o077 or not stat.S_ISDIR(info.st_mode):
