@@ -29,7 +29,7 @@ from charter.sandbox._host import (
     find_bwrap,
 )
 from charter.sandbox._janitor import sweep_orphans, sweep_sockets
-from charter.sandbox._proc import How, SandboxProcess, Stdio
+from charter.sandbox._proc import HeldInterrupt, How, SandboxProcess, Stdio
 from charter.sandbox._workspace import PersistentWorkspace, unmount_stale
 from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
 from charter.sandbox.events import (
@@ -315,6 +315,7 @@ class RawLauncher:
         registered = ended = False
         out_fd = err_fd = None
         proc: SandboxProcess | None = None
+        held = HeldInterrupt()  # a Ctrl-C from here on reaches the wait (below)
         try:
             if capture is not None:
                 out_fd = os.memfd_create("stdout")
@@ -330,7 +331,7 @@ class RawLauncher:
                     err_fd if err_fd is not None else stderr,
                 ),
             )
-            code, how = proc.wait_or_interrupt()
+            code, how = proc.wait_or_interrupt(None, held)
             wall_ms = int((time.monotonic() - start) * 1000)
             cg = proc.usage()
             proc.destroy(defer_removal=True)
@@ -361,6 +362,7 @@ class RawLauncher:
                     self._journal(lambda: [SandboxDiscarded(sandbox_id=spec.sandbox_id)])
             raise
         finally:
+            held.release(raise_pending=False)  # (an error is already on its way)
             if proc is not None and proc.proc.poll() is None:
                 proc.destroy()
             if egress is not None and registered:

@@ -23,7 +23,14 @@ from charter.sandbox.errors import SandboxUnavailableError
 from charter.sandbox.render import BwrapFds, render_bwrap, render_seccomp
 from charter.sandbox.spec import CgroupMode, SandboxSpec
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_WALL_CLOCK", "Overlay", "SandboxProcess", "exit_code_of"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_WALL_CLOCK",
+    "HeldInterrupt",
+    "Overlay",
+    "SandboxProcess",
+    "exit_code_of",
+]
 
 EXIT_WALL_CLOCK = 124
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
@@ -99,6 +106,37 @@ def _memfd(name: str, data: bytes) -> int:
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+class HeldInterrupt:
+    """Ctrl-C held back from just before a sandbox's start is journaled until its wait
+    begins (:meth:`SandboxProcess.wait_or_interrupt` lets it go). An interrupt in that
+    window used to leave the start with no end on record; held, it reaches the wait,
+    which kills the sandbox and reports it interrupted for the caller to journal.
+
+    Only the main thread gets KeyboardInterrupt, and only it may swap the SIGINT
+    handler; elsewhere, or under a handler of the caller's own, this holds nothing."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self._previous: Any = None
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            self._previous = signal.signal(signal.SIGINT, self._hold)
+
+    def _hold(self, signum: int, frame: object) -> None:
+        del signum, frame
+        self.pending = True
+
+    def release(self, *, raise_pending: bool = True) -> None:
+        """Put the handler back; raise the held interrupt, if one came (and asked)."""
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+            if self.pending and raise_pending:
+                raise KeyboardInterrupt
 
 
 class SandboxProcess:
@@ -241,11 +279,17 @@ class SandboxProcess:
         rc = self.proc.wait()
         return exit_code_of(rc), ("signalled" if rc < 0 or rc > 128 else "exited")
 
-    def wait_or_interrupt(self, deadline: float | None = None) -> tuple[int, How]:
+    def wait_or_interrupt(
+        self, deadline: float | None = None, held: HeldInterrupt | None = None
+    ) -> tuple[int, How]:
         """:meth:`wait`; on Ctrl-C (SIGINT at the launcher) the sandbox is killed and its
         end reported as ``interrupted`` with exit code 130, for the caller to journal
-        before it passes the interrupt on."""
+        before it passes the interrupt on. ``held``: the interrupt held back since the
+        start was journaled, let go here, inside the wait (one that came meanwhile
+        interrupts it at once)."""
         try:
+            if held is not None:
+                held.release()
             return self.wait(deadline)
         except KeyboardInterrupt:
             self.kill()

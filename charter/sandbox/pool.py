@@ -34,7 +34,7 @@ from charter.sandbox._launch import (
     read_memfd,
     reap,
 )
-from charter.sandbox._proc import Overlay, SandboxProcess
+from charter.sandbox._proc import HeldInterrupt, Overlay, SandboxProcess
 from charter.sandbox.egress import EgressBroker, EgressGrant
 from charter.sandbox.errors import (
     HostCannotIsolateError,
@@ -173,18 +173,22 @@ class Slot:
         self.state = SlotState.RAN
         pool, proc = self.pool, self.proc
         started = SandboxStarted(sandbox_id=self.sandbox_id, pid=proc.pid, command=tuple(command))
-        # The start is committed before the command can run: the stub is still parked
-        # (reading its argv). If the append fails the stub is killed, never fed.
+        held = HeldInterrupt()  # a Ctrl-C from here on reaches the wait, never in between
         try:
-            pool.journal(started)
-        except BaseException:
-            self._destroy()
-            raise
-        start = time.monotonic()
-        os.write(self._args_w, b"".join(a.encode() + b"\0" for a in command))
-        os.close(self._args_w)
-        self._args_w = -1
-        code, how = proc.wait_or_interrupt(deadline=start + self.spec.wall_ms / 1000)
+            # The start is committed before the command can run: the stub is still
+            # parked (reading its argv). If the append fails the stub is killed, never fed.
+            try:
+                pool.journal(started)
+            except BaseException:
+                self._destroy()
+                raise
+            start = time.monotonic()
+            os.write(self._args_w, b"".join(a.encode() + b"\0" for a in command))
+            os.close(self._args_w)
+            self._args_w = -1
+            code, how = proc.wait_or_interrupt(start + self.spec.wall_ms / 1000, held)
+        finally:
+            held.release(raise_pending=False)  # (an error is already on its way)
         wall_ms = int((time.monotonic() - start) * 1000)
         cg = proc.usage()
         attempts = pool.egress.attempts(self.spec.host_uid) if pool.egress else []

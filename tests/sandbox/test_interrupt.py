@@ -7,11 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from charter.core import Budget
+from charter.core.events import Event
 from charter.ledger import Journal
+from charter.sandbox import Launcher, MemorySink, WarmPool
 from tests.invariants import check_history, journal_history
 
 pytestmark = pytest.mark.sandbox
@@ -176,3 +180,57 @@ def test_ctrl_c_in_a_warm_slot_journals_its_end(state_dir: Path, scratch: Path) 
     assert [e["type"] for e in mine] == list(TYPES)
     assert (mine[2]["how"], mine[2]["exit_code"]) == ("interrupted", 130)
     assert not _uid_alive(int(uid))  # type: ignore[call-overload]
+
+
+class _InterruptingSink(MemorySink):
+    """A journal that is Ctrl-C'd while it records a sandbox's start: the interrupt
+    lands between the start and the wait, where its end used to be lost."""
+
+    def append(self, events: Sequence[Event]) -> object:
+        done = super().append(events)
+        if any(type(e).type_name == "SandboxStarted" for e in events):
+            os.kill(os.getpid(), signal.SIGINT)
+        return done
+
+
+def _ends(events: list[Event]) -> list[tuple[str, object]]:
+    names = ("SandboxStarted", "SandboxExited", "SandboxDiscarded")
+    return [
+        (type(e).type_name, getattr(e, "how", None))
+        for e in events
+        if type(e).type_name in names and getattr(e, "command", ("/bin/sleep",))[0] != "/bin/true"
+    ]
+
+
+def _run_sleep(sink: MemorySink, state_dir: Path, scratch: Path, *, warm: bool) -> None:
+    budget = Budget.parse("tokens=0,wall=60s,cpu=20s,mem=128MiB,egress=0MB")
+    if not warm:
+        Launcher(sink, state_dir=state_dir).run(budget, ["/bin/sleep", "300"])
+        return
+    template = scratch / "template"
+    template.mkdir(mode=0o755)
+    pool = WarmPool(template, budget, capacity=1, sink=sink, state_dir=state_dir)
+    try:
+        pool.fill()
+        slot = pool.lease()
+        try:
+            slot.run(["/bin/sleep", "300"])
+        finally:
+            pool.release(slot, refill=False)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_ctrl_c_while_the_start_is_journaled_still_journals_the_end(
+    state_dir: Path, scratch: Path, warm: bool
+) -> None:
+    """The interrupt is held from the start's append until the wait, which kills the
+    sandbox and journals SandboxExited (interrupted) before the interrupt goes on.
+    Deterministic: the journal itself raises SIGINT while recording the start."""
+    sink = _InterruptingSink()
+    with pytest.raises(KeyboardInterrupt):
+        _run_sleep(sink, state_dir, scratch, warm=warm)
+    ends = _ends(sink.events)
+    assert ends[:2] == [("SandboxStarted", None), ("SandboxExited", "interrupted")], ends
+    assert ("SandboxDiscarded", None) in ends
