@@ -92,7 +92,7 @@ def answer_for(ticket: bytes, outcome: LastCommit | Exception) -> Answer:
 class SharedCommit:
     """The writers' side of group commit. A recorder mixes it in and implements
     :meth:`_spool_place`, :meth:`_commit_group`, :meth:`_entries_between` and
-    :meth:`_entry_of`."""
+    :meth:`_entries_of`."""
 
     _turn: WriterTurn | None = None
     _spool: Spool | None = None
@@ -120,8 +120,11 @@ class SharedCommit:
         """(position, stream, version, chain hash) of the entries from first to last."""
         raise NotImplementedError
 
-    def _entry_of(self, originator: UUID, version: int) -> tuple[int, bytes, bytes] | None:
-        """(position, chain hash, state) of one stream version's entry, if any."""
+    def _entries_of(
+        self, keys: Sequence[tuple[UUID, int]]
+    ) -> list[tuple[int, bytes, bytes] | None]:
+        """(position, chain hash, state) of each (stream, version)'s entry, if any, read
+        on one connection."""
         raise NotImplementedError
 
     # -- the orchestration ---------------------------------------------------------------
@@ -245,8 +248,7 @@ class SharedCommit:
     def _find_committed(self, batch: Batch) -> LastCommit | None:
         """This batch's entries, if a leader committed it (all or none: one transaction)."""
         found = []
-        for (oid, version), s in zip(batch.keys(), batch.events, strict=True):
-            row = self._entry_of(oid, version)
+        for row, s in zip(self._entries_of(batch.keys()), batch.events, strict=True):
             if row is None or payload_bytes(row[2]) != payload_bytes(s.state):
                 return None
             found.append((row[0], row[1], stamp_of(row[2])))

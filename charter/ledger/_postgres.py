@@ -338,12 +338,19 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             for r in rows
         ]
 
-    def _entry_of(self, originator: UUID, version: int) -> tuple[int, bytes, bytes] | None:
+    def _entries_of(
+        self, keys: Sequence[tuple[UUID, int]]
+    ) -> list[tuple[int, bytes, bytes] | None]:
+        found: list[tuple[int, bytes, bytes] | None] = []
         with self.datastore.get_connection() as conn:
-            row = conn.execute(self._select_entry, (originator, version)).fetchone()
-        if row is None:
-            return None
-        return int(row["notification_id"]), bytes(row["chain_hash"]), bytes(row["state"])
+            for originator, version in keys:
+                r = conn.execute(self._select_entry, (originator, version)).fetchone()
+                found.append(
+                    None
+                    if r is None
+                    else (int(r["notification_id"]), bytes(r["chain_hash"]), bytes(r["state"]))
+                )
+        return found
 
     def _commit_group(
         self, own: Batch, waiting: list[Claimed], hint: Head | None

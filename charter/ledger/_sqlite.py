@@ -225,12 +225,17 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
             cursor.execute(_ENTRIES_BETWEEN, (first, last))
             return [(r[0], UUID(r[1]), r[2], bytes(r[3])) for r in cursor.fetchall()]
 
-    def _entry_of(self, originator: UUID, version: int) -> tuple[int, bytes, bytes] | None:
+    def _entries_of(
+        self, keys: Sequence[tuple[UUID, int]]
+    ) -> list[tuple[int, bytes, bytes] | None]:
+        found: list[tuple[int, bytes, bytes] | None] = []
         with self.datastore.get_connection(commit=False) as conn:
             cursor = conn.cursor()
-            cursor.execute(_ENTRY_OF, (originator.hex, version))
-            row = cursor.fetchone()
-        return None if row is None else (int(row[0]), bytes(row[1]), bytes(row[2]))
+            for originator, version in keys:
+                cursor.execute(_ENTRY_OF, (originator.hex, version))
+                row = cursor.fetchone()
+                found.append(None if row is None else (int(row[0]), bytes(row[1]), bytes(row[2])))
+        return found
 
     def _commit_group(
         self, own: Batch, waiting: list[Claimed], hint: Head | None
