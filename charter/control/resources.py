@@ -8,8 +8,10 @@ the spawn pipeline (:mod:`charter.control.spawn`), in the fan-out's one append.
 
 from __future__ import annotations
 
+import heapq
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import NoReturn, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 from charter.budgets import (
     ADMISSION_EVENTS,
@@ -21,6 +23,7 @@ from charter.budgets import (
     Cells,
     LeaseBook,
     LeaseEndedError,
+    LeaseGranted,
     LeaseReleased,
     LeaseRenewed,
     ResourceClass,
@@ -30,9 +33,15 @@ from charter.budgets import (
 )
 from charter.core import Budget, Event, RefusedError, now_ms
 from charter.core.errors import InternalError
-from charter.ledger import AppendConflictError, DeadlinePassedError, Journal, JournalFold
+from charter.ledger import (
+    AppendConflictError,
+    Committed,
+    DeadlinePassedError,
+    Journal,
+    JournalFold,
+)
 
-__all__ = ["AdmissionService", "BudgetService", "ResourceView"]
+__all__ = ["AdmissionService", "BudgetService", "LivePopulation", "ResourceView", "Shared"]
 
 _RETRIES = 5
 E = TypeVar("E", bound=Event)
@@ -43,8 +52,61 @@ Also = Callable[[], tuple[Sequence[Event], Mapping[str, int]]]
 _TYPES = tuple(cls.type_name for cls in (*LEASE_EVENTS, *ADMISSION_EVENTS))
 
 
+class LivePopulation:
+    """How many leases (workers, not durable agents) are live now, kept as the lease
+    events are folded, so the fabric's population ceiling costs a decision O(log n) for
+    what expired since the last one, never a walk of every lease ever granted.
+
+    A lease is live from its grant until it is released (itself or an ancestor) or its
+    expiry passes; a renewal moves its expiry. Expiries are found lazily, with a heap,
+    at the time a decision asks.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}  # lineage -> expiry, while not known ended
+        self._released: set[str] = set()
+        self._children: dict[str, list[str]] = {}
+        self._expiries: list[tuple[int, str]] = []  # a heap; stale entries skipped
+
+    def apply(self, event: Event, at_ms: int) -> None:
+        match event:
+            case LeaseGranted():
+                self._children.setdefault(event.parent, []).extend(event.lineages)
+                if event.parent in self._released:
+                    return  # granted under an ended parent: never live (the book agrees)
+                for lineage in event.lineages:
+                    self._open[lineage] = event.expires_at_ms
+                    heapq.heappush(self._expiries, (event.expires_at_ms, lineage))
+            case LeaseRenewed():
+                if event.lineage not in self._released and at_ms < event.expires_at_ms:
+                    # A renewal commits before the old expiry (its deadline), so the lease
+                    # is live again even if a query at a later clock had counted it out.
+                    self._open[event.lineage] = event.expires_at_ms
+                    heapq.heappush(self._expiries, (event.expires_at_ms, event.lineage))
+            case LeaseReleased():
+                stack = [event.lineage]
+                while stack:  # the release ends the whole subtree, as in the book
+                    lineage = stack.pop()
+                    if lineage in self._released:
+                        continue
+                    self._released.add(lineage)
+                    self._open.pop(lineage, None)
+                    stack.extend(self._children.get(lineage, ()))
+            case _:
+                pass
+
+    def live(self, at_ms: int) -> int:
+        """Leases live at ``at_ms`` (ask with a clock that does not go back)."""
+        heap = self._expiries
+        while heap and heap[0][0] <= at_ms:
+            expires, lineage = heapq.heappop(heap)
+            if self._open.get(lineage) == expires:
+                del self._open[lineage]
+        return len(self._open)
+
+
 class ResourceView(JournalFold):
-    """The lease book and the cells, kept current from the journal."""
+    """The lease book, the cells and the live population, kept current from the journal."""
 
     types = _TYPES
 
@@ -52,28 +114,64 @@ class ResourceView(JournalFold):
         super().__init__()
         self.book = LeaseBook()
         self.cells = Cells()
+        self.population = LivePopulation()
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         del position
         if isinstance(event, LEASE_EVENTS):
             self.book.apply(event, at_ms)
+            self.population.apply(event, at_ms)
         elif isinstance(event, ADMISSION_EVENTS):
             self.cells.apply(event)
+
+
+class Shared(Protocol):
+    """The read state a process shares between its handlers (``charter.control.Views``):
+    the resource view, one lock, and one refresh that keeps every view current."""
+
+    lock: threading.RLock
+    resources: ResourceView
+
+    def refresh(self, journal: Journal) -> None: ...
+
+    def applied(self, committed: Sequence[Committed]) -> None: ...
+
+
+class _Own:
+    """A handler's private read state, for one built on its own (tests, tools)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.resources = ResourceView()
+
+    def refresh(self, journal: Journal) -> None:
+        self.resources.refresh(journal)
+
+    def applied(self, committed: Sequence[Committed]) -> None:
+        self.resources.applied(committed)
 
 
 class BudgetService:
     """Usage, release and renewal of leases: decide on the folded state, append pinned
     to the stream the decision read, refuse (journaled) what the book does not allow."""
 
-    def __init__(self, journal: Journal, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        clock: Callable[[], int] = now_ms,
+        *,
+        shared: Shared | None = None,
+    ) -> None:
         self.journal = journal
         self.clock = clock
-        self.view = ResourceView()
+        self.shared = shared or _Own()
+        self.view = self.shared.resources
 
     def remaining(self, lineage: str, at_ms: int | None = None) -> Budget:
         """What ``lineage`` holds now (or at ``at_ms``), from the journal as it stands."""
-        self.view.refresh(self.journal)
-        return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
+        with self.shared.lock:
+            self.shared.refresh(self.journal)
+            return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
 
     def record_usage(self, lineage: str, amount: Budget) -> UsageRecorded:
         return self._decide_and_append(
@@ -103,7 +201,17 @@ class BudgetService:
         decide: Callable[[int], E],
         then: Also | None = None,
     ) -> E:
-        self.view.refresh(self.journal)
+        with self.shared.lock:  # the views are shared: one decision at a time
+            return self._decide_locked(operation, lineage, decide, then)
+
+    def _decide_locked(
+        self,
+        operation: str,
+        lineage: str,
+        decide: Callable[[int], E],
+        then: Also | None = None,
+    ) -> E:
+        self.shared.refresh(self.journal)
         if lineage not in self.view.book:  # a typo is not a policy decision: not journaled
             raise UnknownLeaseError(
                 f"no lease or budget ledger for {lineage} in the journal; nothing was "
@@ -112,7 +220,7 @@ class BudgetService:
         for _ in range(_RETRIES):
             # Versions first, then the view: the view covers everything they do.
             expect = {s: self.journal.stream_version(s) for s in self._streams(operation, lineage)}
-            self.view.refresh(self.journal)
+            self.shared.refresh(self.journal)
             also, pins = then() if then is not None else ((), {})
             now = self.clock()
             try:
@@ -137,7 +245,7 @@ class BudgetService:
                 )
             except RefusedError as error:
                 self._refuse(operation, lineage, error)
-            self.view.applied(committed)
+            self.shared.applied(committed)
             return event
         raise AppendConflictError(f"{operation} of {lineage} kept racing other writers; retry")
 
@@ -156,7 +264,7 @@ class BudgetService:
         lease too and a parent's fan-out spends what it has left (a usage decided before
         either must not commit after it). A release: the lease's own."""
         if lineage not in self.view.book:
-            self.view.refresh(self.journal)
+            self.shared.refresh(self.journal)
         if lineage not in self.view.book:
             return [lineage]  # the decision refuses it, with its named reason
         chain = [ledger.lineage for ledger in self.view.book.chain(lineage)]
@@ -169,9 +277,16 @@ class AdmissionService:
     """Slots on cells: admit (all or none), release, and the coordinator's swap, each
     appended pinned to the cell's stream so no two admitters can take the last slot."""
 
-    def __init__(self, journal: Journal, view: ResourceView | None = None) -> None:
+    def __init__(
+        self, journal: Journal, view: ResourceView | None = None, *, shared: Shared | None = None
+    ) -> None:
         self.journal = journal
-        self.view = view or ResourceView()
+        if shared is None:
+            shared = _Own()
+            if view is not None:
+                shared.resources = view
+        self.shared = shared
+        self.view = shared.resources
 
     def configure(
         self, cell: str, caps: dict[ResourceClass, int], *, cores: int, failover_reserve: int
@@ -218,13 +333,14 @@ class AdmissionService:
     def _pinned(self, cell: str, decide: Callable[[], tuple[Event, ...]]) -> tuple[Event, ...]:
         stream = f"cell:{cell}"
         for _ in range(_RETRIES * 4):
-            version = self.journal.stream_version(stream)
-            self.view.refresh(self.journal)
-            events = decide()
-            try:
-                committed = self.journal.append(events, expect={stream: version})
-            except AppendConflictError:
-                continue
-            self.view.applied(committed)
-            return events
+            with self.shared.lock:
+                version = self.journal.stream_version(stream)
+                self.shared.refresh(self.journal)
+                events = decide()
+                try:
+                    committed = self.journal.append(events, expect={stream: version})
+                except AppendConflictError:
+                    continue
+                self.shared.applied(committed)
+                return events
         raise AppendConflictError(f"admission on cell {cell!r} kept racing; retry")

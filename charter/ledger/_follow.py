@@ -47,3 +47,42 @@ class JournalFold:
             for c in committed:
                 self.apply(c.event, c.position, at_ms)
             self.position = committed[-1].position
+
+
+class Folds(JournalFold):
+    """Several folds kept current by one read of the journal: each entry is read and
+    decoded once, then given to every fold that wants its type and has not folded it
+    (a fold added late catches up from its own position)."""
+
+    def __init__(self, *folds: JournalFold) -> None:
+        super().__init__()
+        self._folds: list[tuple[JournalFold, frozenset[str]]] = []
+        for fold in folds:
+            self.add(fold)
+
+    def add(self, fold: JournalFold) -> None:
+        self._folds.append((fold, frozenset(fold.types)))
+        self.position = min(f.position for f, _ in self._folds)
+
+    def apply(self, event: Event, position: int, at_ms: int) -> None:
+        name = type(event).type_name
+        for fold, wanted in self._folds:
+            if position > fold.position and name in wanted:
+                fold.apply(event, position, at_ms)
+
+    def refresh(self, journal: Journal) -> None:
+        self.position = min(f.position for f, _ in self._folds)
+        wanted = frozenset().union(*(w for _, w in self._folds))
+        for batch in journal.payloads(start=self.position + 1):
+            for position, topic, state in batch:
+                if topic.partition("/")[0] in wanted:
+                    at, event = decode_state(topic, state)
+                    self.apply(event, position, entry_ms(at))
+            self.position = batch[-1][0]
+            for fold, _ in self._folds:
+                fold.position = max(fold.position, self.position)
+
+    def applied(self, committed: Sequence[Committed]) -> None:
+        for fold, _ in self._folds:
+            fold.applied(committed)
+        self.position = min(f.position for f, _ in self._folds)

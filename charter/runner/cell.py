@@ -32,21 +32,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from charter.app import Charter
 from charter.authority import SealedGrant
-from charter.budgets import ResourceClass, SlotAdmitted
-from charter.control import (
-    BudgetService,
-    HostLoad,
-    ResourceView,
-    host_cap_inputs,
-    worker_stream,
-)
-from charter.core import Budget, CharterError, Event, KeyStore, now_ms
+from charter.budgets import CapInputs, ResourceClass, SlotAdmitted
+from charter.control import worker_stream
+from charter.core import Budget, CharterError, Event, now_ms
 from charter.ledger import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
-    Journal,
+    Committed,
     OutcomeUnknownError,
 )
 from charter.runner._admission import queue_admissions
@@ -93,42 +88,53 @@ class Cell:
 
     def __init__(
         self,
-        journal: Journal,
-        keys: KeyStore,
+        app: Charter,
         *,
         cell: str,
         budget: Budget,
         template: Path | None = None,
         state_dir: Path | None = None,
-        host_load: HostLoad = host_cap_inputs,
         key_broker: KeyBroker | None = None,
         egress_broker: EgressBroker | None = None,
         pool_capacity: int | None = None,
     ) -> None:
-        self.journal = journal
-        self.keys = keys
+        # The cell receives the composition root's services and views; it builds none.
+        self.app = app
+        self.journal = app.journal
+        self.keys = app.keys
         self.cell = cell
         self.template = template
         self.budget = budget
         self.state_dir = state_dir
-        self.host_load = host_load
         self.key_broker = key_broker or KeyBroker()
         self.egress_broker = egress_broker
         self.pool_capacity = pool_capacity
         self.tracking = f"charter.cell.{cell}"
         self.view = WorkersView()
-        self.resources = ResourceView()
-        self.budgets = BudgetService(journal)
+        app.views.watch(self.view)  # one read of the journal keeps every view current
+        self.resources = app.views.resources
+        self.budgets = app.budgets()
         self.incarnation = 0
         self.pool: WarmPool | None = None
         self._filler: PoolFiller | None = None
-        self._lock = threading.RLock()  # the folds and the cell's appends
+        self._lock = app.views.lock  # the folds and the process's decisions and appends
         self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
         self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
-        self.custody = Custody(keys, self.key_broker)
+        self.custody = Custody(self.keys, self.key_broker)
         self._threads: list[threading.Thread] = []
         self._scanned = 0  # admissions read up to here by this process
         self.changed = threading.Condition(self._lock)
+
+    def host_load(self, cores: int, reserve: int) -> CapInputs:
+        """The adaptive cap's inputs, as the composition root takes them."""
+        return self.app.host_load(cores, reserve)
+
+    def refresh(self) -> None:
+        """Bring every view of the process up to date (hold the lock)."""
+        self.app.views.refresh(self.journal)
+
+    def applied(self, committed: tuple[Committed, ...]) -> None:
+        self.app.views.applied(committed)
 
     # -- life ------------------------------------------------------------------------
 
@@ -136,8 +142,7 @@ class Cell:
         """Journal this incarnation, recover from the last one, build the pool."""
         template = self.template or self._own_template()
         with self._lock:
-            self.view.refresh(self.journal)
-            self.resources.refresh(self.journal)
+            self.refresh()
             state = self.resources.cells.get(self.cell)
             self.incarnation = self.view.incarnations.get(self.cell, 0) + 1
             started = CellStarted(
@@ -234,8 +239,7 @@ class Cell:
         self._admit_room()
         with self._lock:
             tracked = self.journal.tracked_position(self.tracking)
-            self.view.refresh(self.journal)
-            self.resources.refresh(self.journal)
+            self.refresh()
             start, stop = max(tracked, self._scanned) + 1, self.view.position
             admitted = (
                 [
@@ -271,8 +275,7 @@ class Cell:
         for _ in range(_RETRIES):
             with self._lock:
                 version = self.journal.stream_version(f"cell:{self.cell}")
-                self.resources.refresh(self.journal)
-                self.view.refresh(self.journal)
+                self.refresh()
                 state = self.resources.cells.cells().get(self.cell)
                 if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
                     return
@@ -298,7 +301,7 @@ class Cell:
     def idle(self) -> bool:
         """Nothing of this cell's is running or waiting to run."""
         with self._lock:
-            self.view.refresh(self.journal)
+            self.refresh()
             return not self.view.live_count.get(self.cell, 0)
 
     # -- one worker --------------------------------------------------------------------
@@ -354,7 +357,7 @@ class Cell:
                     expect={worker_stream(w.lineage): 1},  # the schedule, and nothing since
                     tracking=(self.tracking, position),
                 )
-                self.view.applied(committed)
+                self.applied(committed)
                 self._slots[w.lineage] = slot
                 self._by_uid[slot.host_uid] = w.lineage
         except (AppendConflictError, AlreadyTrackedError, AppendFailedError) as error:
@@ -385,7 +388,7 @@ class Cell:
                     )
                 ]
             )
-            self.view.refresh(self.journal)
+            self.refresh()
             record = self.view.workers[w.lineage]
         if record.result is None and outcome.stdout:
             # A worker that never used the door answers with what it printed.
@@ -482,7 +485,7 @@ class Cell:
                     committed = self.journal.append(events, expect=pins)
                 except AppendConflictError:
                     continue
-                self.view.applied(committed)
+                self.applied(committed)
                 self.changed.notify_all()
                 return
         raise AppendConflictError(f"settling {lineage}'s slots kept racing; retry")
@@ -494,8 +497,7 @@ class Cell:
         head(s) admitted into the room there is (never over the cap); with the cell
         stream's version, read before the folds, to pin the append to (hold the lock)."""
         version = self.journal.stream_version(f"cell:{self.cell}")
-        self.resources.refresh(self.journal)
-        self.view.refresh(self.journal)
+        self.refresh()
         cells = self.resources.cells
         state = cells.get(self.cell)
         held = [r for r in ResourceClass if lineage in state.holders[r]]
@@ -531,18 +533,18 @@ class Cell:
 
     def _kill_descendants(self, lineage: str, reason: str) -> None:
         with self._lock:
-            self.view.refresh(self.journal)
+            self.refresh()
             below = self.view.live_descendants(lineage)
         for w in below:
             self._kill_one(w.lineage, reason)
 
     def _kill_one(self, lineage: str, reason: str) -> None:
         with self._lock:
-            self.view.refresh(self.journal)
+            self.refresh()
             w = self.view.workers.get(lineage)
             if w is None or not w.live or w.killed is not None or w.exit_code is not None:
                 return  # gone, being killed, or already exited by itself
-            self.view.applied(self.journal.append([WorkerKilled(lineage=lineage, reason=reason)]))
+            self.applied(self.journal.append([WorkerKilled(lineage=lineage, reason=reason)]))
             slot = self._slots.get(lineage)
         if slot is not None:
             kill_uid(slot.host_uid)  # its driver thread journals the end
@@ -573,7 +575,7 @@ class Cell:
             text=data.decode("utf-8", errors="replace"),
         )
         with self._lock:
-            self.view.applied(self.journal.append([event]))
+            self.applied(self.journal.append([event]))
         return digest
 
     def sign(self, lineage: str, tag: str, message: bytes) -> bytes:
@@ -590,7 +592,7 @@ class Cell:
         """``lineage``'s committed grant, parsed (a start parses it once, for the caps
         and the custody key: each parse validates the whole grant)."""
         with self._lock:
-            self.view.refresh(self.journal)
+            self.refresh()
             minted = self.view.grants.get(lineage)
         if minted is None:
             raise LeaseSpentError(f"{lineage} has no committed grant")
@@ -599,7 +601,7 @@ class Cell:
     def _caps(self, lineage: str, grant: SealedGrant) -> WorkerCaps:
         """The sandbox caps of ``lineage``: its lease and ``grant`` as committed, now."""
         with self._lock:
-            self.resources.refresh(self.journal)
+            self.refresh()
             book = self.resources.book
             at = now_ms()
             return worker_caps(

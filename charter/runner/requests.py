@@ -12,7 +12,7 @@ from nacl.signing import SigningKey
 
 from charter.authority import SpawnIntent
 from charter.budgets import ResourceClass
-from charter.control import Caller, SpawnResult, SpawnService, WorkerSpec
+from charter.control import Caller, SpawnResult, WorkerSpec
 from charter.core import Event, Lineage
 from charter.ledger import AppendConflictError
 from charter.runner._view import WorkerRecord
@@ -36,20 +36,16 @@ class WorkerRequests:
         """The worker as a caller: its journaled chain and its custody key, derived from
         the root's custody key along the committed grants."""
         with self.cell.changed:
-            self.cell.view.refresh(self.cell.journal)
+            self.cell.refresh()
             chain = self.cell.view.chain(lineage)
         return Caller(chain, self._signing_key(lineage))
 
     def spawn(
         self, lineage: str, intent: SpawnIntent, workers: tuple[WorkerSpec, ...]
     ) -> SpawnResult:
-        service = SpawnService(
-            self.cell.journal,
-            keystore=self.cell.keys,
-            cell=self.name,
-            host_load=self.cell.host_load,
-        )
-        result = service.spawn(self.caller(lineage), intent, workers)
+        # The process's one spawn pipeline: the operator's ceilings and gate hold here
+        # exactly as for ``charter spawn``.
+        result = self.cell.app.spawn(self.caller(lineage), intent, workers=workers)
         with self.cell.changed:
             self.cell.changed.notify_all()
         return result
@@ -67,7 +63,7 @@ class WorkerRequests:
         timed_out = False
         with self.cell.changed:
             while True:
-                self.cell.view.refresh(self.cell.journal)
+                self.cell.refresh()
                 live = [
                     c
                     for c in children
@@ -85,7 +81,7 @@ class WorkerRequests:
                 self.cell.kill(child, f"{lineage} stopped waiting (timed out)")
         self._back_to_processing(lineage)
         with self.cell.changed:
-            self.cell.view.refresh(self.cell.journal)
+            self.cell.refresh()
             return {c: self._answer(self.cell.view.workers.get(c)) for c in children} | {
                 "timed_out": timed_out
             }
@@ -110,7 +106,7 @@ class WorkerRequests:
         for _ in range(_RETRIES):
             with self.cell.changed:
                 version = self.cell.journal.stream_version(f"cell:{self.name}")
-                self.cell.resources.refresh(self.cell.journal)
+                self.cell.refresh()
                 swap = self.cell.resources.cells.decide_wait_on_children(self.name, lineage)
                 waiting = WorkerWaiting(
                     lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
@@ -132,7 +128,7 @@ class WorkerRequests:
         for _ in range(_RETRIES):
             with self.cell.changed:
                 version = self.cell.journal.stream_version(f"cell:{self.name}")
-                self.cell.resources.refresh(self.cell.journal)
+                self.cell.refresh()
                 cells = self.cell.resources.cells
                 release = cells.decide_release(self.name, lineage, ResourceClass.COORDINATION)
                 state = cells.get(self.name)
@@ -148,7 +144,7 @@ class WorkerRequests:
                 break
         with self.cell.changed:
             while True:
-                self.cell.resources.refresh(self.cell.journal)
+                self.cell.refresh()
                 holders = self.cell.resources.cells.get(self.name).holders[ResourceClass.PROCESSING]
                 if lineage in holders:
                     return
