@@ -2,6 +2,7 @@
 and hand out only after the commit. The spawn pipeline, the directory, budgets
 (usage, release, renewal) and admission, over one process's shared :class:`Views`."""
 
+from charter.control._queue import queue_admissions
 from charter.control.directory import (
     DEFAULT_CEILING_TTL_S,
     AgentRecord,
@@ -10,6 +11,8 @@ from charter.control.directory import (
     custody_key_name,
     register_root,
 )
+from charter.control.handler import RETRIES, Folded, Pinned, append_pinned
+from charter.control.load import HostLoad, host_cap_inputs, steady_load
 from charter.control.resources import (
     AdmissionService,
     BudgetService,
@@ -20,12 +23,9 @@ from charter.control.resources import (
 from charter.control.spawn import (
     DEFAULT_CELL,
     Caller,
-    HostLoad,
     RegistryRead,
     SpawnResult,
     SpawnService,
-    host_cap_inputs,
-    steady_load,
 )
 from charter.control.views import Views
 from charter.control.workers import (
@@ -56,6 +56,11 @@ __all__ = [
     "host_cap_inputs",
     "steady_load",
     "Views",
+    "RETRIES",
+    "Folded",
+    "Pinned",
+    "append_pinned",
+    "queue_admissions",
     "WorkerScheduled",
     "WorkerSpec",
     "inputs_digest",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import NoReturn, Protocol, TypeVar
 
 from charter.budgets import (
@@ -31,6 +31,9 @@ from charter.budgets import (
     UnknownLeaseError,
     UsageRecorded,
 )
+from charter.control._queue import queue_admissions
+from charter.control.handler import Folded, Pinned, append_pinned
+from charter.control.load import HostLoad, host_cap_inputs
 from charter.core import Budget, Event, RefusedError, now_ms
 from charter.core.errors import InternalError
 from charter.ledger import (
@@ -125,16 +128,11 @@ class ResourceView(JournalFold):
             self.cells.apply(event)
 
 
-class Shared(Protocol):
+class Shared(Folded, Protocol):
     """The read state a process shares between its handlers (``charter.control.Views``):
     the resource view, one lock, and one refresh that keeps every view current."""
 
-    lock: threading.RLock
     resources: ResourceView
-
-    def refresh(self, journal: Journal) -> None: ...
-
-    def applied(self, committed: Sequence[Committed]) -> None: ...
 
 
 class _Own:
@@ -175,7 +173,11 @@ class BudgetService:
 
     def record_usage(self, lineage: str, amount: Budget) -> UsageRecorded:
         return self._decide_and_append(
-            "usage", lineage, lambda now: self.view.book.decide_usage(lineage, amount, now)
+            "usage",
+            lineage,
+            lambda now: self.view.book.decide_usage(
+                lineage, amount, now, settled_ms=self.view.settled_ms
+            ),
         )
 
     def release(self, lineage: str, then: Also | None = None) -> LeaseReleased:
@@ -273,12 +275,30 @@ class BudgetService:
         return chain if operation == "usage" else chain[:1]
 
 
+Live = Callable[[str], bool]
+"""Whether a holder's worker is still live (the cell's workers view): a queued worker
+killed meanwhile is admitted and released at once, which clears it from the queue."""
+
+
+def _everyone_live(lineage: str) -> bool:
+    del lineage
+    return True
+
+
 class AdmissionService:
-    """Slots on cells: admit (all or none), release, and the coordinator's swap, each
-    appended pinned to the cell's stream so no two admitters can take the last slot."""
+    """Slots on cells, each change appended pinned to the cell's stream (so no two
+    admitters take the last slot), through :func:`append_pinned`: configuring caps,
+    admitting (all or none), and the cell's own moves: admitting its queue into room
+    it has, a coordinator's swap to a coordination slot and back, and the settlement
+    of a worker's end (its slots back, the queue's head admitted)."""
 
     def __init__(
-        self, journal: Journal, view: ResourceView | None = None, *, shared: Shared | None = None
+        self,
+        journal: Journal,
+        view: ResourceView | None = None,
+        *,
+        shared: Shared | None = None,
+        host_load: HostLoad = host_cap_inputs,
     ) -> None:
         self.journal = journal
         if shared is None:
@@ -287,21 +307,20 @@ class AdmissionService:
                 shared.resources = view
         self.shared = shared
         self.view = shared.resources
+        self.host_load = host_load
 
     def configure(
         self, cell: str, caps: dict[ResourceClass, int], *, cores: int, failover_reserve: int
     ) -> CellConfigured:
-        (event,) = self._pinned(
+        event = self.view.cells.decide_configure  # decided on the views as they stand then
+        done = self._pinned(
             cell,
-            lambda: (
-                self.view.cells.decide_configure(
-                    cell, caps, cores=cores, failover_reserve=failover_reserve
-                ),
-            ),
+            lambda: (event(cell, caps, cores=cores, failover_reserve=failover_reserve),),
         )
-        if not isinstance(event, CellConfigured):  # decide_configure makes only that
-            raise InternalError(f"decide_configure made {type(event).__name__}")
-        return event
+        (configured,) = done
+        if not isinstance(configured, CellConfigured):  # decide_configure makes only that
+            raise InternalError(f"decide_configure made {type(configured).__name__}")
+        return configured
 
     def admit(
         self,
@@ -323,24 +342,94 @@ class AdmissionService:
 
         return tuple(e for e in self._pinned(cell, decide) if isinstance(e, SlotAdmitted))
 
-    def release(self, cell: str, lineage: str, resource: ResourceClass) -> None:
-        self._pinned(cell, lambda: (self.view.cells.decide_release(cell, lineage, resource),))
+    # -- the cell's moves ------------------------------------------------------------
 
-    def wait_on_children(self, cell: str, lineage: str) -> None:
-        """Give back the processing slot and hold a coordination slot instead."""
-        self._pinned(cell, lambda: self.view.cells.decide_wait_on_children(cell, lineage))
+    def admit_queued(
+        self, cell: str, live: Live = _everyone_live, *, freed: int = 0, dead: Collection[str] = ()
+    ) -> list[Event]:
+        """Admissions of ``cell``'s processing queue head(s) (:func:`queue_admissions`)
+        on the views as they stand (hold the lock)."""
+        cells = self.view.cells
+        state = cells.get(cell)
+        inputs = self.host_load(state.cores, state.failover_reserve)
+        return queue_admissions(cells, cell, inputs, live, freed=freed, dead=dead)
+
+    def admit_room(self, cell: str, live: Live = _everyone_live) -> bool:
+        """Admit queued workers into room no release will announce (a fan-out queued
+        while the host was loaded, or before the cell was configured); True if any."""
+
+        def decide(_: dict[str, int]) -> Pinned | None:
+            state = self.view.cells.cells().get(cell)
+            if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
+                return None
+            return Pinned(self.admit_queued(cell, live))
+
+        return self._append(cell, decide) is not None
+
+    def settlement(
+        self, cell: str, lineage: str, extra: Sequence[Event] = (), live: Live = _everyone_live
+    ) -> tuple[list[Event], dict[str, int]]:
+        """``extra``, every slot ``lineage`` holds on ``cell`` given back, and the
+        processing queue's head(s) admitted into the room there is (never over the
+        cap); with the cell stream's version, read before the views, to pin the append
+        to (hold the lock until it commits)."""
+        version = self.journal.stream_version(f"cell:{cell}")
+        self.shared.refresh(self.journal)
+        return self._settlement(cell, lineage, extra, live), {f"cell:{cell}": version}
+
+    def _settlement(
+        self, cell: str, lineage: str, extra: Sequence[Event], live: Live
+    ) -> list[Event]:
+        cells = self.view.cells
+        state = cells.get(cell)
+        held = [r for r in ResourceClass if lineage in state.holders[r]]
+        events: list[Event] = list(extra)
+        events.extend(cells.decide_release(cell, lineage, r) for r in held)
+        freed = 1 if ResourceClass.PROCESSING in held else 0
+        events.extend(self.admit_queued(cell, live, freed=freed, dead={lineage}))
+        return events
+
+    def settle(
+        self, cell: str, lineage: str, extra: Sequence[Event] = (), live: Live = _everyone_live
+    ) -> tuple[Committed, ...]:
+        """:meth:`settlement`, appended pinned to the cell's stream."""
+        done = self._append(cell, lambda _: Pinned(self._settlement(cell, lineage, extra, live)))
+        return () if done is None else done[1]
+
+    def wait_on_children(
+        self, cell: str, lineage: str, waiting: Event, live: Live = _everyone_live
+    ) -> None:
+        """A coordinator waits on its children (``waiting`` says on which): it gives
+        back its processing slot, which goes to the queue's head at once, and holds a
+        coordination slot instead, so deep trees never deadlock on processing slots."""
+
+        def decide(_: dict[str, int]) -> Pinned:
+            swap = self.view.cells.decide_wait_on_children(cell, lineage)
+            return Pinned([waiting, *swap, *self.admit_queued(cell, live, freed=1)])
+
+        self._append(cell, decide)
+
+    def resume_processing(self, cell: str, lineage: str) -> None:
+        """The coordinator's children ended: give back its coordination slot and take
+        (or queue for) a processing one."""
+
+        def decide(_: dict[str, int]) -> Pinned:
+            cells = self.view.cells
+            release = cells.decide_release(cell, lineage, ResourceClass.COORDINATION)
+            state = cells.get(cell)
+            inputs = self.host_load(state.cores, state.failover_reserve)
+            placed = cells.decide_place(cell, [lineage], ResourceClass.PROCESSING, inputs)
+            return Pinned([release, *placed])
+
+        self._append(cell, decide)
+
+    def _append(
+        self, cell: str, decide: Callable[[dict[str, int]], Pinned | None]
+    ) -> tuple[Pinned, tuple[Committed, ...]] | None:
+        return append_pinned(
+            self.journal, self.shared, [f"cell:{cell}"], decide, what=f"admission on cell {cell!r}"
+        )
 
     def _pinned(self, cell: str, decide: Callable[[], tuple[Event, ...]]) -> tuple[Event, ...]:
-        stream = f"cell:{cell}"
-        for _ in range(_RETRIES * 4):
-            with self.shared.lock:
-                version = self.journal.stream_version(stream)
-                self.shared.refresh(self.journal)
-                events = decide()
-                try:
-                    committed = self.journal.append(events, expect={stream: version})
-                except AppendConflictError:
-                    continue
-                self.shared.applied(committed)
-                return events
-        raise AppendConflictError(f"admission on cell {cell!r} kept racing; retry")
+        done = self._append(cell, lambda _: Pinned(decide()))
+        return () if done is None else tuple(done[0].events)

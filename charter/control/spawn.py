@@ -20,7 +20,6 @@ is journaled (with the gate's record, when the gate was asked) and raised.
 from __future__ import annotations
 
 import hmac
-import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,7 +51,6 @@ from charter.authority import (
 )
 from charter.authority.errors import AuthorityRefusedError
 from charter.budgets import (
-    CapInputs,
     CeilingCheckFailedOpen,
     FabricCeilings,
     RegistryFacts,
@@ -62,6 +60,7 @@ from charter.budgets import (
     check_ceilings,
 )
 from charter.control.directory import AgentRecord, custody_key_name
+from charter.control.load import HostLoad, host_cap_inputs, steady_load
 from charter.control.views import Views
 from charter.control.workers import WorkerScheduled, WorkerSpec
 from charter.core import (
@@ -91,9 +90,6 @@ _CONFLICT_RETRIES = 8
 
 RegistryRead = Callable[[], RegistryFacts]
 """Reads the registry for the ceilings stage; may raise (the stage then fails open)."""
-
-HostLoad = Callable[[int, int], CapInputs]
-"""The adaptive processing cap's inputs for a cell of (cores, failover reserve)."""
 
 
 @dataclass(frozen=True)
@@ -138,23 +134,6 @@ class SpawnResult:
             "admitted": list(self.admitted),
             "queued": list(self.queued),
         }
-
-
-def host_cap_inputs(cores: int, failover_reserve: int) -> CapInputs:
-    """The adaptive cap's inputs on this host: its load now, no live peers known."""
-    return CapInputs(
-        cores=cores,
-        failover_reserve=failover_reserve,
-        load_average=os.getloadavg()[0],
-        live_peers=0,
-    )
-
-
-def steady_load(cores: int, reserve: int) -> CapInputs:
-    """The adaptive cap's inputs WITHOUT the host's load average: only for a shared or
-    busy machine where someone else's load would shrink this cell to nothing (the
-    demo's ``--ignore-host-load``). Cores, reserve and the configured caps still hold."""
-    return CapInputs(cores=cores, failover_reserve=reserve, load_average=0.0, live_peers=0)
 
 
 class _AskedOnce:
@@ -421,8 +400,14 @@ class SpawnService:
             for child in decision.children
         ]
         try:
+            # Children whose expiry the views cannot know to be final yet count as live
+            # (a usage stamped before their end may still commit: LeaseBook.remaining).
             leases = self.resources.book.decide_leases(
-                str(decision.parent), children, now, decision.fanout_id
+                str(decision.parent),
+                children,
+                now,
+                decision.fanout_id,
+                settled_ms=self.resources.settled_ms,
             )
         except RefusedError as error:
             return decision.refused(error, str(decision.parent), intent)

@@ -44,7 +44,6 @@ from charter.ledger import (
     Committed,
     OutcomeUnknownError,
 )
-from charter.runner._admission import queue_admissions
 from charter.runner._caps import WorkerCaps, worker_caps
 from charter.runner._custody import Custody, custody_seed
 from charter.runner._filler import PoolFiller
@@ -75,7 +74,6 @@ from charter.sandbox.launcher import leased_event
 
 __all__ = ["Cell", "kill_uid"]
 
-_RETRIES = 16
 _STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
 Outcome = Literal["exited", "killed", "failed"]
 
@@ -114,6 +112,7 @@ class Cell:
         app.views.watch(self.view)  # one read of the journal keeps every view current
         self.resources = app.views.resources
         self.budgets = app.budgets()
+        self.admission = app.admission()
         self.incarnation = 0
         self.pool: WarmPool | None = None
         self._filler: PoolFiller | None = None
@@ -272,22 +271,9 @@ class Cell:
     def _admit_room(self) -> None:
         """Admit queued workers when the cell has room no release will announce (a
         fan-out queued while the host was loaded, or before the cell was configured)."""
-        for _ in range(_RETRIES):
-            with self._lock:
-                version = self.journal.stream_version(f"cell:{self.cell}")
-                self.refresh()
-                state = self.resources.cells.cells().get(self.cell)
-                if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
-                    return
-                events = self.admit_queued(freed=0)
-                if not events:
-                    return
-                try:
-                    self.journal.append(events, expect={f"cell:{self.cell}": version})
-                except AppendConflictError:
-                    continue
+        with self._lock:
+            if self.admission.admit_room(self.cell, self.live):
                 self.changed.notify_all()
-                return
 
     def run(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.01) -> None:
         """Follow the journal until ``until()`` is true."""
@@ -475,53 +461,23 @@ class Cell:
         self._settle(w.lineage, settle)
 
     def _settle(self, lineage: str, extra: tuple[Event, ...]) -> None:
-        """In one append pinned to the cell's stream: :meth:`_settlement`."""
-        for _ in range(_RETRIES):
-            with self._lock:
-                events, pins = self._settlement(lineage, extra)
-                if not events:
-                    return
-                try:
-                    committed = self.journal.append(events, expect=pins)
-                except AppendConflictError:
-                    continue
-                self.applied(committed)
+        """The settlement of ``lineage`` (its slots back, the queue's head admitted),
+        appended pinned to the cell's stream."""
+        with self._lock:
+            if self.admission.settle(self.cell, lineage, extra, self.live):
                 self.changed.notify_all()
-                return
-        raise AppendConflictError(f"settling {lineage}'s slots kept racing; retry")
 
     def _settlement(
         self, lineage: str, extra: tuple[Event, ...]
     ) -> tuple[list[Event], dict[str, int]]:
-        """``extra``, every slot ``lineage`` holds given back, and the processing queue's
-        head(s) admitted into the room there is (never over the cap); with the cell
-        stream's version, read before the folds, to pin the append to (hold the lock)."""
-        version = self.journal.stream_version(f"cell:{self.cell}")
-        self.refresh()
-        cells = self.resources.cells
-        state = cells.get(self.cell)
-        held = [r for r in ResourceClass if lineage in state.holders[r]]
-        events: list[Event] = list(extra)
-        events.extend(cells.decide_release(self.cell, lineage, r) for r in held)
-        freed = 1 if ResourceClass.PROCESSING in held else 0
-        events.extend(self.admit_queued(freed=freed, dead={lineage}))
-        return events, {f"cell:{self.cell}": version}
+        """The settlement's events and pins, for the same append as the lease's return
+        (hold the lock until it commits)."""
+        return self.admission.settlement(self.cell, lineage, extra, self.live)
 
-    def admit_queued(
-        self, *, freed: int, dead: frozenset[str] | set[str] = frozenset()
-    ) -> list[Event]:
-        """Admissions of the processing queue's head(s) (:func:`queue_admissions`), on
-        the folds as they stand (hold the lock)."""
-        cells = self.resources.cells
-        state = cells.get(self.cell)
-        workers = self.view.workers
-
-        def live(lineage: str) -> bool:
-            w = workers.get(lineage)
-            return w is None or w.live
-
-        inputs = self.host_load(state.cores, state.failover_reserve)
-        return queue_admissions(cells, self.cell, inputs, live, freed=freed, dead=dead)
+    def live(self, lineage: str) -> bool:
+        """Whether ``lineage`` is not known to have ended (hold the lock)."""
+        w = self.view.workers.get(lineage)
+        return w is None or w.live
 
     # -- kills -----------------------------------------------------------------------
 

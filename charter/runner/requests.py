@@ -13,8 +13,7 @@ from nacl.signing import SigningKey
 from charter.authority import SpawnIntent
 from charter.budgets import ResourceClass
 from charter.control import Caller, SpawnResult, WorkerSpec
-from charter.core import Event, Lineage
-from charter.ledger import AppendConflictError
+from charter.core import Lineage
 from charter.runner._view import WorkerRecord
 from charter.runner.cell import Cell
 from charter.runner.errors import ResultTooLargeError, WaitRefusedError
@@ -22,7 +21,6 @@ from charter.runner.events import RESULT_CAP, WorkerWaiting
 
 __all__ = ["WorkerRequests"]
 
-_RETRIES = 16
 
 
 class WorkerRequests:
@@ -103,46 +101,19 @@ class WorkerRequests:
     def _swap_for_coordination(
         self, lineage: str, children: tuple[str, ...], timeout_s: float
     ) -> None:
-        for _ in range(_RETRIES):
-            with self.cell.changed:
-                version = self.cell.journal.stream_version(f"cell:{self.name}")
-                self.cell.refresh()
-                swap = self.cell.resources.cells.decide_wait_on_children(self.name, lineage)
-                waiting = WorkerWaiting(
-                    lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
-                )
-                events: list[Event] = [waiting, *swap]
-                # The processing slot given back goes to the queue's head at once.
-                events.extend(self.cell.admit_queued(freed=1))
-                try:
-                    self.cell.journal.append(events, expect={f"cell:{self.name}": version})
-                except AppendConflictError:
-                    continue
-                self.cell.changed.notify_all()
-                return
-        raise AppendConflictError(f"{lineage}'s wait kept racing for the cell's slots; retry")
+        waiting = WorkerWaiting(
+            lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
+        )
+        with self.cell.changed:
+            self.cell.admission.wait_on_children(self.name, lineage, waiting, self.cell.live)
+            self.cell.changed.notify_all()
 
     def _back_to_processing(self, lineage: str) -> None:
         """Give back the coordination slot and take (or queue for) a processing one;
         return once it is held."""
-        for _ in range(_RETRIES):
-            with self.cell.changed:
-                version = self.cell.journal.stream_version(f"cell:{self.name}")
-                self.cell.refresh()
-                cells = self.cell.resources.cells
-                release = cells.decide_release(self.name, lineage, ResourceClass.COORDINATION)
-                state = cells.get(self.name)
-                inputs = self.cell.host_load(state.cores, state.failover_reserve)
-                placed = cells.decide_place(self.name, [lineage], ResourceClass.PROCESSING, inputs)
-                try:
-                    self.cell.journal.append(
-                        [release, *placed], expect={f"cell:{self.name}": version}
-                    )
-                except AppendConflictError:
-                    continue
-                self.cell.changed.notify_all()
-                break
         with self.cell.changed:
+            self.cell.admission.resume_processing(self.name, lineage)
+            self.cell.changed.notify_all()
             while True:
                 self.cell.refresh()
                 holders = self.cell.resources.cells.get(self.name).holders[ResourceClass.PROCESSING]
