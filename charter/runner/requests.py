@@ -22,7 +22,6 @@ from charter.runner.events import RESULT_CAP, WorkerWaiting
 __all__ = ["WorkerRequests"]
 
 
-
 class WorkerRequests:
     """``spawn``, ``wait`` and ``result`` for the workers of ``cell``."""
 
