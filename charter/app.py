@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from charter.authority import GatePolicy, SpawnIntent
-from charter.budgets import FabricCeilings, ResourceClass
+from charter.budgets import CapInputs, FabricCeilings, ResourceClass
 from charter.control import (
     DEFAULT_CELL,
     AdmissionService,
@@ -266,9 +266,9 @@ class Charter:
             views=self.views,
         )
         self._budgets = BudgetService(journal, shared=self.views)
-        self._admission = AdmissionService(journal, shared=self.views)
+        self._admission = AdmissionService(journal, shared=self.views, host_load=self._host_load)
 
-    def _host_load(self, cores: int, reserve: int) -> Any:
+    def _host_load(self, cores: int, reserve: int) -> CapInputs:
         return self.host_load(cores, reserve)
 
     # -- opening -----------------------------------------------------------------
