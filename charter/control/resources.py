@@ -44,7 +44,14 @@ from charter.ledger import (
     JournalFold,
 )
 
-__all__ = ["AdmissionService", "BudgetService", "LivePopulation", "ResourceView", "Shared"]
+__all__ = [
+    "AdmissionService",
+    "BudgetService",
+    "LivePopulation",
+    "ResourceView",
+    "Shared",
+    "settled_for",
+]
 
 _RETRIES = 5
 E = TypeVar("E", bound=Event)
@@ -135,6 +142,23 @@ class Shared(Folded, Protocol):
     resources: ResourceView
 
 
+def settled_for(journal: Journal, shared: Shared, lineage: str, at_ms: int) -> int:
+    """The settled time a decision about ``lineage`` at ``at_ms`` can rely on: the
+    views' own (the commit time of the last entry they read), or, when a child of
+    ``lineage`` expired after it, a fresh one: the journal's write lock is taken and
+    given back (whoever held it has committed: see ``Journal.barrier_ms``) and the
+    views read what was committed before it. Without this, a child's expiry on a quiet
+    journal would keep counting as live until something else committed. Hold the
+    lock; the decision's pins still guard what it read."""
+    view = shared.resources
+    if lineage not in view.book or not view.book.unsettled(lineage, at_ms, view.settled_ms):
+        return view.settled_ms
+    barrier = journal.barrier_ms()
+    shared.refresh(journal)
+    view.settled_ms = max(view.settled_ms, barrier)
+    return view.settled_ms
+
+
 class _Own:
     """A handler's private read state, for one built on its own (tests, tools)."""
 
@@ -176,7 +200,10 @@ class BudgetService:
             "usage",
             lineage,
             lambda now: self.view.book.decide_usage(
-                lineage, amount, now, settled_ms=self.view.settled_ms
+                lineage,
+                amount,
+                now,
+                settled_ms=settled_for(self.journal, self.shared, lineage, now),
             ),
         )
 
@@ -342,6 +369,10 @@ class AdmissionService:
 
         return tuple(e for e in self._pinned(cell, decide) if isinstance(e, SlotAdmitted))
 
+    def release(self, cell: str, lineage: str, resource: ResourceClass) -> None:
+        """Give back the ``resource`` slot ``lineage`` holds on ``cell``."""
+        self._pinned(cell, lambda: (self.view.cells.decide_release(cell, lineage, resource),))
+
     # -- the cell's moves ------------------------------------------------------------
 
     def admit_queued(
@@ -358,11 +389,11 @@ class AdmissionService:
         """Admit queued workers into room no release will announce (a fan-out queued
         while the host was loaded, or before the cell was configured); True if any."""
 
-        def decide(_: dict[str, int]) -> Pinned | None:
+        def decide(versions: dict[str, int]) -> Pinned | None:
             state = self.view.cells.cells().get(cell)
             if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
                 return None
-            return Pinned(self.admit_queued(cell, live))
+            return Pinned(self.admit_queued(cell, live), versions)
 
         return self._append(cell, decide) is not None
 
@@ -397,15 +428,16 @@ class AdmissionService:
         return () if done is None else done[1]
 
     def wait_on_children(
-        self, cell: str, lineage: str, waiting: Event, live: Live = _everyone_live
+        self, cell: str, lineage: str, waiting: Event | None = None, live: Live = _everyone_live
     ) -> None:
         """A coordinator waits on its children (``waiting`` says on which): it gives
         back its processing slot, which goes to the queue's head at once, and holds a
         coordination slot instead, so deep trees never deadlock on processing slots."""
 
-        def decide(_: dict[str, int]) -> Pinned:
+        def decide(versions: dict[str, int]) -> Pinned:
             swap = self.view.cells.decide_wait_on_children(cell, lineage)
-            return Pinned([waiting, *swap, *self.admit_queued(cell, live, freed=1)])
+            said = () if waiting is None else (waiting,)
+            return Pinned([*said, *swap, *self.admit_queued(cell, live, freed=1)], versions)
 
         self._append(cell, decide)
 
@@ -413,13 +445,13 @@ class AdmissionService:
         """The coordinator's children ended: give back its coordination slot and take
         (or queue for) a processing one."""
 
-        def decide(_: dict[str, int]) -> Pinned:
+        def decide(versions: dict[str, int]) -> Pinned:
             cells = self.view.cells
             release = cells.decide_release(cell, lineage, ResourceClass.COORDINATION)
             state = cells.get(cell)
             inputs = self.host_load(state.cores, state.failover_reserve)
             placed = cells.decide_place(cell, [lineage], ResourceClass.PROCESSING, inputs)
-            return Pinned([release, *placed])
+            return Pinned([release, *placed], versions)
 
         self._append(cell, decide)
 
@@ -431,5 +463,5 @@ class AdmissionService:
         )
 
     def _pinned(self, cell: str, decide: Callable[[], tuple[Event, ...]]) -> tuple[Event, ...]:
-        done = self._append(cell, lambda _: Pinned(decide()))
+        done = self._append(cell, lambda versions: Pinned(decide(), versions))
         return () if done is None else tuple(done[0].events)

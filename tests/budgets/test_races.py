@@ -70,8 +70,8 @@ def test_a_usage_held_past_its_lease_end_is_refused_and_journaled(
         assert expires is not None
         decide = worker.view.book.decide_usage
 
-        def decide_then_hold(*args: Any) -> Any:
-            event = decide(*args)
+        def decide_then_hold(*args: Any, **kwargs: Any) -> Any:
+            event = decide(*args, **kwargs)
             while now_ms() <= expires:  # held past the lease's end (bounded by it)
                 time.sleep(0.01)
             if parent_re_leases:  # what came back, all of it, to a new child
@@ -111,8 +111,8 @@ def test_a_release_racing_a_descendants_fan_out_never_lets_it_commit(
         decide_leases = svc.resources.book.decide_leases
         racing = [c.claimed]
 
-        def decide_then_release(*args: Any) -> Any:
-            leases = decide_leases(*args)
+        def decide_then_release(*args: Any, **kwargs: Any) -> Any:
+            leases = decide_leases(*args, **kwargs)
             while racing:
                 operator.release(racing.pop())  # lands between decision and append
             return leases
