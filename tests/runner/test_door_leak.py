@@ -49,8 +49,8 @@ def test_a_waiter_killed_while_queued_leaves_no_door_thread(
             def queued_again() -> bool:
                 # The waiter's second SlotQueued: after its wait, behind the sleeper.
                 events = charter.journal.entries(types=("SlotQueued",))
-                mine = [e for e in events if isinstance(e.event, SlotQueued)]
-                return any(e.event.lineages == (waiter,) for e in mine)
+                queued = [e.event for e in events if isinstance(e.event, SlotQueued)]
+                return any(q.lineages == (waiter,) for q in queued)
 
             _until("the waiter queued for its processing slot", queued_again)
             uid = cell.view.workers[waiter].host_uid
