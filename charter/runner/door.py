@@ -386,8 +386,8 @@ class Door(KeyBroker):
             conn.sendall(_reply(None, error=error))
             return False  # the rest of an oversized frame is not read: the door closes
         if self._holder(uid) != holder:  # the worker ended; its uid may hold another
-            gone = WorkerGoneError("the worker this connection served has ended")
-            conn.sendall(_reply(None, error=_refusal(gone)))
+            left = WorkerGoneError("the worker this connection served has ended")
+            conn.sendall(_reply(None, error=_refusal(left)))
             return False
         try:
             loaded = _load(line)
@@ -400,45 +400,51 @@ class Door(KeyBroker):
             error = _RpcError(OVER_LIMIT, f"this worker used its {self.max_requests} requests")
             conn.sendall(_reply(None, error=error))
             return False
+        gone = False
         if reply:
             conn.sendall(reply)
         elif batch is None:
-            conn.sendall(self._respond(loaded, uid, holder))
+            reply, gone = self._respond(loaded, uid, holder)
+            conn.sendall(reply)
         elif not batch or len(batch) > MAX_BATCH:
             error = _RpcError(INVALID_REQUEST, f"a batch holds 1 to {MAX_BATCH} requests")
             conn.sendall(_reply(None, error=error))
         else:
             replies = [self._respond(request, uid, holder) for request in batch]
-            answered = [r.rstrip(b"\n") for r in replies if r]
+            gone = any(g for _, g in replies)
+            answered = [r.rstrip(b"\n") for r, _ in replies if r]
             if answered:  # a batch of notifications only is not answered at all
                 conn.sendall(b"[" + b",".join(answered) + b"]\n")
-        return self._holder(uid) == holder  # a worker gone meanwhile: hang up
+        return not gone  # its worker left while a request was served: hang up
 
     def _take(self, holder: _Holder, n: int) -> bool:
         with self._count_lock:
             count = self._counts[holder] = self._counts.get(holder, 0) + n
         return count <= self.max_requests
 
-    def _respond(self, request: Any, uid: int, holder: _Holder) -> bytes:
-        """One request object's reply line (empty for a notification). Never raises:
-        whatever goes wrong is an error reply, and the connection goes on."""
+    def _respond(self, request: Any, uid: int, holder: _Holder) -> tuple[bytes, bool]:
+        """One request object's reply line (empty for a notification), and whether its
+        worker turned out gone while it was served (the connection then hangs up).
+        Never raises: whatever goes wrong is an error reply, and the connection goes
+        on."""
         parsed: _Request | None = None
         try:
             parsed = _parse(request)
             result = self._call(parsed.params, uid, holder)
-            return b"" if parsed.notification else _reply(parsed.request_id, result=result)
+            return b"" if parsed.notification else _reply(parsed.request_id, result=result), False
         except _RpcError as e:
-            if parsed is None and e.code != INVALID_REQUEST and "id" not in request:
-                return b""  # a notification's error is not answered
-            return _reply(e.request_id, error=e)
+            if e.code != INVALID_REQUEST and "id" not in request:  # request is a dict here
+                return b"", False  # a notification's error is not answered
+            return _reply(e.request_id, error=e), False
         except (RefusedError, CharterError, SignatureTagError) as e:
             error = _refusal(e)
         except Exception:  # noqa: BLE001 (every request is answered; no thread dies)
             _log.exception("the door failed to serve a request of %s", holder[1])
             error = _RpcError(INTERNAL_ERROR, "the door failed to serve this request")
+        gone = error.data == {"reason": WorkerGoneError.reason}
         if parsed is None or parsed.notification:
-            return b""
-        return _reply(parsed.request_id, error=error)
+            return b"", gone
+        return _reply(parsed.request_id, error=error), gone
 
     def _call(self, params: _Params, uid: int, holder: _Holder) -> dict[str, Any]:
         cell = self.cell

@@ -33,6 +33,9 @@ from charter.runner.door import (
 from charter.runner.errors import NotAWorkerError
 from charter.sandbox._peer import cgroup_dirs_of
 
+# A door thread that dies with an exception fails the test that killed it.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 UID = os.getuid()
 
 
@@ -237,6 +240,9 @@ def test_a_notification_is_executed_without_a_reply(peer: Peer) -> None:
     conn.send('{"jsonrpc": "2.0", "method": "result", "params": {"text": "quiet"}}')
     conn.send('{"jsonrpc": "2.0", "method": "no-such-method"}')  # its error: no reply
     conn.send('{"jsonrpc": "2.0", "method": "result", "params": {"bad": 1}}')
+    conn.send(
+        '{"jsonrpc": "2.0", "method": "sign", "params": {"tag": "t/v1", "message_hex": "zz"}}'
+    )
     # The next reply on the connection is the next request's: nothing came in between.
     assert conn.ask(WHOAMI) == {
         "jsonrpc": "2.0",
