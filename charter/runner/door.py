@@ -29,6 +29,7 @@ import logging
 import math
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -67,6 +68,7 @@ MAX_REQUESTS = 10_000  # per worker (one sandbox), over its whole life
 MAX_CONNECTIONS = 4  # per worker at a time (each holds a thread here)
 MAX_BATCH = 64  # requests in one batch (each counts against MAX_REQUESTS)
 _IDLE_TIMEOUT = 3600.0  # a connection may sit in a long wait
+_DRAIN_S = 5.0  # how long an unregistering sandbox's connections get to end
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -316,19 +318,37 @@ class Door(KeyBroker):
                 for holder in [h for h in self._counts if h[0] == sandbox_id]:
                     del self._counts[holder]
             self._hang_up(lambda holder: holder[0] == sandbox_id)
+            self._drain(host_uid)
 
-    def _hang_up(self, which: Callable[[_Holder], bool]) -> None:
+    def _drain(self, uid: int) -> None:
+        """Wait (at most ``_DRAIN_S``) until no connection of ``uid`` holds a thread: the
+        pool releases the uid only after unregistering it, so the next sandbox on the
+        uid finds its connection allowance whole. A thread stuck past the bound (in a
+        slow journal append) ends at its next wait or frame; the uid is not held up
+        for it."""
+        deadline = time.monotonic() + _DRAIN_S
+        while self._door.active(uid) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def _hang_up(self, which: Callable[[_Holder], bool]) -> int:
+        """Shut down the connections whose holder ``which`` picks (their threads see the
+        end of the stream, or a gone worker at their next wait); returns how many."""
         with self._count_lock:
             conns = [c for c, holder in self._conns.items() if which(holder)]
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
+        return len(conns)
 
     def requests(self, uid: int) -> int:
         """Requests the sandbox now on ``uid`` has made so far."""
         holder = self._holder(uid)
         with self._count_lock:
             return self._counts.get(holder, 0) if holder is not None else 0
+
+    def active(self, host_uid: int) -> int:
+        """Connections from ``host_uid`` that hold a door thread now."""
+        return self._door.active(host_uid)
 
     def connections(self) -> int:
         """Connections being served now (each holds a thread)."""

@@ -24,6 +24,7 @@ from charter.runner.door import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     MAX_BATCH,
+    MAX_CONNECTIONS,
     METHOD_NOT_FOUND,
     OVER_LIMIT,
     PARSE_ERROR,
@@ -369,6 +370,22 @@ def test_a_later_holder_of_the_uid_does_not_inherit_a_flooders_count(tmp_path: P
         assert innocent.ask(WHOAMI)["error"]["code"] == OVER_LIMIT
     finally:
         peer.door.close()
+
+
+def test_a_later_holder_of_the_uid_gets_its_own_connections(peer: Peer) -> None:
+    flooder = [peer.connect() for _ in range(MAX_CONNECTIONS)]
+    for conn in flooder:  # each holds a door thread
+        assert "result" in conn.ask(WHOAMI)
+    over = peer.connect().reply()
+    assert over["error"]["code"] == OVER_LIMIT  # the cap, for the flooder
+    peer.end()  # its sandbox ends with its connections still open
+    assert peer.door.active(UID) == 0  # hung up and drained before the uid is free
+    peer.hold("sbx-innocent", "agent:estate/sa-2")
+    innocent = [peer.connect() for _ in range(MAX_CONNECTIONS)]
+    for conn in innocent:  # all of its own four
+        assert conn.ask(WHOAMI)["result"] == {"lineage": "agent:estate/sa-2"}
+    for conn in flooder:
+        assert conn.reader.readline() == b""
 
 
 def test_a_connection_does_not_outlive_its_sandbox(peer: Peer) -> None:
