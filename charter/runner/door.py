@@ -11,14 +11,21 @@ registration. The peer is identified by the kernel like the brokers' peers: its 
 the peer), so a host process that merely runs as a sandbox's uid is not let in; and
 only a live worker of the cell holding its key is served, never by anything the
 request says. Admission is paced by the registration's allowance (connections a second).
-It speaks JSON-RPC 2.0, one request per line, each line at most ``MAX_FRAME`` bytes.
+It speaks JSON-RPC 2.0, one frame per line, each at most ``MAX_FRAME`` bytes: a request,
+a notification (executed, never answered) or a batch of at most ``MAX_BATCH``. Every
+other frame gets one reply line of valid JSON, whatever it holds (invalid Unicode is a
+parse error; an unexpected failure an internal error): no frame ends a thread.
 
 Methods (docs/door.md): ``spawn`` (a SpawnIntent and the children's workers), ``wait``
 (children's results), ``result`` (the worker's reply, size-capped, journaled by digest),
 ``sign`` (domain-separated, by the worker's own key), ``whoami``. Unknown fields are
 refused; a worker cannot name a lineage, a parent or a cell anywhere. Each worker gets
 at most ``MAX_REQUESTS`` requests and ``MAX_CONNECTIONS`` connections at a time, so a
-flood costs it its own door, not anyone else's.
+flood costs it its own door, not anyone else's. Both belong to the sandbox holding the
+peer's uid and the worker in it, never to the bare uid (the pool reuses uids): a frame
+is served only while that holder holds the uid, a discarded sandbox's count is dropped
+and its connections hung up, and a request still polling the cell (a ``wait``) ends
+with ``worker-gone`` when its worker does.
 """
 
 from __future__ import annotations
