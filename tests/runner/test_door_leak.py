@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from charter.budgets import SlotQueued
+from tests.invariants import check_settled, check_workers, journal_history
 from tests.runner._support import fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
 from tests.runner.programs import COST, PRELUDE, python
@@ -66,3 +67,6 @@ def test_a_waiter_killed_while_queued_leaves_no_door_thread(
             cell.kill(sleeper, "test over")
             until_idle(cell)
         assert not thread.is_alive()
+        history = journal_history(charter.journal)
+        assert check_workers(history).problems == []
+        assert check_settled(history).problems == []
