@@ -151,14 +151,11 @@ class PersistentWorkspace:
             try:
                 _survey(upper, self.limits)
                 dest = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.dest)
-                links: _Links = {}
                 try:
-                    _apply(upper, dest, links)
+                    _apply(upper, dest)
                     _copy_attrs(os.fstat(upper), dest)
                 finally:
                     os.close(dest)
-                    for dir_fd, _ in links.values():
-                        os.close(dir_fd)
             finally:
                 os.close(upper)
         except OSError as e:
@@ -224,10 +221,12 @@ def _remove(dest: int, name: str) -> None:
         os.unlink(name, dir_fd=dest)
 
 
-_Links = dict[int, tuple[int, str]]
-"""Upper-layer inode -> (a duplicate of the destination directory's fd, name) of the
+_Links = dict[int, tuple[tuple[str, ...], str]]
+"""Upper-layer inode -> (its directory's names from the destination root, name) of the
 first copy of a file with several links: the other names are linked to it, not copied
-again (a 30 MB file with a thousand links is 30 MB of tmpfs, not 30 GB of disk)."""
+again (a 30 MB file with a thousand links is 30 MB of tmpfs, not 30 GB of disk). Held
+as names, not descriptors: thousands of linked files must not hold thousands of open
+files (EMFILE half-way through would leave the directory half-applied)."""
 
 
 class _Limits(NamedTuple):
@@ -300,16 +299,18 @@ class _Level(NamedTuple):
     dest: int
     listing: Iterator[os.DirEntry[str]]
     st: os.stat_result | None
+    where: tuple[str, ...]  # the directory's names from the destination root
 
 
-def _apply(upper: int, dest: int, links: _Links) -> None:
+def _apply(upper: int, dest: int) -> None:
     """Make the directory ``dest`` what the overlay showed: every entry of the upper
     layer ``upper`` applied, through descriptors (no path is looked up twice, no
     symlink in ``dest`` is followed), iteratively (one level of descriptors per
     directory depth, which :func:`_survey` has bounded). Symlinks, fifos, sockets and
     devices made in the sandbox are not delivered (whatever was at their name on the
     host stays): a link in a host directory is followed by whoever reads it there."""
-    stack = [_Level(upper, dest, os.scandir(upper), None)]
+    links: _Links = {}
+    stack = [_Level(upper, dest, os.scandir(upper), None, ())]
     try:
         while stack:
             level = stack[-1]
@@ -331,9 +332,9 @@ def _apply(upper: int, dest: int, links: _Links) -> None:
             if stat.S_ISCHR(st.st_mode) and st.st_rdev == _WHITEOUT_DEV:
                 _remove(level.dest, name)  # deleted in the sandbox
             elif stat.S_ISDIR(st.st_mode):
-                stack.append(_enter_dir(level.upper, level.dest, name, st))
+                stack.append(_enter_dir(level, name, st))
             elif stat.S_ISREG(st.st_mode):
-                _apply_file(level.upper, level.dest, name, st, links)
+                _apply_file(level, name, st, links, root=dest)
     finally:
         for level in stack:
             close = getattr(level.listing, "close", None)
@@ -344,9 +345,10 @@ def _apply(upper: int, dest: int, links: _Links) -> None:
                 os.close(level.upper)
 
 
-def _enter_dir(upper: int, dest: int, name: str, st: os.stat_result) -> _Level:
+def _enter_dir(level: _Level, name: str, st: os.stat_result) -> _Level:
     """Open the directory ``name`` on both sides (made, or replaced, in ``dest`` as the
     sandbox left it) for :func:`_apply` to go into."""
+    upper, dest = level.upper, level.dest
     sub_upper = os.open(name, _RDIR, dir_fd=upper)
     try:
         opaque = False
@@ -362,7 +364,7 @@ def _enter_dir(upper: int, dest: int, name: str, st: os.stat_result) -> _Level:
             os.mkdir(name, 0o700, dir_fd=dest)
         sub_dest = os.open(name, _RDIR, dir_fd=dest)
         try:
-            return _Level(sub_upper, sub_dest, os.scandir(sub_upper), st)
+            return _Level(sub_upper, sub_dest, os.scandir(sub_upper), st, (*level.where, name))
         except BaseException:
             os.close(sub_dest)
             raise
@@ -371,18 +373,17 @@ def _enter_dir(upper: int, dest: int, name: str, st: os.stat_result) -> _Level:
         raise
 
 
-def _apply_file(upper: int, dest: int, name: str, st: os.stat_result, links: _Links) -> None:
-    """Copy the file into a fresh temporary entry of ``dest`` (or link it to the first
-    copy of the same inode), then rename it over ``name`` (a directory there is removed
-    first)."""
+def _apply_file(level: _Level, name: str, st: os.stat_result, links: _Links, *, root: int) -> None:
+    """Copy the file into a fresh temporary entry of the level's directory (or link it
+    to the first copy of the same inode), then rename it over ``name`` (a directory
+    there is removed first)."""
+    upper, dest = level.upper, level.dest
     temp = f".charter-commit-{os.getpid()}-{threading.get_ident()}"
     src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=upper)
     try:
         _remove(dest, temp)
         first = links.get(st.st_ino) if st.st_nlink > 1 else None
-        if first is not None:
-            os.link(first[1], temp, src_dir_fd=first[0], dst_dir_fd=dest, follow_symlinks=False)
-        else:
+        if first is None or not _link_first(root, first, dest, temp):
             out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                           dir_fd=dest)  # fmt: skip
             try:
@@ -391,7 +392,7 @@ def _apply_file(upper: int, dest: int, name: str, st: os.stat_result, links: _Li
             finally:
                 os.close(out)
             if st.st_nlink > 1:
-                links[st.st_ino] = (os.dup(dest), name)
+                links[st.st_ino] = (level.where, name)
         existing = None
         with contextlib.suppress(FileNotFoundError):
             existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
@@ -400,6 +401,25 @@ def _apply_file(upper: int, dest: int, name: str, st: os.stat_result, links: _Li
         os.rename(temp, name, src_dir_fd=dest, dst_dir_fd=dest)
     finally:
         os.close(src)
+
+
+def _link_first(root: int, first: tuple[tuple[str, ...], str], dest: int, temp: str) -> bool:
+    """Link ``temp`` in ``dest`` to the first copy ``first`` (its directory reached
+    from ``root`` one component at a time, never through a symlink); False when that
+    copy is not there any more (the caller copies the data instead)."""
+    where, name = first
+    fd = os.dup(root)
+    try:
+        for component in where:
+            nxt = os.open(component, _RDIR, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.link(name, temp, src_dir_fd=fd, dst_dir_fd=dest, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _copy_data(src: int, out: int, size: int) -> None:

@@ -7,6 +7,7 @@ into the overlay's merged view (where its writes land)."""
 from __future__ import annotations
 
 import os
+import resource
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from charter.sandbox.errors import WorkspaceRefusedError
 
 pytestmark = pytest.mark.sandbox
 
-CAP = 1 << 20
+CAP = 4 << 20
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int, bytes]]:
@@ -163,3 +164,32 @@ def test_links_and_special_files_are_not_delivered(
     assert (host / "kept.txt").read_text() == "the host's own\n"  # left as it was
     assert not (host / "kept.txt").is_symlink()
     assert (host / "sub" / "real.txt").read_text() == "real\n"
+
+
+@pytest.fixture
+def few_files() -> Iterator[int]:
+    """The launcher's open-file limit lowered to 256 (a common default is 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        yield 256
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_many_linked_files_do_not_exhaust_the_launchers_descriptors(
+    overlay: PersistentWorkspace, host: Path, few_files: int
+) -> None:
+    # The attack: more files with a second name than the launcher may hold open (the
+    # copy once kept a descriptor per such file: EMFILE half-way, half applied).
+    merged = overlay.merged
+    (merged / "a").mkdir()
+    (merged / "b").mkdir()
+    for i in range(few_files + 50):
+        (merged / "a" / str(i)).write_text(str(i))
+        os.link(merged / "a" / str(i), merged / "b" / str(i))
+    overlay.commit()
+    for i in (0, few_files + 49):
+        assert (host / "b" / str(i)).read_text() == str(i)
+        # Control: the second name is still a link to the first, not a copy.
+        assert (host / "a" / str(i)).stat().st_ino == (host / "b" / str(i)).stat().st_ino
