@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import pytest
 
 from charter.sandbox import reap_host
 from charter.sandbox._janitor import SOCKET_NAME, socket_name, sweep_sockets
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _dead_pid() -> int:
@@ -57,6 +60,16 @@ def test_charter_sandbox_reap_reports_them(tmp_path: Path) -> None:
     _left(tmp_path / f"door-estate-{dead}.sock")
     _left(tmp_path / f"egress-estate-{dead}.sock")
     assert reap_host(tmp_path) == 2
+    assert list(tmp_path.glob("*.sock")) == []
+    # And through the command, as an operator runs it.
+    _left(tmp_path / f"door-estate-{dead}.sock")
+    r = subprocess.run(
+        [sys.executable, "-m", "charter", "sandbox", "reap"],
+        env={**os.environ, "CHARTER_SANDBOX_STATE": str(tmp_path), "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "removed 1" in r.stdout + r.stderr
     assert list(tmp_path.glob("*.sock")) == []
 
 
