@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import secrets
 import shutil
 import stat
 import threading
@@ -145,15 +146,28 @@ class PersistentWorkspace:
         upper layer over the limits: more than ``max_entries`` entries, deeper than
         ``max_depth``, or regular files whose apparent sizes add up past the workspace
         cap (a sparse file counts at its full size: it is never delivered bigger than
-        the cap). Symlinks and special files are not delivered."""
+        the cap). Symlinks and special files are not delivered.
+
+        Then every file's data is first staged in a private directory of the
+        destination (the writes that can fail: a full disk, an I/O error); a failure
+        there removes the stage and leaves the directory as it was. Only then are the
+        changes applied, as metadata: deletions, directories made, and each file
+        linked in from the stage and renamed over its name."""
         try:
             upper = os.open(self.home / "upper", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             try:
                 _survey(upper, self.limits)
                 dest = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.dest)
                 try:
-                    _apply(upper, dest)
-                    _copy_attrs(os.fstat(upper), dest)
+                    stage_name, stage = _make_stage(dest)
+                    try:
+                        staged = _stage(upper, stage)
+                        _apply(upper, dest, stage, staged)
+                        _copy_attrs(os.fstat(upper), dest)
+                    finally:
+                        os.close(stage)
+                        with contextlib.suppress(OSError):  # not to hide the first error
+                            shutil.rmtree(stage_name, dir_fd=dest)
                 finally:
                     os.close(dest)
             finally:
@@ -221,12 +235,69 @@ def _remove(dest: int, name: str) -> None:
         os.unlink(name, dir_fd=dest)
 
 
-_Links = dict[int, tuple[tuple[str, ...], str]]
-"""Upper-layer inode -> (its directory's names from the destination root, name) of the
-first copy of a file with several links: the other names are linked to it, not copied
-again (a 30 MB file with a thousand links is 30 MB of tmpfs, not 30 GB of disk). Held
-as names, not descriptors: thousands of linked files must not hold thousands of open
-files (EMFILE half-way through would leave the directory half-applied)."""
+_Staged = dict[int, str]
+"""Upper-layer inode -> its data's name in the stage. A file with several names is
+staged once and each name linked to it (a 30 MB file with a thousand links is 30 MB of
+tmpfs, not 30 GB of disk); held as names, not descriptors, so thousands of linked files
+hold no thousands of open files."""
+
+
+def _make_stage(dest: int) -> tuple[str, int]:
+    """A fresh directory of ``dest`` only root may enter, and its descriptor."""
+    while True:
+        name = f".charter-stage-{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            os.mkdir(name, 0o700, dir_fd=dest)
+        except FileExistsError:  # the sandbox made one of that name: take another
+            continue
+        try:
+            return name, os.open(name, _RDIR, dir_fd=dest)
+        except BaseException:
+            shutil.rmtree(name, dir_fd=dest, ignore_errors=True)
+            raise
+
+
+def _stage(upper: int, stage: int) -> _Staged:
+    """Copy the data of every regular file of the upper layer (once per inode) into
+    ``stage``, owners and modes set, setuid and setgid cleared; iterative, one open
+    directory per level (the depth :func:`_survey` bounded)."""
+    staged: _Staged = {}
+    stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = []
+    try:
+        stack.append((os.dup(upper), os.scandir(upper)))
+        while stack:
+            fd, listing = stack[-1]
+            entry = next(listing, None)
+            if entry is None:
+                stack.pop()
+                _close(fd, listing)
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                sub = os.open(entry.name, _RDIR, dir_fd=fd)
+                try:
+                    stack.append((sub, os.scandir(sub)))
+                except BaseException:
+                    os.close(sub)
+                    raise
+            elif stat.S_ISREG(st.st_mode) and st.st_ino not in staged:
+                name = str(len(staged))
+                src = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                                  0o600, dir_fd=stage)  # fmt: skip
+                    try:
+                        _copy_data(src, out, st.st_size)
+                        _copy_attrs(st, out)
+                    finally:
+                        os.close(out)
+                finally:
+                    os.close(src)
+                staged[st.st_ino] = name
+    finally:
+        for fd, listing in stack:
+            _close(fd, listing)
+    return staged
 
 
 class _Limits(NamedTuple):
@@ -299,18 +370,16 @@ class _Level(NamedTuple):
     dest: int
     listing: Iterator[os.DirEntry[str]]
     st: os.stat_result | None
-    where: tuple[str, ...]  # the directory's names from the destination root
 
 
-def _apply(upper: int, dest: int) -> None:
+def _apply(upper: int, dest: int, stage: int, staged: _Staged) -> None:
     """Make the directory ``dest`` what the overlay showed: every entry of the upper
     layer ``upper`` applied, through descriptors (no path is looked up twice, no
     symlink in ``dest`` is followed), iteratively (one level of descriptors per
     directory depth, which :func:`_survey` has bounded). Symlinks, fifos, sockets and
     devices made in the sandbox are not delivered (whatever was at their name on the
     host stays): a link in a host directory is followed by whoever reads it there."""
-    links: _Links = {}
-    stack = [_Level(upper, dest, os.scandir(upper), None, ())]
+    stack = [_Level(upper, dest, os.scandir(upper), None)]
     try:
         while stack:
             level = stack[-1]
@@ -334,7 +403,7 @@ def _apply(upper: int, dest: int) -> None:
             elif stat.S_ISDIR(st.st_mode):
                 stack.append(_enter_dir(level, name, st))
             elif stat.S_ISREG(st.st_mode):
-                _apply_file(level, name, st, links, root=dest)
+                _apply_file(level.dest, name, stage, staged[st.st_ino])
     finally:
         for level in stack:
             close = getattr(level.listing, "close", None)
@@ -364,7 +433,7 @@ def _enter_dir(level: _Level, name: str, st: os.stat_result) -> _Level:
             os.mkdir(name, 0o700, dir_fd=dest)
         sub_dest = os.open(name, _RDIR, dir_fd=dest)
         try:
-            return _Level(sub_upper, sub_dest, os.scandir(sub_upper), st, (*level.where, name))
+            return _Level(sub_upper, sub_dest, os.scandir(sub_upper), st)
         except BaseException:
             os.close(sub_dest)
             raise
@@ -373,53 +442,38 @@ def _enter_dir(level: _Level, name: str, st: os.stat_result) -> _Level:
         raise
 
 
-def _apply_file(level: _Level, name: str, st: os.stat_result, links: _Links, *, root: int) -> None:
-    """Copy the file into a fresh temporary entry of the level's directory (or link it
-    to the first copy of the same inode), then rename it over ``name`` (a directory
-    there is removed first)."""
-    upper, dest = level.upper, level.dest
+def _apply_file(dest: int, name: str, stage: int, staged: str) -> None:
+    """Link the staged data into a fresh temporary entry of ``dest``, then rename it
+    over ``name`` (a directory there is removed first)."""
     temp = f".charter-commit-{os.getpid()}-{threading.get_ident()}"
-    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=upper)
+    _remove(dest, temp)
     try:
-        _remove(dest, temp)
-        first = links.get(st.st_ino) if st.st_nlink > 1 else None
-        if first is None or not _link_first(root, first, dest, temp):
-            out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                          dir_fd=dest)  # fmt: skip
-            try:
-                _copy_data(src, out, st.st_size)
-                _copy_attrs(st, out)
-            finally:
-                os.close(out)
-            if st.st_nlink > 1:
-                links[st.st_ino] = (level.where, name)
-        existing = None
-        with contextlib.suppress(FileNotFoundError):
-            existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
-        if existing is not None and stat.S_ISDIR(existing.st_mode):
-            _remove(dest, name)
-        os.rename(temp, name, src_dir_fd=dest, dst_dir_fd=dest)
+        os.link(staged, temp, src_dir_fd=stage, dst_dir_fd=dest, follow_symlinks=False)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        _copy_staged(stage, staged, dest, temp)  # another file system mounted there
+    existing = None
+    with contextlib.suppress(FileNotFoundError):
+        existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
+        _remove(dest, name)
+    os.rename(temp, name, src_dir_fd=dest, dst_dir_fd=dest)
+
+
+def _copy_staged(stage: int, staged: str, dest: int, temp: str) -> None:
+    src = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stage)
+    try:
+        st = os.fstat(src)
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                      dir_fd=dest)  # fmt: skip
+        try:
+            _copy_data(src, out, st.st_size)
+            _copy_attrs(st, out)
+        finally:
+            os.close(out)
     finally:
         os.close(src)
-
-
-def _link_first(root: int, first: tuple[tuple[str, ...], str], dest: int, temp: str) -> bool:
-    """Link ``temp`` in ``dest`` to the first copy ``first`` (its directory reached
-    from ``root`` one component at a time, never through a symlink); False when that
-    copy is not there any more (the caller copies the data instead)."""
-    where, name = first
-    fd = os.dup(root)
-    try:
-        for component in where:
-            nxt = os.open(component, _RDIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        os.link(name, temp, src_dir_fd=fd, dst_dir_fd=dest, follow_symlinks=False)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 def _copy_data(src: int, out: int, size: int) -> None:

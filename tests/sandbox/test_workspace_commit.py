@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import resource
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from charter.sandbox._workspace import MAX_COMMIT_DEPTH, MAX_COMMIT_ENTRIES, PersistentWorkspace
-from charter.sandbox.errors import WorkspaceRefusedError
+from charter.sandbox.errors import SandboxUnavailableError, WorkspaceRefusedError
 
 pytestmark = pytest.mark.sandbox
 
@@ -193,3 +194,54 @@ def test_many_linked_files_do_not_exhaust_the_launchers_descriptors(
         assert (host / "b" / str(i)).read_text() == str(i)
         # Control: the second name is still a link to the first, not a copy.
         assert (host / "a" / str(i)).stat().st_ino == (host / "b" / str(i)).stat().st_ino
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A host directory on a file system of 1 MiB (a tmpfs mounted for the test)."""
+    path = tmp_path / "small"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], check=True)
+    try:
+        (path / "kept.txt").write_text("the host's own\n")
+        (path / "gone.txt").write_text("deleted in the sandbox\n")
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def _small_overlay(small_disk: Path, state_dir: Path) -> PersistentWorkspace:
+    return PersistentWorkspace(small_disk, state_dir / f"ws-small-{os.getpid()}", CAP)
+
+
+def test_a_disk_that_fills_while_delivering_leaves_the_directory_as_it_was(
+    small_disk: Path, state_dir: Path
+) -> None:
+    before = _tree(small_disk)
+    ws = _small_overlay(small_disk, state_dir)
+    try:
+        (ws.merged / "gone.txt").unlink()
+        (ws.merged / "kept.txt").write_text("overwritten\n")
+        (ws.merged / "d").mkdir()
+        for i in range(3):  # 3 MiB: within the workspace cap, past the host's disk
+            (ws.merged / "d" / str(i)).write_bytes(os.urandom(1 << 20))
+        with pytest.raises(SandboxUnavailableError, match="No space left"):
+            ws.commit()
+    finally:
+        ws.close()
+    assert _tree(small_disk) == before  # no file, deletion or stage left half-applied
+
+
+def test_changes_that_fit_the_disk_are_delivered(small_disk: Path, state_dir: Path) -> None:
+    ws = _small_overlay(small_disk, state_dir)
+    try:
+        (ws.merged / "gone.txt").unlink()
+        (ws.merged / "kept.txt").write_text("overwritten\n")
+        (ws.merged / "d").mkdir()
+        (ws.merged / "d" / "f").write_bytes(b"x" * (256 << 10))
+        ws.commit()
+    finally:
+        ws.close()
+    assert sorted(p.name for p in small_disk.iterdir()) == ["d", "kept.txt"]
+    assert (small_disk / "kept.txt").read_text() == "overwritten\n"
+    assert (small_disk / "d" / "f").stat().st_size == 256 << 10
