@@ -92,8 +92,9 @@ class PersistentWorkspace:
     the state directory. Writes past the cap fail inside with ENOSPC and never reach the
     host disk; nothing the sandbox writes is reachable by other host users while it
     runs. :meth:`commit`, once no process of the sandbox is left, applies the upper
-    layer to the directory (files copied, deletions done, symlinks made, never followed;
-    setuid and setgid bits cleared); :meth:`close` unmounts and removes the rest."""
+    layer to the directory, bounded (entries, depth, bytes) and staged (files copied,
+    deletions done, no symlink or special file delivered, nothing followed; setuid and
+    setgid bits cleared); :meth:`close` unmounts and removes the rest."""
 
     def __init__(
         self,
