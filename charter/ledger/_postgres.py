@@ -364,6 +364,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         with self.datastore.get_connection() as conn:
             if not waiting:
                 self._insert_on(conn, own.events, **own.kwargs)
+                if not own.events:  # a follower's position alone: no entry, no chain
+                    return LastCommit((), (), b"")
                 commit = last_commit()
                 if commit is None:
                     raise ProgrammingError("the recorder did not report the committed chain")
@@ -430,6 +432,10 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             curs.execute("SAVEPOINT charter_batch")
         try:
             self._insert_events(curs, batch.events, **batch.kwargs)  # tracking, if any
+            if not batch.events:  # a follower's position alone: no entry, no chain
+                if isolated:
+                    curs.execute("RELEASE SAVEPOINT charter_batch")
+                return LastCommit((), (), b"")
             rows = self._insert_stored_events(
                 curs,
                 batch.events,
