@@ -287,6 +287,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         private place for them, each batch commits alone.
         """
         with _timeouts_are_final():
+            if not self.group_commit:  # CHARTER_GROUP_COMMIT=off: no turn, no spool
+                return self._insert_alone(Batch(tuple(stored_events), kwargs))
             if self._shared():
                 return self._insert_shared(stored_events, kwargs)
             with self.datastore.get_connection() as conn:

@@ -244,8 +244,6 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
         share the transaction) and the waiting batches, each in its own savepoint so a
         refused batch (a conflict, a passed deadline) leaves the others whole. The
         waiting writers are answered after the commit."""
-        assert self._turn is not None
-        assert self._spool is not None
         # A hint that is this recorder's own last commit is no forgery: it need not be
         # looked up (the common case of one writer; a later commit by another writer
         # would have replaced it, or makes the insert after it conflict).
@@ -266,7 +264,7 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
                 after = _head_after(outcomes[-1], head)
                 head_is_own = head_is_own if after == head else True
                 head = after
-        if head is not None and head != hint:
+        if head is not None and head != hint and self._turn is not None:
             self._turn.set_hint(head)
             self._own_last = head
         self._reply(waiting, outcomes[1:])
