@@ -40,11 +40,13 @@ from charter.core.errors import StateError
 from charter.core.framing import ENTRY_TAG, GENESIS, entry_hash
 from charter.ledger._group import Batch, SharedCommit, SpoolClosingFactory, private_place
 from charter.ledger._rows import (
+    BATCHES_TABLE,
     CommitOutcomeAmbiguousError,
     Guards,
     Head,
     LastCommit,
     WriteLockTimeoutError,
+    batch_of,
     check_guards,
     last_commit,
     set_last_commit,
@@ -58,6 +60,7 @@ __all__ = [
     "ChainedPostgresApplicationRecorder",
     "ChainedPostgresProcessRecorder",
     "EVENTS_TABLE",
+    "batch_index_statements",
     "schema_statements",
 ]
 
@@ -105,6 +108,7 @@ def schema_statements(schema: str, table: str) -> list[Composed]:
         SQL("INSERT INTO {schema}.{tracking} VALUES ('__migration__', 1)").format(
             tracking=Identifier(TRACKING_TABLE), **ids
         ),
+        *batch_index_statements(schema, table),
         SQL(
             "CREATE TABLE IF NOT EXISTS {schema}.charter_meta "
             "(key text PRIMARY KEY, value text NOT NULL)"
@@ -113,6 +117,32 @@ def schema_statements(schema: str, table: str) -> list[Composed]:
             "CREATE OR REPLACE TRIGGER charter_meta_write_once BEFORE UPDATE OR DELETE "
             "ON {schema}.charter_meta FOR EACH ROW EXECUTE FUNCTION {schema}.{fn}()"
         ).format(fn=fn, **ids),
+    ]
+
+
+def batch_index_statements(schema: str, table: str) -> list[Composed]:
+    """The batch index (BATCHES_TABLE in _rows), append-only like the journal (the
+    events table's trigger function refuses UPDATE, DELETE and TRUNCATE)."""
+    ids = {
+        "schema": Identifier(schema),
+        "batches": Identifier(BATCHES_TABLE),
+        "fn": Identifier(f"{table}_append_only"),
+    }
+    return [
+        SQL(
+            "CREATE TABLE IF NOT EXISTS {schema}.{batches} ("
+            "batch text PRIMARY KEY, "
+            "first_position bigint NOT NULL, "
+            "last_position bigint NOT NULL CHECK (last_position >= first_position))"
+        ).format(**ids),
+        SQL(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE OR DELETE ON {schema}.{batches} "
+            "FOR EACH ROW EXECUTE FUNCTION {schema}.{fn}()"
+        ).format(name=Identifier(f"{BATCHES_TABLE}_no_change"), **ids),
+        SQL(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE TRUNCATE ON {schema}.{batches} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {schema}.{fn}()"
+        ).format(name=Identifier(f"{BATCHES_TABLE}_no_truncate"), **ids),
     ]
 
 
@@ -150,14 +180,23 @@ chain (i, pos, prev, hash, state) AS (
     CROSS JOIN LATERAL (
         SELECT overlay(b.state PLACING (SELECT at FROM start) FROM 8 FOR 32) AS state
     ) s
+),
+inserted AS (
+    INSERT INTO {schema}.{table} (notification_id, originator_id, originator_version,
+                                  topic, state, prev_hash, chain_hash)
+    SELECT c.pos, b.oid, b.version, b.topic, c.state, c.prev, c.hash
+    FROM chain c JOIN batch b ON b.i = c.i
+    WHERE c.i > 0
+    ORDER BY c.i
+    RETURNING notification_id, chain_hash, substring(state FROM 8 FOR 32) AS at
+),
+indexed AS (
+    -- the batch index row, in the same statement: an id already there is refused
+    INSERT INTO {schema}.{batches} (batch, first_position, last_position)
+    SELECT %s::text, min(notification_id), max(notification_id) FROM inserted
+    HAVING %s::text IS NOT NULL AND count(*) > 0
 )
-INSERT INTO {schema}.{table} (notification_id, originator_id, originator_version, topic,
-                              state, prev_hash, chain_hash)
-SELECT c.pos, b.oid, b.version, b.topic, c.state, c.prev, c.hash
-FROM chain c JOIN batch b ON b.i = c.i
-WHERE c.i > 0
-ORDER BY c.i
-RETURNING notification_id, chain_hash, substring(state FROM 8 FOR 32) AS at
+SELECT notification_id, chain_hash, at FROM inserted
 """
 
 
@@ -241,8 +280,15 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         # The frame is ``entry_frame`` (charter/core/framing.py) spelled in SQL; a
         # difference would fail verification, which recomputes it in Python.
         self._insert_server_chained = SQL(_SERVER_CHAINED).format(
-            tag=Literal(ENTRY_TAG), genesis=Literal(GENESIS), **ids
+            tag=Literal(ENTRY_TAG),
+            genesis=Literal(GENESIS),
+            batches=Identifier(BATCHES_TABLE),
+            **ids,
         )
+        self._index_batch = SQL(
+            "INSERT INTO {schema}.{batches} (batch, first_position, last_position) "
+            "VALUES (%s, %s, %s)"
+        ).format(schema=Identifier(schema), batches=Identifier(BATCHES_TABLE))
         self._select_version = SQL(
             "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
             "WHERE originator_id = %s"
@@ -551,6 +597,7 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         """Queue the server-chained insert on a cursor of its own (its rows are read
         after the COMMIT has been sent with it)."""
         stamped, stamp = stamp_batch(stored_events, None, None)  # checks the states' shape
+        batch = batch_of(stamped)
         rows = curs.connection.cursor()
         rows.execute(
             self._insert_server_chained,
@@ -560,6 +607,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
                 [s.originator_version for s in stamped],
                 [s.topic for s in stamped],
                 [s.state for s in stamped],
+                batch,
+                batch,
             ),
         )
         return rows
@@ -603,6 +652,9 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             prev = h
         columns = (positions, oids, versions, topics, states, prevs, hashes)
         curs.execute(self._insert_chained, columns)
+        batch = batch_of(stored_events)
+        if batch is not None and positions:  # same transaction, under the table lock
+            curs.execute(self._index_batch, (batch, positions[0], positions[-1]))
         set_last_commit(LastCommit(tuple(positions), tuple(hashes), stamp))
 
     def _fetch_ids_after_insert_events(  # type: ignore[override]
