@@ -299,10 +299,13 @@ class Journal:
 
         Every append has a batch id (``batch``, else a fresh one), stored in each of its
         entries, so it can be looked up (:meth:`batch_entries`, ``journal show
-        --batch``). An append whose id is already in the journal writes nothing and
-        returns the entries committed under it: retrying with the same id never writes
-        twice. If the connection breaks while the batch commits, the outcome is settled
-        by re-reading on a fresh connection; if it cannot be settled in time,
+        --batch``). An id is unique under the write lock (the batch index's key, in
+        the same transaction as the entries): an append whose id is already in the
+        journal writes nothing and returns the entries committed under it if they hold
+        these same events (a retry), else raises :class:`BatchCommittedError`; retrying
+        with the same id never writes twice. If the connection breaks while the batch
+        commits, the outcome is settled by re-reading on a fresh connection; if it
+        cannot be settled in time,
         :class:`OutcomeUnknownError` names the batch (never AppendFailedError, which
         always means nothing was written).
 
