@@ -365,8 +365,11 @@ class SpoolClosingFactory:
 
     def _keep(self, recorder: Any) -> Any:
         if isinstance(recorder, SharedCommit):
-            env = getattr(self, "env", None)  # the library's Environment: CHARTER_<KEY> first
-            recorder.group_commit = group_commit_on(env.get(GROUP_COMMIT) if env else None)
+            # Only CHARTER_GROUP_COMMIT (Journal.open's env sets it too), read as a plain
+            # dict: the library's lookup would also take a bare GROUP_COMMIT from the
+            # process environment, a name Charter does not own.
+            env = getattr(self, "env", None) or {}
+            recorder.group_commit = group_commit_on(dict.get(env, f"CHARTER_{GROUP_COMMIT}"))
             if not hasattr(self, "_recorders"):
                 self._recorders = []
             self._recorders.append(recorder)

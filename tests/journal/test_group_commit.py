@@ -492,5 +492,6 @@ def test_a_group_commit_setting_that_is_neither_on_nor_off_is_refused(
     with pytest.raises(BadInputError, match="neither on nor off"):
         Journal.open(sqlite_url)
     monkeypatch.setenv("CHARTER_GROUP_COMMIT", "on")  # positive control
+    monkeypatch.setenv("GROUP_COMMIT", "of")  # not Charter's name: never read
     with Journal.open(sqlite_url) as journal:
         assert journal.append([Ping(writer="w", batch=0, n=0)])
