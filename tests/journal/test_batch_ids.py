@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from charter.audit.journal import audit_journal
+from charter.core.errors import StateError
 from charter.ledger import BatchCommittedError, Committed, Journal, _sqlite
 from charter.ledger._rows import batch_runs
 from tests.journal._support import Ping
@@ -426,3 +427,27 @@ def test_without_the_index_row_the_same_race_commits_twice(
     assert [kind for kind, _ in results] == ["ok", "ok"]
     assert results[0][1] != results[1][1]
     assert len(_pings(url)) == 6  # two batches under one id: the bug this index fixes
+
+
+def test_an_index_row_naming_other_entries_is_refused_not_believed(journal_url: str) -> None:
+    """The index is outside the chain: a row planted to name another append's entries
+    (or positions past the head) under some id makes a lookup of that id fail closed,
+    never hand those entries over or let an append under it commit."""
+    with Journal.create(journal_url) as journal:
+        mine = journal.append(_batch("w"), batch="req1")
+    p = "?" if journal_url.startswith("sqlite") else "%s"
+    with _raw(journal_url) as conn:
+        conn.execute(f"INSERT INTO charter_batches VALUES ({p}, {p}, {p})", ("forged", 1, 3))
+        conn.execute(f"INSERT INTO charter_batches VALUES ({p}, {p}, {p})", ("ahead", 90, 99))
+        conn.commit()
+    with Journal.open(journal_url) as journal:
+        for planted in ("forged", "ahead"):
+            with pytest.raises(StateError, match="batch index names positions"):
+                journal.batch_entries(planted)
+            with pytest.raises(StateError, match="batch index names positions"):
+                journal.append(_batch("w"), batch=planted)
+        head = journal.head()
+        # Positive control: the real row is believed, and a new id appends.
+        assert _as_pairs(tuple(journal.append(_batch("w"), batch="req1"))) == _as_pairs(mine)
+        assert journal.head() == head
+        assert journal.append(_batch("w"), batch="req2")
