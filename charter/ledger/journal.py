@@ -398,7 +398,11 @@ class Journal:
         if self._batch_index:
             return
         try:
-            if not self._store.has_batch_index():
+            present = self._store.has_batch_index()
+        except UnavailableError as e:
+            raise AppendFailedError(f"journal append failed, nothing written: {e}") from e
+        try:
+            if not present:
                 self._store.add_batch_index()
         except UnavailableError as e:
             raise AppendFailedError(

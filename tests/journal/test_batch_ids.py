@@ -12,6 +12,7 @@ import multiprocessing
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
@@ -24,7 +25,7 @@ import pytest
 
 from charter.audit.journal import audit_journal
 from charter.core.errors import StateError
-from charter.ledger import BatchCommittedError, Committed, Journal, _sqlite
+from charter.ledger import AppendFailedError, BatchCommittedError, Committed, Journal, _sqlite
 from charter.ledger._rows import batch_runs
 from tests.journal._support import Ping
 from tests.journal.test_group_commit import _turn_held, _waiting
@@ -451,3 +452,46 @@ def test_an_index_row_naming_other_entries_is_refused_not_believed(journal_url: 
         assert _as_pairs(tuple(journal.append(_batch("w"), batch="req1"))) == _as_pairs(mine)
         assert journal.head() == head
         assert journal.append(_batch("w"), batch="req2")
+
+
+@pytest.mark.postgres
+def test_an_old_journal_whose_writer_may_not_make_the_index_is_not_appended_to(
+    pg_url: str,
+) -> None:
+    """Fail closed: a writer that may insert but not create tables cannot make the
+    index of a journal made before it, so it appends nothing (rather than commit with
+    no uniqueness). Once a user who may has made it, that writer appends."""
+    Journal.create(pg_url).close()
+    with Journal.open(pg_url) as journal:
+        journal.append(_batch("old"), batch="old1")
+    _drop_index(pg_url)
+    role = f"charter_w_{uuid.uuid4().hex[:10]}"
+    u = urlparse(pg_url)
+    with _raw(pg_url) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        # What a writer needs (UPDATE for the table lock; the triggers refuse updates).
+        rights = "SELECT, INSERT, UPDATE"
+        conn.execute(f'GRANT {rights} ON ALL TABLES IN SCHEMA public TO "{role}"')
+        conn.execute(f'ALTER DEFAULT PRIVILEGES GRANT {rights} ON TABLES TO "{role}"')
+        conn.execute(f'REVOKE CREATE ON SCHEMA public FROM PUBLIC, "{role}"')
+        conn.commit()
+    limited = f"postgresql://{role}@{u.hostname}:{u.port}{u.path}"
+    try:
+        with Journal.open(limited) as journal:
+            head = journal.head()
+            with pytest.raises(AppendFailedError, match="no batch index") as caught:
+                journal.append(_batch("new"), batch="new1")
+            assert "permission denied for schema public" in str(caught.value)
+            assert journal.head() == head
+            assert not _has_index(pg_url)
+        # Positive control: the owner's first append makes it; then the writer appends.
+        with Journal.open(pg_url) as journal:
+            journal.append([Ping(writer="owner", batch=0, n=0)])
+        with Journal.open(limited) as journal:
+            assert journal.append(_batch("new"), batch="new1")
+            assert journal.append(_batch("old"), batch="old1")[0].position == 1
+    finally:
+        with _raw(pg_url) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+            conn.commit()
