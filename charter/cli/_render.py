@@ -49,12 +49,15 @@ def _escape_one(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-def printable(text: str) -> str:
+def printable(text: str, *, lines: bool = False) -> str:
     """``text`` with every control character shown as an escape (``\\x1b``,
     ``\\u202e``), so that text from the journal cannot set a terminal's title, clear
     its screen, colour it, rewrite a line or reorder it. Everything else, non-ASCII
-    letters included, is unchanged. The one function for text to people; ``--json``
-    stays exact and never comes here."""
+    letters included, is unchanged; with ``lines``, so are line feeds (a message of
+    several lines). The one function for text to people; ``--json`` stays exact and
+    never comes here."""
+    if lines:
+        return "\n".join(_CONTROL.sub(_escape_one, line) for line in text.split("\n"))
     return _CONTROL.sub(_escape_one, text)
 
 

@@ -9,10 +9,13 @@ import json
 import unicodedata
 from pathlib import Path
 
+import click
+import pytest
 from rich.console import Console
 
+from charter.cli._common import Ctx, run_guarded
 from charter.cli._render import brief_payload, printable, render_budgets, render_slots, render_tree
-from charter.core import Budget
+from charter.core import Budget, StateError
 from charter.ledger import Journal
 from charter.projections import BudgetReport, SlotsReport, TreeReport
 from charter.projections._answers import BudgetLine, CellSlots, TreeNode
@@ -125,3 +128,39 @@ def test_journal_show_escapes_a_workers_text_and_json_stays_exact(home: Path) ->
     assert _unsafe(full.stdout) == []
     exact = charter("--json", "journal", "show", "--type", "WorkerResult", home=home)
     assert json.loads(exact.stdout)["payload"]["text"] == HOSTILE  # --json: exactly
+
+
+def test_messages_keep_their_lines_and_escape_the_rest() -> None:
+    assert printable("two\nlines", lines=True) == "two\nlines"  # control: lines kept
+    assert printable("two\nlines") == "two\\x0alines"
+    shown = printable(HOSTILE, lines=True)
+    assert _unsafe(shown) == []
+    assert shown.count("\n") == HOSTILE.count("\n")
+
+
+@pytest.mark.parametrize("error", [StateError("moved: " + TITLE), RuntimeError(CLEAR)])
+def test_an_error_quoting_worker_text_is_escaped(
+    error: Exception, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fail() -> None:
+        raise error
+
+    with pytest.raises(SystemExit):
+        run_guarded(click.Command("x", callback=fail), [])
+    said = capsys.readouterr().err
+    assert said.startswith(("charter: error: moved: \\x1b]0;pwned", "charter: internal error"))
+    assert _unsafe(said) == [], said
+    assert "\\x1b[2J" in said or "\\x1b]0;pwned" in said  # shown, not dropped
+
+
+def test_status_and_text_output_are_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    ctx = Ctx(db=None, as_json=False, quiet=False)
+    ctx.status("started " + TITLE)
+    ctx.emit({"x": TITLE}, "line one\n" + CLEAR + "line two")
+    captured = capsys.readouterr()
+    assert _unsafe(captured.err) == []
+    assert _unsafe(captured.out) == []
+    assert captured.out.count("\n") == 2  # its own lines kept
+    ctx = Ctx(db=None, as_json=True, quiet=False)
+    ctx.emit({"x": TITLE}, "unused")
+    assert json.loads(capsys.readouterr().out) == {"x": TITLE}  # --json: exact
