@@ -62,26 +62,29 @@ catalogue = sorted(event_types())
 for info in pkgutil.walk_packages(charter.__path__, "charter."):
     if not info.name.endswith("__main__"):
         importlib.import_module(info.name)
+from charter.core.events import Event
 print(json.dumps({
     "catalogue": catalogue,
     "all": {name: cls.__module__ for name, cls in event_types().items()},
+    "standalone": sorted(n for n, c in event_types().items() if c.stream is Event.stream),
 }))
 """
 
 
-def _registry() -> tuple[list[str], dict[str, str]]:
-    """In a fresh interpreter: what the catalogue alone registers, and every type
-    registered once every module of charter is imported, with its module."""
+def _registry() -> tuple[list[str], dict[str, str], list[str]]:
+    """In a fresh interpreter: what the catalogue alone registers, every type registered
+    once every module of charter is imported with its module, and the standalone ones
+    (no stream of their own)."""
     done = subprocess.run(
         [sys.executable, "-c", _REGISTRY_PROBE], capture_output=True, text=True, check=True,
         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120,
     )  # fmt: skip
     found = json.loads(done.stdout)
-    return found["catalogue"], found["all"]
+    return found["catalogue"], found["all"], found["standalone"]
 
 
 def test_the_event_table_is_the_registry() -> None:
-    catalogue, registered = _registry()
+    catalogue, registered, _ = _registry()
     assert len(registered) >= 30  # control: the walk does register the event types
     actual: dict[str, set[str]] = defaultdict(set)
     for name, module in registered.items():
@@ -96,6 +99,18 @@ def test_the_event_table_is_the_registry() -> None:
         "docs/architecture.md's event table is not the registry; it should list:\n" + expected_rows
     )
     assert sorted(catalogue) == sorted(registered), "charter/catalogue.py misses a module"
+
+
+def test_the_standalone_events_are_the_ones_without_a_stream() -> None:
+    _, _, standalone = _registry()
+    documented = {
+        name
+        for row in _table_rows(_section("Where events live"))
+        if row[2] == "standalone"
+        for name in re.findall(r"`([A-Z]\w+)`", row[1])
+    }
+    assert "JournalCreated" in documented  # control: the column is read
+    assert documented == set(standalone)
 
 
 # -- dependencies -------------------------------------------------------------------
