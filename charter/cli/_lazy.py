@@ -14,6 +14,7 @@ every help text is the same.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ import click
 
 from charter.cli._common import AsciiIntRange
 
-__all__ = ["StandInInvoked", "describe", "index_source", "stand_in"]
+__all__ = ["StandInInvoked", "describe", "index_source", "sources_digest", "stand_in"]
 
 
 class StandInInvoked(Exception):  # noqa: N818 - a signal, not an error
@@ -167,7 +168,18 @@ def _describe(command: click.Command) -> dict[str, Any]:
     return found
 
 
-def index_source(index: Mapping[str, Any]) -> str:
+def sources_digest() -> str:
+    """sha256 of the CLI's own sources (``_index.py`` aside): the index records the one
+    it was generated from, and is not used by sources that differ (a merge that changed
+    a command without regenerating it costs a slower help, never a wrong one)."""
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+        if path.name != "_index.py":
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def index_source(index: Mapping[str, Any], digest: str) -> str:
     """The text of ``_index.py`` for ``index``: one JSON line a command, in a string
     (decoding JSON is several times faster than building the same literal)."""
     lines = ",\n".join(
@@ -185,6 +197,7 @@ def index_source(index: Mapping[str, Any]) -> str:
         "import json\n"
         "from typing import Any\n"
         "\n"
+        f"SOURCES = {json.dumps(digest)}\n"
         f"INDEX: dict[str, Any] = json.loads(\n    r{quotes}{{\n{lines}\n}}{quotes}\n)\n"
     )
 

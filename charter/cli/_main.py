@@ -56,12 +56,18 @@ def _asks_for_help(ctx: click.Context, args: list[str]) -> bool:
     return any(arg in ctx.help_option_names for arg in before)
 
 
-def _stand_in(name: str) -> click.Command | None:
-    if name not in _stand_ins:
-        from charter.cli._index import INDEX
-        from charter.cli._lazy import stand_in
+_index_current: list[bool] = []  # once a process: is the index the sources'?
 
-        if name not in INDEX:
+
+def _stand_in(name: str) -> click.Command | None:
+    """The stand-in of ``name``, or None when the index is not of these sources."""
+    if name not in _stand_ins:
+        from charter.cli._index import INDEX, SOURCES
+        from charter.cli._lazy import sources_digest, stand_in
+
+        if not _index_current:
+            _index_current.append(sources_digest() == SOURCES)
+        if name not in INDEX or not _index_current[0]:
             return None
         _stand_ins[name] = stand_in(INDEX[name])
     return _stand_ins[name]
