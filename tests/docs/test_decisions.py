@@ -52,4 +52,4 @@ def test_a_superseding_decision_is_named_back() -> None:
             _, theirs = _status(path.parent / link)
             assert path.name in theirs, (link, "does not name", path.name)
             checked += 1
-    assert checked >= 3  # control: 0009 supersedes parts of 0001, 0004 and 0006
+    assert checked >= 3  # control: 0010 supersedes parts of 0001, 0004 and 0006
