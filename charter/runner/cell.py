@@ -253,6 +253,7 @@ class Cell:
                 else []
             )
             self._scanned = max(self._scanned, stop)
+        self._carry_out_kills()  # whoever committed them
         for position, event in admitted:
             if not isinstance(event, SlotAdmitted) or event.cell != self.cell:
                 continue
@@ -262,6 +263,8 @@ class Cell:
                 w = self.view.workers.get(event.lineage)
             if w is None or w.scheduled.cell != self.cell or w.sandbox_id is not None:
                 continue  # not a worker of ours, or one resuming after a wait
+            if w.killed is not None and w.live:
+                continue  # killed before it started: ended by the kill, never started
             if not w.live:
                 self._settle(w.lineage, ())
                 continue
@@ -541,17 +544,36 @@ class Cell:
             self._kill_one(w.lineage, reason)
 
     def _kill_one(self, lineage: str, reason: str) -> None:
+        """Journal ``WorkerKilled`` for ``lineage``; the kill itself is carried out, as
+        every committed kill is, by :meth:`_carry_out_kills`."""
         with self._lock:
             self.refresh()
             w = self.view.workers.get(lineage)
             if w is None or not w.live or w.killed is not None or w.exit_code is not None:
                 return  # gone, being killed, or already exited by itself
             self.applied(self.journal.append([WorkerKilled(lineage=lineage, reason=reason)]))
-            slot = self._slots.get(lineage)
-        if slot is not None:
-            kill_uid(slot.host_uid)  # its driver thread journals the end
-        elif w.sandbox_id is None:
-            self._end(w, "killed", None, reason, discard=False)  # never started
+        self._carry_out_kills()
+
+    def _carry_out_kills(self) -> None:
+        """Act on every ``WorkerKilled`` folded since the last look, whoever appended it
+        (this cell, the CLI, the API, another process): a started worker's sandbox is
+        killed (its driver then journals its end, as killed); a worker never started is
+        ended at once and never starts. Each kill is taken from the view once, so it is
+        carried out once. A sandbox is killed only while this cell holds its slot (so
+        its host uid is still that sandbox's), under the lock that gives slots back."""
+        never_started: list[WorkerRecord] = []
+        with self._lock:
+            for lineage in self.view.take_kills():
+                w = self.view.workers.get(lineage)
+                if w is None or w.scheduled.cell != self.cell or w.ended is not None:
+                    continue
+                slot = self._slots.get(lineage)
+                if slot is not None:
+                    kill_uid(slot.host_uid)
+                elif w.sandbox_id is None:
+                    never_started.append(w)
+        for w in never_started:
+            self._end(w, "killed", None, w.killed or "killed", discard=False)
 
     # -- the workers' requests (the door calls these) ---------------------------------
 
