@@ -111,15 +111,20 @@ def test_a_wider_child_grant_signed_by_the_real_parent_key_is_found(made: tuple)
     assert "clearance" in findings[0].detail.lower()
 
 
-def test_a_grant_under_a_foreign_trust_root_is_found(made: tuple) -> None:
+def test_a_second_registration_and_root_grant_are_found(made: tuple) -> None:
+    """A root's trust root and root grant are write-once: a second registration (a
+    foreign trust root) and a replayed root grant are trust-anchor findings, and the
+    first registration's trust root keeps verifying (tests/audit/test_anchors.py has
+    the whole takeover)."""
     url, _, _ = made
     (bad,) = _append(
         url, AgentRegistered(name="estate", lineage="agent:estate", trust_root="ab" * 32)
     )
     root = _event(url, "GrantMinted", lineage="agent:estate")
     (mint,) = _append(url, root.model_copy(update={"fanout": "register:again"}))
-    assert _only(_audit(url), "grant-chain") == [mint]
-    del bad
+    report = _audit(url)
+    assert _only(report, "trust-anchor") == [bad, mint]
+    assert _only(report, "grant-chain") == []
 
 
 def test_mints_without_a_gate_or_with_a_second_gate_are_found(made: tuple) -> None:
