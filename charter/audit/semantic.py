@@ -463,9 +463,28 @@ class _Auditor:
         sandbox = str(p["sandbox_id"])
         lineage = p.get("lineage")
         lease = p.get("lease") or lineage
-        self.sandboxes[sandbox] = _Sandbox(self.position, lineage, lease)
+        self.sandboxes[sandbox] = _Sandbox(
+            self.position, lineage, lease, wall_ms=int(p.get("wall_ms") or 0)
+        )
         if lineage is None:
-            return  # an operator's own sandbox (`charter sandbox run`): no worker
+            # An operator's own sandbox (`charter sandbox run`): exempt from the grant
+            # and lease checks only as long as it claims neither and runs no worker
+            # (worker_started), and ends within its wall clock (lifecycle).
+            if p.get("lease") is not None or p.get("grant_digest") is not None:
+                self.find(
+                    "sandbox-lease",
+                    None,
+                    f"operator sandbox {sandbox} names a lease or a grant but no lineage",
+                )
+            return
+        digest = p.get("grant_digest")
+        chain = self.chains.get(str(lineage))
+        if digest is not None and chain is not None and chain[-1].digest.hex() != digest:
+            self.find(
+                "sandbox-lease",
+                str(lineage),
+                f"sandbox {sandbox} names grant {str(digest)[:16]}…, not {lineage}'s",
+            )
         if str(lineage) not in self.chains:
             self.find(
                 "sandbox-lease",
@@ -488,17 +507,18 @@ class _Auditor:
                 f"{self.released[revoked]}",
             )
 
-    def sandbox_started(self, p: dict[str, Any]) -> None:
+    def sandbox_started(self, p: dict[str, Any], t: int) -> None:
         sandbox = self.sandboxes.get(str(p["sandbox_id"]))
         if sandbox is None:
             self.find(
                 "sandbox-lease", None, f"sandbox {p['sandbox_id']} started without being leased"
             )
-            self.sandboxes[str(p["sandbox_id"])] = _Sandbox(
-                self.position, None, None, self.position
+            self.sandboxes[str(p["sandbox_id"])] = _Sandbox(  # reported: not followed
+                self.position, None, None, self.position, ended=True
             )
             return
         sandbox.started = self.position
+        sandbox.started_at = t
 
     def sandbox_ended(self, p: dict[str, Any]) -> None:
         sandbox = self.sandboxes.get(str(p["sandbox_id"]))
@@ -507,7 +527,19 @@ class _Auditor:
 
     def lifecycle(self, t: int) -> None:
         for sandbox_id, s in self.sandboxes.items():
-            if s.started is None or s.ended or s.lease is None:
+            if s.started is None or s.ended:
+                continue
+            if s.lease is None:
+                if s.lineage is None and t > s.started_at + s.wall_ms:
+                    self.findings.append(
+                        Finding(
+                            check="lifecycle",
+                            position=s.started,
+                            lineage=None,
+                            detail=f"operator sandbox {sandbox_id} started, its wall clock "
+                            f"({s.wall_ms} ms) ran out, and it never exited or failed",
+                        )
+                    )
                 continue
             ledger = self.books.get(s.lease)
             if ledger is None or not ledger.live(t):
@@ -520,6 +552,103 @@ class _Auditor:
                         "exited or failed",
                     )
                 )
+
+        for lineage, w in self.workers.items():
+            if w.ended:
+                continue
+            ledger = self.books.get(lineage)
+            if ledger is None or not ledger.live(t):
+                self.findings.append(
+                    Finding(
+                        check="worker-lifecycle",
+                        position=w.position,
+                        lineage=lineage,
+                        detail=f"worker {lineage} started, its lease ended, and it never ended",
+                    )
+                )
+
+    # -- workers -----------------------------------------------------------------------
+
+    def worker_started(self, p: dict[str, Any], _: int) -> None:
+        lineage = str(p["lineage"])
+        if lineage in self.workers:
+            self.find("worker-lifecycle", lineage, f"worker {lineage} started again")
+            return
+        self.workers[lineage] = _Worker(self.position)
+        if lineage not in self.chains:
+            self.find(
+                "worker-lifecycle", lineage, f"worker {lineage} started without a verified grant"
+            )
+        sandbox_id = p.get("sandbox_id")
+        if sandbox_id is None:
+            return
+        sandbox = self.sandboxes.get(str(sandbox_id))
+        if sandbox is None or sandbox.lineage != lineage:
+            owner = "nobody" if sandbox is None else (sandbox.lineage or "the operator")
+            self.find(
+                "worker-lifecycle",
+                lineage,
+                f"worker {lineage} started in sandbox {sandbox_id}, leased for {owner}",
+            )
+
+    def worker_ended(self, p: dict[str, Any], _: int) -> None:
+        worker = self.workers.get(str(p["lineage"]))
+        if worker is not None:
+            worker.ended = True
+
+    # -- admission ---------------------------------------------------------------------
+
+    def _cell(self, name: str) -> _Cell:
+        cell = self.cells.get(name)
+        if cell is None:
+            cell = self.cells[name] = _Cell({}, {}, {})
+        return cell
+
+    def cell_configured(self, p: dict[str, Any], _: int) -> None:
+        cell = self._cell(str(p["cell"]))
+        cell.caps = {str(k): int(v) for k, v in dict(p["caps"]).items()}
+        for resource, held in cell.holders.items():
+            if len(held) > cell.caps.get(resource, 0):
+                self.find(
+                    "admission",
+                    None,
+                    f"cell {p['cell']} configured with a {resource} cap of "
+                    f"{cell.caps.get(resource, 0)}, below the {len(held)} slot(s) held",
+                )
+
+    def slot_queued(self, p: dict[str, Any], _: int) -> None:
+        cell = self._cell(str(p["cell"]))
+        queue = cell.queued.setdefault(str(p["resource"]), {})
+        queue.update(dict.fromkeys(str(lineage) for lineage in p["lineages"]))
+
+    def slot_admitted(self, p: dict[str, Any], _: int) -> None:
+        name, lineage, resource = str(p["cell"]), str(p["lineage"]), str(p["resource"])
+        cell = self._cell(name)
+        held = cell.holders.setdefault(resource, set())
+        queue = cell.queued.setdefault(resource, {})
+        if not cell.caps:
+            self.find("admission", lineage, f"a {resource} slot on unconfigured cell {name}")
+        head = next(iter(queue), None)
+        if head is not None and head != lineage:
+            self.find(
+                "admission",
+                lineage,
+                f"admitted to a {resource} slot on {name} ahead of the queue's head {head}",
+            )
+        queue.pop(lineage, None)
+        held.add(lineage)
+        cap = min(cell.caps.get(resource, 0), int(p["cap"]))
+        if len(held) > cap:
+            self.find(
+                "admission",
+                lineage,
+                f"{len(held)} {resource} slots held on {name}, over its cap of {cap}",
+            )
+
+    def slot_released(self, p: dict[str, Any], _: int) -> None:
+        self._cell(str(p["cell"])).holders.setdefault(str(p["resource"]), set()).discard(
+            str(p["lineage"])
+        )
 
     # -- the fold --------------------------------------------------------------------
 
@@ -540,6 +669,9 @@ class _Auditor:
             )
         self.last_at = max(self.last_at, t)
         kind = topic.partition("/")[0]
+        if topic not in KNOWN_TOPICS:
+            self.find("entry-type", None, f"an entry of type {topic!r}, which Charter never writes")
+            return
         try:
             self._dispatch(kind, p, t)
         except (KeyError, TypeError, ValueError) as e:
@@ -564,7 +696,13 @@ class _Auditor:
             "LeaseReleased": self.released_lease,
             "LeaseRenewed": self.renewed,
             "SandboxLeased": self.sandbox_leased,
-            "SandboxStarted": lambda p, _: self.sandbox_started(p),
+            "SandboxStarted": self.sandbox_started,
+            "WorkerStarted": self.worker_started,
+            "WorkerEnded": self.worker_ended,
+            "CellConfigured": self.cell_configured,
+            "SlotQueued": self.slot_queued,
+            "SlotAdmitted": self.slot_admitted,
+            "SlotReleased": self.slot_released,
             **{end: lambda p, _: self.sandbox_ended(p) for end in _ENDS},
         }
 

@@ -20,7 +20,7 @@ from charter.audit.semantic import audit_history
 from charter.audit.tree import MerkleLog, verify_extension
 from charter.core import KeyStore
 from charter.ledger import Journal
-from tests.audit._support import fill
+from tests.audit._support import fill_real
 from tests.audit.test_cli_audit import charter, ok
 from tests.audit.test_export import _fails_at, _remanifest
 
@@ -56,7 +56,7 @@ def test_checkpoints_verify_across_a_rotation(journal_url: str, tmp_path: Path) 
     current = ok(charter("checkpoint", "key", "--current", home=home, db=journal_url)).strip()
     assert current == new_key
     with Journal.open(journal_url) as j:
-        fill(j, 3, tag="after")
+        fill_real(j, 3, tag="after")
     cp2 = tmp_path / "cp2"
     ok(charter("checkpoint", "--out", str(cp2), home=home, db=journal_url))
     note2 = SignedNote.parse(cp2.read_text())
@@ -103,7 +103,7 @@ def test_a_rotation_by_a_stranger_changes_nothing_and_is_found(
     with Journal.open(journal_url) as j:
         log = MerkleLog(j)
         (forged,) = j.append([rotation(log.origin, stranger, evil)])
-        fill(j, 2, tag="later")
+        fill_real(j, 2, tag="later")
         size = log.catch_up()
         assert log.history().current == log.initial  # the forged rotation changed nothing
         root = log.root()[1]

@@ -22,7 +22,7 @@ from charter.core.framing import entry_hash
 from charter.core.lineage import Lineage
 from charter.ledger import Journal
 from charter.sandbox import SandboxExited, SandboxLeased, SandboxStarted, SandboxUsage
-from tests.audit._support import _Raw, fill, make_journal, real_history
+from tests.audit._support import Ping, _Raw, fill_real, make_journal, real_history
 
 
 @pytest.fixture
@@ -217,10 +217,23 @@ def test_an_entry_committed_earlier_than_its_predecessor_is_found(made: tuple) -
 def test_histories_without_authority_events_are_clean(journal_url: str) -> None:
     journal, _ = make_journal(journal_url)
     with journal:
-        fill(journal, 10)
+        fill_real(journal, 10)
         report = audit_history(journal.payloads())
     assert report.ok
     assert report.checked == 30
+
+
+def test_an_entry_of_a_type_charter_never_writes_is_found(journal_url: str) -> None:
+    """Entries of types the audit does not know (the journal tests' own Ping and
+    Counter, validly chained) are findings at their positions; no rule reads them, so
+    passing them would let any unknown entry through."""
+    journal, _ = make_journal(journal_url)
+    with journal:
+        fill_real(journal, 2)
+        (ping,) = journal.append([Ping(writer="x", batch=0, n=0, pad="")])
+        fill_real(journal, 1)
+        report = audit_history(journal.payloads())
+    assert [(f.check, f.position) for f in report.findings] == [("entry-type", ping.position)]
 
 
 def test_the_generated_projection_history_keeps_every_budget_rule(sqlite_url: str) -> None:
