@@ -16,6 +16,7 @@ __all__ = [
     "NoteSignatureError",
     "NotInTreeError",
     "TreeFollowError",
+    "VerifierKeyError",
     "WitnessForkError",
     "WitnessRollbackError",
 ]
@@ -62,6 +63,11 @@ class CheckpointFormatError(TamperedError):
 class TreeFollowError(TamperedError):
     """The journal's entries do not chain where the Merkle follower reads them, so no
     tree (and no checkpoint) is built over them."""
+
+
+class VerifierKeyError(BadInputError):
+    """A verifier key the caller gave (``--journal-key``, ``--log-key``, …) is not one:
+    bad input (exit 2), never "the journal does not verify"."""
 
 
 class NotInTreeError(BadInputError):

@@ -156,7 +156,7 @@ def extends_checkpoint(ctx: Ctx, file: str, vkey: str | None) -> ExtensionReport
     """Prove the journal extends the checkpoint saved in ``file`` (``checkpoint verify``
     and ``journal verify --checkpoint``); raises ConsistencyProofError if it does not."""
     note = SignedNote.parse(_read(file))
-    key = NoteKey.parse(vkey) if vkey else None
+    key = NoteKey.given(vkey) if vkey else None
     with Journal.open(ctx.db) as journal:
         return verify_extension(journal, note, key)
 
@@ -222,7 +222,7 @@ def witness_cosign(
     """Cosign a checkpoint if it extends the last one this witness cosigned for its log;
     refuse a fork or a rollback (exit 3)."""
     w = _witness()
-    key = NoteKey.parse(log_key)
+    key = NoteKey.given(log_key, "--log-key")
     note = SignedNote.parse(_read(file))
     new_size, _ = _summary(note)
     last = w.last(key.name)
@@ -291,8 +291,9 @@ def proof_consistency(ctx: Ctx, old: int, new: int) -> None:
 def proof_verify(ctx: Ctx, file: str, vkey: str) -> None:
     """Verify a tlog-proof offline (no database): the checkpoint's signature and the
     entry's inclusion; exit 3 if either fails."""
+    key = NoteKey.given(vkey)
     made = InclusionText.parse(_read(file))
-    checkpoint_ = made.verify(NoteKey.parse(vkey))
+    checkpoint_ = made.verify(key)
     ctx.emit(
         {"ok": True, "index": made.index, "size": checkpoint_.size},
         f"ok: entry {made.index} is in the tree of {checkpoint_.size} entries",
@@ -400,13 +401,13 @@ def _export_jsonl(
 def export_verify(ctx: Ctx, bundle: str, vkey: str, witness_keys: tuple[str, ...]) -> None:
     """Verify a bundle offline (no database, no network, no home); exit 3 naming the
     first part that does not verify."""
+    key = NoteKey.given(vkey)
+    witnesses = [NoteKey.given(k, "--witness-key") for k in witness_keys]
     try:
         data = Path(bundle).read_bytes()
     except OSError as e:
         raise BadInputError(f"cannot read {bundle}: {e}") from e
-    report = verify_bundle(
-        data, NoteKey.parse(vkey), witness_keys=[NoteKey.parse(k) for k in witness_keys]
-    )
+    report = verify_bundle(data, key, witness_keys=witnesses)
     if not report.ok:
         _findings(ctx, report.to_json(), report.findings)
     ctx.emit(
