@@ -42,6 +42,8 @@ __all__ = [
     "ExtensionReport",
     "InclusionProof",
     "MerkleLog",
+    "anchor_key",
+    "key_history",
     "leaf_hashes",
     "verify_extension",
 ]
@@ -132,6 +134,26 @@ def _rotate(history: KeyHistory, leaf: int, state: bytes) -> KeyHistory:
         return history.rotated(leaf, json.loads(state)["payload"])
     except (KeyRotationError, ValueError, KeyError, TypeError):
         return history
+
+
+def anchor_key(journal: Journal) -> NoteKey:
+    """The journal's first verifier key, from its metadata alone (no tree, no write: it
+    works on a read-only copy)."""
+    key = journal.meta.journal_key
+    return NoteKey.make(journal_origin(key), NOTE_ED25519, bytes.fromhex(key))
+
+
+def key_history(journal: Journal) -> tuple[KeyHistory, int]:
+    """The journal key's history and the journal's size, read from its entries alone
+    (every entry re-hashed, every rotation checked; no tree, no write)."""
+    key = journal.meta.journal_key
+    history = KeyHistory.start(journal_origin(key), bytes.fromhex(key))
+    size = 0
+    for _, _, topic, state in leaf_hashes(journal):
+        if topic.startswith(ROTATION_TOPIC):
+            history = _rotate(history, size, state)
+        size += 1
+    return history, size
 
 
 class MerkleLog:

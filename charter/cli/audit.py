@@ -19,7 +19,13 @@ from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText, InclusionText
 from charter.audit.semantic import Finding, audit_history
 from charter.audit.siem import lines as jsonl_lines
-from charter.audit.tree import ExtensionReport, MerkleLog, verify_extension
+from charter.audit.tree import (
+    ExtensionReport,
+    MerkleLog,
+    anchor_key,
+    key_history,
+    verify_extension,
+)
 from charter.audit.witness import Witness
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import KeyStore, charter_home
@@ -114,11 +120,12 @@ def checkpoint_follow(ctx: Ctx, interval: float) -> None:
 def checkpoint_key(ctx: Ctx, current: bool) -> None:
     """Print the journal's first verifier key (the trust anchor its key history starts
     from), or with --current the one that signs checkpoints now."""
-    with Journal.open(ctx.db) as journal:
-        log = MerkleLog(journal)
+    with Journal.open(ctx.db) as journal:  # read only: it runs on an auditor's copy
         if current:
-            log.catch_up()
-        key = log.note_key() if current else log.anchor_key()
+            history, size = key_history(journal)
+            key = history.note_key_for(size)
+        else:
+            key = anchor_key(journal)
     ctx.emit({"key": key.text(), "name": key.name}, key.text())
 
 
