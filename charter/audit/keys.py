@@ -12,6 +12,7 @@ it). Pure: no journal.
 from __future__ import annotations
 
 import hmac
+import os
 from typing import Any
 
 from nacl.exceptions import BadSignatureError
@@ -20,15 +21,19 @@ from pydantic import BaseModel, ConfigDict
 
 from charter.audit.errors import KeyRotationError
 from charter.audit.note import NoteKey
+from charter.core.errors import StateError
 from charter.core.events import Event
 from charter.core.framing import NOTE_ED25519, key_rotation_signing_input
+from charter.core.home import KeyStore
 
 __all__ = [
     "KEY_STREAM",
     "JournalKeyRotated",
     "KeyHistory",
     "check_rotation",
+    "is_retired",
     "journal_origin",
+    "retire_key",
     "rotation",
 ]
 
@@ -128,3 +133,45 @@ class KeyHistory(BaseModel):
             {"after_leaf": after, "key": NoteKey.make(self.origin, NOTE_ED25519, key).text()}
             for after, key in self.keys
         ]
+
+
+# What a retired key's file holds once its private key is destroyed. The file stays, so
+# the home still reads as the home of its journal (`charter init` and the missing
+# journal check look for ``journal.key``), but no key can be loaded from it.
+RETIRED = b"charter: retired journal key (destroyed at rotation)\n"
+
+
+def _key_file(keys: KeyStore, name: str) -> Any:
+    if not keys.exists(name):  # also checks the name
+        raise StateError(f"no key {name!r} in {keys.directory}")
+    return keys.directory / f"{name}.key"
+
+
+def retire_key(keys: KeyStore, name: str) -> None:
+    """Destroy the private key ``name`` after a rotation away from it: its file's bytes
+    are overwritten in place and synced, then it holds only :data:`RETIRED`."""
+    path = _key_file(keys, name)
+    try:
+        with path.open("r+b") as f:
+            length = f.seek(0, os.SEEK_END)
+            f.seek(0)
+            f.write(b"\0" * length)
+            f.flush()
+            os.fsync(f.fileno())
+            f.seek(0)
+            f.truncate()
+            f.write(RETIRED)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise StateError(
+            f"the rotation is journaled but the old key {path} could not be destroyed: {e}; "
+            "delete it by hand"
+        ) from e
+
+
+def is_retired(keys: KeyStore, name: str) -> bool:
+    try:
+        return bool(_key_file(keys, name).read_bytes() == RETIRED)
+    except OSError:
+        return False

@@ -14,7 +14,7 @@ from charter.app import JOURNAL_KEY, Charter
 from charter.audit.bundle import verify_bundle
 from charter.audit.errors import NotInTreeError
 from charter.audit.export import export_bundle, export_jsonl
-from charter.audit.keys import KEY_STREAM, rotation
+from charter.audit.keys import KEY_STREAM, is_retired, retire_key, rotation
 from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText, InclusionText
 from charter.audit.semantic import Finding, audit_history
@@ -75,15 +75,21 @@ def checkpoint(click_ctx: click.Context, out: str | None) -> None:
     )
 
 
+def _journal_key_names(keys: KeyStore) -> list[str]:
+    """``journal``, then each rotated one (``journal.1``, ``journal.2``, …)."""
+    names = [JOURNAL_KEY]
+    while keys.exists(f"{JOURNAL_KEY}.{len(names)}"):
+        names.append(f"{JOURNAL_KEY}.{len(names)}")
+    return names
+
+
 def _journal_keys(keys: KeyStore) -> list[SigningKey]:
-    """The journal's signing keys in the home: ``journal``, then each rotated one
-    (``journal.1``, ``journal.2``, …); the tree picks the one a checkpoint needs."""
-    found = [keys.load(JOURNAL_KEY)]
-    n = 1
-    while keys.exists(f"{JOURNAL_KEY}.{n}"):
-        found.append(keys.load(f"{JOURNAL_KEY}.{n}"))
-        n += 1
-    return found
+    """The journal's signing keys in the home that are not retired (a rotation destroys
+    the key it rotates away from); the tree picks the one a checkpoint needs."""
+    names = [n for n in _journal_key_names(keys) if not is_retired(keys, n)]
+    if not names:
+        raise StateError(f"the Charter home {keys.home} holds no journal key that may sign")
+    return [keys.load(n) for n in names]
 
 
 def _summary(note: SignedNote) -> tuple[int, str]:
@@ -141,12 +147,19 @@ def checkpoint_rotate(ctx: Ctx) -> None:
         log = MerkleLog(journal)
         log.catch_up()
         history = log.history()
-        current = next(
-            (k for k in _journal_keys(charter.keys) if bytes(k.verify_key) == history.current),
-            None,
-        )
-        if current is None:
+        names = _journal_key_names(charter.keys)
+        held = {
+            bytes(charter.keys.load(n).verify_key): n
+            for n in names
+            if not is_retired(charter.keys, n)
+        }
+        old_name = held.get(history.current)
+        if old_name is None:
             raise StateError("the home does not hold the journal's current signing key")
+        current = charter.keys.load(old_name)
+        # The old key's last checkpoint: the tree up to the rotation, published, so what
+        # it signed stays provable once it is destroyed.
+        log.publish(log.checkpoint(current, catch_up=False))
         name = f"{JOURNAL_KEY}.{len(history.keys)}"
         new = charter.keys.create(name)
         try:
@@ -156,6 +169,7 @@ def checkpoint_rotate(ctx: Ctx) -> None:
             raise
         log.catch_up()
         key = log.note_key()
+        retire_key(charter.keys, old_name)  # nothing signs with it any more
     ctx.emit({"key": key.text(), "name": name}, key.text())
 
 

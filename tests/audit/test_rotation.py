@@ -19,6 +19,7 @@ from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint
 from charter.audit.semantic import audit_history
 from charter.audit.tree import MerkleLog, verify_extension
 from charter.core import KeyStore
+from charter.core.errors import CharterError
 from charter.ledger import Journal
 from tests.audit._support import fill_real
 from tests.audit.test_cli_audit import charter, ok
@@ -79,7 +80,7 @@ def test_checkpoints_verify_across_a_rotation(journal_url: str, tmp_path: Path) 
     # a bundle across the rotation verifies from the first key; it carries the rotation
     with Journal.open(journal_url) as j:
         keys = KeyStore(home)
-        bundle = export_bundle(j, [keys.load("journal"), keys.load("journal.1")], start=5)
+        bundle = export_bundle(j, keys.load("journal.1"), start=5)
         assert any(e.type_name == "JournalKeyRotated" for e in bundle.entries)
         assert len(bundle.keys) == 2
         report = verify_bundle(bundle.to_bytes(), NoteKey.parse(anchor))
@@ -120,3 +121,40 @@ def test_a_rotation_by_a_stranger_changes_nothing_and_is_found(
     refused_doc = json.loads(found.stdout)
     assert found.returncode == 3
     assert refused_doc["findings"][0]["check"] == "key-rotation"
+
+
+def test_a_rotation_destroys_the_old_private_key(journal_url: str, tmp_path: Path) -> None:
+    """Before, the old key stayed in the home beside the new one (and still signed the
+    checkpoints of sizes up to the rotation). Now the rotation publishes the old key's
+    last checkpoint, then destroys it: no file of the home holds it, and nothing signs
+    with it afterwards."""
+    home = tmp_path / "home"
+    ok(charter("init", home=home, db=journal_url))
+    old = KeyStore(home).load("journal")
+    secret = bytes(old).hex()
+    anchor = ok(charter("checkpoint", "key", home=home, db=journal_url)).strip()
+    with Journal.open(journal_url) as j:
+        size_before = len(list(j.rows()))
+    ok(charter("checkpoint", "rotate", home=home, db=journal_url))
+    leftovers = [p for p in home.rglob("*") if p.is_file() and secret in p.read_bytes().hex()]
+    leftovers += [p for p in home.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert leftovers == []
+    assert (home / "keys" / "journal.key").exists()  # the home still reads as this journal's
+    with pytest.raises(CharterError):
+        KeyStore(home).load("journal")
+    # The old key's last checkpoint was published before the rotation, and verifies.
+    with Journal.open(journal_url) as j:
+        log = MerkleLog(j)
+        with log.store.read() as cur:
+            notes = {size: note for size, note, _ in log.store.checkpoints(cur, limit=100)}
+    last_old = SignedNote.parse(notes[size_before])
+    assert last_old.matching(NoteKey.parse(anchor))
+    # Nothing signs a checkpoint of an old size any more (only the old key could).
+    refused = charter(
+        "proof", "inclusion", "1", "--size", str(size_before), home=home, db=journal_url
+    )
+    assert refused.returncode != 0
+    assert "signing key" in refused.stderr
+    # Positive control: the new key signs the tree as it stands.
+    ok(charter("checkpoint", home=home, db=journal_url))
+    ok(charter("proof", "inclusion", "1", home=home, db=journal_url))
