@@ -15,6 +15,7 @@ __all__ = [
     "KeyRotationError",
     "NoteSignatureError",
     "NotInTreeError",
+    "TreeAheadError",
     "TreeFollowError",
     "VerifierKeyError",
     "WitnessForkError",
@@ -68,6 +69,11 @@ class TreeFollowError(TamperedError):
 class VerifierKeyError(BadInputError):
     """A verifier key the caller gave (``--journal-key``, ``--log-key``, …) is not one:
     bad input (exit 2), never "the journal does not verify"."""
+
+
+class TreeAheadError(TamperedError):
+    """The stored Merkle tree has a leaf the journal no longer holds (its tail was cut,
+    or its last entry changed): no checkpoint or proof is signed over it."""
 
 
 class NotInTreeError(BadInputError):

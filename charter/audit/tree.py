@@ -27,6 +27,7 @@ from charter.audit.errors import (
     ConsistencyProofError,
     KeyRotationError,
     NotInTreeError,
+    TreeAheadError,
     TreeFollowError,
 )
 from charter.audit.keys import ROTATION_TOPIC, KeyHistory, journal_origin
@@ -356,6 +357,7 @@ class MerkleLog:
         if catch_up:
             self.catch_up()
         size, root = self.root()
+        self.check_head(size)
         signer = self._signing(key, size)
         return sign_checkpoint(
             Checkpoint(origin=self.origin, size=size, root=root), self.origin, signer
@@ -380,12 +382,38 @@ class MerkleLog:
         a checkpoint of the tree of ``size`` leaves signed with the journal's key."""
         self.catch_up()
         proof = self.inclusion(position, size)
+        self.check_head(self.size())
         frame = self.frame(position)
         if merkle_leaf_hash(frame) != proof.leaf_hash:
             raise TreeFollowError(f"entry {position} no longer hashes to its stored leaf")
         checkpoint = Checkpoint(origin=self.origin, size=proof.size, root=proof.root)
         note = sign_checkpoint(checkpoint, self.origin, self._signing(key, proof.size))
         return InclusionText(frame=frame, index=proof.leaf, path=proof.path, note=note)
+
+    def check_head(self, size: int) -> None:
+        """Refuse (:class:`TreeAheadError`) a tree of ``size`` leaves whose last leaf is
+        not the journal's entry at that leaf's position, byte for byte and chained: after
+        a tail cut the stored tree would otherwise be signed past the journal's head."""
+        if size == 0:
+            return
+        with self.store.read() as cur:
+            position = self.store.position_of(cur, size - 1)
+            stored = self.store.nodes(cur, [(0, size - 1)]).get((0, size - 1))
+        row = next(self.journal.rows(position, position), None) if position else None
+        if row is None or row.position != position or stored is None:
+            raise TreeAheadError(
+                f"the Merkle tree has {size} leaves but the journal has no entry at position "
+                f"{position} (leaf {size - 1}): its tail was cut; nothing is signed past the "
+                "journal's head (run `charter journal verify`)"
+            )
+        frame = entry_frame(
+            row.prev_hash, position, row.originator, row.version, row.topic.encode(), row.state
+        )
+        if merkle_leaf_hash(frame) != stored or sha256(frame).digest() != row.chain_hash:
+            raise TreeAheadError(
+                f"the journal's entry at position {position} is not the tree's leaf "
+                f"{size - 1}: nothing is signed over it (run `charter journal verify`)"
+            )
 
     def _signing(self, key: Signers, size: int) -> SigningKey:
         """The one of ``key`` that signs a checkpoint of ``size`` entries."""
