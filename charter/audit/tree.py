@@ -358,7 +358,7 @@ class MerkleLog:
             self.catch_up()
         size, root = self.root()
         self.check_head(size)
-        signer = self._signing(key, size)
+        signer = self.signer_for(key, size)
         return sign_checkpoint(
             Checkpoint(origin=self.origin, size=size, root=root), self.origin, signer
         )
@@ -387,7 +387,7 @@ class MerkleLog:
         if merkle_leaf_hash(frame) != proof.leaf_hash:
             raise TreeFollowError(f"entry {position} no longer hashes to its stored leaf")
         checkpoint = Checkpoint(origin=self.origin, size=proof.size, root=proof.root)
-        note = sign_checkpoint(checkpoint, self.origin, self._signing(key, proof.size))
+        note = sign_checkpoint(checkpoint, self.origin, self.signer_for(key, proof.size))
         return InclusionText(frame=frame, index=proof.leaf, path=proof.path, note=note)
 
     def check_head(self, size: int) -> None:
@@ -415,7 +415,7 @@ class MerkleLog:
                 f"{size - 1}: nothing is signed over it (run `charter journal verify`)"
             )
 
-    def _signing(self, key: Signers, size: int) -> SigningKey:
+    def signer_for(self, key: Signers, size: int) -> SigningKey:
         """The one of ``key`` that signs a checkpoint of ``size`` entries."""
         wanted = self.note_key(size).public_key
         for candidate in (key,) if isinstance(key, SigningKey) else key:

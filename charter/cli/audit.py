@@ -376,7 +376,7 @@ def export_write(
         return
     given = SignedNote.parse(_read(checkpoint_file)) if checkpoint_file else None
     with Charter.open(ctx.db) as charter:
-        key = None if given is not None else _journal_keys(charter.keys)
+        key = _journal_keys(charter.keys)  # signs the checkpoint (unless given) and the seal
         bundle = export_bundle(
             charter.journal, key, lineage=lineage, start=start, stop=stop, checkpoint=given
         )
