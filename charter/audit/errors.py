@@ -12,6 +12,7 @@ __all__ = [
     "CheckpointFormatError",
     "ConsistencyProofError",
     "InclusionProofError",
+    "KeyHistoryFormatError",
     "KeyRotationError",
     "NoteSignatureError",
     "NotInTreeError",
@@ -74,6 +75,10 @@ class VerifierKeyError(BadInputError):
 class TreeAheadError(TamperedError):
     """The stored Merkle tree has a leaf the journal no longer holds (its tail was cut,
     or its last entry changed): no checkpoint or proof is signed over it."""
+
+
+class KeyHistoryFormatError(BadInputError):
+    """A key-history document (``--key-history FILE``) that does not parse."""
 
 
 class NotInTreeError(BadInputError):

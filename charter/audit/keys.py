@@ -12,6 +12,7 @@ it). Pure: no journal.
 from __future__ import annotations
 
 import hmac
+import json
 import os
 from typing import Any
 
@@ -19,7 +20,7 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 from pydantic import BaseModel, ConfigDict
 
-from charter.audit.errors import KeyRotationError
+from charter.audit.errors import KeyHistoryFormatError, KeyRotationError
 from charter.audit.note import NoteKey
 from charter.core.errors import StateError
 from charter.core.events import Event
@@ -29,6 +30,7 @@ from charter.core.home import KeyStore
 __all__ = [
     "KEY_STREAM",
     "JournalKeyRotated",
+    "KEY_HISTORY_FORMAT",
     "KeyHistory",
     "check_rotation",
     "is_retired",
@@ -38,6 +40,7 @@ __all__ = [
 ]
 
 KEY_STREAM = "journal-keys"
+KEY_HISTORY_FORMAT = "charter/key-history@v1"
 ROTATION_TOPIC = "JournalKeyRotated/"
 
 
@@ -127,6 +130,32 @@ class KeyHistory(BaseModel):
 
     def note_key_for(self, size: int) -> NoteKey:
         return NoteKey.make(self.origin, NOTE_ED25519, self.key_for(size))
+
+    @classmethod
+    def from_document(cls, text: str, anchor: NoteKey) -> KeyHistory:
+        """The history a key-history document (``charter checkpoint key --history``)
+        claims, checked from ``anchor``: every rotation must be signed by the key current
+        before it and by the new key (:class:`KeyRotationError` if not), at increasing
+        leaves. A document that does not parse is :class:`KeyHistoryFormatError`."""
+        try:
+            doc = json.loads(text)
+            fmt = doc["format"]
+            declared = str(doc["anchor"])
+            rotations = [(int(r["leaf"]), dict(r["rotation"])) for r in doc["rotations"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise KeyHistoryFormatError(f"the key history does not parse: {e}") from e
+        if fmt != KEY_HISTORY_FORMAT:
+            raise KeyHistoryFormatError(f"the key history is not a {KEY_HISTORY_FORMAT} document")
+        if declared != anchor.text():
+            raise KeyRotationError(
+                f"the key history starts at {declared}, not at the key given ({anchor.text()})"
+            )
+        history = cls.start(anchor.name, anchor.public_key)
+        for leaf, payload in rotations:
+            if leaf <= history.keys[-1][0]:
+                raise KeyRotationError(f"the key history's rotation at leaf {leaf} is out of order")
+            history = history.rotated(leaf, payload)
+        return history
 
     def to_json(self) -> list[dict[str, Any]]:
         return [

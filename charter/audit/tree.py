@@ -144,17 +144,21 @@ def anchor_key(journal: Journal) -> NoteKey:
     return NoteKey.make(journal_origin(key), NOTE_ED25519, bytes.fromhex(key))
 
 
-def key_history(journal: Journal) -> tuple[KeyHistory, int]:
-    """The journal key's history and the journal's size, read from its entries alone
-    (every entry re-hashed, every rotation checked; no tree, no write)."""
+def key_history(journal: Journal) -> tuple[KeyHistory, int, list[dict[str, Any]]]:
+    """The journal key's history, the journal's size and the valid rotations (``{"leaf",
+    "rotation"}``, the key-history document's), read from its entries alone (every
+    entry re-hashed, every rotation checked; no tree, no write)."""
     key = journal.meta.journal_key
     history = KeyHistory.start(journal_origin(key), bytes.fromhex(key))
+    rotations: list[dict[str, Any]] = []
     size = 0
     for _, _, topic, state in leaf_hashes(journal):
         if topic.startswith(ROTATION_TOPIC):
             history = _rotate(history, size, state)
+            if history.keys[-1][0] == size:
+                rotations.append({"leaf": size, "rotation": json.loads(state)["payload"]})
         size += 1
-    return history, size
+    return history, size, rotations
 
 
 class MerkleLog:

@@ -14,7 +14,14 @@ from charter.app import JOURNAL_KEY, Charter
 from charter.audit.bundle import verify_bundle
 from charter.audit.errors import NotInTreeError
 from charter.audit.export import export_bundle, export_jsonl
-from charter.audit.keys import KEY_STREAM, is_retired, retire_key, rotation
+from charter.audit.keys import (
+    KEY_HISTORY_FORMAT,
+    KEY_STREAM,
+    KeyHistory,
+    is_retired,
+    retire_key,
+    rotation,
+)
 from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText, InclusionText
 from charter.audit.semantic import Finding, audit_history
@@ -122,17 +129,37 @@ def checkpoint_follow(ctx: Ctx, interval: float) -> None:
 @click.option(
     "--current", is_flag=True, help="The key that signs checkpoints now (after rotations)."
 )
+@click.option(
+    "--history",
+    "history_out",
+    metavar="FILE",
+    help="Also write the key history (the anchor and each rotation, signed by both keys) "
+    "to FILE, for --key-history of proof verify and witness cosign.",
+)
 @click.pass_obj
-def checkpoint_key(ctx: Ctx, current: bool) -> None:
+def checkpoint_key(ctx: Ctx, current: bool, history_out: str | None) -> None:
     """Print the journal's first verifier key (the trust anchor its key history starts
     from), or with --current the one that signs checkpoints now."""
     with Journal.open(ctx.db) as journal:  # read only: it runs on an auditor's copy
-        if current:
-            history, size = key_history(journal)
-            key = history.note_key_for(size)
-        else:
-            key = anchor_key(journal)
+        anchor = anchor_key(journal)
+        key = anchor
+        if current or history_out is not None:
+            history, size, rotations = key_history(journal)
+            if current:
+                key = history.note_key_for(size)
+            doc = {"anchor": anchor.text(), "format": KEY_HISTORY_FORMAT, "rotations": rotations}
+            _write(history_out, json.dumps(doc, sort_keys=True, indent=1) + "\n")
     ctx.emit({"key": key.text(), "name": key.name}, key.text())
+
+
+def _key_for(vkey: str, history_file: str | None, note: SignedNote, what: str) -> NoteKey:
+    """The key that must have signed ``note``: ``vkey`` itself, or, with a key-history
+    file, the key that history (checked from ``vkey``, the anchor) gives for its size."""
+    key = NoteKey.given(vkey, what)
+    if history_file is None:
+        return key
+    history = KeyHistory.from_document(_read(history_file), key)
+    return history.note_key_for(_summary(note)[0])
 
 
 @checkpoint.command("rotate")
@@ -236,15 +263,27 @@ def witness_key(ctx: Ctx) -> None:
     help="Consistency proof from the last cosigned size (default: asked of the journal).",
 )
 @click.option("--out", "out", metavar="FILE", help="Also save the cosigned checkpoint to FILE.")
+@click.option(
+    "--key-history",
+    "history_file",
+    metavar="FILE",
+    help="The log's key history (`charter checkpoint key --history`), checked from "
+    "--log-key as its anchor: the checkpoint is verified with the key it gives.",
+)
 @click.pass_obj
 def witness_cosign(
-    ctx: Ctx, file: str, log_key: str, proof_file: str | None, out: str | None
+    ctx: Ctx,
+    file: str,
+    log_key: str,
+    proof_file: str | None,
+    out: str | None,
+    history_file: str | None,
 ) -> None:
     """Cosign a checkpoint if it extends the last one this witness cosigned for its log;
     refuse a fork or a rollback (exit 3)."""
     w = _witness()
-    key = NoteKey.given(log_key, "--log-key")
     note = SignedNote.parse(_read(file))
+    key = _key_for(log_key, history_file, note, "--log-key")
     new_size, _ = _summary(note)
     last = w.last(key.name)
     old_size = _summary(last)[0] if last is not None else None
@@ -308,13 +347,20 @@ def proof_consistency(ctx: Ctx, old: int, new: int) -> None:
 @proof.command("verify")
 @click.argument("file")
 @click.option("--journal-key", "vkey", required=True, metavar="KEY", help="The log's verifier key.")
+@click.option(
+    "--key-history",
+    "history_file",
+    metavar="FILE",
+    help="The journal's key history (`charter checkpoint key --history`), checked from "
+    "--journal-key as its anchor: the checkpoint is verified with the key it gives.",
+)
 @click.pass_obj
-def proof_verify(ctx: Ctx, file: str, vkey: str) -> None:
+def proof_verify(ctx: Ctx, file: str, vkey: str, history_file: str | None) -> None:
     """Verify a tlog-proof offline (no database): the checkpoint's signature and the
     entry's inclusion; exit 3 if either fails."""
-    key = NoteKey.given(vkey)
+    NoteKey.given(vkey)  # bad input before anything else
     made = InclusionText.parse(_read(file))
-    checkpoint_ = made.verify(key)
+    checkpoint_ = made.verify(_key_for(vkey, history_file, made.note, "--journal-key"))
     ctx.emit(
         {"ok": True, "index": made.index, "size": checkpoint_.size},
         f"ok: entry {made.index} is in the tree of {checkpoint_.size} entries",

@@ -158,3 +158,77 @@ def test_a_rotation_destroys_the_old_private_key(journal_url: str, tmp_path: Pat
     # Positive control: the new key signs the tree as it stands.
     ok(charter("checkpoint", home=home, db=journal_url))
     ok(charter("proof", "inclusion", "1", home=home, db=journal_url))
+
+
+def test_proofs_and_the_witness_follow_a_key_history_from_the_anchor(
+    journal_url: str, tmp_path: Path
+) -> None:
+    """An auditor who holds only the anchor verifies a proof, and a witness cosigns a
+    checkpoint, signed by a rotated key, given the key history (each rotation signed by
+    both keys); a history with a forged rotation is refused (exit 3)."""
+    home, witness_home = tmp_path / "home", tmp_path / "witness"
+    ok(charter("init", home=home, db=journal_url))
+    anchor = ok(charter("checkpoint", "key", home=home, db=journal_url)).strip()
+    cp1 = tmp_path / "cp1"
+    ok(charter("checkpoint", "--out", str(cp1), home=home, db=journal_url))
+    ok(charter("witness", "init", "--name", "w.example", home=witness_home))
+    ok(charter("witness", "cosign", str(cp1), "--log-key", anchor, home=witness_home))
+    ok(charter("checkpoint", "rotate", home=home, db=journal_url))
+    with Journal.open(journal_url) as j:
+        fill_real(j, 2, tag="after")
+    proof = tmp_path / "proof"
+    proof.write_text(ok(charter("proof", "inclusion", "2", home=home, db=journal_url)))
+    cp2 = tmp_path / "cp2"
+    ok(charter("checkpoint", "--out", str(cp2), home=home, db=journal_url))
+    history = tmp_path / "keys.json"
+    ok(charter("checkpoint", "key", "--history", str(history), home=home, db=journal_url))
+    # Without the history the anchor alone does not verify the new key's signature.
+    assert (
+        charter("proof", "verify", str(proof), "--journal-key", anchor, home=home).returncode == 3
+    )
+    with_history = ("--journal-key", anchor, "--key-history", str(history))
+    ok(charter("proof", "verify", str(proof), *with_history, home=home))
+    ok(
+        charter(
+            "witness",
+            "cosign",
+            str(cp2),
+            "--log-key",
+            anchor,
+            "--key-history",
+            str(history),
+            home=witness_home,
+            db=journal_url,
+        )
+    )
+    # A history whose rotation a stranger signed (to the stranger's key) is refused.
+    doc = json.loads(history.read_text())
+    stranger, evil = SigningKey.generate(), SigningKey.generate()
+    origin = NoteKey.parse(anchor).name
+    forged = {
+        **doc,
+        "rotations": [{"leaf": 3, "rotation": rotation(origin, stranger, evil).payload()}],
+    }
+    bad = tmp_path / "forged.json"
+    bad.write_text(json.dumps(forged))
+    got = charter(
+        "proof", "verify", str(proof), "--journal-key", anchor, "--key-history", str(bad), home=home
+    )
+    assert got.returncode == 3, got.stderr
+    other = NoteKey.make(origin, b"\x01", bytes(range(32))).text()
+    got = charter(
+        "proof",
+        "verify",
+        str(proof),
+        "--journal-key",
+        other,
+        "--key-history",
+        str(history),
+        home=home,
+    )
+    assert got.returncode == 3, got.stderr
+    bad.write_text("{not json")
+    got = charter(
+        "proof", "verify", str(proof), *with_history[:2], "--key-history", str(bad), home=home
+    )
+    assert got.returncode == 2, got.stderr
