@@ -15,6 +15,7 @@ import charter.catalogue  # noqa: F401  (registers every event type)
 from charter.audit.semantic import CHECKS, KNOWN_TOPICS, RULES
 from charter.authority import GrantMinted, seal
 from charter.budgets import (
+    CellConfigured,
     LeaseGranted,
     LeaseReleased,
     SlotAdmitted,
@@ -85,39 +86,43 @@ def test_re_leasing_a_live_lineage_does_not_reset_its_spend(made: tuple) -> None
     del first
 
 
-def _admitted(lineage: str, cap: int = 7, cell: str = "local") -> SlotAdmitted:
+def _admitted(lineage: str, cap: int = 3, cell: str = "t") -> SlotAdmitted:
     return SlotAdmitted(
         cell=cell, lineage=lineage, resource=ResourceClass.PROCESSING, cap=cap, occupancy=1
     )
 
 
+# A cell of the attacker's tests: its processing cap is 3 (the real history's own cell
+# has an adaptive cap that depends on the host's load).
+CELL = CellConfigured(cell="t", caps={ResourceClass.PROCESSING: 3}, cores=4, failover_reserve=1)
+
+
 def test_admissions_past_a_cells_cap_are_found(made: tuple) -> None:
-    """The cell is configured with a processing cap of 7 and holds 5 slots; the
-    attacker's admissions declare a cap of 100."""
+    """The attacker's admissions declare a cap of 100 on a cell configured with 3."""
     url, _, _ = made
-    ok_two = _append(url, *(_admitted(f"x{n}") for n in range(2)))
-    assert _audit(url).ok  # positive control: 7 of 7
-    over = _append(url, *(_admitted(f"y{n}", cap=100) for n in range(3)))
+    _append(url, CELL, *(_admitted(f"x{n}") for n in range(3)))
+    assert _audit(url).ok  # positive control: 3 of 3
+    over = _append(url, *(_admitted(f"y{n}", cap=100) for n in range(2)))
     (nowhere,) = _append(url, _admitted("z", cell="elsewhere"))
     assert _only(_audit(url), "admission") == [*over, nowhere]
-    del ok_two
 
 
 def test_admissions_out_of_queue_order_are_found(made: tuple) -> None:
-    url, _, lineages = made
+    url, _, _ = made
     queued = SlotQueued(
-        cell="local",
+        cell="t",
         lineages=("q1", "q2", "q3"),
         resource=ResourceClass.PROCESSING,
-        cap=7,
-        occupancy=5,
+        cap=0,
+        occupancy=0,
     )
-    freed = [SlotReleased(cell="local", lineage=x, resource=queued.resource) for x in lineages]
-    _append(url, queued, *freed, _admitted("q1"))
-    assert _audit(url).ok  # positive control: the head first (1 of 7 held)
+    _append(url, queued, CELL, _admitted("q1"))
+    assert _audit(url).ok  # positive control: the head first (1 of 3 held)
     (jump,) = _append(url, _admitted("q3"))
+    release = SlotReleased(cell="t", lineage="q3", resource=ResourceClass.PROCESSING)
+    _append(url, release)
     (stranger,) = _append(url, _admitted("q9"))  # not queued at all, while q2 waits
-    _append(url, _admitted("q2"))  # now the head: in order, 4 of 7
+    _append(url, _admitted("q2"))  # now the head: in order, 3 of 3
     findings = [f for f in _audit(url).findings if f.check == "admission"]
     assert [f.position for f in findings] == [jump, stranger]
     assert all("ahead of the queue's head q2" in f.detail for f in findings)
@@ -199,3 +204,15 @@ def test_the_docs_rule_table_is_the_audits() -> None:
     assert set(CHECKS) - {check for _, check in table} == set()
     checks_doc = re.findall(r"^\| `([a-z-]+)` \|", DOCS.read_text(encoding="utf-8"), re.M)
     assert set(CHECKS) <= set(checks_doc)
+
+
+def test_a_sandbox_naming_another_grant_is_found(made: tuple) -> None:
+    url, _, lineages = made
+    own = _event(url, "GrantMinted", lineage=lineages[0]).sealed().digest.hex()
+    other = _event(url, "GrantMinted", lineage=lineages[1]).sealed().digest.hex()
+    _append(url, _leased("s-own", lineages[0]).model_copy(update={"grant_digest": own}))
+    assert _audit(url).ok  # positive control: its own grant
+    (bad,) = _append(
+        url, _leased("s-other", lineages[0]).model_copy(update={"grant_digest": other})
+    )
+    assert _only(_audit(url), "sandbox-lease") == [bad]
