@@ -502,9 +502,10 @@ def _findings(ctx: Ctx, doc: dict[str, object], findings: Sequence[Finding]) -> 
 @click.option("--as-of", "as_of", type=AsciiIntRange(min=0), help="Audit up to this position.")
 @click.pass_obj
 def audit_cmd(ctx: Ctx, as_of: int | None) -> None:
-    """Semantic checks over the journal (budget conservation, grant chains, the gate,
-    sandbox leases and lifecycles, revoked subtrees); exit 3 with the positions of
-    any finding."""
+    """Semantic checks over the journal (write-once trust anchors, budget conservation,
+    grant chains, the gate and its width, admission caps and queue order, sandbox
+    leases, workers and lifecycles, revoked subtrees, unknown entry types); exit 3 with
+    the positions of any finding (docs/VERIFYING.md §9 lists every check)."""
     with Journal.open(ctx.db) as journal:
         report = audit_history(journal.payloads(None, as_of))
     if not report.ok:
