@@ -84,19 +84,25 @@ def test_a_second_ledger_does_not_reset_the_roots_budget(made: tuple) -> None:
 
 
 def test_the_projections_keep_the_first_anchors(made: tuple) -> None:
-    from charter.projections._fold import L_ALLOC, L_FROM, Fold
+    """The budgets and tree projections, followed incrementally and rebuilt, show the
+    first ledger and the first registration; before, the second ledger replaced the
+    root's budget."""
+    from charter.projections import Projector
 
     url, _, _ = made
     first = _event(url, "BudgetLedgerOpened", lineage="agent:estate")
-    at = takeover(url)
-    fold = Fold()
     with Journal.open(url) as j:
-        for batch in j.payloads():
-            fold.apply_rows(list(batch))
-    changes = fold.take(final=True)
-    root_rows = [r for r in changes.ledger_inserts if r[0] == "agent:estate"]
-    assert root_rows, "the root has a ledger"
-    assert all(r[L_ALLOC] == first.allocation.tokens for r in root_rows)
-    assert all(r[L_FROM] != at["ledger"] for r in root_rows)
-    roots = [n for n in changes.node_inserts if n[0] == "agent:estate"]
-    assert [n[4] for n in roots][:1] == [min(n[4] for n in roots)]  # the first is kept
+        registered = next(e.position for e in j.entries(types=["AgentRegistered"]))
+        Projector(j).catch_up()  # followed up to before the attack (then incrementally)
+    takeover(url)
+    with Journal.open(url) as j:
+        for projector, rebuilt in ((Projector(j), False), (Projector(j, "fresh"), True)):
+            if rebuilt:
+                projector.rebuild()
+            else:
+                projector.catch_up()
+            root = projector.budgets("agent:estate").get("agent:estate")
+            assert root.allocation == first.allocation, rebuilt
+            node = next(n for n in projector.tree().nodes if n.lineage == "agent:estate")
+            assert node.position == registered, rebuilt
+            projector.close()
