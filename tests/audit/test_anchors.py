@@ -8,6 +8,8 @@ first ledger and the first registration. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
+
 from nacl.signing import SigningKey
 
 from charter.authority import AgentRegistered, GrantMinted, seal
@@ -106,3 +108,15 @@ def test_the_projections_keep_the_first_anchors(made: tuple) -> None:
             node = next(n for n in projector.tree().nodes if n.lineage == "agent:estate")
             assert node.position == registered, rebuilt
             projector.close()
+
+
+def test_charter_audit_exits_3_on_the_takeover(made: tuple) -> None:
+    from tests.audit.test_cli_audit import charter
+
+    url, home, _ = made
+    at = takeover(url)
+    found = charter("--json", "audit", home=home, db=url)
+    assert found.returncode == 3, found.stderr
+    checks = {(f["check"], f["position"]) for f in json.loads(found.stdout)["findings"]}
+    assert ("trust-anchor", at["registered"]) in checks
+    assert ("trust-anchor", at["ledger"]) in checks
