@@ -89,6 +89,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("a root's budget ledger is opened once", "trust-anchor"),
     ("a lineage is minted once and leased once", "lineage-reuse"),
     ("a grant attenuates its issuer's verified grant, up to the trust root", "grant-chain"),
+    ("a lease goes to a lineage holding its verified grant", "grant-chain"),
     ("a fan-out's gate is decided once, before its mints, by the issuer", "gate"),
     ("a fan-out mints no more children than its gate's width", "gate"),
     ("no mint or sandbox under a released subtree", "revoked-subtree"),
@@ -294,6 +295,7 @@ class _Auditor:
             )
             if ledger is None:
                 return
+        self._leased_grants(p)
         fresh: list[str] = []
         for lineage in (str(lineage) for lineage in p["lineages"]):
             if self.books.get(lineage) is not None or lineage in fresh:
@@ -309,6 +311,21 @@ class _Auditor:
         allocation, expires = _vec(p["allocation"]), int(p["expires_at_ms"])
         self.books.grant(ledger, tuple(fresh), allocation, expires)
         self._check_conserved(parent, t)
+
+    def _leased_grants(self, p: dict[str, Any]) -> None:
+        """Each leased lineage holds a verified grant, the one the lease names if any."""
+        lineages = [str(lineage) for lineage in p["lineages"]]
+        digests = [str(d) for d in p.get("grants") or ()] or [None] * len(lineages)
+        for lineage, named in zip(lineages, digests, strict=False):
+            chain = self.chains.get(lineage)
+            if chain is None:
+                self.find("grant-chain", lineage, f"leased to {lineage}, which holds no grant")
+            elif named is not None and chain[-1].digest.hex() != named:
+                self.find(
+                    "grant-chain",
+                    lineage,
+                    f"the lease of {lineage} names grant {named[:16]}…, not its minted one",
+                )
 
     def usage(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])

@@ -71,8 +71,8 @@ def test_a_second_registration_of_a_root_is_found(made: tuple) -> None:
     report = _audit(url)
     assert _only(report, "trust-anchor") == [at["registered"], at["root"], at["ledger"]]
     # The first root grant stays, so the child minted under the forged one does not
-    # verify (its parent digest names the forged grant).
-    assert _only(report, "grant-chain") == [at["child"]]
+    # verify (its parent digest names the forged grant), nor does its lease.
+    assert _only(report, "grant-chain") == [at["child"], at["lease"]]
     assert not report.ok
     assert _audit(url, as_of=at["registered"] - 1).ok  # positive control
 

@@ -216,3 +216,30 @@ def test_a_sandbox_naming_another_grant_is_found(made: tuple) -> None:
         url, _leased("s-other", lineages[0]).model_copy(update={"grant_digest": other})
     )
     assert _only(_audit(url), "sandbox-lease") == [bad]
+
+
+def test_a_lease_to_a_lineage_without_its_grant_is_found(made: tuple) -> None:
+    url, _, _ = made
+    lease = _event(url, "LeaseGranted", parent="agent:estate")
+    assert len(lease.grants) == 3  # the product names each child's grant
+    small = Budget.parse("tokens=1,wall=1s,cpu=1s,mem=1KiB,egress=1KB")
+    (nogrant,) = _append(
+        url,
+        LeaseGranted(
+            parent="agent:estate",
+            lineages=("agent:estate/sa-9",),
+            allocation=small,
+            expires_at_ms=lease.expires_at_ms,
+        ),
+    )
+    (wrong,) = _append(
+        url,
+        LeaseGranted(
+            parent="agent:estate",
+            lineages=("agent:estate/sa-8",),
+            allocation=small,
+            expires_at_ms=lease.expires_at_ms,
+            grants=(lease.grants[0],),
+        ),
+    )
+    assert _only(_audit(url), "grant-chain") == [nogrant, wrong]
