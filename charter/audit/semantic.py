@@ -315,7 +315,8 @@ class _Auditor:
     def _leased_grants(self, p: dict[str, Any]) -> None:
         """Each leased lineage holds a verified grant, the one the lease names if any."""
         lineages = [str(lineage) for lineage in p["lineages"]]
-        digests = [str(d) for d in p.get("grants") or ()] or [None] * len(lineages)
+        digests: list[str | None] = [str(d) for d in p.get("grants") or ()]
+        digests = digests or [None] * len(lineages)
         for lineage, named in zip(lineages, digests, strict=False):
             chain = self.chains.get(lineage)
             if chain is None:
