@@ -71,6 +71,7 @@ from charter.sandbox import (
     Slot,
     WarmPool,
     default_state_dir,
+    hold_uid,
 )
 from charter.sandbox.launcher import leased_event
 
@@ -216,19 +217,29 @@ class Cell:
         self.close()
 
     def _recover(self) -> None:
-        """Fail every worker a previous incarnation started and did not end: kill what
-        survives of its sandbox, journal the failure, return its lease and slot."""
+        """Fail every worker a previous incarnation started and did not end: journal
+        its kill, then kill what survives of its sandbox, journal its end, return its
+        lease and slot. A survivor is killed only under its host uid held here: a uid
+        another holder has taken since belongs to that holder's sandbox, never to be
+        touched (its processes are not the dead worker's)."""
         failed: list[str] = []
+        state = self.state_dir or default_state_dir()
         for w in self.view.on_cell(self.cell):
-            if w.live and w.sandbox_id is not None:
-                if w.host_uid is not None:
-                    kill_uid(w.host_uid)
-                reason = f"driver died: cell {self.cell} restarted (incarnation {self.incarnation})"
-                if w.exit_code is None:
-                    self._end(w, "failed", None, reason, discard=True)
-                else:  # it had exited; only its teardown was cut short
-                    self._end(w, "exited", w.exit_code, reason, discard=True)
-                failed.append(w.lineage)
+            if not (w.live and w.sandbox_id is not None):
+                continue
+            reason = f"driver died: cell {self.cell} restarted (incarnation {self.incarnation})"
+            if w.killed is None:  # the kill is journaled before it is done
+                self.applied(self.journal.append([WorkerKilled(lineage=w.lineage, reason=reason)]))
+            if w.host_uid is not None:
+                held = hold_uid(state, w.host_uid)
+                if held is not None:
+                    with held:
+                        kill_uid(w.host_uid)
+            if w.exit_code is None:
+                self._end(w, "failed", None, reason, discard=True)
+            else:  # it had exited; only its teardown was cut short
+                self._end(w, "exited", w.exit_code, reason, discard=True)
+            failed.append(w.lineage)
         for lineage in failed:  # nobody waits for their children any more
             self._kill_descendants(lineage, f"parent {lineage} failed: its driver died")
 
