@@ -8,8 +8,11 @@ the spawn pipeline (:mod:`charter.control.spawn`), in the fan-out's one append.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn, TypeVar
+
+from pydantic import ValidationError
 
 from charter.budgets import (
     ADMISSION_EVENTS,
@@ -25,17 +28,24 @@ from charter.budgets import (
     LeaseRenewed,
     ResourceClass,
     SlotAdmitted,
+    SlotReleaseRacedError,
     UnknownLeaseError,
     UsageRecorded,
 )
-from charter.core import Budget, Event, RefusedError, now_ms
+from charter.core import BadInputError, Budget, Event, RefusedError, describe_invalid, now_ms
 from charter.core.errors import InternalError
+from charter.core.text import shown
 from charter.ledger import AppendConflictError, DeadlinePassedError, Journal, JournalFold
 
 __all__ = ["AdmissionService", "BudgetService", "ResourceView"]
 
 _RETRIES = 5
+# How long a slot's release keeps deciding again while it loses races: the journal's
+# own write-lock timeout (30 s by default on both backends), so a release gives up no
+# sooner than a writer stuck behind the lock would.
+_RELEASE_PATIENCE_S = 30.0
 E = TypeVar("E", bound=Event)
+T = TypeVar("T")
 # A caller's events for the same append as a decision, and the stream versions they
 # were decided on (read after the decision's own).
 Also = Callable[[], tuple[Sequence[Event], Mapping[str, int]]]
@@ -90,6 +100,9 @@ class BudgetService:
         )
 
     def renew(self, lineage: str, expires_at_ms: int) -> LeaseRenewed:
+        """Move the lease's end to ``expires_at_ms``. An end that is not a whole number
+        from 0 to 2^63 − 1 is bad input (nothing journaled); past the parent's lease,
+        the grant's expiry or the last instant a date renders, a journaled refusal."""
         return self._decide_and_append(
             "renew",
             lineage,
@@ -106,8 +119,8 @@ class BudgetService:
         self.view.refresh(self.journal)
         if lineage not in self.view.book:  # a typo is not a policy decision: not journaled
             raise UnknownLeaseError(
-                f"no lease or budget ledger for {lineage} in the journal; nothing was "
-                "journaled (`charter budgets` lists the lineages that have one)"
+                f"no lease or budget ledger for {shown(lineage)} in the journal; nothing "
+                "was journaled (`charter budgets` lists the lineages that have one)"
             )
         for _ in range(_RETRIES):
             # Versions first, then the view: the view covers everything they do.
@@ -116,11 +129,19 @@ class BudgetService:
             also, pins = then() if then is not None else ((), {})
             now = self.clock()
             try:
-                event = decide(now)
-                # Usage and renewal rely on the lease (and every ancestor's) being live:
-                # the journal refuses, under its write lock, to commit them at or after
-                # the first of those expiries.
-                deadline = self.view.book.deadline(lineage) if operation != "release" else None
+                try:
+                    event = decide(now)
+                except ValidationError as invalid:  # a value no event can carry
+                    raise BadInputError(
+                        f"{operation} of {shown(lineage)}: {describe_invalid(invalid)}; "
+                        "nothing was journaled"
+                    ) from None
+                # Usage, release and renewal all rely on the lease (and every
+                # ancestor's) being live: the journal refuses, under its write lock, to
+                # commit them at or after the first of those expiries. (A release that
+                # commits later would record the end of a lease that had already ended,
+                # later than it ended.)
+                deadline = self.view.book.deadline(lineage)
                 committed = self.journal.append(
                     [event, *also], expect={**expect, **pins}, deadline_ms=deadline
                 )
@@ -131,15 +152,18 @@ class BudgetService:
                     operation,
                     lineage,
                     LeaseEndedError(
-                        f"{lineage}'s lease (or an ancestor's) ended before the {operation} "
-                        f"could commit; nothing was charged ({e})"
+                        f"{shown(lineage)}'s lease (or an ancestor's) ended before the "
+                        f"{operation} could commit; nothing was journaled for it ({e})"
                     ),
                 )
             except RefusedError as error:
                 self._refuse(operation, lineage, error)
             self.view.applied(committed)
             return event
-        raise AppendConflictError(f"{operation} of {lineage} kept racing other writers; retry")
+        raise AppendConflictError(
+            f"{operation} of {shown(lineage)} kept racing other writers; nothing was "
+            "journaled for it; retry"
+        )
 
     def _refuse(self, operation: str, lineage: str, error: RefusedError) -> NoReturn:
         """Journal a refusal with its stable reason code, then raise it."""
@@ -151,10 +175,11 @@ class BudgetService:
 
     def _streams(self, operation: str, lineage: str) -> list[str]:
         """The streams the decision depends on. A renewal: the parent's, which holds
-        the budget (renewals go on it), and its ancestors'. Usage: the lease's own and
-        every ancestor's up to the root, since releasing an ancestor lease ends this
-        lease too and a parent's fan-out spends what it has left (a usage decided before
-        either must not commit after it). A release: the lease's own."""
+        the budget (renewals go on it), and its ancestors'. Usage and release: the
+        lease's own and every ancestor's up to the root, since releasing an ancestor
+        lease ends this lease too (a usage or release decided before that must not
+        commit after it: the lease had ended) and a parent's fan-out spends what it has
+        left (a usage decided before it must not commit after it)."""
         if lineage not in self.view.book:
             self.view.refresh(self.journal)
         if lineage not in self.view.book:
@@ -162,16 +187,24 @@ class BudgetService:
         chain = [ledger.lineage for ledger in self.view.book.chain(lineage)]
         if operation == "renew":
             return chain[1:] or chain
-        return chain if operation == "usage" else chain[:1]
+        return chain
 
 
 class AdmissionService:
     """Slots on cells: admit (all or none), release, and the coordinator's swap, each
-    appended pinned to the cell's stream so no two admitters can take the last slot."""
+    appended pinned to the cell's stream so no two admitters can take the last slot.
+    Every refusal of a slot (an admission or a swap) is journaled once, with its
+    retry-after; a model's complaint about a value reaches the caller as bad input."""
 
-    def __init__(self, journal: Journal, view: ResourceView | None = None) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        view: ResourceView | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.journal = journal
         self.view = view or ResourceView()
+        self.monotonic = monotonic
 
     def configure(
         self, cell: str, caps: dict[ResourceClass, int], *, cores: int, failover_reserve: int
@@ -196,35 +229,79 @@ class AdmissionService:
         inputs: CapInputs | None = None,
     ) -> tuple[SlotAdmitted, ...]:
         """Admit all of ``lineages`` or raise :class:`AdmissionRefusedError` (journaled,
-        with its retry-after)."""
-
-        def decide() -> tuple[Event, ...]:
-            try:
-                return self.view.cells.decide_admit(cell, lineages, resource, inputs)
-            except AdmissionRefusedError as error:
-                refusal = self.view.cells.refusal(cell, lineages[0], resource, error, inputs)
-                self.journal.record_refusal(refusal, error)
-                raise
-
-        return tuple(e for e in self._pinned(cell, decide) if isinstance(e, SlotAdmitted))
+        with its retry-after). Idempotent per holder: a lineage named twice, or one
+        that already holds a slot of ``resource``, is not admitted again (the answer
+        holds only the new admissions, and is empty when there are none)."""
+        return tuple(
+            e
+            for e in self._pinned(
+                cell, lambda: self.view.cells.decide_admit(cell, lineages, resource, inputs)
+            )
+            if isinstance(e, SlotAdmitted)
+        )
 
     def release(self, cell: str, lineage: str, resource: ResourceClass) -> None:
-        self._pinned(cell, lambda: (self.view.cells.decide_release(cell, lineage, resource),))
+        """Give back ``lineage``'s slot. A release that loses a race to another writer
+        on the cell decides again, for as long as the journal's own lock timeout: a
+        release never makes room that is not there, so losing is only ever a matter of
+        turns, and giving up after a few would leak the slot (the worker is gone, the
+        cell still counts it). If another writer released the slot meanwhile, that is
+        the release asked for: nothing more is journaled. Past the time limit,
+        :class:`SlotReleaseRacedError` says the slot is still held."""
+        limit = self.monotonic() + _RELEASE_PATIENCE_S
+        stream = f"cell:{cell}"
+        first = True
+        while first or self.monotonic() < limit:
+            version = self.journal.stream_version(stream)
+            self.view.refresh(self.journal)
+            if not first and lineage not in self.view.cells.get(cell).holders[resource]:
+                return  # released by another writer while this one lost its race
+            first = False
+            event = self._checked(lambda: self.view.cells.decide_release(cell, lineage, resource))
+            try:
+                committed = self.journal.append([event], expect={stream: version})
+            except AppendConflictError:
+                continue
+            self.view.applied(committed)
+            return
+        raise SlotReleaseRacedError(
+            f"{shown(lineage)} still holds its {resource} slot on cell '{shown(cell)}': "
+            f"its release lost every race on the cell for {_RELEASE_PATIENCE_S:.0f} s; "
+            "release it again"
+        )
 
     def wait_on_children(self, cell: str, lineage: str) -> None:
-        """Give back the processing slot and hold a coordination slot instead."""
+        """Give back the processing slot and hold a coordination slot instead. With the
+        coordination class full, the swap is refused (journaled, with its retry-after)
+        and the coordinator keeps its processing slot."""
         self._pinned(cell, lambda: self.view.cells.decide_wait_on_children(cell, lineage))
+
+    def _checked(self, decide: Callable[[], T]) -> T:
+        """``decide()``, a refusal of a slot journaled (once: it leaves the retry loop)
+        and a model's complaint turned into bad input."""
+        try:
+            return decide()
+        except AdmissionRefusedError as error:
+            if error.refusal is not None:
+                self.journal.record_refusal(error.refusal, error)
+            raise
+        except ValidationError as invalid:
+            raise BadInputError(f"{describe_invalid(invalid)}; nothing was journaled") from None
 
     def _pinned(self, cell: str, decide: Callable[[], tuple[Event, ...]]) -> tuple[Event, ...]:
         stream = f"cell:{cell}"
         for _ in range(_RETRIES * 4):
             version = self.journal.stream_version(stream)
             self.view.refresh(self.journal)
-            events = decide()
+            events = self._checked(decide)
+            if not events:  # nothing to do (every holder already holds its slot)
+                return events
             try:
                 committed = self.journal.append(events, expect={stream: version})
             except AppendConflictError:
                 continue
             self.view.applied(committed)
             return events
-        raise AppendConflictError(f"admission on cell {cell!r} kept racing; retry")
+        raise AppendConflictError(
+            f"admission on cell '{shown(cell)}' kept racing; nothing was journaled; retry"
+        )
