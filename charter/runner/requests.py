@@ -11,7 +11,7 @@ import time
 from nacl.signing import SigningKey
 
 from charter.authority import SpawnIntent
-from charter.budgets import ResourceClass
+from charter.budgets import AdmissionRefusedError, ResourceClass
 from charter.control import Caller, SpawnResult, SpawnService, WorkerSpec
 from charter.core import Event, Lineage
 from charter.ledger import AppendConflictError
@@ -111,7 +111,14 @@ class WorkerRequests:
             with self.cell.changed:
                 version = self.cell.journal.stream_version(f"cell:{self.name}")
                 self.cell.resources.refresh(self.cell.journal)
-                swap = self.cell.resources.cells.decide_wait_on_children(self.name, lineage)
+                try:
+                    swap = self.cell.resources.cells.decide_wait_on_children(self.name, lineage)
+                except AdmissionRefusedError as error:
+                    # The coordination class is full: the worker keeps its processing
+                    # slot, and the refusal is journaled (once: it leaves the loop).
+                    if error.refusal is not None:
+                        self.cell.journal.record_refusal(error.refusal, error)
+                    raise
                 waiting = WorkerWaiting(
                     lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
                 )

@@ -5,6 +5,7 @@ races are made by a second writer, at the moment the release has decided."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +22,10 @@ from charter.budgets import (
     SlotReleased,
     SlotReleaseRacedError,
 )
-from charter.control import AdmissionService
+from charter.control import AdmissionService, ResourceView
 from charter.core import BadInputError, StateError
 from charter.ledger import Journal
+from charter.runner.requests import WorkerRequests
 
 P, C, E = ResourceClass.PROCESSING, ResourceClass.COORDINATION, ResourceClass.EGRESS
 INPUTS = CapInputs(cores=4, failover_reserve=0, load_average=0.0, live_peers=0)
@@ -224,3 +226,35 @@ def test_a_lineage_with_a_newline_is_escaped_in_admission_messages(journal_url: 
         with pytest.raises(StateError) as unknown:
             slots.admit("no\ncell", [forged], E)
         assert "\n" not in str(unknown.value)
+
+
+class _Cell:
+    """What the worker requests' swap reads of its cell, on a real journal."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.cell, self.journal = "c", journal
+        self.resources = ResourceView()
+        self.changed = threading.Condition()
+
+    def admit_queued(self, freed: int) -> list[Any]:
+        del freed
+        return []
+
+
+def test_a_workers_refused_wait_is_journaled_once(journal_url: str) -> None:
+    """The runner's caller of the swap (a worker's ``wait`` through the door)."""
+    with Journal.create(journal_url) as journal:
+        slots = _slots(journal, {P: 2, C: 1})
+        slots.admit("c", ["agent:r/a"], C)
+        slots.admit("c", ["agent:r/b"], P, INPUTS)
+        requests = WorkerRequests(_Cell(journal))  # type: ignore[arg-type]
+        with pytest.raises(AdmissionRefusedError):
+            requests._swap_for_coordination("agent:r/b", ("agent:r/b/sa-1",), 1.0)
+        (refused,) = _events(journal, "AdmissionRefused")
+        assert (refused.lineage, refused.resource) == ("agent:r/b", C)
+        assert not _events(journal, "WorkerWaiting")
+        # Control: with the coordination slot free, the wait is journaled with its swap.
+        slots.release("c", "agent:r/a", C)
+        requests._swap_for_coordination("agent:r/b", ("agent:r/b/sa-1",), 1.0)
+        assert len(_events(journal, "WorkerWaiting")) == 1
+        assert len(_events(journal, "AdmissionRefused")) == 1
