@@ -174,20 +174,18 @@ class BudgetService:
         raise error
 
     def _streams(self, operation: str, lineage: str) -> list[str]:
-        """The streams the decision depends on. A renewal: the parent's, which holds
-        the budget (renewals go on it), and its ancestors'. Usage and release: the
-        lease's own and every ancestor's up to the root, since releasing an ancestor
-        lease ends this lease too (a usage or release decided before that must not
-        commit after it: the lease had ended) and a parent's fan-out spends what it has
-        left (a usage decided before it must not commit after it)."""
+        """The streams the decision depends on: the lease's own and every ancestor's up
+        to the root, for every operation. Releasing an ancestor's lease ends this one
+        too, and this lease's own release ends it: a usage, release or renewal decided
+        before either must not commit after it (the lease had ended). A parent's fan-out
+        spends what it has left (a usage decided before it must not commit after it),
+        and renewals go on the parent's stream, which holds the budget."""
+        del operation  # the same chain for each (kept for the callers' clarity)
         if lineage not in self.view.book:
             self.view.refresh(self.journal)
         if lineage not in self.view.book:
             return [lineage]  # the decision refuses it, with its named reason
-        chain = [ledger.lineage for ledger in self.view.book.chain(lineage)]
-        if operation == "renew":
-            return chain[1:] or chain
-        return chain
+        return [ledger.lineage for ledger in self.view.book.chain(lineage)]
 
 
 class AdmissionService:

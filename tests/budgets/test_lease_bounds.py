@@ -278,3 +278,32 @@ def test_a_lineage_with_a_newline_is_escaped_in_every_budget_message(journal_url
                 call()
             assert "\n" not in str(caught.value)
             assert "sa-1\\ncharter" in str(caught.value)
+
+
+def test_a_renewal_decided_before_the_leases_release_does_not_commit_after_it(
+    journal_url: str,
+) -> None:
+    """The renewal is decided on a live lease; before it commits, another writer
+    releases that lease. The renewal is pinned to the lease's own stream, so it is
+    decided again and refused (journaled once): before, it committed a renewal of a
+    lease that had already ended."""
+    with Journal.create(journal_url) as journal:
+        _root(journal)
+        _lease(journal, f"{ROOT}/sa-1", now_ms() + 600_000, grant=False)
+        _lease(journal, f"{ROOT}/sa-2", now_ms() + 600_000, grant=False)
+        budgets, rival = BudgetService(journal), BudgetService(journal)
+        decide = budgets.view.book.decide_renewal
+
+        def decide_then_lose(lineage: str, until: int, at: int) -> LeaseRenewed:
+            event = decide(lineage, until, at)
+            if lineage == f"{ROOT}/sa-1" and not list(journal.entries(types=("LeaseReleased",))):
+                rival.release(lineage)
+            return event
+
+        budgets.view.book.decide_renewal = decide_then_lose  # type: ignore[method-assign]
+        with pytest.raises(LeaseEndedError, match="cannot be renewed"):
+            budgets.renew(f"{ROOT}/sa-1", now_ms() + 900_000)
+        assert not list(journal.entries(types=("LeaseRenewed",)))
+        assert [r.reason for r in _refusals(journal, "renew")] == ["lease-ended"]
+        # Control: a lease nobody releases is renewed by the same service.
+        assert budgets.renew(f"{ROOT}/sa-2", now_ms() + 900_000).lineage == f"{ROOT}/sa-2"
