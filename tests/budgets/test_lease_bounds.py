@@ -307,3 +307,31 @@ def test_a_renewal_decided_before_the_leases_release_does_not_commit_after_it(
         assert [r.reason for r in _refusals(journal, "renew")] == ["lease-ended"]
         # Control: a lease nobody releases is renewed by the same service.
         assert budgets.renew(f"{ROOT}/sa-2", now_ms() + 900_000).lineage == f"{ROOT}/sa-2"
+
+
+def test_a_release_decided_before_an_ancestors_release_does_not_commit_after_it(
+    journal_url: str,
+) -> None:
+    """Releasing the parent ends the child's lease; a release of the child decided
+    before that is pinned to the parent's stream, so it is decided again and refused
+    (journaled once), never journaled as the end of a lease that had already ended."""
+    child, grand = f"{ROOT}/sa-1", f"{ROOT}/sa-1/sa-1"
+    with Journal.create(journal_url) as journal:
+        _root(journal)
+        _lease(journal, child, now_ms() + 600_000, grant=False)
+        _lease(journal, grand, now_ms() + 300_000, grant=False, parent=child)
+        budgets, rival = BudgetService(journal), BudgetService(journal)
+        decide = budgets.view.book.decide_release
+
+        def decide_then_lose(lineage: str, at: int) -> LeaseReleased:
+            event = decide(lineage, at)
+            if lineage == grand and not list(journal.entries(types=("LeaseReleased",))):
+                rival.release(child)
+            return event
+
+        budgets.view.book.decide_release = decide_then_lose  # type: ignore[method-assign]
+        with pytest.raises(LeaseEndedError, match="already ended"):
+            budgets.release(grand)
+        released = [e.event for e in journal.entries(types=("LeaseReleased",))]
+        assert released == [LeaseReleased(lineage=child)]
+        assert [r.lineage for r in _refusals(journal, "release")] == [grand]
