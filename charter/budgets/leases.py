@@ -256,11 +256,16 @@ class LeaseBook:
                 parent.children.extend(event.lineages)
             case UsageRecorded():
                 ledger = self._ledgers[event.lineage]
-                ledger.spent = ledger.spent + event.amount
+                # Sums on vectors: a fold never fails on events the models accept. Usage
+                # is clamped when decided, so a sum past 2^63 − 1 means a journal that
+                # broke the invariant (the auditor's finding to report), and a Budget
+                # would refuse it halfway through the fold.
+                amount = vec_of(event.amount)
+                ledger.spent = budget_of(vec_add(vec_of(ledger.spent), amount))
                 ledger.exhausted = ledger.exhausted or event.exhausted
                 node: LedgerState | None = ledger
                 while node is not None:
-                    node.subtree_spent = node.subtree_spent + event.amount
+                    node.subtree_spent = budget_of(vec_add(vec_of(node.subtree_spent), amount))
                     if not node.counted_live:  # an ended child's charge follows its spend
                         self._recharge(node)
                     node = self._ledgers.get(node.parent) if node.parent else None

@@ -19,7 +19,7 @@ from charter.authority import (
     ask_gate,
 )
 from charter.authority.errors import GateRefusedError
-from charter.budgets import BudgetLedgerOpened, InsufficientBudgetError, LeaseBook
+from charter.budgets import BudgetLedgerOpened, InsufficientBudgetError, LeaseBook, UsageRecorded
 from charter.control import SpawnService
 from charter.core import Budget, KeyStore, Lineage
 from charter.core.budget import INT64_MAX
@@ -148,3 +148,18 @@ def test_leases_whose_total_passes_2_63_are_a_named_refusal() -> None:
 def test_worker_text_is_escaped_to_one_line(text: str, expected: str) -> None:
     assert shown(text) == expected
     assert len(shown("x" * 10_000, limit=50)) == 50
+
+
+def test_the_lease_fold_never_fails_on_usage_the_models_accept() -> None:
+    """Two usages of 2^63 − 1 each (a journal that broke the invariant: usage is clamped
+    when decided) are folded, not refused halfway through by a Budget's bound."""
+    book = LeaseBook()
+    book.apply(BudgetLedgerOpened(lineage="agent:root", allocation=TOP), 0)
+    for event in book.decide_leases("agent:root", [("agent:root/sa-1", TOP, 1_000, "")], 0):
+        book.apply(event, 0)
+    over = UsageRecorded(lineage="agent:root/sa-1", amount=TOP, refused=TOP, exhausted=True)
+    book.apply(over, 1)
+    book.apply(over, 2)
+    assert book.get("agent:root").subtree_spent.tokens == 2 * INT64_MAX
+    assert book.remaining("agent:root/sa-1", 3) == Budget.zero()
+    assert book.remaining("agent:root", 1_000) == Budget.zero()  # charged at most its lease
