@@ -238,6 +238,8 @@ class Cells:
         held = state.holders[resource]
         # dict.fromkeys: each lineage once, in the order asked (a set would reorder).
         fresh = [lin for lin in dict.fromkeys(lineages) if lin not in held]
+        if not fresh:  # nothing to admit is never refused (even over an adaptive cap)
+            return ()
         occupancy = len(held)
         if occupancy + len(fresh) > cap:
             retry = self.RETRY_AFTER_MS
@@ -247,7 +249,7 @@ class Cells:
                 retry_after_ms=retry,
                 refusal=AdmissionRefused(
                     cell=cell,
-                    lineage=(fresh or lineages)[0],
+                    lineage=fresh[0],
                     resource=resource,
                     cap=cap,
                     occupancy=occupancy,

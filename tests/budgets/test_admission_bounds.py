@@ -258,3 +258,19 @@ def test_a_workers_refused_wait_is_journaled_once(journal_url: str) -> None:
         requests._swap_for_coordination("agent:r/b", ("agent:r/b/sa-1",), 1.0)
         assert len(_events(journal, "WorkerWaiting")) == 1
         assert len(_events(journal, "AdmissionRefused")) == 1
+
+
+def test_a_holder_already_admitted_is_not_refused_when_the_cap_fell_below_it() -> None:
+    """The adaptive processing cap can fall below the slots held (load rose): asking
+    again for a slot already held admits nothing and refuses nothing."""
+    cells = Cells()
+    cells.apply(cells.decide_configure("c", {P: 2}, cores=4, failover_reserve=0))
+    for event in cells.decide_admit("c", ["a", "b"], P, INPUTS):
+        cells.apply(event)
+    busy = INPUTS.model_copy(update={"load_average": 400.0})
+    assert cells.decide_admit("c", ["a", "a"], P, busy) == ()
+    assert cells.decide_admit("c", [], P, busy) == ()
+    with pytest.raises(AdmissionRefusedError) as caught:  # control: a new holder is not
+        cells.decide_admit("c", ["a", "c"], P, busy)
+    assert caught.value.refusal is not None
+    assert caught.value.refusal.lineage == "c"
