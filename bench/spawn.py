@@ -8,6 +8,16 @@ the root (children at depth 1), alternated in the same run.
 
 Prints p50/p90 and the ratios; exits 1 if the fan-out p50 misses its target or the
 depth-4 fan-out is slower than ``--depth-ratio`` times the depth-1 one.
+
+    python3 bench/spawn.py --history 1000,100000,1000000 [--backend sqlite|postgres|both]
+        [--samples 200] [--history-ratio 1.2] [--pg URL]
+
+How a decision's cost grows with history: one long-lived ``Charter`` (the composition
+root, as a cell or a service holds it) grows its journal with 1000-wide fan-outs of
+another root to each length, and at each length times width-5 spawns by the operator
+and by a worker (a depth-1 ``Caller``: the door's decision path, without the socket).
+Prints p50/p99 per length and the ratio of the longest to the shortest; exits 1 if a
+p50 ratio exceeds ``--history-ratio``.
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ from eventsourcing.domain import Aggregate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._support import percentile
+from bench._support import percentile, scratch_database
+from charter.app import CellSetup, Charter, Settings
 from charter.authority import (
     CostBenefitPolicy,
     FanoutCommand,
@@ -147,13 +158,118 @@ def bench_plain(tmp: Path, events: int, runs: int, body_len: int) -> list[float]
     return samples
 
 
+HUGE = Budget.parse("tokens=1000000M,wall=1000000h,cpu=1000000h,mem=1000000GB,egress=1000000GB")
+
+
+def _grow(charter: Charter, target: int) -> None:
+    """Append 1000-wide fan-outs of root ``filler`` until the journal holds ``target``."""
+    while True:
+        head = charter.journal.head()
+        left = target - (head[0] if head else 0)
+        if left <= 3:
+            return
+        width = max(1, min(1000, (left - 3) // 2 or 1))
+        intent = SpawnIntent(
+            width=width,
+            objective="history: summarise each document of another corpus",
+            estimated_cost=Budget.parse(f"tokens={20_000 * width},wall=1h,cpu=1h,mem=0,egress=0"),
+        )
+        charter.spawn("agent:filler", intent)
+
+
+def bench_history(
+    url: str, home: Path, lengths: list[int], samples: int
+) -> dict[int, dict[str, list[float]]]:
+    """Width-5 spawn latencies (ms) at each journal length, operator and worker."""
+    settings = Settings(ceilings=UNBOUNDED_POPULATION)
+    charter, _ = Charter.initialise(
+        url,
+        root="bench",
+        ceiling=Ceiling(budget=HUGE, fanout=10**6, depth=4),
+        cell=CellSetup(cores=2, processing=1_000_000, coordination=1_000_000),
+        keys=KeyStore(home),
+        settings=settings,
+    )
+    out: dict[int, dict[str, list[float]]] = {}
+    with charter:
+        charter.add_agent("filler", Ceiling(budget=HUGE, fanout=10**6, depth=2))
+        root = charter.spawn_service().durable_caller("bench")
+        top = SpawnIntent(
+            width=1,
+            objective="coordinate the review of each part of the codebase",
+            estimated_cost=HUGE.split(10),
+            grant=RequestedGrant(fanout=10 * samples * len(lengths) + 100),
+        )
+        worker = root.child(charter.spawn(root, top).children[0])
+        intent = SpawnIntent(
+            width=5,
+            objective="review each module of the package for risky calls",
+            estimated_cost=Budget.parse("tokens=100k,wall=10m,cpu=10m,mem=1GB,egress=0"),
+        )
+        for length in lengths:
+            _grow(charter, length)
+            times: dict[str, list[float]] = {"operator": [], "worker": []}
+            for i in range(samples + 2):
+                for name, caller in (("operator", root), ("worker", worker)):
+                    start = time.perf_counter()
+                    charter.spawn(caller, intent)
+                    if i >= 2:  # two warm-ups
+                        times[name].append((time.perf_counter() - start) * 1000)
+            out[length] = times
+            head = charter.journal.head()
+            print(f"  ... {length} entries (head {head[0] if head else 0}) measured", flush=True)
+    return out
+
+
+def history_main(args: argparse.Namespace) -> int:
+    lengths = sorted(int(x) for x in args.history.split(","))
+    backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
+    ok = True
+    for backend in backends:
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            if backend == "sqlite":
+                result = bench_history(
+                    f"sqlite:///{tmp / 'j.db'}", tmp / "home", lengths, args.samples
+                )
+            else:
+                with scratch_database(args.pg) as url:
+                    result = bench_history(url, tmp / "home", lengths, args.samples)
+        print(f"width-5 spawn latency by journal length on {backend} ({args.samples} samples):")
+        for length, times in result.items():
+            cells = "   ".join(
+                f"{name}: p50 {statistics.median(t):.1f} ms, p99 {percentile(t, 0.99):.1f} ms"
+                for name, t in times.items()
+            )
+            print(f"  {length:>9} entries   {cells}")
+        first, last = result[lengths[0]], result[lengths[-1]]
+        for name in first:
+            ratio50 = statistics.median(last[name]) / statistics.median(first[name])
+            ratio99 = percentile(last[name], 0.99) / percentile(first[name], 0.99)
+            met = ratio50 <= args.history_ratio
+            ok = ok and met
+            print(
+                f"  {name}: {lengths[-1]} / {lengths[0]} entries: p50 {ratio50:.2f}x, "
+                f"p99 {ratio99:.2f}x (target p50 <= {args.history_ratio}x): "
+                f"{'met' if met else 'MISSED'}"
+            )
+    return 0 if ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--history", default=None, help="journal lengths, e.g. 1000,100000")
+    parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--history-ratio", type=float, default=1.2)
+    parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--width", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--target-ms", type=float, default=150.0)
     parser.add_argument("--depth-ratio", type=float, default=1.2)
     args = parser.parse_args()
+    if args.history:
+        return history_main(args)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         totals, decides, body_len = bench_spawn(tmp, args.width, args.runs)

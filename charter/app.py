@@ -23,18 +23,21 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from charter.authority import GatePolicy, SpawnIntent
-from charter.budgets import FabricCeilings, ResourceClass
+from charter.budgets import CapInputs, FabricCeilings, ResourceClass
 from charter.control import (
     DEFAULT_CELL,
     AdmissionService,
     AgentRecord,
     BudgetService,
+    Caller,
     Ceiling,
-    ResourceView,
+    HostLoad,
     SpawnResult,
     SpawnService,
+    Views,
     WorkerSpec,
     custody_key_name,
+    host_cap_inputs,
     register_root,
 )
 from charter.core import (
@@ -226,12 +229,47 @@ class Initialised:
 
 
 class Charter:
-    """An open journal, its home, and the services built on them."""
+    """An open journal, its home, and the services built on them: the process's one
+    composition root.
 
-    def __init__(self, journal: Journal, keys: KeyStore, settings: Settings) -> None:
+    It builds, once, the views every decision reads (:class:`Views`, kept current
+    incrementally from their position) and the handlers that decide on them: one
+    :class:`SpawnService`, one :class:`BudgetService`, one :class:`AdmissionService`.
+    Every face goes through them: the CLI, the Python API, the cell and a worker's
+    door (a worker's spawn is :meth:`spawn` with the worker's :class:`Caller`), so the
+    operator's ceilings and gate policy hold for all of them, and no decision folds
+    the journal from its start again.
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        keys: KeyStore,
+        settings: Settings,
+        *,
+        policy: GatePolicy | None = None,
+    ) -> None:
         self.journal = journal
         self.keys = keys
         self.settings = settings
+        # The adaptive processing cap's inputs: the host's load unless a cell of this
+        # process was told to ignore it (``cell_for(ignore_host_load=True)``).
+        self.host_load: HostLoad = host_cap_inputs
+        self.views = Views()
+        self._spawner = SpawnService(
+            journal,
+            keystore=keys,
+            policy=policy,
+            ceilings=settings.ceilings,
+            cell=settings.cell,
+            host_load=self._host_load,
+            views=self.views,
+        )
+        self._budgets = BudgetService(journal, shared=self.views)
+        self._admission = AdmissionService(journal, shared=self.views, host_load=self._host_load)
+
+    def _host_load(self, cores: int, reserve: int) -> CapInputs:
+        return self.host_load(cores, reserve)
 
     # -- opening -----------------------------------------------------------------
 
@@ -244,14 +282,16 @@ class Charter:
         settings: Settings | None = None,
         env: Mapping[str, str] | None = None,
         read_only: bool = False,
+        policy: GatePolicy | None = None,
     ) -> Charter:
         """Open an existing journal (``--db``, ``CHARTER_DB`` or the home's SQLite file);
-        ``read_only``: only to read it (see :meth:`Journal.open`)."""
+        ``read_only``: only to read it (see :meth:`Journal.open`); ``policy``: the gate
+        every fan-out of this process asks (default: the cost-benefit policy)."""
         settings = settings or Settings.from_env()
         journal = Journal.open(
             db, env={**settings.journal_env(), **(env or {})}, read_only=read_only
         )
-        return cls(journal, keys or KeyStore(charter_home()), settings)
+        return cls(journal, keys or KeyStore(charter_home()), settings, policy=policy)
 
     @classmethod
     def initialise(
@@ -355,20 +395,15 @@ class Charter:
 
     # -- services ----------------------------------------------------------------
 
-    def spawn_service(self, policy: GatePolicy | None = None) -> SpawnService:
-        return SpawnService(
-            self.journal,
-            keystore=self.keys,
-            policy=policy,
-            ceilings=self.settings.ceilings,
-            cell=self.settings.cell,
-        )
+    def spawn_service(self) -> SpawnService:
+        """The process's one spawn pipeline (built with the root, never again)."""
+        return self._spawner
 
     def budgets(self) -> BudgetService:
-        return BudgetService(self.journal)
+        return self._budgets
 
     def admission(self) -> AdmissionService:
-        return AdmissionService(self.journal)
+        return self._admission
 
     def projector(self) -> Projector:
         """The read side (a context manager): budgets, tree and slots as of any position."""
@@ -377,40 +412,44 @@ class Charter:
     # -- the directory and fan-outs ----------------------------------------------
 
     def agents(self) -> list[AgentRecord]:
-        return self.spawn_service().agents()
+        return self._spawner.agents()
 
     def add_agent(self, name: str, ceiling: Ceiling) -> AgentRecord:
         return register_root(self.journal, self.keys, name, ceiling)
 
     def spawn(
         self,
-        parent: str | Lineage,
+        parent: str | Lineage | Caller,
         intent: SpawnIntent,
         *,
         policy: GatePolicy | None = None,
         workers: tuple[WorkerSpec, ...] | None = None,
         request_id: str | None = None,
     ) -> SpawnResult:
-        """A fan-out under durable agent ``parent`` (``agent:NAME``), as its operator;
-        with ``workers``, each child is scheduled to run on this host's cell. Give
-        ``request_id`` to make a retry safe (see ``SpawnService.spawn``)."""
-        lineage = parent if isinstance(parent, Lineage) else Lineage(parent)
-        if not lineage.is_root:
-            raise BadInputError(
-                f"{lineage} is a worker: workers spawn through their door, not as an "
-                "operator; give a durable agent (agent:NAME)"
-            )
-        service = self.spawn_service(policy)
-        return service.spawn(
-            service.durable_caller(lineage.root_name), intent, workers, request_id=request_id
-        )
+        """A fan-out under ``parent``: a durable agent (``agent:NAME``) as its operator,
+        or a worker's :class:`Caller` (its door resolves it from the sandbox). With
+        ``workers``, each child is scheduled to run on this host's cell. Give
+        ``request_id`` to make a retry safe (see ``SpawnService.spawn``); ``policy``
+        asks another gate for this one fan-out."""
+        service = self._spawner
+        if isinstance(parent, Caller):
+            caller = parent
+        else:
+            lineage = parent if isinstance(parent, Lineage) else Lineage(parent)
+            if not lineage.is_root:
+                raise BadInputError(
+                    f"{lineage} is a worker: workers spawn through their door, not as an "
+                    "operator; give a durable agent (agent:NAME)"
+                )
+            caller = service.durable_caller(lineage.root_name)
+        return service.spawn(caller, intent, workers, request_id=request_id, policy=policy)
 
     def processing_cap(self, cell: str | None = None) -> int:
         """The cell's committed processing cap (what ``cell configure``/``init`` journaled)."""
         name = cell or self.settings.cell
-        resources = ResourceView()
-        resources.refresh(self.journal)
-        return resources.cells.get(name).caps.get(ResourceClass.PROCESSING, 0)
+        with self.views.lock:
+            self.views.refresh(self.journal)
+            return self.views.resources.cells.get(name).caps.get(ResourceClass.PROCESSING, 0)
 
     def warm_pool(self, template: Path, budget: Budget, **options: Any) -> WarmPool:
         """A warm pool for this host's cell whose capacity *is* the cell's committed

@@ -16,6 +16,7 @@ subtree spent.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -205,6 +206,9 @@ class LedgerState:
     expiries: list[tuple[int, str]] = field(default_factory=list)  # a heap
     counted_live: bool = True  # in its parent's ``live`` sum (else in ``ended``)
     ended_charge: Vec = VEC_ZERO  # its share of its parent's ``ended`` sum
+    # Children ended by their expiry, in expiry order, while that end may not be final
+    # yet (see LeaseBook.remaining's ``settled_ms``).
+    expired: deque[tuple[int, str]] = field(default_factory=deque)
 
     def active(self, at_ms: int) -> bool:
         return formula.is_active(self.released_at_ms, self.expires_at_ms, at_ms)
@@ -316,7 +320,28 @@ class LeaseBook:
             child = self._ledgers[lineage]
             if child.counted_live and child.expires_at_ms == expires:
                 self._end(child, expires)
+                ledger.expired.append((expires, lineage))
         ledger.horizon_ms = max(ledger.horizon_ms, at_ms)
+
+    def _unsettled(self, ledger: LedgerState, settled_ms: int) -> Vec:
+        """What ``ledger``'s children that expired after ``settled_ms`` may still cost
+        beyond what they are known to have spent: the rest of their allocation.
+
+        A usage (or renewal) of a child is stamped under the journal's write lock before
+        the child's end, but may commit after a reader looked: every entry a reader has
+        not seen yet is stamped at or after the last one it has seen (``settled_ms``).
+        So a child that expired after ``settled_ms`` may still be charged more, and a
+        decision counts it as live. Entries at or before ``settled_ms`` are final and
+        dropped (callers pass a ``settled_ms`` that never decreases)."""
+        recent = ledger.expired
+        while recent and recent[0][0] <= settled_ms:
+            recent.popleft()
+        total = VEC_ZERO
+        for expires, lineage in recent:
+            child = self._ledgers[lineage]
+            if child.released_at_ms is None and child.expires_at_ms == expires:
+                total = vec_add(total, vec_sub(vec_of(child.allocation), child.ended_charge))
+        return total
 
     def _subtree(self, lineage: str) -> Iterator[LedgerState]:
         stack = [lineage]
@@ -367,12 +392,18 @@ class LeaseBook:
             total = vec_add(total, vec_of(self.charge(self._ledgers[child], at_ms)))
         return budget_of(total)
 
-    def remaining(self, lineage: str, at_ms: int) -> Budget:
-        """What ``lineage`` can still spend or lease out at ``at_ms`` (zero once ended)."""
+    def remaining(self, lineage: str, at_ms: int, settled_ms: int | None = None) -> Budget:
+        """What ``lineage`` can still spend or lease out at ``at_ms`` (zero once ended).
+
+        With ``settled_ms`` (the commit time of the last entry the book has folded, for
+        a decision about to be appended), children that expired after it count as live:
+        a charge stamped before their end may not have been read yet (``_unsettled``)."""
         ledger = self.get(lineage)
         if not ledger.active(at_ms):
             return Budget.zero()
         outstanding = vec_of(self.outstanding(lineage, at_ms))
+        if settled_ms is not None and settled_ms < at_ms:
+            outstanding = vec_add(outstanding, self._unsettled(ledger, settled_ms))
         return budget_of(
             formula.remaining(vec_of(ledger.allocation), vec_of(ledger.spent), outstanding, True)
         )
@@ -385,6 +416,7 @@ class LeaseBook:
         children: list[tuple[str, Budget, int, str]],
         at_ms: int,
         fanout: str | None = None,
+        settled_ms: int | None = None,
     ) -> tuple[LeaseGranted, ...]:
         """Leases for ``(lineage, allocation, expires_at_ms, grant digest)`` children,
         or refuse.
@@ -398,7 +430,7 @@ class LeaseBook:
         ledger = self.get(parent)
         if not ledger.active(at_ms):
             raise LeaseEndedError(f"{shown(parent)}'s lease has ended; it cannot lease budget out")
-        available = self.remaining(parent, at_ms)
+        available = self.remaining(parent, at_ms, settled_ms)
         cap = self.deadline(parent)
         # Group children by (allocation, expiry): a fan-out's children share both. Keyed
         # by the budget object's identity first, since hashing a model is not free.
@@ -443,14 +475,16 @@ class LeaseBook:
             for (_, until), (allocation, lineages, digests) in groups.items()
         )
 
-    def decide_usage(self, lineage: str, amount: Budget, at_ms: int) -> UsageRecorded:
+    def decide_usage(
+        self, lineage: str, amount: Budget, at_ms: int, settled_ms: int | None = None
+    ) -> UsageRecorded:
         """Charge ``amount``, clamped to what the lease still holds."""
         ledger = self.get(lineage)
         if not ledger.active(at_ms):
             raise LeaseEndedError(
                 f"{shown(lineage)}'s lease has ended; record usage before releasing it"
             )
-        available = self.remaining(lineage, at_ms)
+        available = self.remaining(lineage, at_ms, settled_ms)
         charged = amount.minimum(available)
         left = available.saturating_sub(charged)
         exhausted = (

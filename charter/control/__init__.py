@@ -1,7 +1,8 @@
 """Command handlers: decide on folded state, append pinned to what the decision read,
 and hand out only after the commit. The spawn pipeline, the directory, budgets
-(usage, release, renewal) and admission."""
+(usage, release, renewal) and admission, over one process's shared :class:`Views`."""
 
+from charter.control._queue import queue_admissions
 from charter.control.directory import (
     DEFAULT_CEILING_TTL_S,
     AgentRecord,
@@ -10,16 +11,23 @@ from charter.control.directory import (
     custody_key_name,
     register_root,
 )
-from charter.control.resources import AdmissionService, BudgetService, ResourceView
+from charter.control.handler import RETRIES, Folded, Pinned, append_pinned
+from charter.control.load import HostLoad, host_cap_inputs, steady_load
+from charter.control.resources import (
+    AdmissionService,
+    BudgetService,
+    LivePopulation,
+    ResourceView,
+    Shared,
+)
 from charter.control.spawn import (
     DEFAULT_CELL,
     Caller,
-    HostLoad,
     RegistryRead,
     SpawnResult,
     SpawnService,
-    host_cap_inputs,
 )
+from charter.control.views import Views
 from charter.control.workers import (
     WorkerScheduled,
     WorkerSpec,
@@ -37,13 +45,22 @@ __all__ = [
     "register_root",
     "AdmissionService",
     "BudgetService",
+    "LivePopulation",
     "ResourceView",
+    "Shared",
     "Caller",
     "HostLoad",
     "RegistryRead",
     "SpawnResult",
     "SpawnService",
     "host_cap_inputs",
+    "steady_load",
+    "Views",
+    "RETRIES",
+    "Folded",
+    "Pinned",
+    "append_pinned",
+    "queue_admissions",
     "WorkerScheduled",
     "WorkerSpec",
     "inputs_digest",

@@ -8,9 +8,11 @@ the spawn pipeline (:mod:`charter.control.spawn`), in the fan-out's one append.
 
 from __future__ import annotations
 
+import heapq
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import NoReturn, TypeVar
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import NoReturn, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -24,6 +26,7 @@ from charter.budgets import (
     Cells,
     LeaseBook,
     LeaseEndedError,
+    LeaseGranted,
     LeaseReleased,
     LeaseRenewed,
     ResourceClass,
@@ -32,12 +35,21 @@ from charter.budgets import (
     UnknownLeaseError,
     UsageRecorded,
 )
+from charter.control._queue import queue_admissions
+from charter.control.handler import Folded, Pinned, append_pinned
+from charter.control.load import HostLoad, host_cap_inputs
 from charter.core import BadInputError, Budget, Event, RefusedError, describe_invalid, now_ms
 from charter.core.errors import InternalError
 from charter.core.text import shown
-from charter.ledger import AppendConflictError, DeadlinePassedError, Journal, JournalFold
+from charter.ledger import (
+    AppendConflictError,
+    Committed,
+    DeadlinePassedError,
+    Journal,
+    JournalFold,
+)
 
-__all__ = ["AdmissionService", "BudgetService", "ResourceView"]
+__all__ = ["AdmissionService", "BudgetService", "LivePopulation", "ResourceView", "Shared"]
 
 _RETRIES = 5
 # How long a slot's release keeps deciding again while it loses races: the journal's
@@ -53,8 +65,61 @@ Also = Callable[[], tuple[Sequence[Event], Mapping[str, int]]]
 _TYPES = tuple(cls.type_name for cls in (*LEASE_EVENTS, *ADMISSION_EVENTS))
 
 
+class LivePopulation:
+    """How many leases (workers, not durable agents) are live now, kept as the lease
+    events are folded, so the fabric's population ceiling costs a decision O(log n) for
+    what expired since the last one, never a walk of every lease ever granted.
+
+    A lease is live from its grant until it is released (itself or an ancestor) or its
+    expiry passes; a renewal moves its expiry. Expiries are found lazily, with a heap,
+    at the time a decision asks.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}  # lineage -> expiry, while not known ended
+        self._released: set[str] = set()
+        self._children: dict[str, list[str]] = {}
+        self._expiries: list[tuple[int, str]] = []  # a heap; stale entries skipped
+
+    def apply(self, event: Event, at_ms: int) -> None:
+        match event:
+            case LeaseGranted():
+                self._children.setdefault(event.parent, []).extend(event.lineages)
+                if event.parent in self._released:
+                    return  # granted under an ended parent: never live (the book agrees)
+                for lineage in event.lineages:
+                    self._open[lineage] = event.expires_at_ms
+                    heapq.heappush(self._expiries, (event.expires_at_ms, lineage))
+            case LeaseRenewed():
+                if event.lineage not in self._released and at_ms < event.expires_at_ms:
+                    # A renewal commits before the old expiry (its deadline), so the lease
+                    # is live again even if a query at a later clock had counted it out.
+                    self._open[event.lineage] = event.expires_at_ms
+                    heapq.heappush(self._expiries, (event.expires_at_ms, event.lineage))
+            case LeaseReleased():
+                stack = [event.lineage]
+                while stack:  # the release ends the whole subtree, as in the book
+                    lineage = stack.pop()
+                    if lineage in self._released:
+                        continue
+                    self._released.add(lineage)
+                    self._open.pop(lineage, None)
+                    stack.extend(self._children.get(lineage, ()))
+            case _:
+                pass
+
+    def live(self, at_ms: int) -> int:
+        """Leases live at ``at_ms`` (ask with a clock that does not go back)."""
+        heap = self._expiries
+        while heap and heap[0][0] <= at_ms:
+            expires, lineage = heapq.heappop(heap)
+            if self._open.get(lineage) == expires:
+                del self._open[lineage]
+        return len(self._open)
+
+
 class ResourceView(JournalFold):
-    """The lease book and the cells, kept current from the journal."""
+    """The lease book, the cells and the live population, kept current from the journal."""
 
     types = _TYPES
 
@@ -62,32 +127,67 @@ class ResourceView(JournalFold):
         super().__init__()
         self.book = LeaseBook()
         self.cells = Cells()
+        self.population = LivePopulation()
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         del position
         if isinstance(event, LEASE_EVENTS):
             self.book.apply(event, at_ms)
+            self.population.apply(event, at_ms)
         elif isinstance(event, ADMISSION_EVENTS):
             self.cells.apply(event)
+
+
+class Shared(Folded, Protocol):
+    """The read state a process shares between its handlers (``charter.control.Views``):
+    the resource view, one lock, and one refresh that keeps every view current."""
+
+    resources: ResourceView
+
+
+class _Own:
+    """A handler's private read state, for one built on its own (tests, tools)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.resources = ResourceView()
+
+    def refresh(self, journal: Journal) -> None:
+        self.resources.refresh(journal)
+
+    def applied(self, committed: Sequence[Committed]) -> None:
+        self.resources.applied(committed)
 
 
 class BudgetService:
     """Usage, release and renewal of leases: decide on the folded state, append pinned
     to the stream the decision read, refuse (journaled) what the book does not allow."""
 
-    def __init__(self, journal: Journal, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        clock: Callable[[], int] = now_ms,
+        *,
+        shared: Shared | None = None,
+    ) -> None:
         self.journal = journal
         self.clock = clock
-        self.view = ResourceView()
+        self.shared = shared or _Own()
+        self.view = self.shared.resources
 
     def remaining(self, lineage: str, at_ms: int | None = None) -> Budget:
         """What ``lineage`` holds now (or at ``at_ms``), from the journal as it stands."""
-        self.view.refresh(self.journal)
-        return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
+        with self.shared.lock:
+            self.shared.refresh(self.journal)
+            return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
 
     def record_usage(self, lineage: str, amount: Budget) -> UsageRecorded:
         return self._decide_and_append(
-            "usage", lineage, lambda now: self.view.book.decide_usage(lineage, amount, now)
+            "usage",
+            lineage,
+            lambda now: self.view.book.decide_usage(
+                lineage, amount, now, settled_ms=self.view.settled_ms
+            ),
         )
 
     def release(self, lineage: str, then: Also | None = None) -> LeaseReleased:
@@ -116,7 +216,17 @@ class BudgetService:
         decide: Callable[[int], E],
         then: Also | None = None,
     ) -> E:
-        self.view.refresh(self.journal)
+        with self.shared.lock:  # the views are shared: one decision at a time
+            return self._decide_locked(operation, lineage, decide, then)
+
+    def _decide_locked(
+        self,
+        operation: str,
+        lineage: str,
+        decide: Callable[[int], E],
+        then: Also | None = None,
+    ) -> E:
+        self.shared.refresh(self.journal)
         if lineage not in self.view.book:  # a typo is not a policy decision: not journaled
             raise UnknownLeaseError(
                 f"no lease or budget ledger for {shown(lineage)} in the journal; nothing "
@@ -125,7 +235,7 @@ class BudgetService:
         for _ in range(_RETRIES):
             # Versions first, then the view: the view covers everything they do.
             expect = {s: self.journal.stream_version(s) for s in self._streams(operation, lineage)}
-            self.view.refresh(self.journal)
+            self.shared.refresh(self.journal)
             also, pins = then() if then is not None else ((), {})
             now = self.clock()
             try:
@@ -158,7 +268,7 @@ class BudgetService:
                 )
             except RefusedError as error:
                 self._refuse(operation, lineage, error)
-            self.view.applied(committed)
+            self.shared.applied(committed)
             return event
         raise AppendConflictError(
             f"{operation} of {shown(lineage)} kept racing other writers; nothing was "
@@ -182,42 +292,66 @@ class BudgetService:
         and renewals go on the parent's stream, which holds the budget."""
         del operation  # the same chain for each (kept for the callers' clarity)
         if lineage not in self.view.book:
-            self.view.refresh(self.journal)
+            self.shared.refresh(self.journal)
         if lineage not in self.view.book:
             return [lineage]  # the decision refuses it, with its named reason
         return [ledger.lineage for ledger in self.view.book.chain(lineage)]
 
 
+Live = Callable[[str], bool]
+"""Whether a holder's worker is still live (the cell's workers view): a queued worker
+killed meanwhile is admitted and released at once, which clears it from the queue."""
+
+
+def _everyone_live(lineage: str) -> bool:
+    del lineage
+    return True
+
+
 class AdmissionService:
-    """Slots on cells: admit (all or none), release, and the coordinator's swap, each
-    appended pinned to the cell's stream so no two admitters can take the last slot.
-    Every refusal of a slot (an admission or a swap) is journaled once, with its
-    retry-after; a model's complaint about a value reaches the caller as bad input."""
+    """Slots on cells, each change appended pinned to the cell's stream (so no two
+    admitters take the last slot), through :func:`append_pinned`: configuring caps,
+    admitting (all or none), and the cell's own moves: admitting its queue into room
+    it has, a coordinator's swap to a coordination slot and back, and the settlement
+    of a worker's end (its slots back, the queue's head admitted).
+
+    Every refusal of a slot (an admission, a coordinator's swap) is journaled once, with
+    its retry-after; a model's complaint about a value reaches the caller as bad input.
+    Admission of one holder is idempotent. Giving slots back (:meth:`release`,
+    :meth:`settle`) keeps deciding again while it loses races, for as long as the
+    journal's own lock timeout: giving up after a few tries would leak the slot."""
 
     def __init__(
         self,
         journal: Journal,
         view: ResourceView | None = None,
+        *,
+        shared: Shared | None = None,
+        host_load: HostLoad = host_cap_inputs,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.journal = journal
-        self.view = view or ResourceView()
         self.monotonic = monotonic
+        if shared is None:
+            shared = _Own()
+            if view is not None:
+                shared.resources = view
+        self.shared = shared
+        self.view = shared.resources
+        self.host_load = host_load
 
     def configure(
         self, cell: str, caps: dict[ResourceClass, int], *, cores: int, failover_reserve: int
     ) -> CellConfigured:
-        (event,) = self._pinned(
+        event = self.view.cells.decide_configure  # decided on the views as they stand then
+        done = self._pinned(
             cell,
-            lambda: (
-                self.view.cells.decide_configure(
-                    cell, caps, cores=cores, failover_reserve=failover_reserve
-                ),
-            ),
+            lambda: (event(cell, caps, cores=cores, failover_reserve=failover_reserve),),
         )
-        if not isinstance(event, CellConfigured):  # decide_configure makes only that
-            raise InternalError(f"decide_configure made {type(event).__name__}")
-        return event
+        (configured,) = done
+        if not isinstance(configured, CellConfigured):  # decide_configure makes only that
+            raise InternalError(f"decide_configure made {type(configured).__name__}")
+        return configured
 
     def admit(
         self,
@@ -229,77 +363,160 @@ class AdmissionService:
         """Admit all of ``lineages`` or raise :class:`AdmissionRefusedError` (journaled,
         with its retry-after). Idempotent per holder: a lineage named twice, or one
         that already holds a slot of ``resource``, is not admitted again (the answer
-        holds only the new admissions, and is empty when there are none)."""
-        return tuple(
-            e
-            for e in self._pinned(
-                cell, lambda: self.view.cells.decide_admit(cell, lineages, resource, inputs)
-            )
-            if isinstance(e, SlotAdmitted)
+        holds only the new admissions, and is empty, with nothing appended, when there
+        are none)."""
+        done = self._pinned(
+            cell, lambda: self.view.cells.decide_admit(cell, lineages, resource, inputs)
         )
+        return tuple(e for e in done if isinstance(e, SlotAdmitted))
 
     def release(self, cell: str, lineage: str, resource: ResourceClass) -> None:
-        """Give back ``lineage``'s slot. A release that loses a race to another writer
-        on the cell decides again, for as long as the journal's own lock timeout: a
-        release never makes room that is not there, so losing is only ever a matter of
-        turns, and giving up after a few would leak the slot (the worker is gone, the
-        cell still counts it). If another writer released the slot meanwhile, that is
-        the release asked for: nothing more is journaled. Past the time limit,
+        """Give back ``lineage``'s slot of ``resource``. If another writer released it
+        while this release lost its race, that is the release asked for: nothing more
+        is journaled."""
+        first = True
+
+        def decide(_: dict[str, int]) -> Pinned | None:
+            nonlocal first
+            if not first and lineage not in self.view.cells.get(cell).holders[resource]:
+                return None  # released by another writer while this one lost its race
+            first = False
+            return Pinned([self.view.cells.decide_release(cell, lineage, resource)])
+
+        self._patiently(cell, lineage, decide)
+
+    # -- the cell's moves ------------------------------------------------------------
+
+    def admit_queued(
+        self, cell: str, live: Live = _everyone_live, *, freed: int = 0, dead: Collection[str] = ()
+    ) -> list[Event]:
+        """Admissions of ``cell``'s processing queue head(s) (:func:`queue_admissions`)
+        on the views as they stand (hold the lock)."""
+        cells = self.view.cells
+        state = cells.get(cell)
+        inputs = self.host_load(state.cores, state.failover_reserve)
+        return queue_admissions(cells, cell, inputs, live, freed=freed, dead=dead)
+
+    def admit_room(self, cell: str, live: Live = _everyone_live) -> bool:
+        """Admit queued workers into room no release will announce (a fan-out queued
+        while the host was loaded, or before the cell was configured); True if any."""
+
+        def decide(_: dict[str, int]) -> Pinned | None:
+            state = self.view.cells.cells().get(cell)
+            if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
+                return None
+            return Pinned(self.admit_queued(cell, live))
+
+        return self._append(cell, decide) is not None
+
+    def settlement(
+        self, cell: str, lineage: str, extra: Sequence[Event] = (), live: Live = _everyone_live
+    ) -> tuple[list[Event], dict[str, int]]:
+        """``extra``, every slot ``lineage`` holds on ``cell`` given back, and the
+        processing queue's head(s) admitted into the room there is (never over the
+        cap); with the cell stream's version, read before the views, to pin the append
+        to (hold the lock until it commits)."""
+        version = self.journal.stream_version(f"cell:{cell}")
+        self.shared.refresh(self.journal)
+        return self._settlement(cell, lineage, extra, live), {f"cell:{cell}": version}
+
+    def _settlement(
+        self, cell: str, lineage: str, extra: Sequence[Event], live: Live
+    ) -> list[Event]:
+        cells = self.view.cells
+        state = cells.get(cell)
+        held = [r for r in ResourceClass if lineage in state.holders[r]]
+        events: list[Event] = list(extra)
+        events.extend(cells.decide_release(cell, lineage, r) for r in held)
+        freed = 1 if ResourceClass.PROCESSING in held else 0
+        events.extend(self.admit_queued(cell, live, freed=freed, dead={lineage}))
+        return events
+
+    def settle(
+        self, cell: str, lineage: str, extra: Sequence[Event] = (), live: Live = _everyone_live
+    ) -> tuple[Committed, ...]:
+        """:meth:`settlement`, appended pinned to the cell's stream (decided again while
+        it loses races, like :meth:`release`: the worker is gone, its slots must not
+        stay counted)."""
+        done = self._patiently(
+            cell, lineage, lambda _: Pinned(self._settlement(cell, lineage, extra, live))
+        )
+        return () if done is None else done[1]
+
+    def wait_on_children(
+        self, cell: str, lineage: str, waiting: Event | None = None, live: Live = _everyone_live
+    ) -> None:
+        """A coordinator waits on its children (``waiting`` says on which): it gives
+        back its processing slot, which goes to the queue's head at once, and holds a
+        coordination slot instead, so deep trees never deadlock on processing slots.
+        With the coordination class full, the swap is refused (journaled once, with
+        its retry-after) and the coordinator keeps its processing slot."""
+
+        def decide(_: dict[str, int]) -> Pinned:
+            swap = self.view.cells.decide_wait_on_children(cell, lineage)
+            said = () if waiting is None else (waiting,)
+            return Pinned([*said, *swap, *self.admit_queued(cell, live, freed=1)])
+
+        self._append(cell, decide)
+
+    def resume_processing(self, cell: str, lineage: str) -> None:
+        """The coordinator's children ended: give back its coordination slot and take
+        (or queue for) a processing one."""
+
+        def decide(_: dict[str, int]) -> Pinned:
+            cells = self.view.cells
+            release = cells.decide_release(cell, lineage, ResourceClass.COORDINATION)
+            state = cells.get(cell)
+            inputs = self.host_load(state.cores, state.failover_reserve)
+            placed = cells.decide_place(cell, [lineage], ResourceClass.PROCESSING, inputs)
+            return Pinned([release, *placed])
+
+        self._append(cell, decide)
+
+    def _append(
+        self, cell: str, decide: Callable[[dict[str, int]], Pinned | None]
+    ) -> tuple[Pinned, tuple[Committed, ...]] | None:
+        def checked(versions: dict[str, int]) -> Pinned | None:
+            """The decision, with a refusal of a slot journaled (once: a refusal leaves
+            the retry loop) and a model's complaint turned into bad input."""
+            try:
+                return decide(versions)
+            except AdmissionRefusedError as error:
+                if error.refusal is not None:
+                    self.journal.record_refusal(error.refusal, error)
+                raise
+            except ValidationError as invalid:
+                raise BadInputError(
+                    f"cell '{shown(cell)}': {describe_invalid(invalid)}; nothing was journaled"
+                ) from None
+
+        return append_pinned(
+            self.journal,
+            self.shared,
+            [f"cell:{cell}"],
+            checked,
+            what=f"admission on cell '{shown(cell)}'",
+        )
+
+    def _patiently(
+        self, cell: str, lineage: str, decide: Callable[[dict[str, int]], Pinned | None]
+    ) -> tuple[Pinned, tuple[Committed, ...]] | None:
+        """:meth:`_append` for giving slots back: a lost race only means another writer
+        committed on the cell, and a release never makes room that is not there, so it
+        is decided again for up to the journal's lock timeout before
         :class:`SlotReleaseRacedError` says the slot is still held."""
         limit = self.monotonic() + _RELEASE_PATIENCE_S
-        stream = f"cell:{cell}"
-        first = True
-        while first or self.monotonic() < limit:
-            version = self.journal.stream_version(stream)
-            self.view.refresh(self.journal)
-            if not first and lineage not in self.view.cells.get(cell).holders[resource]:
-                return  # released by another writer while this one lost its race
-            first = False
-            event = self._checked(lambda: self.view.cells.decide_release(cell, lineage, resource))
+        while True:
             try:
-                committed = self.journal.append([event], expect={stream: version})
+                return self._append(cell, decide)
             except AppendConflictError:
-                continue
-            self.view.applied(committed)
-            return
-        raise SlotReleaseRacedError(
-            f"{shown(lineage)} still holds its {resource} slot on cell '{shown(cell)}': "
-            f"its release lost every race on the cell for {_RELEASE_PATIENCE_S:.0f} s; "
-            "release it again"
-        )
-
-    def wait_on_children(self, cell: str, lineage: str) -> None:
-        """Give back the processing slot and hold a coordination slot instead. With the
-        coordination class full, the swap is refused (journaled, with its retry-after)
-        and the coordinator keeps its processing slot."""
-        self._pinned(cell, lambda: self.view.cells.decide_wait_on_children(cell, lineage))
-
-    def _checked(self, decide: Callable[[], T]) -> T:
-        """``decide()``, a refusal of a slot journaled (once: it leaves the retry loop)
-        and a model's complaint turned into bad input."""
-        try:
-            return decide()
-        except AdmissionRefusedError as error:
-            if error.refusal is not None:
-                self.journal.record_refusal(error.refusal, error)
-            raise
-        except ValidationError as invalid:
-            raise BadInputError(f"{describe_invalid(invalid)}; nothing was journaled") from None
+                if self.monotonic() >= limit:
+                    raise SlotReleaseRacedError(
+                        f"{shown(lineage)} still holds its slot(s) on cell '{shown(cell)}': "
+                        f"giving them back lost every race on the cell for "
+                        f"{_RELEASE_PATIENCE_S:.0f} s; release them again"
+                    ) from None
 
     def _pinned(self, cell: str, decide: Callable[[], tuple[Event, ...]]) -> tuple[Event, ...]:
-        stream = f"cell:{cell}"
-        for _ in range(_RETRIES * 4):
-            version = self.journal.stream_version(stream)
-            self.view.refresh(self.journal)
-            events = self._checked(decide)
-            if not events:  # nothing to do (every holder already holds its slot)
-                return events
-            try:
-                committed = self.journal.append(events, expect={stream: version})
-            except AppendConflictError:
-                continue
-            self.view.applied(committed)
-            return events
-        raise AppendConflictError(
-            f"admission on cell '{shown(cell)}' kept racing; nothing was journaled; retry"
-        )
+        done = self._append(cell, lambda _: Pinned(decide()))
+        return () if done is None else tuple(done[0].events)

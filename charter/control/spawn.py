@@ -20,7 +20,6 @@ is journaled (with the gate's record, when the gate was asked) and raised.
 from __future__ import annotations
 
 import hmac
-import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,7 +51,6 @@ from charter.authority import (
 )
 from charter.authority.errors import AuthorityRefusedError
 from charter.budgets import (
-    CapInputs,
     CeilingCheckFailedOpen,
     FabricCeilings,
     RegistryFacts,
@@ -61,8 +59,9 @@ from charter.budgets import (
     SlotQueued,
     check_ceilings,
 )
-from charter.control.directory import AgentRecord, AuthorityView, custody_key_name
-from charter.control.resources import ResourceView
+from charter.control.directory import AgentRecord, custody_key_name
+from charter.control.load import HostLoad, host_cap_inputs, steady_load
+from charter.control.views import Views
 from charter.control.workers import WorkerScheduled, WorkerSpec
 from charter.core import (
     BadInputError,
@@ -83,6 +82,7 @@ __all__ = [
     "SpawnResult",
     "SpawnService",
     "host_cap_inputs",
+    "steady_load",
 ]
 
 DEFAULT_CELL = "local"
@@ -90,9 +90,6 @@ _CONFLICT_RETRIES = 8
 
 RegistryRead = Callable[[], RegistryFacts]
 """Reads the registry for the ceilings stage; may raise (the stage then fails open)."""
-
-HostLoad = Callable[[int, int], CapInputs]
-"""The adaptive processing cap's inputs for a cell of (cores, failover reserve)."""
 
 
 @dataclass(frozen=True)
@@ -139,16 +136,6 @@ class SpawnResult:
         }
 
 
-def host_cap_inputs(cores: int, failover_reserve: int) -> CapInputs:
-    """The adaptive cap's inputs on this host: its load now, no live peers known."""
-    return CapInputs(
-        cores=cores,
-        failover_reserve=failover_reserve,
-        load_average=os.getloadavg()[0],
-        live_peers=0,
-    )
-
-
 class _AskedOnce:
     """The gate of one fan-out: the policy is asked at the first attempt, and a retry
     after an append conflict carries that verdict instead of asking again."""
@@ -175,7 +162,12 @@ def _chain_streams(claimed: str) -> list[str]:
 
 
 class SpawnService:
-    """Spawns on behalf of callers, against one journal (see the module docstring)."""
+    """Spawns on behalf of callers, against one journal (see the module docstring).
+
+    One per process: the composition root (:class:`charter.app.Charter`) builds it with
+    the process's shared :class:`Views`, which it keeps current incrementally; every
+    face (CLI, Python API, a worker's door) spawns through that one instance.
+    """
 
     def __init__(
         self,
@@ -189,6 +181,7 @@ class SpawnService:
         read_registry: RegistryRead | None = None,
         host_load: HostLoad | None = None,
         attenuate_fn: AttenuateFn = attenuate,
+        views: Views | None = None,
     ) -> None:
         self.journal = journal
         self.keystore = keystore
@@ -199,18 +192,21 @@ class SpawnService:
         self.read_registry: RegistryRead = read_registry or self._registry_from_leases
         self.host_load: HostLoad = host_load or host_cap_inputs
         self.attenuate_fn = attenuate_fn
-        self.view = AuthorityView()
-        self.resources = ResourceView()
+        self.views = views or Views()
+        self.view = self.views.authority
+        self.resources = self.views.resources
 
     # -- the directory, as a caller sees it ------------------------------------------
 
     def agents(self) -> list[AgentRecord]:
-        self.view.refresh(self.journal)
-        return self.view.listing()
+        with self.views.lock:
+            self.views.refresh(self.journal)
+            return self.view.listing()
 
     def agent(self, name: str) -> AgentRecord:
-        self.view.refresh(self.journal)
-        return self.view.agent(name)
+        with self.views.lock:
+            self.views.refresh(self.journal)
+            return self.view.agent(name)
 
     def durable_caller(self, name: str) -> Caller:
         """A durable agent as caller: its ceiling grant and its custody key from the home.
@@ -238,6 +234,7 @@ class SpawnService:
         workers: tuple[WorkerSpec, ...] | None = None,
         *,
         request_id: str | None = None,
+        policy: GatePolicy | None = None,
     ) -> SpawnResult:
         """One fan-out through every stage, appended once; raises the named refusal
         (journaled) when refused, and AppendFailedError (nothing handed out) when the
@@ -246,19 +243,33 @@ class SpawnService:
 
         ``request_id`` (1-64 letters or digits) makes a retry safe: it is the fan-out id
         and the append's batch id, so a retry after OutcomeUnknownError whose first try
-        did commit raises BatchCommittedError instead of minting a second fan-out."""
+        did commit raises BatchCommittedError instead of minting a second fan-out.
+        ``policy`` asks another gate for this fan-out than the service's own."""
         if workers is not None and len(workers) not in (1, intent.width):
             raise BadInputError(
                 f"a fan-out of {intent.width} names {len(workers)} workers; give one for "
                 "every child, or one for all of them"
             )
         fanout_id = request_id or uuid.uuid4().hex
-        claimed = caller.claimed
-        gate = _AskedOnce(self.policy)  # a retry carries the first verdict, never re-asks
-        decision: FanoutDecision | None = None
+        gate = _AskedOnce(policy or self.policy)  # a retry carries the first verdict
         # The parent and every ancestor up to the root: a release or a fan-out anywhere
         # above changes what the parent may spend, so the append is pinned to them all.
-        chain = _chain_streams(claimed)
+        chain = _chain_streams(caller.claimed)
+        with self.views.lock:  # the views are shared: one decision at a time
+            return self._spawn(caller, intent, workers, request_id, fanout_id, gate, chain)
+
+    def _spawn(
+        self,
+        caller: Caller,
+        intent: SpawnIntent,
+        workers: tuple[WorkerSpec, ...] | None,
+        request_id: str | None,
+        fanout_id: str,
+        gate: _AskedOnce,
+        chain: list[str],
+    ) -> SpawnResult:
+        claimed = caller.claimed
+        decision: FanoutDecision | None = None
         for _ in range(_CONFLICT_RETRIES):
             if request_id is not None:  # every try: an earlier one may have landed since
                 self.journal.require_new_batch(fanout_id)
@@ -266,8 +277,7 @@ class SpawnService:
             # Versions first, then the views: everything the versions cover is folded.
             versions = {stream: self.journal.stream_version(stream) for stream in chain}
             cell_version = self.journal.stream_version(f"cell:{self.cell}")
-            self.view.refresh(self.journal)
-            self.resources.refresh(self.journal)
+            self.views.refresh(self.journal)
             state = self._resolve(caller, intent, fanout_id, versions.get(claimed, 0), now)
             decision = decide(  # the gate (once) and the mints
                 state,
@@ -296,8 +306,7 @@ class SpawnService:
                     decision.refusal.add_note(f"(the refusal could not be journaled: {e})")
                     raise decision.refusal from e
                 raise
-            self.view.applied(committed)
-            self.resources.applied(committed)
+            self.views.applied(committed)
             if decision.refusal is not None:
                 raise decision.refusal
             if decision.gate is None:  # decide always asks the gate before minting
@@ -391,8 +400,14 @@ class SpawnService:
             for child in decision.children
         ]
         try:
+            # Children whose expiry the views cannot know to be final yet count as live
+            # (a usage stamped before their end may still commit: LeaseBook.remaining).
             leases = self.resources.book.decide_leases(
-                str(decision.parent), children, now, decision.fanout_id
+                str(decision.parent),
+                children,
+                now,
+                decision.fanout_id,
+                settled_ms=self.resources.settled_ms,
             )
         except RefusedError as error:
             return decision.refused(error, str(decision.parent), intent)
@@ -467,9 +482,7 @@ class SpawnService:
         """The registry as this service's own fold sees it: live workers are the leases
         active now (the fold is refreshed at the start of each attempt)."""
         now = self.clock()
-        live = sum(
-            1 for ledger in self.resources.book.ledgers() if ledger.parent and ledger.active(now)
-        )
+        live = self.resources.population.live(now)
         return RegistryFacts(
             population_ceiling=self.ceilings.population,
             depth_ceiling=self.ceilings.depth,

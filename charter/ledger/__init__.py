@@ -6,7 +6,7 @@ lock), with the fold base that read models follow the journal with. It knows
 :class:`~charter.core.events.Event`, never the domain. See docs/journal.md.
 """
 
-from charter.ledger._follow import JournalFold
+from charter.ledger._follow import Folds, JournalFold
 from charter.ledger._location import Location, resolve_location
 from charter.ledger._postgres import ChainedPostgresProcessRecorder
 from charter.ledger._sqlite import ChainedSQLiteProcessRecorder, sqlite_uri
@@ -28,6 +28,7 @@ __all__ = [
     "JournalCreated",
     "Committed",
     "Entry",
+    "Folds",
     "JournalFold",
     "Location",
     "resolve_location",

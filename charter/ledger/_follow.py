@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import ClassVar
 
 from charter.core.clock import entry_ms
 from charter.core.events import Event
 from charter.ledger._app import decode_state
+from charter.ledger._rows import stamp_of
 from charter.ledger.journal import Committed, Journal
 
 __all__ = ["JournalFold"]
@@ -26,6 +28,10 @@ class JournalFold:
 
     def __init__(self) -> None:
         self.position = 0
+        # The commit time of the last entry folded (or read past): every entry not
+        # folded yet commits at or after it, since commit times never decrease with
+        # position. What was decided up to it is final (LeaseBook.remaining).
+        self.settled_ms = 0
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         raise NotImplementedError
@@ -40,6 +46,7 @@ class JournalFold:
                     at, event = decode_state(topic, state)
                     self.apply(event, position, entry_ms(at))
             self.position = batch[-1][0]
+            self.settled_ms = max(self.settled_ms, _stamp_ms(batch[-1][2]))
 
     def applied(self, committed: Sequence[Committed]) -> None:
         if committed and committed[0].position == self.position + 1:
@@ -47,3 +54,51 @@ class JournalFold:
             for c in committed:
                 self.apply(c.event, c.position, at_ms)
             self.position = committed[-1].position
+            self.settled_ms = max(self.settled_ms, at_ms)
+
+
+def _stamp_ms(state: bytes) -> int:
+    """An entry's commit time from its stored state, without decoding the rest."""
+    return entry_ms(datetime.fromisoformat(stamp_of(state).decode()))
+
+
+class Folds(JournalFold):
+    """Several folds kept current by one read of the journal: each entry is read and
+    decoded once, then given to every fold that wants its type and has not folded it
+    (a fold added late catches up from its own position)."""
+
+    def __init__(self, *folds: JournalFold) -> None:
+        super().__init__()
+        self._folds: list[tuple[JournalFold, frozenset[str]]] = []
+        for fold in folds:
+            self.add(fold)
+
+    def add(self, fold: JournalFold) -> None:
+        self._folds.append((fold, frozenset(fold.types)))
+        self.position = min(f.position for f, _ in self._folds)
+
+    def apply(self, event: Event, position: int, at_ms: int) -> None:
+        name = type(event).type_name
+        for fold, wanted in self._folds:
+            if position > fold.position and name in wanted:
+                fold.apply(event, position, at_ms)
+
+    def refresh(self, journal: Journal) -> None:
+        self.position = min(f.position for f, _ in self._folds)
+        wanted = frozenset().union(*(w for _, w in self._folds))
+        for batch in journal.payloads(start=self.position + 1):
+            for position, topic, state in batch:
+                if topic.partition("/")[0] in wanted:
+                    at, event = decode_state(topic, state)
+                    self.apply(event, position, entry_ms(at))
+            self.position = batch[-1][0]
+            self.settled_ms = max(self.settled_ms, _stamp_ms(batch[-1][2]))
+            for fold, _ in self._folds:
+                fold.position = max(fold.position, self.position)
+                fold.settled_ms = max(fold.settled_ms, self.settled_ms)
+
+    def applied(self, committed: Sequence[Committed]) -> None:
+        for fold, _ in self._folds:
+            fold.applied(committed)
+        self.position = min(f.position for f, _ in self._folds)
+        self.settled_ms = min(f.settled_ms for f, _ in self._folds)

@@ -32,24 +32,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from charter.app import Charter
 from charter.authority import SealedGrant
-from charter.budgets import ResourceClass, SlotAdmitted
-from charter.control import (
-    BudgetService,
-    HostLoad,
-    ResourceView,
-    host_cap_inputs,
-    worker_stream,
-)
-from charter.core import Budget, CharterError, Event, KeyStore, now_ms
+from charter.budgets import CapInputs, ResourceClass, SlotAdmitted
+from charter.control import worker_stream
+from charter.core import Budget, CharterError, Event, now_ms
 from charter.ledger import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
-    Journal,
+    Committed,
     OutcomeUnknownError,
 )
-from charter.runner._admission import queue_admissions
 from charter.runner._caps import WorkerCaps, worker_caps
 from charter.runner._custody import Custody, custody_seed
 from charter.runner._filler import PoolFiller
@@ -80,7 +74,6 @@ from charter.sandbox.launcher import leased_event
 
 __all__ = ["Cell", "kill_uid"]
 
-_RETRIES = 16
 _STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
 Outcome = Literal["exited", "killed", "failed"]
 
@@ -93,42 +86,54 @@ class Cell:
 
     def __init__(
         self,
-        journal: Journal,
-        keys: KeyStore,
+        app: Charter,
         *,
         cell: str,
         budget: Budget,
         template: Path | None = None,
         state_dir: Path | None = None,
-        host_load: HostLoad = host_cap_inputs,
         key_broker: KeyBroker | None = None,
         egress_broker: EgressBroker | None = None,
         pool_capacity: int | None = None,
     ) -> None:
-        self.journal = journal
-        self.keys = keys
+        # The cell receives the composition root's services and views; it builds none.
+        self.app = app
+        self.journal = app.journal
+        self.keys = app.keys
         self.cell = cell
         self.template = template
         self.budget = budget
         self.state_dir = state_dir
-        self.host_load = host_load
         self.key_broker = key_broker or KeyBroker()
         self.egress_broker = egress_broker
         self.pool_capacity = pool_capacity
         self.tracking = f"charter.cell.{cell}"
         self.view = WorkersView()
-        self.resources = ResourceView()
-        self.budgets = BudgetService(journal)
+        app.views.watch(self.view)  # one read of the journal keeps every view current
+        self.resources = app.views.resources
+        self.budgets = app.budgets()
+        self.admission = app.admission()
         self.incarnation = 0
         self.pool: WarmPool | None = None
         self._filler: PoolFiller | None = None
-        self._lock = threading.RLock()  # the folds and the cell's appends
+        self._lock = app.views.lock  # the folds and the process's decisions and appends
         self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
         self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
-        self.custody = Custody(keys, self.key_broker)
+        self.custody = Custody(self.keys, self.key_broker)
         self._threads: list[threading.Thread] = []
         self._scanned = 0  # admissions read up to here by this process
         self.changed = threading.Condition(self._lock)
+
+    def host_load(self, cores: int, reserve: int) -> CapInputs:
+        """The adaptive cap's inputs, as the composition root takes them."""
+        return self.app.host_load(cores, reserve)
+
+    def refresh(self) -> None:
+        """Bring every view of the process up to date (hold the lock)."""
+        self.app.views.refresh(self.journal)
+
+    def applied(self, committed: tuple[Committed, ...]) -> None:
+        self.app.views.applied(committed)
 
     # -- life ------------------------------------------------------------------------
 
@@ -136,8 +141,7 @@ class Cell:
         """Journal this incarnation, recover from the last one, build the pool."""
         template = self.template or self._own_template()
         with self._lock:
-            self.view.refresh(self.journal)
-            self.resources.refresh(self.journal)
+            self.refresh()
             state = self.resources.cells.get(self.cell)
             self.incarnation = self.view.incarnations.get(self.cell, 0) + 1
             started = CellStarted(
@@ -234,8 +238,7 @@ class Cell:
         self._admit_room()
         with self._lock:
             tracked = self.journal.tracked_position(self.tracking)
-            self.view.refresh(self.journal)
-            self.resources.refresh(self.journal)
+            self.refresh()
             start, stop = max(tracked, self._scanned) + 1, self.view.position
             admitted = (
                 [
@@ -268,23 +271,9 @@ class Cell:
     def _admit_room(self) -> None:
         """Admit queued workers when the cell has room no release will announce (a
         fan-out queued while the host was loaded, or before the cell was configured)."""
-        for _ in range(_RETRIES):
-            with self._lock:
-                version = self.journal.stream_version(f"cell:{self.cell}")
-                self.resources.refresh(self.journal)
-                self.view.refresh(self.journal)
-                state = self.resources.cells.cells().get(self.cell)
-                if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
-                    return
-                events = self.admit_queued(freed=0)
-                if not events:
-                    return
-                try:
-                    self.journal.append(events, expect={f"cell:{self.cell}": version})
-                except AppendConflictError:
-                    continue
+        with self._lock:
+            if self.admission.admit_room(self.cell, self.live):
                 self.changed.notify_all()
-                return
 
     def run(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.01) -> None:
         """Follow the journal until ``until()`` is true."""
@@ -298,7 +287,7 @@ class Cell:
     def idle(self) -> bool:
         """Nothing of this cell's is running or waiting to run."""
         with self._lock:
-            self.view.refresh(self.journal)
+            self.refresh()
             return not self.view.live_count.get(self.cell, 0)
 
     # -- one worker --------------------------------------------------------------------
@@ -354,7 +343,7 @@ class Cell:
                     expect={worker_stream(w.lineage): 1},  # the schedule, and nothing since
                     tracking=(self.tracking, position),
                 )
-                self.view.applied(committed)
+                self.applied(committed)
                 self._slots[w.lineage] = slot
                 self._by_uid[slot.host_uid] = w.lineage
         except (AppendConflictError, AlreadyTrackedError, AppendFailedError) as error:
@@ -385,7 +374,7 @@ class Cell:
                     )
                 ]
             )
-            self.view.refresh(self.journal)
+            self.refresh()
             record = self.view.workers[w.lineage]
         if record.result is None and outcome.stdout:
             # A worker that never used the door answers with what it printed.
@@ -472,54 +461,23 @@ class Cell:
         self._settle(w.lineage, settle)
 
     def _settle(self, lineage: str, extra: tuple[Event, ...]) -> None:
-        """In one append pinned to the cell's stream: :meth:`_settlement`."""
-        for _ in range(_RETRIES):
-            with self._lock:
-                events, pins = self._settlement(lineage, extra)
-                if not events:
-                    return
-                try:
-                    committed = self.journal.append(events, expect=pins)
-                except AppendConflictError:
-                    continue
-                self.view.applied(committed)
+        """The settlement of ``lineage`` (its slots back, the queue's head admitted),
+        appended pinned to the cell's stream."""
+        with self._lock:
+            if self.admission.settle(self.cell, lineage, extra, self.live):
                 self.changed.notify_all()
-                return
-        raise AppendConflictError(f"settling {lineage}'s slots kept racing; retry")
 
     def _settlement(
         self, lineage: str, extra: tuple[Event, ...]
     ) -> tuple[list[Event], dict[str, int]]:
-        """``extra``, every slot ``lineage`` holds given back, and the processing queue's
-        head(s) admitted into the room there is (never over the cap); with the cell
-        stream's version, read before the folds, to pin the append to (hold the lock)."""
-        version = self.journal.stream_version(f"cell:{self.cell}")
-        self.resources.refresh(self.journal)
-        self.view.refresh(self.journal)
-        cells = self.resources.cells
-        state = cells.get(self.cell)
-        held = [r for r in ResourceClass if lineage in state.holders[r]]
-        events: list[Event] = list(extra)
-        events.extend(cells.decide_release(self.cell, lineage, r) for r in held)
-        freed = 1 if ResourceClass.PROCESSING in held else 0
-        events.extend(self.admit_queued(freed=freed, dead={lineage}))
-        return events, {f"cell:{self.cell}": version}
+        """The settlement's events and pins, for the same append as the lease's return
+        (hold the lock until it commits)."""
+        return self.admission.settlement(self.cell, lineage, extra, self.live)
 
-    def admit_queued(
-        self, *, freed: int, dead: frozenset[str] | set[str] = frozenset()
-    ) -> list[Event]:
-        """Admissions of the processing queue's head(s) (:func:`queue_admissions`), on
-        the folds as they stand (hold the lock)."""
-        cells = self.resources.cells
-        state = cells.get(self.cell)
-        workers = self.view.workers
-
-        def live(lineage: str) -> bool:
-            w = workers.get(lineage)
-            return w is None or w.live
-
-        inputs = self.host_load(state.cores, state.failover_reserve)
-        return queue_admissions(cells, self.cell, inputs, live, freed=freed, dead=dead)
+    def live(self, lineage: str) -> bool:
+        """Whether ``lineage`` is not known to have ended (hold the lock)."""
+        w = self.view.workers.get(lineage)
+        return w is None or w.live
 
     # -- kills -----------------------------------------------------------------------
 
@@ -531,18 +489,18 @@ class Cell:
 
     def _kill_descendants(self, lineage: str, reason: str) -> None:
         with self._lock:
-            self.view.refresh(self.journal)
+            self.refresh()
             below = self.view.live_descendants(lineage)
         for w in below:
             self._kill_one(w.lineage, reason)
 
     def _kill_one(self, lineage: str, reason: str) -> None:
         with self._lock:
-            self.view.refresh(self.journal)
+            self.refresh()
             w = self.view.workers.get(lineage)
             if w is None or not w.live or w.killed is not None or w.exit_code is not None:
                 return  # gone, being killed, or already exited by itself
-            self.view.applied(self.journal.append([WorkerKilled(lineage=lineage, reason=reason)]))
+            self.applied(self.journal.append([WorkerKilled(lineage=lineage, reason=reason)]))
             slot = self._slots.get(lineage)
         if slot is not None:
             kill_uid(slot.host_uid)  # its driver thread journals the end
@@ -573,7 +531,7 @@ class Cell:
             text=data.decode("utf-8", errors="replace"),
         )
         with self._lock:
-            self.view.applied(self.journal.append([event]))
+            self.applied(self.journal.append([event]))
         return digest
 
     def sign(self, lineage: str, tag: str, message: bytes) -> bytes:
@@ -590,7 +548,7 @@ class Cell:
         """``lineage``'s committed grant, parsed (a start parses it once, for the caps
         and the custody key: each parse validates the whole grant)."""
         with self._lock:
-            self.view.refresh(self.journal)
+            self.refresh()
             minted = self.view.grants.get(lineage)
         if minted is None:
             raise LeaseSpentError(f"{lineage} has no committed grant")
@@ -599,7 +557,7 @@ class Cell:
     def _caps(self, lineage: str, grant: SealedGrant) -> WorkerCaps:
         """The sandbox caps of ``lineage``: its lease and ``grant`` as committed, now."""
         with self._lock:
-            self.resources.refresh(self.journal)
+            self.refresh()
             book = self.resources.book
             at = now_ms()
             return worker_caps(

@@ -9,8 +9,7 @@ import threading
 from pathlib import Path
 
 from charter.app import Charter
-from charter.budgets import CapInputs
-from charter.control import host_cap_inputs
+from charter.control import steady_load
 from charter.core import Budget
 from charter.runner.cell import Cell
 from charter.runner.door import Door
@@ -23,13 +22,6 @@ __all__ = ["DEFAULT_SLOT_BUDGET", "cell_for", "run_cell", "steady_load"]
 DEFAULT_SLOT_BUDGET = Budget.parse("tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=100MB")
 
 
-def steady_load(cores: int, reserve: int) -> CapInputs:
-    """The adaptive cap's inputs WITHOUT the host's load average: only for a shared or
-    busy machine where someone else's load would shrink this cell to nothing (the
-    demo's ``--ignore-host-load``). Cores, reserve and the configured caps still hold."""
-    return CapInputs(cores=cores, failover_reserve=reserve, load_average=0.0, live_peers=0)
-
-
 def cell_for(
     charter: Charter,
     *,
@@ -39,18 +31,21 @@ def cell_for(
     template: Path | None = None,
     ignore_host_load: bool = False,
 ) -> Cell:
-    """A cell (not opened yet) on ``charter``'s journal and home, with its door."""
+    """A cell (not opened yet) on ``charter``'s services, with its door. The cell and
+    its door decide through ``charter`` (its one spawn pipeline, budgets and views);
+    ``ignore_host_load`` makes every decision of this process ignore the load average
+    (:func:`~charter.control.steady_load`)."""
     name = cell or charter.settings.cell
     base = state_dir or default_state_dir()
+    if ignore_host_load:
+        charter.host_load = steady_load
     door = Door(base / f"door-{name}-{os.getpid()}.sock")
     runner = Cell(
-        charter.journal,
-        charter.keys,
+        charter,
         cell=name,
         budget=slot_budget,
         template=template,
         state_dir=base,
-        host_load=steady_load if ignore_host_load else host_cap_inputs,
         key_broker=door,
     )
     door.cell = runner

@@ -11,18 +11,15 @@ import time
 from nacl.signing import SigningKey
 
 from charter.authority import SpawnIntent
-from charter.budgets import AdmissionRefusedError, ResourceClass
-from charter.control import Caller, SpawnResult, SpawnService, WorkerSpec
-from charter.core import Event, Lineage
-from charter.ledger import AppendConflictError
+from charter.budgets import ResourceClass
+from charter.control import Caller, SpawnResult, WorkerSpec
+from charter.core import Lineage
 from charter.runner._view import WorkerRecord
 from charter.runner.cell import Cell
 from charter.runner.errors import ResultTooLargeError, WaitRefusedError
 from charter.runner.events import RESULT_CAP, WorkerWaiting
 
 __all__ = ["WorkerRequests"]
-
-_RETRIES = 16
 
 
 class WorkerRequests:
@@ -36,20 +33,16 @@ class WorkerRequests:
         """The worker as a caller: its journaled chain and its custody key, derived from
         the root's custody key along the committed grants."""
         with self.cell.changed:
-            self.cell.view.refresh(self.cell.journal)
+            self.cell.refresh()
             chain = self.cell.view.chain(lineage)
         return Caller(chain, self._signing_key(lineage))
 
     def spawn(
         self, lineage: str, intent: SpawnIntent, workers: tuple[WorkerSpec, ...]
     ) -> SpawnResult:
-        service = SpawnService(
-            self.cell.journal,
-            keystore=self.cell.keys,
-            cell=self.name,
-            host_load=self.cell.host_load,
-        )
-        result = service.spawn(self.caller(lineage), intent, workers)
+        # The process's one spawn pipeline: the operator's ceilings and gate hold here
+        # exactly as for ``charter spawn``.
+        result = self.cell.app.spawn(self.caller(lineage), intent, workers=workers)
         with self.cell.changed:
             self.cell.changed.notify_all()
         return result
@@ -67,7 +60,7 @@ class WorkerRequests:
         timed_out = False
         with self.cell.changed:
             while True:
-                self.cell.view.refresh(self.cell.journal)
+                self.cell.refresh()
                 live = [
                     c
                     for c in children
@@ -85,7 +78,7 @@ class WorkerRequests:
                 self.cell.kill(child, f"{lineage} stopped waiting (timed out)")
         self._back_to_processing(lineage)
         with self.cell.changed:
-            self.cell.view.refresh(self.cell.journal)
+            self.cell.refresh()
             return {c: self._answer(self.cell.view.workers.get(c)) for c in children} | {
                 "timed_out": timed_out
             }
@@ -107,55 +100,21 @@ class WorkerRequests:
     def _swap_for_coordination(
         self, lineage: str, children: tuple[str, ...], timeout_s: float
     ) -> None:
-        for _ in range(_RETRIES):
-            with self.cell.changed:
-                version = self.cell.journal.stream_version(f"cell:{self.name}")
-                self.cell.resources.refresh(self.cell.journal)
-                try:
-                    swap = self.cell.resources.cells.decide_wait_on_children(self.name, lineage)
-                except AdmissionRefusedError as error:
-                    # The coordination class is full: the worker keeps its processing
-                    # slot, and the refusal is journaled (once: it leaves the loop).
-                    if error.refusal is not None:
-                        self.cell.journal.record_refusal(error.refusal, error)
-                    raise
-                waiting = WorkerWaiting(
-                    lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
-                )
-                events: list[Event] = [waiting, *swap]
-                # The processing slot given back goes to the queue's head at once.
-                events.extend(self.cell.admit_queued(freed=1))
-                try:
-                    self.cell.journal.append(events, expect={f"cell:{self.name}": version})
-                except AppendConflictError:
-                    continue
-                self.cell.changed.notify_all()
-                return
-        raise AppendConflictError(f"{lineage}'s wait kept racing for the cell's slots; retry")
+        waiting = WorkerWaiting(
+            lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
+        )
+        with self.cell.changed:
+            self.cell.admission.wait_on_children(self.name, lineage, waiting, self.cell.live)
+            self.cell.changed.notify_all()
 
     def _back_to_processing(self, lineage: str) -> None:
         """Give back the coordination slot and take (or queue for) a processing one;
         return once it is held."""
-        for _ in range(_RETRIES):
-            with self.cell.changed:
-                version = self.cell.journal.stream_version(f"cell:{self.name}")
-                self.cell.resources.refresh(self.cell.journal)
-                cells = self.cell.resources.cells
-                release = cells.decide_release(self.name, lineage, ResourceClass.COORDINATION)
-                state = cells.get(self.name)
-                inputs = self.cell.host_load(state.cores, state.failover_reserve)
-                placed = cells.decide_place(self.name, [lineage], ResourceClass.PROCESSING, inputs)
-                try:
-                    self.cell.journal.append(
-                        [release, *placed], expect={f"cell:{self.name}": version}
-                    )
-                except AppendConflictError:
-                    continue
-                self.cell.changed.notify_all()
-                break
         with self.cell.changed:
+            self.cell.admission.resume_processing(self.name, lineage)
+            self.cell.changed.notify_all()
             while True:
-                self.cell.resources.refresh(self.cell.journal)
+                self.cell.refresh()
                 holders = self.cell.resources.cells.get(self.name).holders[ResourceClass.PROCESSING]
                 if lineage in holders:
                     return

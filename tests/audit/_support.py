@@ -70,10 +70,10 @@ def real_history(url: str, home: Path) -> tuple[str, list[str]]:
         settings=Settings(),
     )
     with charter:
-        service = charter.spawn_service(FixedPolicy(Verdict.POSITIVE))
-        root = service.durable_caller("estate")
+        positive = FixedPolicy(Verdict.POSITIVE)
+        root = charter.spawn_service().durable_caller("estate")
         cost = Budget.parse(COST)
-        first = service.spawn(
+        first = charter.spawn(
             root,
             SpawnIntent(
                 width=3,
@@ -81,15 +81,17 @@ def real_history(url: str, home: Path) -> tuple[str, list[str]]:
                 estimated_cost=cost,
                 grant=RequestedGrant(fanout=2),
             ),
+            policy=positive,
         )
         worker = root.child(first.children[0])
-        second = service.spawn(
+        second = charter.spawn(
             worker,
             SpawnIntent(
                 width=2,
                 objective="survey one wing",
                 estimated_cost=Budget.parse("tokens=2k,wall=10s,cpu=10s,mem=16MiB,egress=100KB"),
             ),
+            policy=positive,
         )
         lineages = [str(c.lineage) for c in (*first.children, *second.children)]
         vkey = MerkleLog(charter.journal).anchor_key().text()

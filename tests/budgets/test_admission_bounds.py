@@ -22,7 +22,7 @@ from charter.budgets import (
     SlotReleased,
     SlotReleaseRacedError,
 )
-from charter.control import AdmissionService, ResourceView
+from charter.control import AdmissionService
 from charter.core import BadInputError, StateError
 from charter.ledger import Journal
 from charter.runner.requests import WorkerRequests
@@ -148,7 +148,7 @@ def test_a_release_that_loses_past_the_time_limit_says_the_slot_is_still_held(
         slots.configure("c", {E: 2}, cores=4, failover_reserve=0)
         slots.admit("c", ["agent:r/x"], E)
         _racing(slots, AdmissionService(journal), 1_000)
-        with pytest.raises(SlotReleaseRacedError, match="still holds its egress slot"):
+        with pytest.raises(SlotReleaseRacedError, match="still holds its slot"):
             slots.release("c", "agent:r/x", E)
         fresh = AdmissionService(journal)
         fresh.view.refresh(journal)
@@ -229,16 +229,16 @@ def test_a_lineage_with_a_newline_is_escaped_in_admission_messages(journal_url: 
 
 
 class _Cell:
-    """What the worker requests' swap reads of its cell, on a real journal."""
+    """What the worker requests' swap uses of its cell, on a real journal."""
 
     def __init__(self, journal: Journal) -> None:
-        self.cell, self.journal = "c", journal
-        self.resources = ResourceView()
+        self.cell = "c"
+        self.admission = AdmissionService(journal)
         self.changed = threading.Condition()
 
-    def admit_queued(self, freed: int) -> list[Any]:
-        del freed
-        return []
+    def live(self, lineage: str) -> bool:
+        del lineage
+        return True
 
 
 def test_a_workers_refused_wait_is_journaled_once(journal_url: str) -> None:

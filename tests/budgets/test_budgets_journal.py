@@ -141,8 +141,8 @@ def test_usage_decided_before_an_ancestor_release_does_not_commit_after_it(
         decide = worker.view.book.decide_usage
         racing = [c.claimed]
 
-        def decide_then_race(*args: Any) -> Any:
-            event = decide(*args)
+        def decide_then_race(*args: Any, **kwargs: Any) -> Any:
+            event = decide(*args, **kwargs)
             while racing:
                 operator.release(racing.pop())  # lands between decision and append
             return event

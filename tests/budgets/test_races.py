@@ -70,18 +70,21 @@ def test_a_usage_held_past_its_lease_end_is_refused_and_journaled(
         assert expires is not None
         decide = worker.view.book.decide_usage
 
-        def decide_then_hold(*args: Any) -> Any:
-            event = decide(*args)
+        def decide_then_hold(*args: Any, **kwargs: Any) -> Any:
+            event = decide(*args, **kwargs)
             while now_ms() <= expires:  # held past the lease's end (bounded by it)
                 time.sleep(0.01)
             if parent_re_leases:  # what came back, all of it, to a new child
+                # A commit after the lease's end first: until a decision has read one,
+                # it counts the expired lease as live (LeaseBook.remaining's settled_ms).
+                operator.record_usage("agent:root", Budget.zero())
                 svc.spawn(root, intent(1, operator.remaining("agent:root")))
             return event
 
         worker.view.book.decide_usage = decide_then_hold  # type: ignore[method-assign]
         with pytest.raises(LeaseEndedError):
             worker.record_usage(child, lasting.split(2))
-        usages = list(journal.entries(types=("UsageRecorded",)))
+        usages = [e for e in journal.entries(types=("UsageRecorded",)) if e.event.lineage == child]
         assert len(usages) == 1  # only the control's
         refusals = [e.event for e in journal.entries(types=("BudgetRefused",))]
         assert [(r.lineage, r.reason) for r in refusals if isinstance(r, BudgetRefused)] == [
@@ -111,8 +114,8 @@ def test_a_release_racing_a_descendants_fan_out_never_lets_it_commit(
         decide_leases = svc.resources.book.decide_leases
         racing = [c.claimed]
 
-        def decide_then_release(*args: Any) -> Any:
-            leases = decide_leases(*args)
+        def decide_then_release(*args: Any, **kwargs: Any) -> Any:
+            leases = decide_leases(*args, **kwargs)
             while racing:
                 operator.release(racing.pop())  # lands between decision and append
             return leases

@@ -42,14 +42,13 @@ def make_cell(
     # (``egress-4242.sock``) whose pid is gone, and 8 hex digits are sometimes all digits.
     path = state_dir / f"door-test-{uuid.uuid4().hex[:8]}.sock"
     broker = Door(path, max_requests=max_requests) if door else None
+    charter.host_load = steady
     cell = Cell(
-        charter.journal,
-        charter.keys,
+        charter,
         cell=charter.settings.cell,
         template=template,
         budget=budget,
         state_dir=state_dir,
-        host_load=steady,
         key_broker=broker,
     )
     if broker is not None:

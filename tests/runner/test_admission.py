@@ -12,7 +12,7 @@ from charter.budgets import (
     SlotQueued,
     SlotReleased,
 )
-from charter.runner._admission import queue_admissions
+from charter.control import queue_admissions
 
 P = ResourceClass.PROCESSING
 INPUTS = CapInputs(cores=8, failover_reserve=0, load_average=0.0, live_peers=0)

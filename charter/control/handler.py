@@ -1,0 +1,80 @@
+"""The one "decide, append pinned, retry on conflict" loop every command handler uses.
+
+A handler reads the versions of the streams its decision depends on, then the views
+(so the views cover everything those versions do), decides, and appends pinned to
+those versions. If another writer moved one of them meanwhile, the journal refuses the
+append (nothing is written) and the decision is made again on the state now, at most
+:data:`RETRIES` times; after that the caller is told to retry. The views' lock is held
+from the read to the commit, so the process's own handlers never race each other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from charter.core import Event
+from charter.ledger import AppendConflictError, Committed, Journal
+
+__all__ = ["RETRIES", "Folded", "Pinned", "append_pinned"]
+
+RETRIES = 16
+"""How many times a decision is made again because a stream it read moved before its
+append committed. Each retry happens only after another writer committed to one of the
+decision's streams, so the bound is reached only under sustained contention."""
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A decision to append: its events, the stream versions it was decided on, and
+    the earliest instant it stops being true (the journal refuses a commit at or after
+    it), if any."""
+
+    events: Sequence[Event]
+    expect: Mapping[str, int] = field(default_factory=dict)
+    deadline_ms: int | None = None
+
+
+class Folded(Protocol):
+    """Views a handler decides on (``charter.control.Views``): one lock, one refresh
+    that brings them all up to date, and the process's own commits folded in."""
+
+    lock: threading.RLock
+
+    def refresh(self, journal: Journal) -> None: ...
+
+    def applied(self, committed: Sequence[Committed]) -> None: ...
+
+
+def append_pinned(
+    journal: Journal,
+    shared: Folded,
+    streams: Iterable[str],
+    decide: Callable[[dict[str, int]], Pinned | None],
+    *,
+    what: str,
+) -> tuple[Pinned, tuple[Committed, ...]] | None:
+    """Decide on fresh views and append pinned to ``streams`` (plus what the decision
+    adds to its ``expect``); None when the decision has nothing to append. ``decide``
+    gets the versions read and may raise (a refusal: nothing is appended)."""
+    names = list(streams)
+    for _ in range(RETRIES):
+        with shared.lock:
+            versions = {s: journal.stream_version(s) for s in names}
+            shared.refresh(journal)
+            decision = decide(versions)
+            if decision is None or not decision.events:
+                return None
+            try:
+                committed = journal.append(
+                    decision.events,
+                    expect={**versions, **decision.expect},
+                    deadline_ms=decision.deadline_ms,
+                )
+            except AppendConflictError:
+                continue
+            shared.applied(committed)
+            return decision, committed
+    raise AppendConflictError(f"{what} kept racing other writers ({RETRIES} tries); retry")
