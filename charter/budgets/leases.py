@@ -392,6 +392,16 @@ class LeaseBook:
             total = vec_add(total, vec_of(self.charge(self._ledgers[child], at_ms)))
         return budget_of(total)
 
+    def unsettled(self, lineage: str, at_ms: int, settled_ms: int) -> bool:
+        """Whether what ``lineage`` holds at ``at_ms`` counts a child as live only
+        because it expired after ``settled_ms`` (a decision can settle the journal
+        first: every entry stamped before a later time has committed by then)."""
+        ledger = self.get(lineage)
+        if settled_ms >= at_ms or not ledger.active(at_ms):
+            return False
+        self.outstanding(lineage, at_ms)  # ends what expired by then
+        return self._unsettled(ledger, settled_ms) != VEC_ZERO
+
     def remaining(self, lineage: str, at_ms: int, settled_ms: int | None = None) -> Budget:
         """What ``lineage`` can still spend or lease out at ``at_ms`` (zero once ended).
 

@@ -28,13 +28,14 @@ decision's streams, so the bound is reached only under sustained contention."""
 
 @dataclass(frozen=True)
 class Pinned:
-    """A decision to append: its events, the stream versions it was decided on, and
-    the earliest instant it stops being true (the journal refuses a commit at or after
-    it), if any."""
+    """A decision to append: its events, the stream versions it was decided on (the
+    append is pinned to exactly these), the earliest instant it stops being true (the
+    journal refuses a commit at or after it), if any, and its batch id, if it has one."""
 
     events: Sequence[Event]
     expect: Mapping[str, int] = field(default_factory=dict)
     deadline_ms: int | None = None
+    batch: str | None = None
 
 
 class Folded(Protocol):
@@ -55,25 +56,29 @@ def append_pinned(
     decide: Callable[[dict[str, int]], Pinned | None],
     *,
     what: str,
+    retry_on: tuple[type[Exception], ...] = (AppendConflictError,),
 ) -> tuple[Pinned, tuple[Committed, ...]] | None:
-    """Decide on fresh views and append pinned to ``streams`` (plus what the decision
-    adds to its ``expect``); None when the decision has nothing to append. ``decide``
-    gets the versions read and may raise (a refusal: nothing is appended)."""
+    """Read the versions of ``streams``, then refresh the views, then decide, then
+    append pinned to the versions the decision names (its ``expect``); None when it
+    has nothing to append. ``decide`` may raise (a refusal: nothing is appended). A
+    commit refused with one of ``retry_on`` (a pinned stream moved; for a fan-out, also
+    a deadline that passed) is decided again."""
     names = list(streams)
     for _ in range(RETRIES):
         with shared.lock:
             versions = {s: journal.stream_version(s) for s in names}
-            shared.refresh(journal)
+            shared.refresh(journal)  # after the versions: the views cover all they do
             decision = decide(versions)
             if decision is None or not decision.events:
                 return None
             try:
                 committed = journal.append(
                     decision.events,
-                    expect={**versions, **decision.expect},
+                    expect=decision.expect,
                     deadline_ms=decision.deadline_ms,
+                    batch=decision.batch,
                 )
-            except AppendConflictError:
+            except retry_on:
                 continue
             shared.applied(committed)
             return decision, committed

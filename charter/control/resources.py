@@ -49,7 +49,14 @@ from charter.ledger import (
     JournalFold,
 )
 
-__all__ = ["AdmissionService", "BudgetService", "LivePopulation", "ResourceView", "Shared"]
+__all__ = [
+    "AdmissionService",
+    "BudgetService",
+    "LivePopulation",
+    "ResourceView",
+    "Shared",
+    "settled_for",
+]
 
 _RETRIES = 5
 # How long a slot's release keeps deciding again while it loses races: the journal's
@@ -145,6 +152,23 @@ class Shared(Folded, Protocol):
     resources: ResourceView
 
 
+def settled_for(journal: Journal, shared: Shared, lineage: str, at_ms: int) -> int:
+    """The settled time a decision about ``lineage`` at ``at_ms`` can rely on: the
+    views' own (the commit time of the last entry they read), or, when a child of
+    ``lineage`` expired after it, a fresh one: the journal's write lock is taken and
+    given back (whoever held it has committed: see ``Journal.barrier_ms``) and the
+    views read what was committed before it. Without this, a child's expiry on a quiet
+    journal would keep counting as live until something else committed. Hold the
+    lock; the decision's pins still guard what it read."""
+    view = shared.resources
+    if lineage not in view.book or not view.book.unsettled(lineage, at_ms, view.settled_ms):
+        return view.settled_ms
+    barrier = journal.barrier_ms()
+    shared.refresh(journal)
+    view.settled_ms = max(view.settled_ms, barrier)
+    return view.settled_ms
+
+
 class _Own:
     """A handler's private read state, for one built on its own (tests, tools)."""
 
@@ -186,7 +210,10 @@ class BudgetService:
             "usage",
             lineage,
             lambda now: self.view.book.decide_usage(
-                lineage, amount, now, settled_ms=self.view.settled_ms
+                lineage,
+                amount,
+                now,
+                settled_ms=settled_for(self.journal, self.shared, lineage, now),
             ),
         )
 
@@ -376,12 +403,12 @@ class AdmissionService:
         is journaled."""
         first = True
 
-        def decide(_: dict[str, int]) -> Pinned | None:
+        def decide(versions: dict[str, int]) -> Pinned | None:
             nonlocal first
             if not first and lineage not in self.view.cells.get(cell).holders[resource]:
                 return None  # released by another writer while this one lost its race
             first = False
-            return Pinned([self.view.cells.decide_release(cell, lineage, resource)])
+            return Pinned([self.view.cells.decide_release(cell, lineage, resource)], versions)
 
         self._patiently(cell, lineage, decide)
 
@@ -401,11 +428,11 @@ class AdmissionService:
         """Admit queued workers into room no release will announce (a fan-out queued
         while the host was loaded, or before the cell was configured); True if any."""
 
-        def decide(_: dict[str, int]) -> Pinned | None:
+        def decide(versions: dict[str, int]) -> Pinned | None:
             state = self.view.cells.cells().get(cell)
             if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
                 return None
-            return Pinned(self.admit_queued(cell, live))
+            return Pinned(self.admit_queued(cell, live), versions)
 
         return self._append(cell, decide) is not None
 
@@ -438,8 +465,12 @@ class AdmissionService:
         """:meth:`settlement`, appended pinned to the cell's stream (decided again while
         it loses races, like :meth:`release`: the worker is gone, its slots must not
         stay counted)."""
+        # Pinned to the cell's version: the settlement admits the queue's head into
+        # the room it makes, which must not be decided on a stale view.
         done = self._patiently(
-            cell, lineage, lambda _: Pinned(self._settlement(cell, lineage, extra, live))
+            cell,
+            lineage,
+            lambda versions: Pinned(self._settlement(cell, lineage, extra, live), versions),
         )
         return () if done is None else done[1]
 
@@ -452,10 +483,10 @@ class AdmissionService:
         With the coordination class full, the swap is refused (journaled once, with
         its retry-after) and the coordinator keeps its processing slot."""
 
-        def decide(_: dict[str, int]) -> Pinned:
+        def decide(versions: dict[str, int]) -> Pinned:
             swap = self.view.cells.decide_wait_on_children(cell, lineage)
             said = () if waiting is None else (waiting,)
-            return Pinned([*said, *swap, *self.admit_queued(cell, live, freed=1)])
+            return Pinned([*said, *swap, *self.admit_queued(cell, live, freed=1)], versions)
 
         self._append(cell, decide)
 
@@ -463,13 +494,13 @@ class AdmissionService:
         """The coordinator's children ended: give back its coordination slot and take
         (or queue for) a processing one."""
 
-        def decide(_: dict[str, int]) -> Pinned:
+        def decide(versions: dict[str, int]) -> Pinned:
             cells = self.view.cells
             release = cells.decide_release(cell, lineage, ResourceClass.COORDINATION)
             state = cells.get(cell)
             inputs = self.host_load(state.cores, state.failover_reserve)
             placed = cells.decide_place(cell, [lineage], ResourceClass.PROCESSING, inputs)
-            return Pinned([release, *placed])
+            return Pinned([release, *placed], versions)
 
         self._append(cell, decide)
 
@@ -518,5 +549,5 @@ class AdmissionService:
                     ) from None
 
     def _pinned(self, cell: str, decide: Callable[[], tuple[Event, ...]]) -> tuple[Event, ...]:
-        done = self._append(cell, lambda _: Pinned(decide()))
+        done = self._append(cell, lambda versions: Pinned(decide(), versions))
         return () if done is None else tuple(done[0].events)

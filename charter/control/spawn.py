@@ -60,7 +60,9 @@ from charter.budgets import (
     check_ceilings,
 )
 from charter.control.directory import AgentRecord, custody_key_name
+from charter.control.handler import Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
+from charter.control.resources import settled_for
 from charter.control.views import Views
 from charter.control.workers import WorkerScheduled, WorkerSpec
 from charter.core import (
@@ -86,7 +88,6 @@ __all__ = [
 ]
 
 DEFAULT_CELL = "local"
-_CONFLICT_RETRIES = 8
 
 RegistryRead = Callable[[], RegistryFacts]
 """Reads the registry for the ceilings stage; may raise (the stage then fails open)."""
@@ -269,16 +270,15 @@ class SpawnService:
         chain: list[str],
     ) -> SpawnResult:
         claimed = caller.claimed
-        decision: FanoutDecision | None = None
-        for _ in range(_CONFLICT_RETRIES):
+        decisions: list[FanoutDecision] = []
+        cell_stream = f"cell:{self.cell}"
+
+        def attempt(versions: dict[str, int]) -> Pinned:
             if request_id is not None:  # every try: an earlier one may have landed since
                 self.journal.require_new_batch(fanout_id)
             now = self.clock()
-            # Versions first, then the views: everything the versions cover is folded.
-            versions = {stream: self.journal.stream_version(stream) for stream in chain}
-            cell_version = self.journal.stream_version(f"cell:{self.cell}")
-            self.views.refresh(self.journal)
-            state = self._resolve(caller, intent, fanout_id, versions.get(claimed, 0), now)
+            pins = {s: versions[s] for s in chain}
+            state = self._resolve(caller, intent, fanout_id, pins.get(claimed, 0), now)
             decision = decide(  # the gate (once) and the mints
                 state,
                 FanoutCommand(fanout_id, intent, now),
@@ -287,50 +287,57 @@ class SpawnService:
             )
             decision = self._lease(decision, intent, now)
             decision = self._schedule(decision, workers)
-            decision = self._admit(decision, cell_version)
+            decision = self._admit(decision, versions[cell_stream])
             decision = self._ceilings_fail_open(decision, intent)
-            deadline = None
-            if decision.refusal is None:
-                decision = decision.joined((), versions)
-                deadline = self._deadline(state)
-            try:
-                committed = self.journal.append(
-                    decision.events, expect=decision.expect, deadline_ms=deadline, batch=fanout_id
-                )
-            except (AppendConflictError, DeadlinePassedError):
-                # A stream this decision read moved, or the parent's lease (or an
-                # ancestor's) ended before the commit: decide again on the state now.
-                continue
-            except AppendFailedError as e:
-                if decision.refusal is not None:
-                    decision.refusal.add_note(f"(the refusal could not be journaled: {e})")
-                    raise decision.refusal from e
-                raise
-            self.views.applied(committed)
-            if decision.refusal is not None:
-                raise decision.refusal
-            if decision.gate is None:  # decide always asks the gate before minting
-                raise InternalError("a fan-out was minted without a gate decision")
-            admitted = [e.lineage for e in decision.events if isinstance(e, SlotAdmitted)]
-            queued = [x for e in decision.events if isinstance(e, SlotQueued) for x in e.lineages]
-            return SpawnResult(
-                fanout_id,
-                decision.parent,
-                decision.gate,
-                decision.children,
-                (committed[0].position, committed[-1].position),
-                admitted=tuple(admitted),
-                queued=tuple(queued),
+            decisions.append(decision)
+            if decision.refusal is not None:  # journaled as decided, then raised
+                return Pinned(decision.events, decision.expect, batch=fanout_id)
+            decision = decision.joined((), pins)
+            decisions[-1] = decision
+            return Pinned(decision.events, decision.expect, self._deadline(state), fanout_id)
+
+        try:
+            # A stream this decision read moved, or the parent's lease (or an
+            # ancestor's) ended before the commit: it is decided again on the state now.
+            done = append_pinned(
+                self.journal,
+                self.views,
+                [*chain, cell_stream],
+                attempt,
+                what=f"a fan-out of {claimed}",
+                retry_on=(AppendConflictError, DeadlinePassedError),
             )
-        error = AppendConflictError(
-            f"{claimed} kept changing while this fan-out was decided "
-            f"({_CONFLICT_RETRIES} tries); retry"
+        except AppendConflictError as error:
+            # The gate was asked once for this fan-out: its verdict is journaled even so.
+            last = decisions[-1].events if decisions else ()
+            asked = [e for e in last if isinstance(e, GateDecided)]
+            if asked:
+                self.journal.record_refusal(asked[0], error)
+            raise
+        except AppendFailedError as e:
+            refusal = decisions[-1].refusal if decisions else None
+            if refusal is not None:
+                refusal.add_note(f"(the refusal could not be journaled: {e})")
+                raise refusal from e
+            raise
+        if done is None:  # a fan-out decision always has events to append
+            raise InternalError("a fan-out decided nothing to append")
+        decision, committed = decisions[-1], done[1]
+        if decision.refusal is not None:
+            raise decision.refusal
+        if decision.gate is None:  # decide always asks the gate before minting
+            raise InternalError("a fan-out was minted without a gate decision")
+        admitted = [e.lineage for e in decision.events if isinstance(e, SlotAdmitted)]
+        queued = [x for e in decision.events if isinstance(e, SlotQueued) for x in e.lineages]
+        return SpawnResult(
+            fanout_id,
+            decision.parent,
+            decision.gate,
+            decision.children,
+            (committed[0].position, committed[-1].position),
+            admitted=tuple(admitted),
+            queued=tuple(queued),
         )
-        # The gate was asked once for this fan-out: its verdict is journaled even so.
-        asked = [e for e in (decision.events if decision else ()) if isinstance(e, GateDecided)]
-        if asked:
-            self.journal.record_refusal(asked[0], error)
-        raise error
 
     def _deadline(self, state: ParentState) -> int:
         """The first instant the decision stops being true: the parent's grant expires,
@@ -407,7 +414,7 @@ class SpawnService:
                 children,
                 now,
                 decision.fanout_id,
-                settled_ms=self.resources.settled_ms,
+                settled_ms=settled_for(self.journal, self.views, str(decision.parent), now),
             )
         except RefusedError as error:
             return decision.refused(error, str(decision.parent), intent)

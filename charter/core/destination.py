@@ -225,14 +225,72 @@ def _unmapped(address: IPAddress) -> IPAddress:
     return address
 
 
+# The IANA special-purpose address registries (iana-ipv4-special-registry,
+# iana-ipv6-special-registry), every entry whose "Globally Reachable" is False or N/A,
+# plus what the address-space registries keep off the public internet (multicast, the
+# deprecated site-local fec0::/10). Python's ``ipaddress.is_global`` misses some of these
+# (6to4 2002::/16 and site-local fec0::/10 are "global" to it, and its lists change
+# between versions), so this table is the filter and ``is_global`` only narrows it.
+_NOT_GLOBAL_V4 = tuple(
+    ipaddress.IPv4Network(n)
+    for n in (
+        "0.0.0.0/8",  # "this network"
+        "10.0.0.0/8",  # private
+        "100.64.0.0/10",  # shared address space (carrier-grade NAT)
+        "127.0.0.0/8",  # loopback
+        "169.254.0.0/16",  # link local (cloud metadata)
+        "172.16.0.0/12",  # private
+        "192.0.0.0/24",  # IETF protocol assignments (192.0.0.9, .10 are refused too)
+        "192.0.2.0/24",  # documentation (TEST-NET-1)
+        "192.88.99.0/24",  # deprecated 6to4 relay anycast
+        "192.168.0.0/16",  # private
+        "198.18.0.0/15",  # benchmarking
+        "198.51.100.0/24",  # documentation (TEST-NET-2)
+        "203.0.113.0/24",  # documentation (TEST-NET-3)
+        "224.0.0.0/4",  # multicast
+        "240.0.0.0/4",  # reserved, and the limited broadcast 255.255.255.255
+    )
+)
+_GLOBAL_UNICAST_V6 = ipaddress.IPv6Network("2000::/3")
+"""IANA's IPv6 address space: only 2000::/3 is allocated global unicast; everything
+outside it (::/128, ::1, IPv4-compatible ::/96, 100::/64 discard, 64:ff9b:1::/48
+local-use translation, 5f00::/16 SRv6, fc00::/7, fe80::/10, fec0::/10, ff00::/8) is
+not the public internet. 64:ff9b::/96 (NAT64) is judged as the IPv4 address it carries
+before this check."""
+_NOT_GLOBAL_V6 = tuple(
+    ipaddress.IPv6Network(n)
+    for n in (
+        "2001::/23",  # IETF protocol assignments: Teredo (2001::/32), benchmarking, ORCHID…
+        "2001:db8::/32",  # documentation
+        "2002::/16",  # 6to4: carries an IPv4 address (any, private included) to a relay
+        "3fff::/20",  # documentation (RFC 9637)
+    )
+)
+
+
 def is_global(address: IPAddress) -> bool:
-    """True for an address on the public internet: not loopback, link-local (cloud
-    metadata at 169.254.169.254, fe80::/10), private (RFC 1918, fc00::/7), shared
-    (100.64/10), unspecified, multicast, reserved or documentation space. IPv4 mapped
-    into IPv6 or behind NAT64 (64:ff9b::/96) is judged as the IPv4 address it carries."""
+    """True for an address on the public internet. Refused: every range the IANA
+    special-purpose registries do not mark globally reachable (loopback, link-local with
+    cloud metadata at 169.254.169.254 and fe80::/10, private RFC 1918 and fc00::/7, shared
+    100.64/10, unspecified, benchmarking, documentation, reserved, protocol assignments,
+    Teredo 2001::/32, 6to4 2002::/16), multicast, site-local fec0::/10, and every IPv6
+    address outside global unicast 2000::/3. The registry's few globally reachable
+    exceptions inside those blocks (anycast services such as 192.0.0.9 or 2001:1::1) are
+    refused as well: the filter errs closed. IPv4 mapped into IPv6 or behind NAT64
+    (64:ff9b::/96) is judged as the IPv4 address it carries; Python's own
+    ``is_global`` must agree too."""
     address = _unmapped(address)
     if isinstance(address, ipaddress.IPv6Address) and address in _NAT64:
         address = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if isinstance(address, ipaddress.IPv4Address):
+        if any(address in net for net in _NOT_GLOBAL_V4):
+            return False
+    elif (
+        address not in _GLOBAL_UNICAST_V6
+        or address.scope_id is not None
+        or any(address in net for net in _NOT_GLOBAL_V6)
+    ):
+        return False
     return address.is_global and not (
         address.is_multicast
         or address.is_loopback

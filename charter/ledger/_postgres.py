@@ -36,6 +36,7 @@ from eventsourcing.utils import retry
 from psycopg.rows import DictRow
 from psycopg.sql import SQL, Composed, Identifier, Literal
 
+from charter.core.clock import now_ms
 from charter.core.errors import StateError
 from charter.core.framing import ENTRY_TAG, GENESIS, entry_hash
 from charter.ledger._group import Batch, SharedCommit, SpoolClosingFactory, private_place
@@ -555,6 +556,20 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             ),
         )
         return rows
+
+    def barrier_ms(self) -> int:
+        """A commit time no later entry a decision depends on can precede: the table
+        lock is taken (whoever held it has committed or rolled back), the clock is
+        read under it, and the lock is given back. Batches with a deadline or pinned
+        streams (every budget and authority decision) are stamped under the lock, so
+        each that has not committed by then is stamped after it."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute("BEGIN")
+            try:
+                self._lock_table(curs)
+                return now_ms()
+            finally:
+                conn.rollback()
 
     def _stream_version(self, curs: psycopg.Cursor[DictRow], originator: UUID) -> int:
         curs.execute(self._select_version, (originator,))

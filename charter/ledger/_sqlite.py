@@ -35,6 +35,7 @@ from eventsourcing.sqlite import (
     SQLiteTransaction,
 )
 
+from charter.core.clock import now_ms
 from charter.core.errors import StateError, UnavailableError
 from charter.core.framing import GENESIS, entry_hash
 from charter.ledger._group import Batch, SharedCommit, SpoolClosingFactory
@@ -236,6 +237,16 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
                 row = cursor.fetchone()
                 found.append(None if row is None else (int(row[0]), bytes(row[1]), bytes(row[2])))
         return found
+
+    def barrier_ms(self) -> int:
+        """A commit time no later entry can precede: the write lock is taken (whoever
+        held it has committed or rolled back), the clock is read under it, and the
+        lock is given back. Every entry stamped before it has committed by then."""
+        with (
+            self.datastore.get_connection(commit=False) as conn,
+            _ImmediateTransaction(conn, commit=False),
+        ):
+            return now_ms()
 
     def _commit_group(
         self, own: Batch, waiting: list[Claimed], hint: Head | None

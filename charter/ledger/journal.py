@@ -264,6 +264,16 @@ class Journal:
             raise self._read_failed(e) from e
         return last[0].originator_version if last else 0
 
+    def barrier_ms(self) -> int:
+        """A time before which every entry stamped has committed (the write lock is
+        taken and given back). A reader that refreshes after it has seen every entry
+        stamped before it: what it decides as of then is settled (LeaseBook.remaining)."""
+        _, recorder = self._writer()
+        try:
+            return int(recorder.barrier_ms())  # type: ignore[attr-defined]
+        except PersistenceError as e:
+            raise self._read_failed(e) from e
+
     def _envelopes(
         self, events: Sequence[Event], expect: Mapping[str, int], at: datetime, batch: str
     ) -> list[Envelope]:

@@ -11,24 +11,35 @@ registration. The peer is identified by the kernel like the brokers' peers: its 
 the peer), so a host process that merely runs as a sandbox's uid is not let in; and
 only a live worker of the cell holding its key is served, never by anything the
 request says. Admission is paced by the registration's allowance (connections a second).
-It speaks JSON-RPC 2.0, one request per line, each line at most ``MAX_FRAME`` bytes.
+It speaks JSON-RPC 2.0, one frame per line, each at most ``MAX_FRAME`` bytes: a request,
+a notification (executed, never answered) or a batch of at most ``MAX_BATCH``. Every
+other frame gets one reply line of valid JSON, whatever it holds (invalid Unicode is a
+parse error; an unexpected failure an internal error): no frame ends a thread.
 
 Methods (docs/door.md): ``spawn`` (a SpawnIntent and the children's workers), ``wait``
 (children's results), ``result`` (the worker's reply, size-capped, journaled by digest),
 ``sign`` (domain-separated, by the worker's own key), ``whoami``. Unknown fields are
 refused; a worker cannot name a lineage, a parent or a cell anywhere. Each worker gets
 at most ``MAX_REQUESTS`` requests and ``MAX_CONNECTIONS`` connections at a time, so a
-flood costs it its own door, not anyone else's.
+flood costs it its own door, not anyone else's. Both belong to the sandbox holding the
+peer's uid and the worker in it, never to the bare uid (the pool reuses uids): a frame
+is served only while that holder holds the uid, a discarded sandbox's count is dropped
+and its connections hung up, and a request still polling the cell (a ``wait``) ends
+with ``worker-gone`` when its worker does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -36,12 +47,13 @@ from charter.authority import SpawnIntent
 from charter.control import WorkerSpec
 from charter.core import CharterError, RefusedError
 from charter.runner.cell import Cell
-from charter.runner.errors import NotAWorkerError
+from charter.runner.errors import DoorRefusedError, NotAWorkerError
 from charter.runner.events import RESULT_CAP
 from charter.runner.requests import WorkerRequests
 from charter.sandbox import KeyBroker, Member, PeerServer, Refusal, SignatureTagError
 
 __all__ = [
+    "MAX_BATCH",
     "MAX_CONNECTIONS",
     "MAX_FRAME",
     "MAX_REQUESTS",
@@ -50,21 +62,36 @@ __all__ = [
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
     "INVALID_PARAMS",
+    "INTERNAL_ERROR",
     "REFUSED",
     "OVER_LIMIT",
+    "WorkerGoneError",
 ]
 
+_log = logging.getLogger(__name__)
+
 MAX_FRAME = 2 * RESULT_CAP + 4096  # a result hex-free as text, plus the envelope
-MAX_REQUESTS = 10_000  # per worker, over its whole life
+MAX_REQUESTS = 10_000  # per worker (one sandbox), over its whole life
 MAX_CONNECTIONS = 4  # per worker at a time (each holds a thread here)
+MAX_BATCH = 64  # requests in one batch (each counts against MAX_REQUESTS)
 _IDLE_TIMEOUT = 3600.0  # a connection may sit in a long wait
+_DRAIN_S = 5.0  # how long an unregistering sandbox's connections get to end
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
 REFUSED = -32000
 OVER_LIMIT = -32001
+
+
+class WorkerGoneError(DoorRefusedError):
+    """The worker a connection was serving is no longer in its sandbox (it ended, was
+    killed, or its uid now holds another sandbox), or the door closed, while one of
+    its requests was being served: the request is abandoned, its thread ends."""
+
+    reason = "worker-gone"
 
 
 class _Params(BaseModel):
@@ -118,30 +145,148 @@ class _RpcError(Exception):
 _ENVELOPE = frozenset({"jsonrpc", "id", "method", "params"})
 
 
-def _parse(line: bytes) -> tuple[Any, _Params]:
-    """One request line: its id and its validated params (unknown fields refused at
-    every level: a worker cannot name a lineage, a parent or a cell)."""
+class _NonFinite:
+    """What ``NaN``, ``Infinity`` or a number too large for a float (``1e400``) parses
+    to: no JSON value the door accepts (so never echoed back as an id)."""
+
+
+_NON_FINITE = _NonFinite()
+
+
+def _float(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NON_FINITE
+
+
+def _valid_unicode(value: Any) -> bool:
+    """True when every string in ``value`` (keys included) is valid Unicode: no lone
+    surrogate (``"\\ud800"`` parses to one; it cannot be encoded, journaled or echoed).
+    Iterative: ``value`` may be nested as deep as the parser allows."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def _load(line: bytes) -> Any:
+    """One frame as JSON: strict UTF-8, valid Unicode, numbers a float can hold."""
     try:
-        request = json.loads(line)
-    except (ValueError, RecursionError) as e:
-        raise _RpcError(PARSE_ERROR, "not JSON") from e
+        text = line.decode("utf-8")
+        loaded = json.loads(text, parse_float=_float, parse_constant=lambda _: _NON_FINITE)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise _RpcError(PARSE_ERROR, "not JSON (UTF-8)") from e
+    if not _valid_unicode(loaded):
+        raise _RpcError(PARSE_ERROR, "not valid Unicode: a string holds a lone surrogate")
+    return loaded
+
+
+def _valid_id(request_id: Any) -> bool:
+    """A JSON-RPC id: a string, an integer, a finite number, or null."""
+    if isinstance(request_id, float):
+        return math.isfinite(request_id)
+    return request_id is None or (
+        isinstance(request_id, str | int) and not isinstance(request_id, bool)
+    )
+
+
+class _Request:
+    """One validated request object: its id, whether it is a notification (no ``id``
+    member: executed, never answered) and its params."""
+
+    def __init__(self, request_id: Any, notification: bool, params: _Params) -> None:
+        self.request_id, self.notification, self.params = request_id, notification, params
+
+
+def _parse(request: Any) -> _Request:
+    """One request object: its id and its validated params (unknown fields refused at
+    every level: a worker cannot name a lineage, a parent or a cell). An invalid
+    request (-32600) is answered even without an id (with a null one), as JSON-RPC 2.0
+    says; a notification's other errors are not answered."""
     if not isinstance(request, dict):
         raise _RpcError(INVALID_REQUEST, "a request is a JSON object")
     request_id = request.get("id")
+    if not _valid_id(request_id):
+        raise _RpcError(INVALID_REQUEST, "an id is a string, an integer, a finite number or null")
     if request.get("jsonrpc") != "2.0" or set(request) - _ENVELOPE:
         raise _RpcError(
             INVALID_REQUEST, "a JSON-RPC 2.0 request has jsonrpc, id, method, params only",
             request_id=request_id,
         )  # fmt: skip
-    model = _METHODS.get(str(request.get("method")))
+    method = request.get("method")
+    if not isinstance(method, str):
+        raise _RpcError(INVALID_REQUEST, "method is a string", request_id=request_id)
+    params = request.get("params", {})
+    if not isinstance(params, dict | list):
+        raise _RpcError(INVALID_REQUEST, "params is an object or an array", request_id=request_id)
+    notification = "id" not in request
+    model = _METHODS.get(method)
     if model is None:
-        raise _RpcError(
-            METHOD_NOT_FOUND, f"no method {request.get('method')!r}", request_id=request_id
-        )
+        raise _RpcError(METHOD_NOT_FOUND, f"no method {method[:64]!r}", request_id=request_id)
     try:
-        return request_id, model.model_validate(request.get("params") or {})
+        return _Request(request_id, notification, model.model_validate(params or {}))
     except ValidationError as e:
         raise _RpcError(INVALID_PARAMS, _first_error(e), request_id=request_id) from e
+
+
+_Holder = tuple[str, str]
+"""Whom a connection serves: the sandbox registered on the peer's uid and the worker the
+cell runs in it. Counters and threads belong to the holder, never to the bare uid: a uid
+is reused by later sandboxes once the pool wraps."""
+
+
+class _ScopedCondition:
+    """The cell's condition as one request of one holder sees it: every wait checks,
+    before and after, that the holder still is (and the door is open), else raises
+    :class:`WorkerGoneError` (the lock is given back by the ``with`` it runs in). So a
+    request that polls the cell (a ``wait`` queued for a processing slot) ends when its
+    worker does, instead of polling for ever."""
+
+    def __init__(self, inner: threading.Condition, holds: Callable[[], bool]) -> None:
+        self._inner, self._holds = inner, holds
+
+    def __enter__(self) -> bool:
+        return self._inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._inner.__exit__(*exc)
+
+    def notify(self, n: int = 1) -> None:
+        self._inner.notify(n)
+
+    def notify_all(self) -> None:
+        self._inner.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._check()
+        woken = self._inner.wait(timeout)
+        self._check()
+        return woken
+
+    def _check(self) -> None:
+        if not self._holds():
+            raise WorkerGoneError("the worker left its sandbox while its request was served")
+
+
+class _ScopedCell:
+    """The cell, with its ``changed`` condition scoped to one holder (see
+    :class:`_ScopedCondition`); everything else is the cell's own."""
+
+    def __init__(self, cell: Cell, holds: Callable[[], bool]) -> None:
+        self._cell = cell
+        self.changed = _ScopedCondition(cell.changed, holds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cell, name)
 
 
 class Door(KeyBroker):
@@ -152,7 +297,9 @@ class Door(KeyBroker):
         self.path = path
         self.max_requests = max_requests
         self.cell: Cell | None = None
-        self._counts: dict[int, int] = {}
+        self._closed = False
+        self._counts: dict[_Holder, int] = {}  # requests so far, per holder
+        self._conns: dict[socket.socket, _Holder] = {}  # open connections, and whom
         self._count_lock = threading.Lock()
         self._door = PeerServer(
             path, name="door", max_per_uid=MAX_CONNECTIONS, backlog=64,
@@ -160,61 +307,179 @@ class Door(KeyBroker):
         )  # fmt: skip
 
     def close(self) -> None:
+        self._closed = True
         self._door.close()
         super().close()
+        self._hang_up(lambda _: True)
+
+    def unregister(self, host_uid: int) -> None:
+        """The sandbox on ``host_uid`` is discarded: its keys go (the key broker), and
+        with it its request count and its connections (shut down: their threads end),
+        so a later sandbox on the same uid starts afresh."""
+        with self._lock:
+            gone = self._sandboxes.get(host_uid)
+        super().unregister(host_uid)
+        if gone is not None:
+            sandbox_id = gone.sandbox_id
+            with self._count_lock:
+                for holder in [h for h in self._counts if h[0] == sandbox_id]:
+                    del self._counts[holder]
+            self._hang_up(lambda holder: holder[0] == sandbox_id)
+            self._drain(host_uid)
+
+    def _drain(self, uid: int) -> None:
+        """Wait (at most ``_DRAIN_S``) until no connection of ``uid`` holds a thread: the
+        pool releases the uid only after unregistering it, so the next sandbox on the
+        uid finds its connection allowance whole. A thread stuck past the bound (in a
+        slow journal append) ends at its next wait or frame; the uid is not held up
+        for it."""
+        deadline = time.monotonic() + _DRAIN_S
+        while self._door.active(uid) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def _hang_up(self, which: Callable[[_Holder], bool]) -> int:
+        """Shut down the connections whose holder ``which`` picks (their threads see the
+        end of the stream, or a gone worker at their next wait); returns how many."""
+        with self._count_lock:
+            conns = [c for c, holder in self._conns.items() if which(holder)]
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        return len(conns)
 
     def requests(self, uid: int) -> int:
-        """Requests ``uid`` has made so far."""
+        """Requests the sandbox now on ``uid`` has made so far."""
+        holder = self._holder(uid)
         with self._count_lock:
-            return self._counts.get(uid, 0)
+            return self._counts.get(holder, 0) if holder is not None else 0
+
+    def active(self, host_uid: int) -> int:
+        """Connections from ``host_uid`` that hold a door thread now."""
+        return self._door.active(host_uid)
+
+    def connections(self) -> int:
+        """Connections being served now (each holds a thread)."""
+        with self._count_lock:
+            return len(self._conns)
+
+    def _holder(self, uid: int) -> _Holder | None:
+        """The sandbox registered on ``uid`` and the cell's worker in it (None when
+        either is missing, or the door is closed)."""
+        cell = self.cell
+        if self._closed or cell is None or not cell.knows_uid(uid):
+            return None
+        with self._lock:
+            sandbox = self._sandboxes.get(uid)
+        if sandbox is None:
+            return None
+        try:
+            return (sandbox.sandbox_id, cell.lineage_of(uid))
+        except NotAWorkerError:
+            return None
 
     def _worker(self, uid: int) -> Member | None:
         """On the accepting thread: a peer is served only as a live worker of the cell
         whose sandbox the pool registered here (its uid *and* its cgroup, checked by the
         peer server) and holds its key; the registration's allowance paces it."""
-        if self.cell is None or not self.cell.knows_uid(uid):
+        if self._closed or self.cell is None or not self.cell.knows_uid(uid):
             return None
         return self._member(uid)
 
     def _serve(self, conn: socket.socket, uid: int) -> None:
-        conn.settimeout(_IDLE_TIMEOUT)
-        with contextlib.suppress(OSError), conn.makefile("rb") as reader:
-            while True:
-                line = reader.readline(MAX_FRAME + 1)
-                if not line:
-                    return
-                if len(line) > MAX_FRAME or not line.endswith(b"\n"):
-                    error = _RpcError(INVALID_REQUEST, f"a frame is at most {MAX_FRAME} bytes")
-                    conn.sendall(_reply(None, error=error))
-                    return  # the rest of an oversized frame is not read: the door closes
-                with self._count_lock:
-                    count = self._counts[uid] = self._counts.get(uid, 0) + 1
-                if count > self.max_requests:
-                    error = _RpcError(
-                        OVER_LIMIT, f"this worker used its {self.max_requests} requests"
-                    )
-                    conn.sendall(_reply(None, error=error))
-                    return
-                conn.sendall(self._handle(line, uid))
-
-    def _handle(self, line: bytes, uid: int) -> bytes:
-        request_id: Any = None
+        holder = self._holder(uid)
+        if holder is None:  # gone between the accept and this thread
+            gone = _RpcError(REFUSED, _REFUSALS["unknown"], {"reason": NotAWorkerError.reason})
+            with contextlib.suppress(OSError):
+                conn.sendall(_reply(None, error=gone))
+            return
+        with self._count_lock:
+            self._conns[conn] = holder
         try:
-            request_id, params = _parse(line)
-            return _reply(request_id, result=self._call(params, uid))
-        except _RpcError as e:
-            return _reply(e.request_id if e.request_id is not None else request_id, error=e)
-        except RefusedError as e:
-            return _reply(request_id, error=_RpcError(REFUSED, str(e), {"reason": e.reason}))
-        except (CharterError, SignatureTagError) as e:
-            return _reply(request_id, error=_RpcError(REFUSED, str(e)))
+            conn.settimeout(_IDLE_TIMEOUT)
+            with contextlib.suppress(OSError), conn.makefile("rb") as reader:
+                while self._serve_frame(conn, reader, uid, holder):
+                    pass
+        finally:
+            with self._count_lock:
+                self._conns.pop(conn, None)
 
-    def _call(self, params: _Params, uid: int) -> dict[str, Any]:
+    def _serve_frame(self, conn: socket.socket, reader: Any, uid: int, holder: _Holder) -> bool:
+        """Read one frame and answer it; False when the connection is to close."""
+        line = reader.readline(MAX_FRAME + 1)
+        if not line:
+            return False
+        if len(line) > MAX_FRAME or not line.endswith(b"\n"):
+            error = _RpcError(INVALID_REQUEST, f"a frame is at most {MAX_FRAME} bytes")
+            conn.sendall(_reply(None, error=error))
+            return False  # the rest of an oversized frame is not read: the door closes
+        if self._holder(uid) != holder:  # the worker ended; its uid may hold another
+            left = WorkerGoneError("the worker this connection served has ended")
+            conn.sendall(_reply(None, error=_refusal(left)))
+            return False
+        try:
+            loaded = _load(line)
+        except _RpcError as e:
+            loaded, reply = None, _reply(None, error=e)
+        else:
+            reply = b""
+        batch = loaded if isinstance(loaded, list) else None
+        if not self._take(holder, len(batch) if batch else 1):
+            error = _RpcError(OVER_LIMIT, f"this worker used its {self.max_requests} requests")
+            conn.sendall(_reply(None, error=error))
+            return False
+        gone = False
+        if reply:
+            conn.sendall(reply)
+        elif batch is None:
+            reply, gone = self._respond(loaded, uid, holder)
+            conn.sendall(reply)
+        elif not batch or len(batch) > MAX_BATCH:
+            error = _RpcError(INVALID_REQUEST, f"a batch holds 1 to {MAX_BATCH} requests")
+            conn.sendall(_reply(None, error=error))
+        else:
+            replies = [self._respond(request, uid, holder) for request in batch]
+            gone = any(g for _, g in replies)
+            answered = [r.rstrip(b"\n") for r, _ in replies if r]
+            if answered:  # a batch of notifications only is not answered at all
+                conn.sendall(b"[" + b",".join(answered) + b"]\n")
+        return not gone  # its worker left while a request was served: hang up
+
+    def _take(self, holder: _Holder, n: int) -> bool:
+        with self._count_lock:
+            count = self._counts[holder] = self._counts.get(holder, 0) + n
+        return count <= self.max_requests
+
+    def _respond(self, request: Any, uid: int, holder: _Holder) -> tuple[bytes, bool]:
+        """One request object's reply line (empty for a notification), and whether its
+        worker turned out gone while it was served (the connection then hangs up).
+        Never raises: whatever goes wrong is an error reply, and the connection goes
+        on."""
+        parsed: _Request | None = None
+        try:
+            parsed = _parse(request)
+            result = self._call(parsed.params, uid, holder)
+            return b"" if parsed.notification else _reply(parsed.request_id, result=result), False
+        except _RpcError as e:
+            if e.code != INVALID_REQUEST and "id" not in request:  # request is a dict here
+                return b"", False  # a notification's error is not answered
+            return _reply(e.request_id, error=e), False
+        except (RefusedError, CharterError, SignatureTagError) as e:
+            error = _refusal(e)
+        except Exception:  # noqa: BLE001 (every request is answered; no thread dies)
+            _log.exception("the door failed to serve a request of %s", holder[1])
+            error = _RpcError(INTERNAL_ERROR, "the door failed to serve this request")
+        gone = error.data == {"reason": WorkerGoneError.reason}
+        if parsed is None or parsed.notification:
+            return b"", gone
+        return _reply(parsed.request_id, error=error), gone
+
+    def _call(self, params: _Params, uid: int, holder: _Holder) -> dict[str, Any]:
         cell = self.cell
         if cell is None:
             raise NotAWorkerError("the door is not attached to a cell")
-        lineage = cell.lineage_of(uid)  # identity from the kernel, never the request
-        requests = WorkerRequests(cell)
+        lineage = holder[1]  # identity from the kernel, never the request
+        scoped = _ScopedCell(cell, lambda: self._holder(uid) == holder)
+        requests = WorkerRequests(cast(Cell, scoped))
         match params:
             case SpawnParams():
                 result = requests.spawn(lineage, params.intent, params.workers)
@@ -236,6 +501,12 @@ class Door(KeyBroker):
                 return {"lineage": lineage}
 
 
+def _refusal(e: Exception) -> _RpcError:
+    if isinstance(e, RefusedError):
+        return _RpcError(REFUSED, str(e), {"reason": e.reason})
+    return _RpcError(REFUSED, str(e))
+
+
 def _first_error(error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(x) for x in first["loc"])
@@ -250,7 +521,11 @@ def _reply(request_id: Any, *, result: Any = None, error: _RpcError | None = Non
         body["error"] = {"code": error.code, "message": error.message}
         if error.data is not None:
             body["error"]["data"] = error.data
-    return json.dumps(body).encode() + b"\n"
+    try:
+        return json.dumps(body, allow_nan=False).encode() + b"\n"
+    except (TypeError, ValueError):  # never an invalid JSON reply
+        error = _RpcError(INTERNAL_ERROR, "the door could not encode its reply")
+        return _reply(request_id if _valid_id(request_id) else None, error=error)
 
 
 _REFUSALS: dict[Refusal, str] = {

@@ -9,6 +9,7 @@ import contextlib
 import os
 import queue
 import re
+import socket
 import stat
 import threading
 import time
@@ -17,11 +18,28 @@ from pathlib import Path
 
 from charter.sandbox._host import uid_lock_dir
 
-__all__ = ["SOCKET_NAME", "defer", "drain", "sweep_orphans", "sweep_sockets"]
+__all__ = ["SOCKET_NAME", "defer", "drain", "socket_name", "sweep_orphans", "sweep_sockets"]
 
-SOCKET_NAME = re.compile(r"^[a-z]+-(?P<pid>[1-9][0-9]{0,9})\.sock$")
-"""A broker socket in the sandbox state directory is named ``KIND-PID.sock`` after the
-launcher process that serves it (``egress-4242.sock``), so a sweep can tell whose it is."""
+SOCKET_NAME = re.compile(
+    r"^(?P<kind>[a-z]+)-(?:(?P<owner>[A-Za-z0-9._-]+)-)?(?P<pid>[1-9][0-9]{0,9})\.sock$"
+)
+"""The one naming rule for the sockets in the sandbox state directory: ``KIND-PID.sock``
+or ``KIND-OWNER-PID.sock`` (:func:`socket_name`), the pid being the process that serves
+it, always last: a launcher's broker (``egress-4242.sock``), a cell's door and broker
+(``door-CELL-4242.sock``, ``egress-CELL-4242.sock``; a cell's name may hold ``-`` and
+digits). A sweep removes such a socket only when its process is gone *and* nothing
+listens on it (a connect is refused): a live server's socket whose name merely looks
+like one (``door-test-12345678.sock``, a test's random hex that happens to be all
+digits) is never removed."""
+
+
+def socket_name(kind: str, pid: int, owner: str = "") -> str:
+    """The name of a socket served by process ``pid`` (see :data:`SOCKET_NAME`)."""
+    name = f"{kind}-{owner}-{pid}.sock" if owner else f"{kind}-{pid}.sock"
+    if SOCKET_NAME.match(name) is None:
+        raise ValueError(f"{name!r} does not follow the state directory's naming rule")
+    return name
+
 
 _tasks: queue.Queue[Callable[[], None]] = queue.Queue()
 _started = threading.Lock()
@@ -67,10 +85,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _listened(path: Path) -> bool:
+    """Whether a server listens on the unix socket ``path``: only a refused connect
+    (ECONNREFUSED: no socket is bound to it) says no; anything else (accepted, a full
+    backlog, a timeout) is taken as yes, so a doubt keeps the file."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return False
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+    return True
+
+
 def sweep_sockets(state_dir: Path) -> int:
-    """Remove the broker sockets in ``state_dir`` whose launcher process is gone (a
-    SIGKILLed launcher never closes its broker); returns how many. A live process with
-    the same pid keeps its socket: a reused pid errs on the side of keeping a file."""
+    """Remove the sockets in ``state_dir`` named by :data:`SOCKET_NAME` whose process is
+    gone and on which nothing listens (a SIGKILLed launcher or cell never closes its
+    broker or door); returns how many. A live process with the same pid keeps its
+    socket (a reused pid errs on the side of keeping a file), and so does a socket a
+    server still listens on, whatever its name says."""
     removed = 0
     try:
         names = os.listdir(state_dir)
@@ -80,9 +117,10 @@ def sweep_sockets(state_dir: Path) -> int:
         match = SOCKET_NAME.match(name)
         if match is None or _alive(int(match["pid"])):
             continue
+        path = state_dir / name
         with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(os.lstat(state_dir / name).st_mode):
-                os.unlink(state_dir / name)
+            if stat.S_ISSOCK(os.lstat(path).st_mode) and not _listened(path):
+                os.unlink(path)
                 removed += 1
     return removed
 

@@ -22,14 +22,32 @@ import contextlib
 import ctypes
 import errno
 import os
+import secrets
 import shutil
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from charter.sandbox.errors import SandboxUnavailableError, WorkspaceRefusedError
 
-__all__ = ["PersistentWorkspace", "bind_source", "open_workspace", "unmount_stale"]
+__all__ = [
+    "MAX_COMMIT_DEPTH",
+    "MAX_COMMIT_ENTRIES",
+    "PersistentWorkspace",
+    "bind_source",
+    "open_workspace",
+    "unmount_stale",
+]
+
+MAX_COMMIT_ENTRIES = 20_000
+"""The most entries (files, directories, deletions, skipped links) a sandbox's changes to
+a persistent workspace may hold: applying each costs the launcher a few system calls
+(274,581 files once took 155 s of its CPU)."""
+MAX_COMMIT_DEPTH = 64
+"""The deepest an entry of a sandbox's changes may be nested (the workspace root's own
+entries are at depth 1, so directories go 63 levels down)."""
 
 _SETID = stat.S_ISUID | stat.S_ISGID
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -74,13 +92,23 @@ class PersistentWorkspace:
     the state directory. Writes past the cap fail inside with ENOSPC and never reach the
     host disk; nothing the sandbox writes is reachable by other host users while it
     runs. :meth:`commit`, once no process of the sandbox is left, applies the upper
-    layer to the directory (files copied, deletions done, symlinks made, never followed;
-    setuid and setgid bits cleared); :meth:`close` unmounts and removes the rest."""
+    layer to the directory, bounded (entries, depth, bytes) and staged (files copied,
+    deletions done, no symlink or special file delivered, nothing followed; setuid and
+    setgid bits cleared); :meth:`close` unmounts and removes the rest."""
 
-    def __init__(self, path: Path, home: Path, size_bytes: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        home: Path,
+        size_bytes: int,
+        *,
+        max_entries: int = MAX_COMMIT_ENTRIES,
+        max_depth: int = MAX_COMMIT_DEPTH,
+    ) -> None:
         if any(c in str(home) for c in ",:\\"):
             raise WorkspaceRefusedError(f"path {home} cannot hold an overlay layer")
         self.home = home
+        self.limits = _Limits(entries=max_entries, depth=max_depth, size_bytes=size_bytes)
         self.dest = open_workspace(path)
         self._mounted: list[Path] = []
         try:
@@ -114,19 +142,35 @@ class PersistentWorkspace:
 
     def commit(self) -> None:
         """Apply the sandbox's changes to the directory (call it once no process of the
-        sandbox remains: nothing changes the upper layer then)."""
+        sandbox remains: nothing changes the upper layer then). Refuses
+        (:class:`WorkspaceRefusedError`), before anything of the directory is changed, an
+        upper layer over the limits: more than ``max_entries`` entries, deeper than
+        ``max_depth``, or regular files whose apparent sizes add up past the workspace
+        cap (a sparse file counts at its full size: it is never delivered bigger than
+        the cap). Symlinks and special files are not delivered.
+
+        Then every file's data is first staged in a private directory of the
+        destination (the writes that can fail: a full disk, an I/O error); a failure
+        there removes the stage and leaves the directory as it was. Only then are the
+        changes applied, as metadata: deletions, directories made, and each file
+        linked in from the stage and renamed over its name."""
         try:
             upper = os.open(self.home / "upper", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             try:
+                _survey(upper, self.limits)
                 dest = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.dest)
-                links: _Links = {}
                 try:
-                    _apply(upper, dest, links)
-                    _copy_attrs(os.fstat(upper), dest)
+                    stage_name, stage = _make_stage(dest)
+                    try:
+                        staged = _stage(upper, stage)
+                        _apply(upper, dest, stage, staged)
+                        _copy_attrs(os.fstat(upper), dest)
+                    finally:
+                        os.close(stage)
+                        with contextlib.suppress(OSError):  # not to hide the first error
+                            shutil.rmtree(stage_name, dir_fd=dest)
                 finally:
                     os.close(dest)
-                    for dir_fd, _ in links.values():
-                        os.close(dir_fd)
             finally:
                 os.close(upper)
         except OSError as e:
@@ -192,35 +236,190 @@ def _remove(dest: int, name: str) -> None:
         os.unlink(name, dir_fd=dest)
 
 
-_Links = dict[int, tuple[int, str]]
-"""Upper-layer inode -> (a duplicate of the destination directory's fd, name) of the
-first copy of a file with several links: the other names are linked to it, not copied
-again (a 30 MB file with a thousand links is 30 MB of tmpfs, not 30 GB of disk)."""
+_Staged = dict[int, str]
+"""Upper-layer inode -> its data's name in the stage. A file with several names is
+staged once and each name linked to it (a 30 MB file with a thousand links is 30 MB of
+tmpfs, not 30 GB of disk); held as names, not descriptors, so thousands of linked files
+hold no thousands of open files."""
 
 
-def _apply(upper: int, dest: int, links: _Links) -> None:
+def _make_stage(dest: int) -> tuple[str, int]:
+    """A fresh directory of ``dest`` only root may enter, and its descriptor."""
+    while True:
+        name = f".charter-stage-{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            os.mkdir(name, 0o700, dir_fd=dest)
+        except FileExistsError:  # the sandbox made one of that name: take another
+            continue
+        try:
+            return name, os.open(name, _RDIR, dir_fd=dest)
+        except BaseException:
+            shutil.rmtree(name, dir_fd=dest, ignore_errors=True)
+            raise
+
+
+def _stage(upper: int, stage: int) -> _Staged:
+    """Copy the data of every regular file of the upper layer (once per inode) into
+    ``stage``, owners and modes set, setuid and setgid cleared; iterative, one open
+    directory per level (the depth :func:`_survey` bounded)."""
+    staged: _Staged = {}
+    stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = []
+    try:
+        stack.append((os.dup(upper), os.scandir(upper)))
+        while stack:
+            fd, listing = stack[-1]
+            entry = next(listing, None)
+            if entry is None:
+                stack.pop()
+                _close(fd, listing)
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                sub = os.open(entry.name, _RDIR, dir_fd=fd)
+                try:
+                    stack.append((sub, os.scandir(sub)))
+                except BaseException:
+                    os.close(sub)
+                    raise
+            elif stat.S_ISREG(st.st_mode) and st.st_ino not in staged:
+                name = str(len(staged))
+                src = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                                  0o600, dir_fd=stage)  # fmt: skip
+                    try:
+                        _copy_data(src, out, st.st_size)
+                        _copy_attrs(st, out)
+                    finally:
+                        os.close(out)
+                finally:
+                    os.close(src)
+                staged[st.st_ino] = name
+    finally:
+        for fd, listing in stack:
+            _close(fd, listing)
+    return staged
+
+
+class _Limits(NamedTuple):
+    entries: int
+    depth: int
+    size_bytes: int
+
+
+_RDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _survey(upper: int, limits: _Limits) -> None:
+    """Walk the upper layer (iteratively: one open directory per level, nothing
+    changed anywhere) and refuse it if it is over ``limits``."""
+    entries = size = 0
+    sized: set[int] = set()  # inodes counted (a file with several links counts once)
+    stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = []
+    try:
+        stack.append((os.dup(upper), os.scandir(upper)))
+        while stack:
+            fd, listing = stack[-1]
+            entry = next(listing, None)
+            if entry is None:
+                stack.pop()
+                _close(fd, listing)
+                continue
+            entries += 1
+            if entries > limits.entries:
+                raise _over(f"more than {limits.entries} entries")
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                if len(stack) >= limits.depth:
+                    raise _over(f"entries nested deeper than {limits.depth} levels")
+                sub = os.open(entry.name, _RDIR, dir_fd=fd)
+                try:
+                    stack.append((sub, os.scandir(sub)))
+                except BaseException:
+                    os.close(sub)
+                    raise
+            elif stat.S_ISREG(st.st_mode) and st.st_ino not in sized:
+                sized.add(st.st_ino)
+                size += st.st_size  # apparent: holes count, they would be delivered
+                if size > limits.size_bytes:
+                    raise _over(f"files of more than {limits.size_bytes} bytes in all")
+    finally:
+        for fd, listing in stack:
+            _close(fd, listing)
+
+
+def _over(what: str) -> WorkspaceRefusedError:
+    return WorkspaceRefusedError(
+        f"the sandbox's changes to its workspace hold {what}: none of them was applied "
+        "(the directory is as it was before the run)"
+    )
+
+
+def _close(fd: int, listing: Iterator[os.DirEntry[str]]) -> None:
+    close = getattr(listing, "close", None)
+    if close is not None:
+        close()
+    os.close(fd)
+
+
+class _Level(NamedTuple):
+    """One directory being applied: the upper layer's and the destination's, the
+    upper's listing, and the attributes the destination takes once it is done (None
+    for the root, whose attributes the caller sets)."""
+
+    upper: int
+    dest: int
+    listing: Iterator[os.DirEntry[str]]
+    st: os.stat_result | None
+
+
+def _apply(upper: int, dest: int, stage: int, staged: _Staged) -> None:
     """Make the directory ``dest`` what the overlay showed: every entry of the upper
     layer ``upper`` applied, through descriptors (no path is looked up twice, no
-    symlink in ``dest`` is followed)."""
-    for entry in os.scandir(upper):
-        name = entry.name
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISCHR(st.st_mode) and st.st_rdev == _WHITEOUT_DEV:
-            _remove(dest, name)  # deleted in the sandbox
-        elif stat.S_ISDIR(st.st_mode):
-            _apply_dir(upper, dest, name, st, links)
-        elif stat.S_ISREG(st.st_mode):
-            _apply_file(upper, dest, name, st, links)
-        elif stat.S_ISLNK(st.st_mode):
-            target = os.readlink(name, dir_fd=upper)
-            _remove(dest, name)
-            os.symlink(target, name, dir_fd=dest)
-            os.chown(name, st.st_uid, st.st_gid, dir_fd=dest, follow_symlinks=False)
-        # fifos and sockets made in the sandbox are not carried over
+    symlink in ``dest`` is followed), iteratively (one level of descriptors per
+    directory depth, which :func:`_survey` has bounded). Symlinks, fifos, sockets and
+    devices made in the sandbox are not delivered (whatever was at their name on the
+    host stays): a link in a host directory is followed by whoever reads it there."""
+    stack = [_Level(upper, dest, os.scandir(upper), None)]
+    try:
+        while stack:
+            level = stack[-1]
+            entry = next(level.listing, None)
+            if entry is None:
+                stack.pop()
+                close = getattr(level.listing, "close", None)
+                if close is not None:
+                    close()
+                if level.st is not None:
+                    try:
+                        _copy_attrs(level.st, level.dest)
+                    finally:
+                        os.close(level.dest)
+                        os.close(level.upper)
+                continue
+            name = entry.name
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == _WHITEOUT_DEV:
+                _remove(level.dest, name)  # deleted in the sandbox
+            elif stat.S_ISDIR(st.st_mode):
+                stack.append(_enter_dir(level, name, st))
+            elif stat.S_ISREG(st.st_mode):
+                _apply_file(level.dest, name, stage, staged[st.st_ino])
+    finally:
+        for level in stack:
+            close = getattr(level.listing, "close", None)
+            if close is not None:
+                close()
+            if level.st is not None:
+                os.close(level.dest)
+                os.close(level.upper)
 
 
-def _apply_dir(upper: int, dest: int, name: str, st: os.stat_result, links: _Links) -> None:
-    sub_upper = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=upper)
+def _enter_dir(level: _Level, name: str, st: os.stat_result) -> _Level:
+    """Open the directory ``name`` on both sides (made, or replaced, in ``dest`` as the
+    sandbox left it) for :func:`_apply` to go into."""
+    upper, dest = level.upper, level.dest
+    sub_upper = os.open(name, _RDIR, dir_fd=upper)
     try:
         opaque = False
         with contextlib.suppress(OSError):
@@ -233,43 +432,47 @@ def _apply_dir(upper: int, dest: int, name: str, st: os.stat_result, links: _Lin
             existing = None
         if existing is None:
             os.mkdir(name, 0o700, dir_fd=dest)
-        sub_dest = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dest)
+        sub_dest = os.open(name, _RDIR, dir_fd=dest)
         try:
-            _apply(sub_upper, sub_dest, links)
-            _copy_attrs(st, sub_dest)
-        finally:
+            return _Level(sub_upper, sub_dest, os.scandir(sub_upper), st)
+        except BaseException:
             os.close(sub_dest)
-    finally:
+            raise
+    except BaseException:
         os.close(sub_upper)
+        raise
 
 
-def _apply_file(upper: int, dest: int, name: str, st: os.stat_result, links: _Links) -> None:
-    """Copy the file into a fresh temporary entry of ``dest`` (or link it to the first
-    copy of the same inode), then rename it over ``name`` (a directory there is removed
-    first)."""
+def _apply_file(dest: int, name: str, stage: int, staged: str) -> None:
+    """Link the staged data into a fresh temporary entry of ``dest``, then rename it
+    over ``name`` (a directory there is removed first)."""
     temp = f".charter-commit-{os.getpid()}-{threading.get_ident()}"
-    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=upper)
+    _remove(dest, temp)
     try:
-        _remove(dest, temp)
-        first = links.get(st.st_ino) if st.st_nlink > 1 else None
-        if first is not None:
-            os.link(first[1], temp, src_dir_fd=first[0], dst_dir_fd=dest, follow_symlinks=False)
-        else:
-            out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                          dir_fd=dest)  # fmt: skip
-            try:
-                _copy_data(src, out, st.st_size)
-                _copy_attrs(st, out)
-            finally:
-                os.close(out)
-            if st.st_nlink > 1:
-                links[st.st_ino] = (os.dup(dest), name)
-        existing = None
-        with contextlib.suppress(FileNotFoundError):
-            existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
-        if existing is not None and stat.S_ISDIR(existing.st_mode):
-            _remove(dest, name)
-        os.rename(temp, name, src_dir_fd=dest, dst_dir_fd=dest)
+        os.link(staged, temp, src_dir_fd=stage, dst_dir_fd=dest, follow_symlinks=False)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        _copy_staged(stage, staged, dest, temp)  # another file system mounted there
+    existing = None
+    with contextlib.suppress(FileNotFoundError):
+        existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
+        _remove(dest, name)
+    os.rename(temp, name, src_dir_fd=dest, dst_dir_fd=dest)
+
+
+def _copy_staged(stage: int, staged: str, dest: int, temp: str) -> None:
+    src = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stage)
+    try:
+        st = os.fstat(src)
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                      dir_fd=dest)  # fmt: skip
+        try:
+            _copy_data(src, out, st.st_size)
+            _copy_attrs(st, out)
+        finally:
+            os.close(out)
     finally:
         os.close(src)
 
