@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for type checkers and editors; at run time, __getattr__ below
     from charter.app import CellSetup, Charter, Initialised, Settings
     from charter.authority import RequestedGrant, SpawnIntent
-    from charter.control import Ceiling, SpawnResult
+    from charter.control import Ceiling, SpawnResult, WorkerSpec
     from charter.core import (
         BadInputError,
         Budget,
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time, __getattr__ bel
         TamperedError,
         UnavailableError,
     )
+    from charter.ledger import BatchCommittedError, OutcomeUnknownError
 
 __all__ = [
     # the composition root
@@ -42,6 +43,7 @@ __all__ = [
     "SpawnIntent",
     "RequestedGrant",
     "SpawnResult",
+    "WorkerSpec",
     "Ceiling",
     "Budget",
     "Lineage",
@@ -52,6 +54,9 @@ __all__ = [
     "UnavailableError",
     "TamperedError",
     "RefusedError",
+    # a retry after a lost connection (request_id= on Charter.spawn)
+    "OutcomeUnknownError",
+    "BatchCommittedError",
 ]
 
 _WHERE = {
@@ -62,6 +67,7 @@ _WHERE = {
     "SpawnIntent": "charter.authority",
     "RequestedGrant": "charter.authority",
     "SpawnResult": "charter.control",
+    "WorkerSpec": "charter.control",
     "Ceiling": "charter.control",
     "Budget": "charter.core",
     "Lineage": "charter.core",
@@ -71,6 +77,8 @@ _WHERE = {
     "UnavailableError": "charter.core",
     "TamperedError": "charter.core",
     "RefusedError": "charter.core",
+    "OutcomeUnknownError": "charter.ledger",
+    "BatchCommittedError": "charter.ledger",
 }
 
 

@@ -67,6 +67,7 @@ from charter.authority.errors import (
     GrantFormatError,
     GrantNotJournaledError,
     GrantSignatureInvalidError,
+    InvalidRequestError,
     InvariantViolationError,
     PermissionModeRaisedError,
     UnknownAgentError,
@@ -123,6 +124,7 @@ __all__ = [
     "SpawnRefused",
     # errors
     "GrantFormatError",
+    "InvalidRequestError",
     "AgentExistsError",
     "UnknownAgentError",
     "AuthorityRefusedError",

@@ -3,27 +3,64 @@
 It says *what* is wanted, never *who* is asking: there is no issuer, lineage, root, cell
 or any other identity field, and unknown fields are rejected (``extra="forbid"``). The
 parent is resolved on the server side from the caller's sealed grant and custody key.
+
+Building either request type with a bad value raises ``InvalidRequestError``
+(``charter.authority.errors``), a ``BadInputError`` whose message names each field and
+what is wrong with it, without pydantic's type codes and web links. It is also
+pydantic's ``ValidationError``, so ``.errors()`` and code that catches it still work.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from charter.authority._axes import Clearance, Destination, PermissionMode, SecretName
 from charter.authority._axes import ToolName as _ToolName
+from charter.authority.errors import InvalidRequestError
 from charter.core.budget import Budget
 
 MAX_FANOUT = 1_000_000  # children one grant may allow in all
 
-__all__ = ["RequestedGrant", "SpawnIntent", "MAX_WIDTH", "spawn_tool_definition"]
+__all__ = [
+    "RequestedGrant",
+    "SpawnIntent",
+    "MAX_WIDTH",
+    "spawn_tool_definition",
+]
 
 MAX_WIDTH = 10_000
 
 
-class RequestedGrant(BaseModel):
+class _Request(BaseModel):
+    """Base of the public request types: a bad value raises InvalidRequestError (a
+    CharterError), never a bare pydantic error. Nested validation (a request inside
+    another model) is pydantic's own, and the JSON Schema is unchanged."""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise InvalidRequestError.of(e, type(self).__name__) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as e:
+            raise InvalidRequestError.of(e, cls.__name__) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate_json(json_data, **kwargs)
+        except ValidationError as e:
+            raise InvalidRequestError.of(e, cls.__name__) from None
+
+
+class RequestedGrant(_Request):
     """What the children should hold. Every axis is optional: an omitted axis asks for
     as much as the parent allows, and whatever is asked is intersected with the parent,
     so asking for more than the parent holds yields the parent's value, never more."""
@@ -60,7 +97,7 @@ class RequestedGrant(BaseModel):
     )
 
 
-class SpawnIntent(BaseModel):
+class SpawnIntent(_Request):
     """A request to fan out ``width`` workers toward ``objective``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", title="spawn")

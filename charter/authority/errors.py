@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from charter.core.errors import BadInputError, RefusedError, StateError
+from pydantic import ValidationError
+
+from charter.core.errors import BadInputError, RefusedError, StateError, describe_invalid
 
 __all__ = [
     # bad input
     "GrantFormatError",
+    "InvalidRequestError",
     # state
     "AgentExistsError",
     "UnknownAgentError",
@@ -43,6 +46,29 @@ __all__ = [
 
 class GrantFormatError(BadInputError):
     """Sealed-grant bytes are not a canonical Charter grant."""
+
+
+class InvalidRequestError(ValidationError, BadInputError):
+    """A request type (``SpawnIntent``, ``RequestedGrant``) was built from bad values.
+    Its message is :func:`~charter.core.errors.describe_invalid`'s one line, without
+    pydantic's type codes and links; it is also pydantic's ``ValidationError``, so
+    ``.errors()`` and code that catches pydantic's error keep working."""
+
+    def __str__(self) -> str:
+        return f"invalid {self.title}: {describe_invalid(self)}"
+
+    @classmethod
+    def of(cls, error: ValidationError, title: str) -> BadInputError:
+        """``error`` (from building ``title``) as a CharterError: a plain
+        BadInputError with the same message for an error pydantic cannot rebuild."""
+        try:
+            rebuilt: BadInputError = cls.from_exception_data(
+                title,
+                error.errors(include_url=False),  # type: ignore[arg-type]
+            )
+        except (TypeError, ValueError, KeyError):
+            return BadInputError(f"invalid {title}: {describe_invalid(error)}")
+        return rebuilt
 
 
 class AgentExistsError(StateError):

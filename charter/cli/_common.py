@@ -68,7 +68,7 @@ class Ctx:
         elif callable(text):
             text()
         else:
-            click.echo(text)
+            click.echo(_printable(text))
 
     def open_charter(self, *, reader: bool = False) -> Charter:
         """The journal at --db (or the home's) with its home, to read and write; a
@@ -112,7 +112,7 @@ class Ctx:
     def status(self, message: str) -> None:
         """A line for people, on stderr; silenced by --quiet or when stderr is no TTY."""
         if not self.quiet:
-            click.echo(message, err=True)
+            click.echo(_printable(message), err=True)
 
 
 def exit_code_for(error: BaseException) -> int | None:
@@ -166,18 +166,26 @@ def run_guarded(command: click.Command, argv: list[str] | None) -> Any:
             if os.environ.get("CHARTER_DEBUG"):
                 raise
             click.echo(
-                f"charter: internal error: {type(e).__name__}: {e}. This is a bug in "
-                "Charter; please report it with the command you ran (CHARTER_DEBUG=1 "
-                "shows the traceback)",
+                f"charter: internal error: {type(e).__name__}: {_printable(str(e))}. This "
+                "is a bug in Charter; please report it with the command you ran "
+                "(CHARTER_DEBUG=1 shows the traceback)",
                 err=True,
             )
             sys.exit(EXIT_ERROR)
-        click.echo(f"charter: error: {e}", err=True)
+        click.echo(f"charter: error: {_printable(str(e))}", err=True)
         sys.exit(code)
     # click returns the code of a ctx.exit(N) / Exit(N) instead of raising it here.
     if isinstance(result, int) and result != 0:
         sys.exit(result)
     return result
+
+
+def _printable(text: str) -> str:
+    """Text for people with its control characters escaped, its lines kept: a message
+    may quote what a worker or the journal holds (:func:`charter.cli._render.printable`)."""
+    from charter.cli._render import printable
+
+    return printable(text, lines=True)
 
 
 def _may_write(path: Path) -> bool:

@@ -2,7 +2,9 @@
 place where errors become exit codes.
 
 Sub-commands are imported only when they run, so ``charter --help`` and a typo answer
-without loading pydantic, the journal or the sandbox.
+without loading pydantic, the journal or the sandbox. ``charter X --help`` and shell
+completion do not import them either: they are answered by stand-ins built from the
+commands' recorded shape (``_lazy.py``, ``_index.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import click
 
 from charter.cli._common import Ctx, run_guarded, stdout_closed
 
-__all__ = ["main"]
+__all__ = ["main", "real_commands"]
 
 # name -> (module under charter.cli, attribute, one-line help for the listing)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -40,21 +42,93 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# ctx.meta keys: answer with stand-ins (help or completion), or never (a stand-in ran)
+_STAND_INS = "charter.stand_ins"
+_REAL_ONLY = "charter.real_only"
+_stand_ins: dict[str, click.Command] = {}
+
+
+def _asks_for_help(ctx: click.Context, args: list[str]) -> bool:
+    """Whether ``args`` (the command and what follows it) hold a help option before any
+    ``--``. If it turns out to be an option's value, the stand-in runs and the real
+    command is run instead (:class:`~charter.cli._lazy.StandInInvoked`)."""
+    before = args[: args.index("--")] if "--" in args else args
+    return any(arg in ctx.help_option_names for arg in before)
+
+
+_index_current: list[bool] = []  # once a process: is the index the sources'?
+
+
+def _stand_in(name: str) -> click.Command | None:
+    """The stand-in of ``name``, or None when the index is not of these sources."""
+    if name not in _stand_ins:
+        from charter.cli._index import INDEX, SOURCES
+        from charter.cli._lazy import sources_digest, stand_in
+
+        if not _index_current:
+            _index_current.append(sources_digest() == SOURCES)
+        if name not in INDEX or not _index_current[0]:
+            return None
+        _stand_ins[name] = stand_in(INDEX[name])
+    return _stand_ins[name]
+
+
+def _real_command(name: str) -> click.Command:
+    module, attr, _ = _COMMANDS[name]
+    command: click.Command = getattr(importlib.import_module(f"charter.cli.{module}"), attr)
+    return _accept_global_options(command)
+
+
+def real_commands() -> dict[str, click.Command]:
+    """Every lazily loaded command, imported (what ``_index.py`` is generated from)."""
+    return {name: _real_command(name) for name in _COMMANDS}
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [*self.commands, *_COMMANDS]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        found = _COMMANDS.get(cmd_name)
-        if found is None:
+        if cmd_name not in _COMMANDS:
             return super().get_command(ctx, cmd_name)
-        module, attr, _ = found
-        command: click.Command = getattr(importlib.import_module(f"charter.cli.{module}"), attr)
-        return _accept_global_options(command)
+        wanted = ctx.resilient_parsing or ctx.meta.get(_STAND_INS)  # completion, help
+        if wanted and not ctx.meta.get(_REAL_ONLY):
+            found = _stand_in(cmd_name)
+            if found is not None:
+                return found
+        return _real_command(cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        ctx.meta[_STAND_INS] = ctx.resilient_parsing or _asks_for_help(ctx, args)
+        name = args[0] if args else ""
+        if (
+            not ctx.resilient_parsing
+            and not name.startswith("-")
+            and self.get_command(ctx, name) is None
+        ):
+            import difflib  # only for a mistyped command
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx))
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
+        from charter.cli._lazy import StandInInvoked
+
+        # Group.invoke consumes the arguments; a stand-in that ran needs them again
+        field = "_protected_args" if hasattr(ctx, "_protected_args") else "protected_args"
+        saved = (list(getattr(ctx, field)), list(ctx.args))
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except StandInInvoked:  # no help was shown after all: run the real command
+                setattr(ctx, field, saved[0])
+                ctx.args = saved[1]
+                ctx.meta[_REAL_ONLY] = True
+                return super().invoke(ctx)
         except BrokenPipeError:
             raise stdout_closed() from None
 

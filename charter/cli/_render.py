@@ -1,5 +1,10 @@
 """Output for people: compact tables that fit 80 columns, natural order (sa-2 before
-sa-10), and journal payloads decoded and shortened. ``--json`` never comes here."""
+sa-10), and journal payloads decoded and shortened. ``--json`` never comes here.
+
+Text a worker (or whoever wrote the journal) controls reaches a terminal only through
+:func:`printable`, which shows control characters as escapes instead of sending them.
+rich and the projections are imported when a rendering runs, not with this module.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,20 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.tree import Tree
+if TYPE_CHECKING:  # imported when a rendering runs: `charter tree --help` loads neither
+    from rich.console import Console
+    from rich.table import Table
 
-from charter.core import Budget
-from charter.projections import BudgetReport, SlotsReport, TreeReport
+    from charter.core import Budget
+    from charter.projections import BudgetReport, SlotsReport, TreeReport
 
 __all__ = [
     "brief_payload",
     "decode_nested",
     "natural_key",
+    "printable",
     "render_budgets",
     "render_slots",
     "render_tree",
@@ -30,6 +34,40 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# What a terminal may act on instead of showing: C0 controls (ESC starts the title,
+# screen-clearing and colour sequences; CR and BS overwrite what is shown), DEL, C1
+# controls (U+009B is a one-character CSI), the line and paragraph separators, and
+# the bidirectional overrides, embeddings, isolates and marks that reorder a line.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str, *, lines: bool = False) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``,
+    ``\\u202e``), so that text from the journal cannot set a terminal's title, clear
+    its screen, colour it, rewrite a line or reorder it. Everything else, non-ASCII
+    letters included, is unchanged; with ``lines``, so are line feeds (a message of
+    several lines). The one function for text to people; ``--json`` stays exact and
+    never comes here."""
+    if lines:
+        return "\n".join(_CONTROL.sub(_escape_one, line) for line in text.split("\n"))
+    return _CONTROL.sub(_escape_one, text)
+
+
+def _cell(text: str) -> str:
+    """Worker-controlled text for rich: control characters escaped, and ``[`` not
+    read as rich markup."""
+    from rich.markup import escape
+
+    return escape(printable(text))
+
 
 _DIGITS = re.compile(r"(\d+)")
 
@@ -117,6 +155,9 @@ def _until(expires_at_ms: int | None, now_ms: int) -> str:
 
 
 def _table(title: str) -> Table:
+    from rich import box
+    from rich.table import Table
+
     # one space between columns and none at the edges: a ledger fits 80 columns
     return Table(
         title=title,
@@ -139,21 +180,26 @@ def render_budgets(report: BudgetReport, console: Console) -> None:
     for line in report.ledgers:
         status = "exhausted" if line.exhausted and line.status == "active" else line.status
         table.add_row(
-            line.lineage, status, *_axes(line.remaining), _until(line.expires_at_ms, report.at_ms)
+            _cell(line.lineage),
+            _cell(status),
+            *_axes(line.remaining),
+            _until(line.expires_at_ms, report.at_ms),
         )
     console.print(table)
 
 
 def render_tree(report: TreeReport, console: Console) -> None:
+    from rich.tree import Tree
+
     top = Tree(f"lineage as of position {report.as_of}")
     branches: dict[str, Tree] = {}
     for node in report.nodes:  # natural order: a parent comes before its children
         # escaped: "[active]" would otherwise be read as rich markup and vanish
         # the lease's status, then (for a scheduled worker) the worker's own
-        status = escape(f"[{node.status}]") + (f" {node.worker}" if node.worker else "")
+        status = _cell(f"[{node.status}]") + (f" {_cell(node.worker)}" if node.worker else "")
         parent = branches.get(node.parent) if node.parent else None
         name = node.lineage.rsplit("/", 1)[-1] if parent is not None else node.lineage
-        label = f"{name}  {status} @{node.position}"
+        label = f"{_cell(name)}  {status} @{node.position}"
         branches[node.lineage] = (parent or top).add(label)
     console.print(top)
 
@@ -171,12 +217,12 @@ def render_slots(report: SlotsReport, console: Console) -> None:
             holders = sorted(info["holders"], key=natural_key)
             queued = list(info.get("queued", ()))  # in admission order, not sorted
             table.add_row(
-                cell.cell,
-                resource,
+                _cell(cell.cell),
+                _cell(resource),
                 str(info["occupancy"]),
                 str(info["cap"]),
-                first(holders),
-                first(queued),
+                _cell(first(holders)),
+                _cell(first(queued)),
             )
     console.print(table)
 
@@ -206,6 +252,8 @@ def decode_nested(value: Any) -> Any:
 
 
 def _brief(value: Any, depth: int = 0) -> str:
+    from charter.core import Budget
+
     if isinstance(value, Mapping):
         if set(value) == set(Budget.AXES):
             try:
@@ -233,7 +281,9 @@ def _brief_text(value: str) -> str:
 
 def brief_payload(payload: Mapping[str, Any]) -> str:
     """A payload as ``key=value`` pairs, nested JSON decoded, long values shortened,
-    at most ``_LINE`` characters (``journal show --full`` shows everything)."""
+    at most ``_LINE`` characters (``journal show --full`` shows everything), control
+    characters escaped (:func:`printable`)."""
     decoded = decode_nested(payload)
     text = " ".join(f"{k}={_brief(v, 1)}" for k, v in sorted(decoded.items()))
-    return text if len(text) <= _LINE else text[: _LINE - 1] + "…"
+    text = text if len(text) <= _LINE else text[: _LINE - 1] + "…"
+    return printable(text)

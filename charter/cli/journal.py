@@ -15,7 +15,7 @@ from charter.audit import ChainBrokenError, parse_head
 from charter.audit.export import mentions
 from charter.audit.journal import audit_journal
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
-from charter.cli._render import brief_payload, decode_nested
+from charter.cli._render import brief_payload, decode_nested, printable
 from charter.cli.agents import grant_options
 from charter.cli.audit import extends_checkpoint
 from charter.control import Ceiling
@@ -185,7 +185,10 @@ def show(
                 if full
                 else brief_payload(payload)
             )
+            # the whole line through printable: a payload is worker-controlled text
             click.echo(
-                f"{entry.position:>6} {entry.recorded_at:%Y-%m-%d %H:%M:%S}Z "
-                f"{entry.type_name} {text}"
+                printable(
+                    f"{entry.position:>6} {entry.recorded_at:%Y-%m-%d %H:%M:%S}Z "
+                    f"{entry.type_name} {text}"
+                )
             )

@@ -6,9 +6,10 @@ lock), with the fold base that read models follow the journal with. It knows
 :class:`~charter.core.events.Event`, never the domain. See docs/journal.md.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from charter.ledger._follow import Folds, JournalFold
 from charter.ledger._location import Location, resolve_location
-from charter.ledger._postgres import ChainedPostgresProcessRecorder
 from charter.ledger._sqlite import ChainedSQLiteProcessRecorder, sqlite_uri
 from charter.ledger.errors import (
     AlreadyTrackedError,
@@ -22,6 +23,9 @@ from charter.ledger.errors import (
     WriterStalledError,
 )
 from charter.ledger.journal import Committed, Entry, Journal, JournalCreated
+
+if TYPE_CHECKING:
+    from charter.ledger._postgres import ChainedPostgresProcessRecorder
 
 __all__ = [
     "Journal",
@@ -47,3 +51,14 @@ __all__ = [
     "UnknownSchemeError",
     "WriterStalledError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The PostgreSQL recorder imports psycopg: loaded only when asked for (or when a
+    # PostgreSQL journal is opened), so a command on a SQLite journal never imports
+    # the driver (issue 20 point 6).
+    if name == "ChainedPostgresProcessRecorder":
+        from charter.ledger._postgres import ChainedPostgresProcessRecorder
+
+        return ChainedPostgresProcessRecorder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

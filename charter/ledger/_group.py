@@ -23,6 +23,7 @@ from eventsourcing.persistence import (
     StoredEvent,
 )
 
+from charter.core.errors import BadInputError
 from charter.ledger._rows import (
     CommitOutcomeAmbiguousError,
     CommitPastDeadlineError,
@@ -38,7 +39,36 @@ from charter.ledger._rows import (
 from charter.ledger._spool import Answer, Claimed, Request, Spool
 from charter.ledger._turn import WriterTurn
 
-__all__ = ["Batch", "SharedCommit", "SpoolClosingFactory", "private_place"]
+__all__ = [
+    "GROUP_COMMIT",
+    "Batch",
+    "SharedCommit",
+    "SpoolClosingFactory",
+    "group_commit_on",
+    "private_place",
+]
+
+# The setting that switches group commit off (issue 20 point 7): the environment
+# variable CHARTER_GROUP_COMMIT, or the key GROUP_COMMIT in Journal.open(env=…).
+GROUP_COMMIT = "GROUP_COMMIT"
+_ON = frozenset({"on", "1", "yes", "true"})
+_OFF = frozenset({"off", "0", "no", "false"})
+
+
+def group_commit_on(value: str | None) -> bool:
+    """Whether writers share commits (the default). A value that is neither on nor off
+    is refused, never guessed: a typo must not silently keep a setting the operator
+    meant to change."""
+    word = (value or "on").strip().lower()
+    if word in _ON:
+        return True
+    if word in _OFF:
+        return False
+    raise BadInputError(
+        f"CHARTER_{GROUP_COMMIT}={value!r} is neither on nor off; write "
+        f"CHARTER_{GROUP_COMMIT}=off to commit every batch alone"
+    )
+
 
 _GROUP_LIMIT = 256  # waiting batches one leader commits in one transaction
 _NAP_S = 0.05  # a waiting writer looks whether the turn is free this often (a leader died)
@@ -97,6 +127,9 @@ class SharedCommit:
     _turn: WriterTurn | None = None
     _spool: Spool | None = None
     _spool_used = False  # once a writer has waited in the spool, a leader always looks
+    # False (CHARTER_GROUP_COMMIT=off): every batch commits alone, in its own
+    # transaction, with no turn, no spool and no head hint (set by the factory).
+    group_commit = True
 
     # -- what a backend supplies ---------------------------------------------------------
 
@@ -136,6 +169,8 @@ class SharedCommit:
         (``_spool``) and sleeps on its pipe, and the leader commits every waiting batch
         in its one transaction."""
         set_last_commit(None)
+        if not self.group_commit:
+            return self._insert_alone(Batch(tuple(stored_events), kwargs))
         if self._turn is None or self._spool is None:
             place = self._spool_place()
             self._turn = WriterTurn(place)
@@ -154,6 +189,16 @@ class SharedCommit:
             return self._await(ticket, batch, deadline)
         finally:
             self._spool.done()
+
+    def _insert_alone(self, batch: Batch) -> list[int]:
+        """Group commit switched off: the batch in a transaction of its own, waiting
+        for the database's write lock like any writer (no turn, spool or hint)."""
+        set_last_commit(None)
+        outcome = self._commit_group(batch, [], None)
+        if isinstance(outcome, Exception):
+            raise outcome
+        set_last_commit(outcome)
+        return list(outcome.positions)
 
     def close_spool(self) -> None:
         if self._spool is not None:
@@ -299,6 +344,8 @@ class SharedCommit:
 
     def _reply(self, waiting: list[Claimed], outcomes: Sequence[LastCommit | Exception]) -> None:
         """After the commit: each waiting writer's answer."""
+        if not waiting:
+            return
         assert self._spool is not None
         for claimed, outcome in zip(waiting, outcomes, strict=True):
             self._spool.reply(claimed, answer_for(claimed.request.ticket, outcome))
@@ -318,6 +365,11 @@ class SpoolClosingFactory:
 
     def _keep(self, recorder: Any) -> Any:
         if isinstance(recorder, SharedCommit):
+            # Only CHARTER_GROUP_COMMIT (Journal.open's env sets it too), read as a plain
+            # dict: the library's lookup would also take a bare GROUP_COMMIT from the
+            # process environment, a name Charter does not own.
+            env = getattr(self, "env", None) or {}
+            recorder.group_commit = group_commit_on(dict.get(env, f"CHARTER_{GROUP_COMMIT}"))
             if not hasattr(self, "_recorders"):
                 self._recorders = []
             self._recorders.append(recorder)

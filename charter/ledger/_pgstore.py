@@ -11,11 +11,11 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.sql import SQL, Composed, Identifier
+from psycopg.sql import SQL, Composed, Identifier, Literal
 
 from charter.core.errors import StateError, UnavailableError
-from charter.ledger._postgres import EVENTS_TABLE, schema_statements
-from charter.ledger._rows import ChainRow, JournalMeta
+from charter.ledger._postgres import EVENTS_TABLE, batch_index_statements, schema_statements
+from charter.ledger._rows import BATCHES_TABLE, ChainRow, JournalMeta, batch_runs
 
 __all__ = ["PostgresJournalStore"]
 
@@ -115,6 +115,58 @@ class PostgresJournalStore:
                         self._q("INSERT INTO {schema}.charter_meta (key, value) VALUES (%s, %s)"),
                         (key, value),
                     )
+
+    def has_batch_index(self) -> bool:
+        """Whether the journal has its batch index (journals made before it do not)."""
+        row = self._one_row(
+            SQL("SELECT to_regclass({name})").format(
+                name=Literal(f"{self.schema}.{BATCHES_TABLE}")
+            ),
+            (),
+        )
+        return row is not None and row[0] is not None
+
+    def batch_range(self, batch: str) -> tuple[int, int] | None:
+        """The positions one append wrote, by its id: one read of the index's key."""
+        query = SQL(
+            "SELECT first_position, last_position FROM {schema}.{batches} WHERE batch = %s"
+        ).format(schema=Identifier(self.schema), batches=Identifier(BATCHES_TABLE))
+        row = self._one_row(query, (batch,))
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    def add_batch_index(self) -> int:
+        """Make the batch index of a journal made before it, from the entries' stored
+        ids, in one transaction holding the writers' table lock (no append lands between
+        the read and the index); a no-op if another writer made it first. Returns the
+        number of batches indexed."""
+        batches = Identifier(BATCHES_TABLE)
+        with self._driver_errors(), self._open(autocommit=False) as conn, conn.transaction():
+            conn.execute(self._q("LOCK TABLE {schema}.{table} IN EXCLUSIVE MODE"))
+            made = conn.execute(
+                "SELECT to_regclass(%s)", (f"{self.schema}.{BATCHES_TABLE}",)
+            ).fetchone()
+            if made is not None and made[0] is not None:
+                return 0
+            for statement in batch_index_statements(self.schema, EVENTS_TABLE):
+                conn.execute(statement)
+            with conn.cursor(name="charter_batch_ids") as cur:
+                cur.itersize = 10_000
+                cur.execute(
+                    self._q(
+                        "SELECT notification_id, substring(state FROM 1 FOR 128) "
+                        "FROM {schema}.{table} ORDER BY notification_id"
+                    )
+                )
+                runs = batch_runs((int(pos), bytes(head)) for pos, head in cur)
+            with conn.cursor() as cur:
+                cur.executemany(
+                    SQL(
+                        "INSERT INTO {schema}.{batches} (batch, first_position, "
+                        "last_position) VALUES (%s, %s, %s)"
+                    ).format(schema=Identifier(self.schema), batches=batches),
+                    runs,
+                )
+            return len(runs)
 
     def settle(
         self, backend_pid: int, keys: Sequence[tuple[bytes, int]], wait_s: float

@@ -41,11 +41,13 @@ from charter.core.errors import StateError
 from charter.core.framing import ENTRY_TAG, GENESIS, entry_hash
 from charter.ledger._group import Batch, SharedCommit, SpoolClosingFactory, private_place
 from charter.ledger._rows import (
+    BATCHES_TABLE,
     CommitOutcomeAmbiguousError,
     Guards,
     Head,
     LastCommit,
     WriteLockTimeoutError,
+    batch_of,
     check_guards,
     last_commit,
     set_last_commit,
@@ -59,6 +61,7 @@ __all__ = [
     "ChainedPostgresApplicationRecorder",
     "ChainedPostgresProcessRecorder",
     "EVENTS_TABLE",
+    "batch_index_statements",
     "schema_statements",
 ]
 
@@ -106,6 +109,7 @@ def schema_statements(schema: str, table: str) -> list[Composed]:
         SQL("INSERT INTO {schema}.{tracking} VALUES ('__migration__', 1)").format(
             tracking=Identifier(TRACKING_TABLE), **ids
         ),
+        *batch_index_statements(schema, table),
         SQL(
             "CREATE TABLE IF NOT EXISTS {schema}.charter_meta "
             "(key text PRIMARY KEY, value text NOT NULL)"
@@ -114,6 +118,32 @@ def schema_statements(schema: str, table: str) -> list[Composed]:
             "CREATE OR REPLACE TRIGGER charter_meta_write_once BEFORE UPDATE OR DELETE "
             "ON {schema}.charter_meta FOR EACH ROW EXECUTE FUNCTION {schema}.{fn}()"
         ).format(fn=fn, **ids),
+    ]
+
+
+def batch_index_statements(schema: str, table: str) -> list[Composed]:
+    """The batch index (BATCHES_TABLE in _rows), append-only like the journal (the
+    events table's trigger function refuses UPDATE, DELETE and TRUNCATE)."""
+    ids = {
+        "schema": Identifier(schema),
+        "batches": Identifier(BATCHES_TABLE),
+        "fn": Identifier(f"{table}_append_only"),
+    }
+    return [
+        SQL(
+            "CREATE TABLE IF NOT EXISTS {schema}.{batches} ("
+            "batch text PRIMARY KEY, "
+            "first_position bigint NOT NULL, "
+            "last_position bigint NOT NULL CHECK (last_position >= first_position))"
+        ).format(**ids),
+        SQL(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE UPDATE OR DELETE ON {schema}.{batches} "
+            "FOR EACH ROW EXECUTE FUNCTION {schema}.{fn}()"
+        ).format(name=Identifier(f"{BATCHES_TABLE}_no_change"), **ids),
+        SQL(
+            "CREATE OR REPLACE TRIGGER {name} BEFORE TRUNCATE ON {schema}.{batches} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {schema}.{fn}()"
+        ).format(name=Identifier(f"{BATCHES_TABLE}_no_truncate"), **ids),
     ]
 
 
@@ -151,14 +181,23 @@ chain (i, pos, prev, hash, state) AS (
     CROSS JOIN LATERAL (
         SELECT overlay(b.state PLACING (SELECT at FROM start) FROM 8 FOR 32) AS state
     ) s
+),
+inserted AS (
+    INSERT INTO {schema}.{table} (notification_id, originator_id, originator_version,
+                                  topic, state, prev_hash, chain_hash)
+    SELECT c.pos, b.oid, b.version, b.topic, c.state, c.prev, c.hash
+    FROM chain c JOIN batch b ON b.i = c.i
+    WHERE c.i > 0
+    ORDER BY c.i
+    RETURNING notification_id, chain_hash, substring(state FROM 8 FOR 32) AS at
+),
+indexed AS (
+    -- the batch index row, in the same statement: an id already there is refused
+    INSERT INTO {schema}.{batches} (batch, first_position, last_position)
+    SELECT %s::text, min(notification_id), max(notification_id) FROM inserted
+    HAVING %s::text IS NOT NULL AND count(*) > 0
 )
-INSERT INTO {schema}.{table} (notification_id, originator_id, originator_version, topic,
-                              state, prev_hash, chain_hash)
-SELECT c.pos, b.oid, b.version, b.topic, c.state, c.prev, c.hash
-FROM chain c JOIN batch b ON b.i = c.i
-WHERE c.i > 0
-ORDER BY c.i
-RETURNING notification_id, chain_hash, substring(state FROM 8 FOR 32) AS at
+SELECT notification_id, chain_hash, at FROM inserted
 """
 
 
@@ -242,8 +281,15 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         # The frame is ``entry_frame`` (charter/core/framing.py) spelled in SQL; a
         # difference would fail verification, which recomputes it in Python.
         self._insert_server_chained = SQL(_SERVER_CHAINED).format(
-            tag=Literal(ENTRY_TAG), genesis=Literal(GENESIS), **ids
+            tag=Literal(ENTRY_TAG),
+            genesis=Literal(GENESIS),
+            batches=Identifier(BATCHES_TABLE),
+            **ids,
         )
+        self._index_batch = SQL(
+            "INSERT INTO {schema}.{batches} (batch, first_position, last_position) "
+            "VALUES (%s, %s, %s)"
+        ).format(schema=Identifier(schema), batches=Identifier(BATCHES_TABLE))
         self._select_version = SQL(
             "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
             "WHERE originator_id = %s"
@@ -288,6 +334,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         private place for them, each batch commits alone.
         """
         with _timeouts_are_final():
+            if not self.group_commit:  # CHARTER_GROUP_COMMIT=off: no turn, no spool
+                return self._insert_alone(Batch(tuple(stored_events), kwargs))
             if self._shared():
                 return self._insert_shared(stored_events, kwargs)
             with self.datastore.get_connection() as conn:
@@ -365,6 +413,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         with self.datastore.get_connection() as conn:
             if not waiting:
                 self._insert_on(conn, own.events, **own.kwargs)
+                if not own.events:  # a follower's position alone: no entry, no chain
+                    return LastCommit((), (), b"")
                 commit = last_commit()
                 if commit is None:
                     raise ProgrammingError("the recorder did not report the committed chain")
@@ -431,6 +481,10 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             curs.execute("SAVEPOINT charter_batch")
         try:
             self._insert_events(curs, batch.events, **batch.kwargs)  # tracking, if any
+            if not batch.events:  # a follower's position alone: no entry, no chain
+                if isolated:
+                    curs.execute("RELEASE SAVEPOINT charter_batch")
+                return LastCommit((), (), b"")
             rows = self._insert_stored_events(
                 curs,
                 batch.events,
@@ -544,6 +598,7 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         """Queue the server-chained insert on a cursor of its own (its rows are read
         after the COMMIT has been sent with it)."""
         stamped, stamp = stamp_batch(stored_events, None, None)  # checks the states' shape
+        batch = batch_of(stamped)
         rows = curs.connection.cursor()
         rows.execute(
             self._insert_server_chained,
@@ -553,6 +608,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
                 [s.originator_version for s in stamped],
                 [s.topic for s in stamped],
                 [s.state for s in stamped],
+                batch,
+                batch,
             ),
         )
         return rows
@@ -610,6 +667,9 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             prev = h
         columns = (positions, oids, versions, topics, states, prevs, hashes)
         curs.execute(self._insert_chained, columns)
+        batch = batch_of(stored_events)
+        if batch is not None and positions:  # same transaction, under the table lock
+            curs.execute(self._index_batch, (batch, positions[0], positions[-1]))
         set_last_commit(LastCommit(tuple(positions), tuple(hashes), stamp))
 
     def _fetch_ids_after_insert_events(  # type: ignore[override]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from uuid import UUID
@@ -28,7 +28,11 @@ __all__ = [
     "CommitOutcomeAmbiguousError",
     "CommitPastDeadlineError",
     "WriteLockTimeoutError",
+    "BATCHES_TABLE",
     "Head",
+    "batch_id_of",
+    "batch_of",
+    "batch_runs",
     "payload_bytes",
     "stamp_batch",
     "stamp_of",
@@ -134,6 +138,72 @@ def stamp_batch(
             )
         )
     return stamped, stamp
+
+
+# The batch index (issue 21 point 2): one row per append, ``(batch, first_position,
+# last_position)``, its batch id the primary key, written by the recorder in the same
+# transaction as the entries, under the write lock. A second append with an id already
+# there is refused by the database, so of two writers racing with one id exactly one
+# commits; a lookup by id is one index read. Entries of one append are contiguous (one
+# transaction under the write lock), so a range names them all.
+BATCHES_TABLE = "charter_batches"
+
+# Every state written with a batch id continues, after its commit time, with it:
+# b'{"at":"<32 bytes>","batch":"<id>","payload":…' (sorted keys, canonical JSON).
+_BATCH_PREFIX = b'","batch":"'
+
+
+def batch_id_of(state: bytes) -> str | None:
+    """The batch id an entry's stored state carries (None: written before batch ids)."""
+    rest = bytes(state[_AT_END : _AT_END + len(_BATCH_PREFIX) + 80])
+    if not rest.startswith(_BATCH_PREFIX):
+        return None
+    end = rest.find(b'"', len(_BATCH_PREFIX))
+    if end < 0:
+        return None
+    try:
+        return rest[len(_BATCH_PREFIX) : end].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
+def batch_of(stored_events: Sequence[StoredEvent]) -> str | None:
+    """The one batch id a batch's entries carry, for the index; None when they carry
+    none. Entries naming different ids would make the index lie: refused."""
+    ids = {batch_id_of(s.state) for s in stored_events}
+    if len(ids) > 1:
+        raise ProgrammingError(
+            f"one batch's entries carry different batch ids: {sorted(map(str, ids))}"
+        )
+    return ids.pop() if ids else None
+
+
+def batch_runs(rows: Iterable[tuple[int, bytes]]) -> list[tuple[str, int, int]]:
+    """From ``(position, state prefix)`` in position order: each batch id's first run of
+    consecutive entries ``(batch, first, last)``, to build the index of a journal made
+    before it. An id met again in a later run (two appends that raced with one id before
+    the index existed) keeps its first run: the later one stays in the journal, which is
+    append-only, but is not what a lookup answers."""
+    runs: dict[str, tuple[int, int]] = {}
+    ended: set[str] = set()  # ids whose first run is over
+    last_batch: str | None = None
+    last_position: int | None = None
+    for position, state in rows:
+        batch = batch_id_of(state)
+        if (
+            batch is not None
+            and batch == last_batch
+            and last_position == position - 1
+            and batch not in ended
+        ):
+            runs[batch] = (runs[batch][0], position)
+        else:
+            if last_batch is not None:
+                ended.add(last_batch)
+            if batch is not None and batch not in runs:
+                runs[batch] = (position, position)
+        last_batch, last_position = batch, position
+    return [(batch, first, last) for batch, (first, last) in runs.items()]
 
 
 class PinnedStreamMovedError(IntegrityError):

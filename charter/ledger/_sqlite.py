@@ -40,11 +40,14 @@ from charter.core.errors import StateError, UnavailableError
 from charter.core.framing import GENESIS, entry_hash
 from charter.ledger._group import Batch, SharedCommit, SpoolClosingFactory
 from charter.ledger._rows import (
+    BATCHES_TABLE,
     ChainRow,
     Head,
     JournalMeta,
     LastCommit,
     WriteLockTimeoutError,
+    batch_of,
+    batch_runs,
     check_guards,
     last_commit,
     set_last_commit,
@@ -101,6 +104,27 @@ _APPEND_ONLY = [
         BEGIN SELECT RAISE(ABORT, 'charter_meta is write-once'); END""",
 ]
 
+# The batch index (see BATCHES_TABLE in _rows): append-only like the journal, so an
+# append's row cannot be replaced to hand its id to another batch.
+_BATCHES = [
+    f"""CREATE TABLE IF NOT EXISTS {BATCHES_TABLE} (
+        batch TEXT PRIMARY KEY,
+        first_position INTEGER NOT NULL,
+        last_position INTEGER NOT NULL CHECK (last_position >= first_position)
+    ) WITHOUT ROWID""",
+    f"""CREATE TRIGGER IF NOT EXISTS {BATCHES_TABLE}_no_update BEFORE UPDATE ON {BATCHES_TABLE}
+        BEGIN SELECT RAISE(ABORT, 'charter batch index is append-only'); END""",
+    f"""CREATE TRIGGER IF NOT EXISTS {BATCHES_TABLE}_no_delete BEFORE DELETE ON {BATCHES_TABLE}
+        BEGIN SELECT RAISE(ABORT, 'charter batch index is append-only'); END""",
+    # Raised, not left to the primary key, so INSERT OR REPLACE cannot take an id over.
+    f"""CREATE TRIGGER IF NOT EXISTS {BATCHES_TABLE}_no_replace BEFORE INSERT ON {BATCHES_TABLE}
+        WHEN EXISTS (SELECT 1 FROM {BATCHES_TABLE} WHERE batch = NEW.batch)
+        BEGIN SELECT RAISE(ABORT, 'UNIQUE constraint failed: charter_batches.batch'); END""",
+]
+_INSERT_BATCH = f"INSERT INTO {BATCHES_TABLE} (batch, first_position, last_position) VALUES (?,?,?)"
+_BATCH_RANGE = f"SELECT first_position, last_position FROM {BATCHES_TABLE} WHERE batch = ?"
+_HAS_BATCHES = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+
 _INSERT = (
     f"INSERT INTO {TABLE} (rowid, originator_id, originator_version, topic, state, "
     "prev_hash, chain_hash) VALUES (?,?,?,?,?,?,?)"
@@ -127,7 +151,7 @@ _TRACKING = [
 
 def schema_statements() -> list[str]:
     """Every statement that makes a SQLite journal (events, triggers, tracking, meta)."""
-    return [_CREATE_EVENTS, *_APPEND_ONLY, *_TRACKING]
+    return [_CREATE_EVENTS, *_APPEND_ONLY, *_TRACKING, *_BATCHES]
 
 
 class _ImmediateTransaction(SQLiteTransaction):
@@ -255,8 +279,6 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
         share the transaction) and the waiting batches, each in its own savepoint so a
         refused batch (a conflict, a passed deadline) leaves the others whole. The
         waiting writers are answered after the commit."""
-        assert self._turn is not None
-        assert self._spool is not None
         # A hint that is this recorder's own last commit is no forgery: it need not be
         # looked up (the common case of one writer; a later commit by another writer
         # would have replaced it, or makes the insert after it conflict).
@@ -277,7 +299,7 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
                 after = _head_after(outcomes[-1], head)
                 head_is_own = head_is_own if after == head else True
                 head = after
-        if head is not None and head != hint:
+        if head is not None and head != hint and self._turn is not None:
             self._turn.set_hint(head)
             self._own_last = head
         self._reply(waiting, outcomes[1:])
@@ -331,14 +353,16 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
             except sqlite3.IntegrityError:
                 pass  # stale: another writer's entry is already at that position
             else:
-                return self._insert_rest(c, params, stamp, skip=1)
+                return self._insert_rest(c, params, stamp, skip=1, batch=batch_of(stamped))
         # No hint, or a stale one: chain onto the head as read under the write lock (a
         # genuine conflict, such as a stream version already taken, raises from here).
         c.execute(_HEAD)
         row = c.fetchone()
         head = Head(row[0], bytes(row[1]), stamp_of(row[2])) if row else Head(0, GENESIS, None)
         stamped, stamp = stamp_batch(stored_events, head.stamp, deadline)
-        return self._insert_rest(c, self._chain(head, stamped), stamp, skip=0)
+        return self._insert_rest(
+            c, self._chain(head, stamped), stamp, skip=0, batch=batch_of(stamped)
+        )
 
     @staticmethod
     def _stream_version(c: SQLiteCursor) -> Callable[[UUID], int]:
@@ -369,13 +393,23 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
         return params
 
     def _insert_rest(
-        self, c: SQLiteCursor, params: list[_Params], stamp: bytes, *, skip: int
+        self,
+        c: SQLiteCursor,
+        params: list[_Params],
+        stamp: bytes,
+        *,
+        skip: int,
+        batch: str | None,
     ) -> list[int]:
         rest = params[skip:]
         if len(rest) == 1:  # a lone append: execute is ~2x cheaper than executemany here
             c.execute(_INSERT, rest[0])
         elif rest:
             c.executemany(_INSERT, rest)
+        if batch is not None and params:
+            # Same transaction, under the write lock: an id already in the index is
+            # refused here (the journal then answers with that id's entries or refuses).
+            c.execute(_INSERT_BATCH, (batch, params[0][0], params[-1][0]))
         positions = tuple(p[0] for p in params)
         set_last_commit(LastCommit(positions, tuple(p[6] for p in params), stamp))
         return list(positions)
@@ -640,6 +674,42 @@ class SQLiteJournalStore:
             if created:
                 self.remove()
             raise UnavailableError(f"cannot create SQLite journal {self.path}: {e}") from e
+        finally:
+            conn.close()
+
+    def has_batch_index(self) -> bool:
+        """Whether the journal has its batch index (journals made before it do not)."""
+        return self._fetchone(_HAS_BATCHES, (BATCHES_TABLE,)) is not None
+
+    def batch_range(self, batch: str) -> tuple[int, int] | None:
+        """The positions one append wrote, by its id: one read of the index's key."""
+        row = self._fetchone(_BATCH_RANGE, (batch,))
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    def add_batch_index(self) -> int:
+        """Make the batch index of a journal made before it, from the entries' stored
+        ids, in one transaction under the write lock (so no append lands between the
+        read and the index); a no-op if another writer made it first. Returns the
+        number of batches indexed."""
+        conn = self._connect(readonly=False)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if conn.execute(_HAS_BATCHES, (BATCHES_TABLE,)).fetchone() is not None:
+                conn.execute("ROLLBACK")
+                return 0
+            for statement in _BATCHES:
+                conn.execute(statement)
+            rows = conn.execute(f"SELECT rowid, substr(state, 1, 128) FROM {TABLE} ORDER BY rowid")
+            runs = batch_runs((int(pos), bytes(head)) for pos, head in rows)
+            conn.executemany(_INSERT_BATCH, runs)
+            conn.execute("COMMIT")
+            return len(runs)
+        except sqlite3.Error as e:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise UnavailableError(
+                f"SQLite journal {self.path}: its batch index could not be made ({e})"
+            ) from e
         finally:
             conn.close()
 

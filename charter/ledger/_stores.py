@@ -3,13 +3,18 @@ whether a location already holds a journal."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeAlias
+
 from charter.core.errors import BadInputError, StateError
-from charter.ledger import _pgstore, _sqlite
+from charter.ledger import _sqlite
 from charter.ledger._location import Location
+
+if TYPE_CHECKING:
+    from charter.ledger import _pgstore
 
 __all__ = ["Store", "refuse_existing", "store_for"]
 
-Store = _sqlite.SQLiteJournalStore | _pgstore.PostgresJournalStore
+Store: TypeAlias = "_sqlite.SQLiteJournalStore | _pgstore.PostgresJournalStore"
 
 
 def store_for(location: Location) -> Store:
@@ -17,6 +22,9 @@ def store_for(location: Location) -> Store:
         if location.path is None:  # constructed only by resolve_location
             raise BadInputError("SQLite location without a path")
         return _sqlite.SQLiteJournalStore(location.path)
+    # Imported here, not above: psycopg loads only when a PostgreSQL journal is opened.
+    from charter.ledger import _pgstore
+
     return _pgstore.PostgresJournalStore(dict(location.conninfo or {}))
 
 
@@ -36,7 +44,7 @@ def refuse_existing(location: Location, store: Store) -> None:
             f"{location.display} already holds {what}; refusing to initialise it again "
             "(choose another --db or CHARTER_HOME)"
         )
-    if isinstance(store, _pgstore.PostgresJournalStore) and _holds_journal(store):
+    if not isinstance(store, _sqlite.SQLiteJournalStore) and _holds_journal(store):
         raise StateError(
             f"{location.display} already holds a Charter journal; refusing to initialise it again"
         )

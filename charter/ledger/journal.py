@@ -23,6 +23,7 @@ from charter.ledger._app import (
     JournalApplication,
     batch_marker,
     decode_entry,
+    encode_state,
     now,
     stream_uuid,
 )
@@ -43,7 +44,9 @@ from charter.ledger._rows import (
     JournalMeta,
     PinnedStreamMovedError,
     WriteLockTimeoutError,
+    batch_id_of,
     last_commit,
+    payload_bytes,
 )
 from charter.ledger._stores import Store, refuse_existing, store_for
 from charter.ledger.errors import (
@@ -110,6 +113,7 @@ class Journal:
         self._app: JournalApplication | None = None
         self.settle_wait_s = SETTLE_WAIT_S
         self._closed = False
+        self._batch_index = False  # known to have the batch index (see _ensure_batch_index)
         if read_only:  # no eventsourcing application: nothing opens the file to write
             return
         app_env = location.app_env()
@@ -305,10 +309,13 @@ class Journal:
 
         Every append has a batch id (``batch``, else a fresh one), stored in each of its
         entries, so it can be looked up (:meth:`batch_entries`, ``journal show
-        --batch``). An append whose id is already in the journal writes nothing and
-        returns the entries committed under it: retrying with the same id never writes
-        twice. If the connection breaks while the batch commits, the outcome is settled
-        by re-reading on a fresh connection; if it cannot be settled in time,
+        --batch``). An id is unique under the write lock (the batch index's key, in
+        the same transaction as the entries): an append whose id is already in the
+        journal writes nothing and returns the entries committed under it if they hold
+        these same events (a retry), else raises :class:`BatchCommittedError`; retrying
+        with the same id never writes twice. If the connection breaks while the batch
+        commits, the outcome is settled by re-reading on a fresh connection; if it
+        cannot be settled in time,
         :class:`OutcomeUnknownError` names the batch (never AppendFailedError, which
         always means nothing was written).
 
@@ -327,8 +334,14 @@ class Journal:
         """
         events_ = _checked(events)
         self._writer()  # refused when closed or read-only, before anything is done
+        if batch is not None:
+            _check_batch_id(batch)
         batch_id = batch or uuid4().hex
-        earlier = self._committed_batch(batch) if batch is not None else ()
+        self._ensure_batch_index()
+        # A retry whose first try committed: answered from the index before any work.
+        # Not the guarantee (another writer may commit this id after this read): that
+        # is the index's primary key, checked under the write lock when this commits.
+        earlier = self._earlier(batch_id, events_) if batch is not None else ()
         if earlier:
             return earlier
         pinned = dict(expect or {})
@@ -387,21 +400,93 @@ class Journal:
             f"journal append lost {_MAX_RETRIES} races in a row for the same streams; retry"
         )
 
-    def _committed_batch(self, batch_id: str) -> tuple[Committed, ...]:
-        """The entries an earlier append with this batch id committed (empty if none)."""
-        if not (0 < len(batch_id) <= 64 and batch_id.isascii() and batch_id.isalnum()):
-            raise BadInputError(f"batch id {batch_id!r} must be 1-64 ASCII letters or digits")
+    def _ensure_batch_index(self) -> None:
+        """Before the first append: a journal made before the batch index gets it, made
+        from its entries' ids under the write lock (docs/decisions/0009). Without it
+        the recorder's insert of the index row would fail; an append is never made
+        without it (fail closed: two writers could then commit one id twice)."""
+        if self._batch_index:
+            return
+        try:
+            present = self._store.has_batch_index()
+        except UnavailableError as e:
+            raise AppendFailedError(f"journal append failed, nothing written: {e}") from e
+        try:
+            if not present:
+                self._store.add_batch_index()
+        except UnavailableError as e:
+            raise AppendFailedError(
+                f"journal append failed, nothing written: {self.location.display} has no "
+                f"batch index and it could not be made ({e}); open it once as a user who "
+                "may create tables there"
+            ) from e
+        self._batch_index = True
+
+    def _indexed(self) -> bool:
+        if not self._batch_index:
+            self._batch_index = self._store.has_batch_index()
+        return self._batch_index
+
+    def _batch_rows(self, batch_id: str) -> list[ChainRow]:
+        """The rows one append wrote: by the batch index (one key read, then the range
+        of positions), or, in a journal made before the index and opened only to read,
+        by a scan of the stored bytes. Fail closed if the index names positions that
+        hold another batch's entries (the index is outside the chain)."""
+        if not self._indexed():
+            return self._scanned_batch(batch_id)
+        span = self._store.batch_range(batch_id)
+        if span is None:
+            return []
+        rows = list(self.rows(*span))
+        if len(rows) != span[1] - span[0] + 1 or any(
+            batch_id_of(row.state) != batch_id for row in rows
+        ):
+            raise StateError(
+                f"the batch index names positions {span[0]}-{span[1]} for batch "
+                f"{batch_id}, but the journal holds other entries there; run `charter "
+                "journal verify`"
+            )
+        return rows
+
+    def _scanned_batch(self, batch_id: str) -> list[ChainRow]:
+        marker = batch_marker(batch_id)
+        found: list[ChainRow] = []
+        for rows in self._store.payloads():
+            hits = {pos for pos, _topic, state in rows if marker in state}
+            for pos in sorted(hits):
+                found.extend(r for r in self.rows(pos, pos) if batch_id_of(r.state) == batch_id)
+        return found
+
+    def _earlier(self, batch_id: str, events: Sequence[Event]) -> tuple[Committed, ...]:
+        """What an append with this id already committed (empty if none): its entries
+        if they hold these very events (the same request, retried), else
+        :class:`BatchCommittedError` (another request under this id: its entries are
+        never handed to this one)."""
+        rows = self._batch_rows(batch_id)
+        if not rows:
+            return ()
+        if not _same_request(rows, events, batch_id):
+            raise BatchCommittedError(
+                f"batch {batch_id} already committed at positions {rows[0].position}-"
+                f"{rows[-1].position} with other events; nothing written (a batch id "
+                f"names one request; see `charter journal show --batch {batch_id}`)",
+                batch=batch_id,
+                positions=(rows[0].position, rows[-1].position),
+            )
         return tuple(
-            Committed(e.position, e.hash, e.event, e.recorded_at, batch_id)
-            for e in self.batch_entries(batch_id)
+            Committed(r.position, r.chain_hash, event, at, batch_id)
+            for r, (at, event, _) in zip(
+                rows, (decode_entry(r.topic, r.state) for r in rows), strict=True
+            )
         )
 
     def require_new_batch(self, batch_id: str) -> None:
         """Raise :class:`BatchCommittedError` if an append with this id committed (a
         request retried after an outcome-unknown error that had in fact landed)."""
-        earlier = self._committed_batch(batch_id)
-        if earlier:
-            span = (earlier[0].position, earlier[-1].position)
+        _check_batch_id(batch_id)
+        rows = self._batch_rows(batch_id)
+        if rows:
+            span = (rows[0].position, rows[-1].position)
             raise BatchCommittedError(
                 f"batch {batch_id} already committed at positions {span[0]}-{span[1]}; "
                 f"it is not done again (see `charter journal show --batch {batch_id}`)",
@@ -410,15 +495,10 @@ class Journal:
             )
 
     def batch_entries(self, batch_id: str) -> list[Entry]:
-        """The entries one append wrote, found by its batch id (a scan of the journal's
-        stored bytes; only entries holding the id's marker are decoded)."""
-        marker = batch_marker(batch_id)
-        found: list[Entry] = []
-        for rows in self._store.payloads():
-            hits = {pos for pos, _topic, state in rows if marker in state}
-            for pos in sorted(hits):
-                found.extend(e for e in self.entries(pos, pos) if e.batch == batch_id)
-        return found
+        """The entries one append wrote, found by its batch id: one read of the batch
+        index's key and one of their positions (a journal made before the index and
+        opened read-only is scanned instead)."""
+        return [_entry(row) for row in self._batch_rows(batch_id)]
 
     def record_refusal(self, event: Event, error: BaseException) -> None:
         """Journal a refusal; if the journal cannot take it, say so on ``error`` (which
@@ -458,6 +538,11 @@ class Journal:
         landed = self._landed(envelopes)
         if landed is not None:
             return as_committed(landed, envelopes)
+        batch_id = envelopes[0].batch
+        if batch_id:  # refused by the index's key: another append committed this id
+            earlier = self._earlier(batch_id, [env.event for env in envelopes])
+            if earlier:
+                return earlier
         if tracking is not None and self.tracked_position(tracking[0]) >= tracking[1]:
             raise AlreadyTrackedError(
                 f"{tracking[0]} has already recorded position {tracking[1]}"
@@ -526,15 +611,38 @@ class Journal:
         for row in self.rows(start, stop):
             if wanted and row.topic.partition("/v")[0] not in wanted:
                 continue
-            at, event, batch = decode_entry(row.topic, row.state)
-            yield Entry(
-                position=row.position,
-                topic=row.topic,
-                event=event,
-                recorded_at=at,
-                stream=UUID(bytes=row.originator),
-                stream_version=row.version,
-                hash=row.chain_hash,
-                prev_hash=row.prev_hash,
-                batch=batch,
-            )
+            yield _entry(row)
+
+
+def _entry(row: ChainRow) -> Entry:
+    at, event, batch = decode_entry(row.topic, row.state)
+    return Entry(
+        position=row.position,
+        topic=row.topic,
+        event=event,
+        recorded_at=at,
+        stream=UUID(bytes=row.originator),
+        stream_version=row.version,
+        hash=row.chain_hash,
+        prev_hash=row.prev_hash,
+        batch=batch,
+    )
+
+
+def _check_batch_id(batch_id: str) -> None:
+    if not (0 < len(batch_id) <= 64 and batch_id.isascii() and batch_id.isalnum()):
+        raise BadInputError(f"batch id {batch_id!r} must be 1-64 ASCII letters or digits")
+
+
+def _same_request(rows: Sequence[ChainRow], events: Sequence[Event], batch_id: str) -> bool:
+    """Whether the committed rows hold exactly these events under this id, compared as
+    stored bytes after the commit time (what a writer encodes; the recorder stamps the
+    time). Stream versions are not compared: a retry may have been versioned anew."""
+    if len(rows) != len(events):
+        return False
+    at = now()
+    for row, event in zip(rows, events, strict=True):
+        mine = encode_state(Envelope(stream_uuid(None), 1, at, event, batch_id))
+        if row.topic != type(event).topic() or payload_bytes(row.state) != payload_bytes(mine):
+            return False
+    return True

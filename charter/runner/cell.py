@@ -27,7 +27,9 @@ import contextlib
 import hashlib
 import os
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -75,6 +77,8 @@ from charter.sandbox.launcher import leased_event
 __all__ = ["Cell", "kill_uid"]
 
 _STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
+_SETTLE_TRIES = 5  # a failed driver's settlement, each on a fresh read of the journal
+_SETTLE_PAUSE_S = 0.2
 Outcome = Literal["exited", "killed", "failed"]
 
 
@@ -360,7 +364,49 @@ class Cell:
         return 1
 
     def _drive(self, w: WorkerRecord, slot: Slot, command: tuple[str, ...]) -> None:
-        """The worker's driver thread: exec (its start is committed), wait, tear down."""
+        """The worker's driver thread. Whatever goes wrong on it (an append whose
+        outcome is unknown, a refused append, a sandbox that died before it ran) is
+        caught and the worker settled: a driver never leaves a slot held or the queue
+        stuck."""
+        try:
+            self._run_worker(w, slot, command)
+        except Exception as error:  # noqa: BLE001 - every failure is settled, below
+            self._settle_failed_driver(w, error)
+
+    def _settle_failed_driver(self, w: WorkerRecord, error: Exception) -> None:
+        """The driver of ``w`` failed part-way: its sandbox is destroyed, then whatever
+        of its end is not in the journal yet (the end, the lease's return, its slots)
+        is settled on the journal as it is read afresh (an append whose outcome was
+        unknown may have committed). Tried a few times; what still cannot be settled is
+        reported on stderr with the worker named, and the cell goes on."""
+        self._destroy(w.lineage)
+        why = f"its driver failed: {type(error).__name__}: {error}"
+        last: Exception = error
+        for _ in range(_SETTLE_TRIES):
+            try:
+                with self._lock:
+                    self.refresh()
+                    record = self.view.workers.get(w.lineage)
+                if record is None:
+                    return
+                if record.ended is not None:  # the end did commit: free what it holds
+                    self._settle(w.lineage, ())
+                    return
+                code = record.exit_code
+                self._end(record, "failed" if code is None else "exited", code, why, discard=True)
+            except Exception as again:  # noqa: BLE001 - tried again on a fresh read
+                last = again
+                time.sleep(_SETTLE_PAUSE_S)
+            else:
+                return
+        print(
+            f"charter cell {self.cell}: could not settle {w.lineage} after {why}; last "
+            f"error: {type(last).__name__}: {last}",
+            file=sys.stderr,
+        )
+
+    def _run_worker(self, w: WorkerRecord, slot: Slot, command: tuple[str, ...]) -> None:
+        """Exec (its start is committed), wait, tear down."""
         outcome = slot.run(list(command), capture=True, max_output_bytes=RESULT_CAP)
         usage = outcome.usage
         with self._lock:

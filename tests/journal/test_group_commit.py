@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from charter.audit.journal import audit_journal
+from charter.core.errors import BadInputError
 from charter.ledger import (
     AppendConflictError,
     Journal,
@@ -438,3 +439,59 @@ def test_postgres_writers_share_commits_only_through_a_private_place(
     assert place.parent == private / "charter"
     assert stat.S_IMODE((private / "charter").stat().st_mode) == 0o700
     assert stat.S_IMODE(place.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("how", ["environment", "journal-env"])
+def test_group_commit_switched_off_commits_every_batch_alone(
+    shared: tuple[Path, str, str], monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """CHARTER_GROUP_COMMIT=off (or GROUP_COMMIT in the journal's env, issue 20 point
+    7): no writer takes the turn or leaves its batch in the spool; each commits in a
+    transaction of its own. Shown with the turn held by another writer the whole time:
+    every batch still commits, one per transaction, and nothing waits in the spool."""
+    db, url, backend = shared
+    groups = _count_groups(monkeypatch, backend)
+    env: dict[str, str] = {}
+    if how == "environment":
+        monkeypatch.setenv("CHARTER_GROUP_COMMIT", "off")
+    else:
+        env = {"GROUP_COMMIT": "off"}
+    journals = [Journal.open(url, env=env) for _ in range(4)]
+    with _turn_held(db), ThreadPoolExecutor(4) as pool:
+        futures = [
+            pool.submit(j.append, [Ping(writer=f"w{i}", batch=b, n=0) for b in range(2)])
+            for i, j in enumerate(journals)
+        ]
+        results = [f.result(timeout=60) for f in futures]
+        assert not Path(f"{db}-spool").exists() or not list(Path(f"{db}-spool").iterdir())
+    assert groups == [1, 1, 1, 1]
+    for j in journals:
+        j.close()
+    with Journal.open(url, read_only=True) as journal:
+        assert sorted(_pings(journal)) == sorted(
+            (f"w{i}", c.position) for i, r in enumerate(results) for c in r
+        )
+        report = audit_journal(journal)
+        assert report.ok, report
+    # Positive control: with group commit on (the default), the same writer waits for
+    # the held turn with its batch in the spool, and commits once the turn is free.
+    monkeypatch.delenv("CHARTER_GROUP_COMMIT", raising=False)
+    with Journal.open(url) as journal, _turn_held(db) as release, ThreadPoolExecutor(1) as pool:
+        future = pool.submit(journal.append, [Ping(writer="grouped", batch=0, n=0)])
+        _waiting(db, 1)
+        assert not future.done()
+        release()
+        assert future.result(timeout=60)
+
+
+def test_a_group_commit_setting_that_is_neither_on_nor_off_is_refused(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Journal.create(sqlite_url).close()
+    monkeypatch.setenv("CHARTER_GROUP_COMMIT", "of")
+    with pytest.raises(BadInputError, match="neither on nor off"):
+        Journal.open(sqlite_url)
+    monkeypatch.setenv("CHARTER_GROUP_COMMIT", "on")  # positive control
+    monkeypatch.setenv("GROUP_COMMIT", "of")  # not Charter's name: never read
+    with Journal.open(sqlite_url) as journal:
+        assert journal.append([Ping(writer="w", batch=0, n=0)])

@@ -1,0 +1,262 @@
+"""Help and shell completion without importing the commands.
+
+A sub-command's module imports pydantic, the journal or the sandbox, which costs many
+times an interpreter's start. ``charter X --help`` and shell completion need only the
+command's shape (its options, arguments, types and help text), so ``_index.py`` holds
+that shape for every command, generated from the real commands (``scripts/cli-index``
+writes it), and :func:`stand_in` builds a click command from it
+that parses exactly as the real one but never runs: its callback raises
+:class:`StandInInvoked`, and the root group then runs the real command with the same
+arguments. ``tests/cli/test_startup.py`` checks that the index is the commands' shape,
+that click holds the same state for each stand-in as for the real command, and that
+every help text is the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+import click
+
+from charter.cli._common import AsciiIntRange
+
+__all__ = ["StandInInvoked", "describe", "index_source", "sources_digest", "stand_in"]
+
+
+class StandInInvoked(Exception):  # noqa: N818 - a signal, not an error
+    """A stand-in got past parsing (no help was shown): run the real command."""
+
+
+def _unset(value: Any) -> bool:
+    """click's "no default given" (a sentinel in click >= 8.2, None before)."""
+    return type(value).__name__ == "Sentinel"
+
+
+# -- describing a real command ------------------------------------------------------
+
+_RANGES: dict[type[click.ParamType[Any]], str] = {
+    AsciiIntRange: "AsciiIntRange",
+    click.IntRange: "IntRange",
+    click.FloatRange: "FloatRange",
+}
+_SIMPLE: dict[click.ParamType[Any], str] = {
+    click.STRING: "STRING",
+    click.BOOL: "BOOL",
+    click.INT: "INT",
+    click.FLOAT: "FLOAT",
+    click.UNPROCESSED: "UNPROCESSED",
+}
+
+
+_PATH_TYPES: dict[Any, str | None] = {None: None, pathlib.Path: "Path"}
+
+
+def _type(kind: click.ParamType[Any]) -> dict[str, Any]:
+    for simple, name in _SIMPLE.items():
+        if type(kind) is type(simple):
+            return {"name": name}
+    if type(kind) in _RANGES:
+        assert isinstance(kind, click.IntRange | click.FloatRange)
+        return {
+            "name": _RANGES[type(kind)],
+            "min": kind.min,
+            "max": kind.max,
+            "min_open": kind.min_open,
+            "max_open": kind.max_open,
+            "clamp": kind.clamp,
+        }
+    if type(kind) is click.Choice:
+        return {
+            "name": "Choice",
+            "choices": list(kind.choices),
+            "case_sensitive": kind.case_sensitive,
+        }
+    if type(kind) is click.Path:
+        return {
+            "name": "Path",
+            "exists": kind.exists,
+            "file_okay": kind.file_okay,
+            "dir_okay": kind.dir_okay,
+            "writable": kind.writable,
+            "readable": kind.readable,
+            "executable": kind.executable,
+            "resolve_path": kind.resolve_path,
+            "allow_dash": kind.allow_dash,
+            "path_type": _PATH_TYPES[kind.type],
+        }
+    raise TypeError(f"the help index cannot describe a parameter of type {kind!r}")
+
+
+# The fields of a parameter the index records where they differ from what click gives a
+# bare parameter of the same kind; the stand-in is given only those, as the real one
+# was, so click's derived state (which option takes a value, which default was given)
+# comes out the same.
+_OPTION_FIELDS = (
+    "nargs", "required", "multiple", "metavar", "help", "hidden", "show_default",
+    "count", "envvar", "show_envvar", "show_choices", "is_eager", "expose_value",
+    "flag_value", "default",
+)  # fmt: skip
+_ARGUMENT_FIELDS = ("nargs", "required", "metavar", "default")
+_COMMAND_FIELDS: dict[str, Any] = {
+    "help": None, "short_help": None, "epilog": None, "options_metavar": "[OPTIONS]",
+    "add_help_option": True, "no_args_is_help": False, "hidden": False,
+    "deprecated": False, "context_settings": {}, "invoke_without_command": False,
+}  # fmt: skip
+
+
+def _unusual(values: Mapping[str, Any], usual: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if k not in usual or usual[k] != v}
+
+
+def _shape(param: click.Parameter) -> dict[str, Any]:
+    """What decides the rest of a parameter's defaults: always recorded, and given to
+    the bare parameter the others are compared with."""
+    if isinstance(param, click.Option):
+        shape = {"is_flag": param.is_flag, "multiple": param.multiple, "count": param.count}
+        return {k: v for k, v in shape.items() if v} | (
+            {"nargs": param.nargs} if param.nargs != 1 else {}
+        )
+    return {"nargs": param.nargs} if param.nargs != 1 else {}
+
+
+def _bare(param: click.Parameter, shape: Mapping[str, Any]) -> click.Parameter:
+    if isinstance(param, click.Option):
+        return click.Option(["--x"], **shape)
+    return click.Argument(["x"], **shape)
+
+
+def _param(param: click.Parameter) -> dict[str, Any]:
+    if param.secondary_opts:
+        raise TypeError(f"the help index cannot describe {param.name}'s secondary options")
+    if callable(param.default):
+        raise TypeError(f"the help index cannot describe {param.name}'s default")
+    option = isinstance(param, click.Option)
+    shape = _shape(param)
+    bare = _bare(param, shape)
+    found: dict[str, Any] = {
+        "decls": [*param.opts, param.name] if option else [param.name],
+        **({"argument": True} if not option else {}),
+        **shape,
+    }
+    if type(param.type) is not type(bare.type):
+        found["type"] = _type(param.type)
+    for field in _OPTION_FIELDS if option else _ARGUMENT_FIELDS:
+        value = getattr(param, field, None)
+        if field not in shape and value != getattr(bare, field, None) and not _unset(value):
+            found[field] = value
+    return found
+
+
+def describe(command: click.Command) -> dict[str, Any]:
+    """The shape of ``command`` (and of its sub-commands), as JSON data."""
+    found: dict[str, Any] = json.loads(json.dumps(_describe(command)))  # tuples as lists
+    return found
+
+
+def _describe(command: click.Command) -> dict[str, Any]:
+    fields = {
+        field: getattr(command, field) for field in _COMMAND_FIELDS if hasattr(command, field)
+    }
+    found: dict[str, Any] = {"name": command.name, **_unusual(fields, _COMMAND_FIELDS)}
+    found["params"] = [_param(p) for p in command.params]
+    if isinstance(command, click.Group):
+        found["commands"] = {name: _describe(sub) for name, sub in command.commands.items()}
+    return found
+
+
+def sources_digest() -> str:
+    """sha256 of the CLI's own sources (``_index.py`` aside): the index records the one
+    it was generated from, and is not used by sources that differ (a merge that changed
+    a command without regenerating it costs a slower help, never a wrong one)."""
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+        if path.name != "_index.py":
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def index_source(index: Mapping[str, Any], digest: str) -> str:
+    """The text of ``_index.py`` for ``index``: one JSON line a command, in a string
+    (decoding JSON is several times faster than building the same literal)."""
+    lines = ",\n".join(
+        json.dumps(name) + ": " + json.dumps(spec, separators=(",", ":"))
+        for name, spec in index.items()
+    )
+    quotes = '"' * 3
+    if quotes in lines:  # JSON's own escapes are kept as they are by the raw string
+        raise ValueError("the index cannot hold three double quotes in a row")
+    return (
+        "# ruff: noqa: E501\n"
+        '"""Generated by ``scripts/cli-index`` from the commands themselves (see\n'
+        '``_lazy.py``); tests/cli/test_startup.py fails when it is stale. Do not edit."""\n'
+        "\n"
+        "import json\n"
+        "from typing import Any\n"
+        "\n"
+        f"SOURCES = {json.dumps(digest)}\n"
+        f"INDEX: dict[str, Any] = json.loads(\n    r{quotes}{{\n{lines}\n}}{quotes}\n)\n"
+    )
+
+
+# -- building a stand-in -------------------------------------------------------------
+
+
+def _build_type(spec: Mapping[str, Any]) -> click.ParamType[Any]:
+    name = spec["name"]
+    for simple, simple_name in _SIMPLE.items():
+        if name == simple_name:
+            return simple
+    args = {k: v for k, v in spec.items() if k != "name"}
+    if name == "Choice":
+        return click.Choice(args["choices"], case_sensitive=args["case_sensitive"])
+    if name == "Path":
+        path_type = pathlib.Path if args.pop("path_type") == "Path" else None
+        return click.Path(path_type=path_type, **args)
+    ranges = {"AsciiIntRange": AsciiIntRange, "IntRange": click.IntRange}
+    if name in ranges:
+        return ranges[name](**args)
+    return click.FloatRange(**args)
+
+
+def _build_param(spec: Mapping[str, Any]) -> click.Parameter:
+    fields = {k: v for k, v in spec.items() if k not in ("argument", "decls", "type")}
+    if "type" in spec:
+        fields["type"] = _build_type(spec["type"])
+    if spec.get("argument"):
+        return click.Argument(spec["decls"], **fields)
+    return click.Option(spec["decls"], **fields)
+
+
+def _never_run(**_: Any) -> NoReturn:
+    raise StandInInvoked
+
+
+def _group_runs(**_: Any) -> None:
+    """A group's own callback runs before its sub-command parses: only a group invoked
+    without one would act."""
+    if click.get_current_context().invoked_subcommand is None:
+        raise StandInInvoked
+
+
+def stand_in(spec: Mapping[str, Any]) -> click.Command:
+    """A click command of ``spec``'s shape that parses, helps and completes as the
+    real one, and raises :class:`StandInInvoked` instead of running."""
+    common: dict[str, Any] = {
+        **_COMMAND_FIELDS,
+        **{k: v for k, v in spec.items() if k not in ("name", "params", "commands")},
+        "params": [_build_param(p) for p in spec["params"]],
+    }
+    common["context_settings"] = dict(common["context_settings"])
+    if "commands" in spec:
+        return click.Group(
+            spec["name"],
+            commands={name: stand_in(sub) for name, sub in spec["commands"].items()},
+            callback=_group_runs,
+            **common,
+        )
+    del common["invoke_without_command"]
+    return click.Command(spec["name"], callback=_never_run, **common)
