@@ -112,8 +112,9 @@ def _racing(
 
 
 def test_a_release_that_loses_many_races_retries_until_it_commits(journal_url: str) -> None:
-    """25 lost races: more than the 20 tries after which the release used to give up
-    with AppendConflictError, leaving the slot held by a worker that was gone."""
+    """25 lost races: more than the tries after which a release used to give up with
+    AppendConflictError (20 before the handlers' one loop, 16 in it: RETRIES), leaving
+    the slot held by a worker that was gone."""
     with Journal.create(journal_url) as journal:
         slots = _slots(journal, {E: 2})
         slots.admit("c", ["agent:r/x"], E)
