@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,13 +160,6 @@ class CellSetup(BaseModel):
             ResourceClass.EGRESS: 4 * self.cores if self.egress is None else self.egress,
             ResourceClass.INFERENCE: 4 * self.cores if self.inference is None else self.inference,
         }
-
-
-def _test_hook(step: str) -> None:
-    """Tests of a killed init set CHARTER_TEST_KILL_INIT_AT to a step name; the process
-    then kills itself with SIGKILL right after that step (no clean-up can run)."""
-    if os.environ.get("CHARTER_TEST_KILL_INIT_AT") == step:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _InitMarker:
@@ -327,7 +319,6 @@ class Charter:
         made_key = key is None
         key = key or keys.create(JOURNAL_KEY)
         public = bytes(key.verify_key).hex()
-        _test_hook("key")
         # Step 2: the schema and its metadata (all or nothing), naming that key.
         try:
             journal = Journal.create(location, journal_key=public, resume=resuming)
@@ -337,7 +328,6 @@ class Charter:
                     keys.remove(JOURNAL_KEY)
                 marker.end()
             raise
-        _test_hook("schema")
         charter = cls(journal, keys, settings)
         try:
             record = charter._finish_init(public, root, ceiling, cell or CellSetup.for_host())
@@ -364,7 +354,6 @@ class Charter:
             journal.append([JournalCreated(journal_key=public, created_at=journal.meta.created_at)])
         elif not isinstance(first.event, JournalCreated):
             raise StateError(f"{journal.location.display} does not begin with JournalCreated")
-        _test_hook("created")
         lineage = Lineage.root(root)
         if not journal.stream_version(str(lineage)):  # Step 4: the root agent
             # A custody key without its directory entry can only be this unfinished
@@ -373,10 +362,8 @@ class Charter:
             record = register_root(journal, self.keys, root, ceiling)
         else:
             record = self.spawn_service().agent(root)
-        _test_hook("root")
         if not journal.stream_version(f"cell:{self.settings.cell}"):  # Step 5: the cell
             self.configure_cell(setup)
-        _test_hook("cell")
         return record
 
     def close(self) -> None:

@@ -9,7 +9,8 @@ A bundle is one canonical JSON document (sorted keys, no spaces, UTF-8)::
      "entries": [{"position", "originator" (hex), "version", "topic", "state" (base64),
                   "prev_hash" (hex), "chain_hash" (hex), "leaf", "path": [hex, ...],
                   "context": bool}, ...],
-     "manifest": {"<part>": <hex sha256 of the part's canonical JSON>, ...}}
+     "manifest": {"<part>": <hex sha256 of the part's canonical JSON>, ...},
+     "seal": <base64 Ed25519 signature over seal_signing_input(manifest)>}
 
 The parts of the manifest are ``selection``, ``keys``, ``checkpoint`` and
 ``entry/<position>``. Every entry carries its exact stored bytes and its RFC 6962
@@ -17,7 +18,13 @@ inclusion proof in the checkpoint's tree; ``context`` entries were added because
 grant chains of the selected lineages need them. :func:`verify_bundle` checks, in this
 order, and names the first part that fails: the format, the manifest, the keys, the
 checkpoint's signature, every entry (bytes → chain hash, links between adjacent leaves,
-inclusion), the grant chains, then the semantic audit of the entries.
+inclusion), the grant chains, the seal, then the semantic audit of the entries.
+
+The seal is the exporter's signature, by the journal key that signs the checkpoint, over
+the manifest: it covers the selection, the keys, the checkpoint and the list of entries,
+and it is the exporter's claim that the bundle's (non-context) entries are every entry
+of the checkpoint's tree that the selection selects. Dropping an entry with its manifest
+line, or relabelling the selection, breaks it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nacl.exceptions import BadSignatureError
+from nacl.signing import SigningKey, VerifyKey
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from charter.audit import merkle
@@ -46,9 +55,18 @@ from charter.authority import SealedGrant, verify_grant_chain
 from charter.core.errors import CharterError
 from charter.core.framing import entry_frame, merkle_leaf_hash
 
-__all__ = ["BUNDLE_FORMAT", "Bundle", "BundleEntry", "BundleReport", "canonical", "verify_bundle"]
+__all__ = [
+    "BUNDLE_FORMAT",
+    "Bundle",
+    "BundleEntry",
+    "BundleReport",
+    "canonical",
+    "seal_signing_input",
+    "verify_bundle",
+]
 
-BUNDLE_FORMAT = "charter/bundle@v1"
+BUNDLE_FORMAT = "charter/bundle@v2"  # v1 had no seal
+_SEAL_CONTEXT = b"charter/bundle-seal/v1\x00"
 
 
 def canonical(value: Any) -> bytes:
@@ -63,6 +81,11 @@ def digest(value: Any) -> str:
 def _manifest(parts: Mapping[str, Any]) -> dict[str, str]:
     """The digest of each part, by name."""
     return {name: digest(part) for name, part in parts.items()}
+
+
+def seal_signing_input(manifest: Mapping[str, str]) -> bytes:
+    """``"charter/bundle-seal/v1" ‖ 0x00 ‖ SHA-256(canonical JSON of the manifest)``."""
+    return _SEAL_CONTEXT + hashlib.sha256(canonical(dict(manifest))).digest()
 
 
 class BundleEntry(BaseModel):
@@ -140,6 +163,13 @@ class Bundle(BaseModel):
     keys: tuple[dict[str, Any], ...]
     checkpoint: str
     entries: tuple[BundleEntry, ...]
+    seal: bytes = b""
+
+    def sealed(self, key: SigningKey) -> Bundle:
+        """This bundle with its seal: ``key`` (the journal key that signs its
+        checkpoint) signs its manifest."""
+        signature = key.sign(seal_signing_input(self.manifest())).signature
+        return self.model_copy(update={"seal": signature})
 
     def parts(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -164,6 +194,7 @@ class Bundle(BaseModel):
                 "checkpoint": self.checkpoint,
                 "entries": [parts[f"entry/{e.position}"] for e in self.entries],
                 "manifest": _manifest(parts),
+                "seal": base64.b64encode(self.seal).decode(),
             }
         )
 
@@ -191,6 +222,7 @@ def _parse(cls: type[Bundle], data: bytes) -> tuple[Bundle, dict[str, str], dict
             keys=tuple(doc["keys"]),
             checkpoint=doc["checkpoint"],
             entries=tuple(BundleEntry.from_json(e) for e in doc["entries"]),
+            seal=base64.b64decode(doc["seal"], validate=True),
         )
         manifest = {str(k): str(v) for k, v in doc["manifest"].items()}
         parts = {
@@ -240,6 +272,7 @@ def verify_bundle(
     checkpoint = _check_checkpoint(bundle, history, witness_keys)
     _check_entries(bundle, checkpoint)
     chains = _check_grant_chains(bundle)
+    _check_seal(bundle, manifest, history.note_key_for(checkpoint.size))
     whole = all(bundle.selection.get(k) is None for k in ("lineage", "from", "to"))
     findings: tuple[Finding, ...] = ()
     if whole:
@@ -265,6 +298,19 @@ def _check_manifest(expected: Mapping[str, str], manifest: Mapping[str, str]) ->
                 "the manifest's digest does not match the part (the part or the manifest "
                 "was changed, or a part was added or removed)",
             )
+
+
+def _check_seal(bundle: Bundle, manifest: Mapping[str, str], key: NoteKey) -> None:
+    """The manifest (checked against the parts already) is signed by ``key``, the
+    journal key that signs the checkpoint."""
+    try:
+        VerifyKey(key.public_key).verify(seal_signing_input(manifest), bundle.seal)
+    except (BadSignatureError, ValueError) as e:
+        raise BundleError(
+            "seal",
+            "the manifest is not signed by the journal's key (an entry was dropped with "
+            "its manifest line, the selection relabelled, or the bundle is unsealed)",
+        ) from e
 
 
 def _check_keys(bundle: Bundle, anchor: NoteKey) -> KeyHistory:

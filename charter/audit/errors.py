@@ -12,10 +12,13 @@ __all__ = [
     "CheckpointFormatError",
     "ConsistencyProofError",
     "InclusionProofError",
+    "KeyHistoryFormatError",
     "KeyRotationError",
     "NoteSignatureError",
     "NotInTreeError",
+    "TreeAheadError",
     "TreeFollowError",
+    "VerifierKeyError",
     "WitnessForkError",
     "WitnessRollbackError",
 ]
@@ -62,6 +65,20 @@ class CheckpointFormatError(TamperedError):
 class TreeFollowError(TamperedError):
     """The journal's entries do not chain where the Merkle follower reads them, so no
     tree (and no checkpoint) is built over them."""
+
+
+class VerifierKeyError(BadInputError):
+    """A verifier key the caller gave (``--journal-key``, ``--log-key``, …) is not one:
+    bad input (exit 2), never "the journal does not verify"."""
+
+
+class TreeAheadError(TamperedError):
+    """The stored Merkle tree has a leaf the journal no longer holds (its tail was cut,
+    or its last entry changed): no checkpoint or proof is signed over it."""
+
+
+class KeyHistoryFormatError(BadInputError):
+    """A key-history document (``--key-history FILE``) that does not parse."""
 
 
 class NotInTreeError(BadInputError):

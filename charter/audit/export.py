@@ -69,9 +69,12 @@ def export_bundle(
     checkpoint: SignedNote | None = None,
 ) -> Bundle:
     """A bundle of the selected entries, proved against ``checkpoint`` (a saved, perhaps
-    cosigned, checkpoint of the journal) or a new one signed with ``key``."""
+    cosigned, checkpoint of the journal) or a new one signed with ``key``, and sealed
+    with ``key`` (the journal key that signs the checkpoint's size)."""
     if start is not None and stop is not None and start > stop:
         raise BadInputError(f"--from {start} is after --to {stop}")
+    if key is None:
+        raise BadInputError("a bundle is sealed with the journal's key: give it")
     log = MerkleLog(journal)
     note, cp = _checkpoint(log, key, checkpoint)
     selected: list[Any] = []
@@ -108,7 +111,8 @@ def export_bundle(
     )
     selection = {"lineage": lineage, "from": start, "to": stop}
     keys = tuple(log.history().up_to(cp.size).to_json())
-    return Bundle(selection=selection, keys=keys, checkpoint=note.render(), entries=entries)
+    bundle = Bundle(selection=selection, keys=keys, checkpoint=note.render(), entries=entries)
+    return bundle.sealed(log.signer_for(key, cp.size))
 
 
 def _checkpoint(

@@ -12,27 +12,35 @@ it). Pure: no journal.
 from __future__ import annotations
 
 import hmac
+import json
+import os
 from typing import Any
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 from pydantic import BaseModel, ConfigDict
 
-from charter.audit.errors import KeyRotationError
+from charter.audit.errors import KeyHistoryFormatError, KeyRotationError
 from charter.audit.note import NoteKey
+from charter.core.errors import StateError
 from charter.core.events import Event
 from charter.core.framing import NOTE_ED25519, key_rotation_signing_input
+from charter.core.home import KeyStore
 
 __all__ = [
     "KEY_STREAM",
     "JournalKeyRotated",
+    "KEY_HISTORY_FORMAT",
     "KeyHistory",
     "check_rotation",
+    "is_retired",
     "journal_origin",
+    "retire_key",
     "rotation",
 ]
 
 KEY_STREAM = "journal-keys"
+KEY_HISTORY_FORMAT = "charter/key-history@v1"
 ROTATION_TOPIC = "JournalKeyRotated/"
 
 
@@ -123,8 +131,76 @@ class KeyHistory(BaseModel):
     def note_key_for(self, size: int) -> NoteKey:
         return NoteKey.make(self.origin, NOTE_ED25519, self.key_for(size))
 
+    @classmethod
+    def from_document(cls, text: str, anchor: NoteKey) -> KeyHistory:
+        """The history a key-history document (``charter checkpoint key --history``)
+        claims, checked from ``anchor``: every rotation must be signed by the key current
+        before it and by the new key (:class:`KeyRotationError` if not), at increasing
+        leaves. A document that does not parse is :class:`KeyHistoryFormatError`."""
+        try:
+            doc = json.loads(text)
+            fmt = doc["format"]
+            declared = str(doc["anchor"])
+            rotations = [(int(r["leaf"]), dict(r["rotation"])) for r in doc["rotations"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise KeyHistoryFormatError(f"the key history does not parse: {e}") from e
+        if fmt != KEY_HISTORY_FORMAT:
+            raise KeyHistoryFormatError(f"the key history is not a {KEY_HISTORY_FORMAT} document")
+        if declared != anchor.text():
+            raise KeyRotationError(
+                f"the key history starts at {declared}, not at the key given ({anchor.text()})"
+            )
+        history = cls.start(anchor.name, anchor.public_key)
+        for leaf, payload in rotations:
+            if leaf <= history.keys[-1][0]:
+                raise KeyRotationError(f"the key history's rotation at leaf {leaf} is out of order")
+            history = history.rotated(leaf, payload)
+        return history
+
     def to_json(self) -> list[dict[str, Any]]:
         return [
             {"after_leaf": after, "key": NoteKey.make(self.origin, NOTE_ED25519, key).text()}
             for after, key in self.keys
         ]
+
+
+# What a retired key's file holds once its private key is destroyed. The file stays, so
+# the home still reads as the home of its journal (`charter init` and the missing
+# journal check look for ``journal.key``), but no key can be loaded from it.
+RETIRED = b"charter: retired journal key (destroyed at rotation)\n"
+
+
+def _key_file(keys: KeyStore, name: str) -> Any:
+    if not keys.exists(name):  # also checks the name
+        raise StateError(f"no key {name!r} in {keys.directory}")
+    return keys.directory / f"{name}.key"
+
+
+def retire_key(keys: KeyStore, name: str) -> None:
+    """Destroy the private key ``name`` after a rotation away from it: its file's bytes
+    are overwritten in place and synced, then it holds only :data:`RETIRED`."""
+    path = _key_file(keys, name)
+    try:
+        with path.open("r+b") as f:
+            length = f.seek(0, os.SEEK_END)
+            f.seek(0)
+            f.write(b"\0" * length)
+            f.flush()
+            os.fsync(f.fileno())
+            f.seek(0)
+            f.truncate()
+            f.write(RETIRED)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise StateError(
+            f"the rotation is journaled but the old key {path} could not be destroyed: {e}; "
+            "delete it by hand"
+        ) from e
+
+
+def is_retired(keys: KeyStore, name: str) -> bool:
+    try:
+        return bool(_key_file(keys, name).read_bytes() == RETIRED)
+    except OSError:
+        return False

@@ -25,7 +25,7 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 from pydantic import BaseModel, ConfigDict
 
-from charter.audit.errors import CheckpointFormatError, NoteSignatureError
+from charter.audit.errors import CheckpointFormatError, NoteSignatureError, VerifierKeyError
 from charter.core.framing import (
     HASH_SIZE,
     NOTE_COSIGNATURE_V1,
@@ -103,6 +103,15 @@ class NoteKey(BaseModel):
         if key.key_id.hex() != key_id:
             raise CheckpointFormatError(f"verifier key {name}: its id does not match its key")
         return key
+
+    @classmethod
+    def given(cls, text: str, what: str = "--journal-key") -> NoteKey:
+        """:meth:`parse` of a key the caller gave: a malformed one is
+        :class:`VerifierKeyError` (bad input), not a tampered history."""
+        try:
+            return cls.parse(text)
+        except CheckpointFormatError as e:
+            raise VerifierKeyError(f"{what}: {e}") from e
 
 
 class Signature(BaseModel):

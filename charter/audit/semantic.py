@@ -28,6 +28,18 @@ position where the rule first breaks:
   lease was released (revoked), after the release.
 - ``key-rotation``: every journal key rotation is signed by the journal's current key
   and by the new one (the journal's first key is its ``JournalCreated`` entry's).
+- ``trust-anchor``: a root's registration (its trust root), its root grant and its
+  budget ledger are write-once: a second one is a finding and the first one stays.
+- ``lineage-reuse``: a lineage is minted once and leased once (a second lease would
+  restart its spend).
+- ``admission``: a slot is admitted only on a configured cell, never past the class's
+  cap, and, while the class has a queue, only to the queue's head.
+- ``worker-lifecycle``: a worker starts holding a verified grant, in a sandbox leased
+  for it; a started worker ends, or its lease is still live at the audit's end.
+- ``entry-type``: every entry is of a type (and version) this audit knows.
+
+``RULES`` maps each rule the control plane enforces to the check that audits it
+(docs/VERIFYING.md §9 has the same table; a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -47,7 +59,7 @@ from charter.authority import SealedGrant, verify_grant_chain
 from charter.core.budget import Vec
 from charter.core.errors import CharterError
 
-__all__ = ["AuditReport", "Finding", "audit_history", "CHECKS"]
+__all__ = ["AuditReport", "Finding", "audit_history", "CHECKS", "KNOWN_TOPICS", "RULES"]
 
 CHECKS = (
     "entry-format",
@@ -60,6 +72,78 @@ CHECKS = (
     "lifecycle",
     "revoked-subtree",
     "key-rotation",
+    "trust-anchor",
+    "lineage-reuse",
+    "admission",
+    "worker-lifecycle",
+    "entry-type",
+)
+
+# What the control plane enforces, and the check that audits it afterwards.
+RULES: tuple[tuple[str, str], ...] = (
+    ("an entry is one of Charter's types, at a version it writes", "entry-type"),
+    ("entries decode and carry their type's fields", "entry-format"),
+    ("commit times never decrease", "commit-order"),
+    ("a root is registered once: its trust root is pinned", "trust-anchor"),
+    ("a root's ceiling grant is minted once", "trust-anchor"),
+    ("a root's budget ledger is opened once", "trust-anchor"),
+    ("a lineage is minted once and leased once", "lineage-reuse"),
+    ("a grant attenuates its issuer's verified grant, up to the trust root", "grant-chain"),
+    ("a lease goes to a lineage holding its verified grant", "grant-chain"),
+    ("a fan-out's gate is decided once, before its mints, by the issuer", "gate"),
+    ("a fan-out mints no more children than its gate's width", "gate"),
+    ("no mint or sandbox under a released subtree", "revoked-subtree"),
+    ("leases never spend past their parent's allocation", "conservation"),
+    ("no usage or lease out of an ended or missing ledger", "usage-after-end"),
+    ("slots only on configured cells, never past the cap", "admission"),
+    ("a class with a queue admits its head first", "admission"),
+    ("a worker's sandbox is leased under its grant and live lease", "sandbox-lease"),
+    ("an operator's sandbox names no lease, no grant, and runs no worker", "sandbox-lease"),
+    ("a started sandbox ends (or its lease, or wall clock, still runs)", "lifecycle"),
+    ("a worker starts under a verified grant, in its own sandbox", "worker-lifecycle"),
+    ("a started worker ends (or its lease is still live)", "worker-lifecycle"),
+    ("journal keys rotate only when both keys sign", "key-rotation"),
+)
+
+# Every topic Charter writes (``TypeName/vN``); any other is an ``entry-type`` finding.
+# tests/audit/test_rules.py keeps this equal to the catalogue's.
+KNOWN_TOPICS = frozenset(
+    f"{name}/v1"
+    for name in (
+        "AdmissionRefused",
+        "AgentRegistered",
+        "BudgetLedgerOpened",
+        "BudgetRefused",
+        "CeilingCheckFailedOpen",
+        "CellConfigured",
+        "CellStarted",
+        "EgressAttempted",
+        "EgressOpened",
+        "GateDecided",
+        "GrantMinted",
+        "JournalCreated",
+        "JournalKeyRotated",
+        "LeaseGranted",
+        "LeaseReleased",
+        "LeaseRenewed",
+        "SandboxDiscarded",
+        "SandboxExited",
+        "SandboxLeased",
+        "SandboxProbeRefused",
+        "SandboxQuarantined",
+        "SandboxStarted",
+        "SlotAdmitted",
+        "SlotQueued",
+        "SlotReleased",
+        "SpawnRefused",
+        "UsageRecorded",
+        "WorkerEnded",
+        "WorkerKilled",
+        "WorkerResult",
+        "WorkerScheduled",
+        "WorkerStarted",
+        "WorkerWaiting",
+    )
 )
 _AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -114,6 +198,23 @@ class _Sandbox:
     lease: str | None
     started: int | None = None
     ended: bool = False
+    wall_ms: int = 0
+    started_at: int = 0
+
+
+@dataclass
+class _Cell:
+    """A cell's slots as the audit folds them (``caps`` empty until it is configured)."""
+
+    caps: dict[str, int]
+    holders: dict[str, set[str]]
+    queued: dict[str, dict[str, None]]  # per class, in arrival order
+
+
+@dataclass
+class _Worker:
+    position: int
+    ended: bool = False
 
 
 class _Auditor:
@@ -122,11 +223,18 @@ class _Auditor:
         self.books = Books()
         self.trust_roots: dict[str, bytes] = {}
         self.chains: dict[str, tuple[SealedGrant, ...]] = {}
-        self.gates: dict[str, tuple[int, str, str]] = {}  # fanout → (position, actor, verdict)
+        # fanout → (position, actor, verdict, width)
+        self.gates: dict[str, tuple[int, str, str, int]] = {}
         self.minted_fanouts: set[str] = set()
         self.released: dict[str, int] = {}  # lineage → position of its release
         self.sandboxes: dict[str, _Sandbox] = {}
         self.keys: KeyHistory | None = None
+        self.registered: dict[str, int] = {}  # root → position of its registration
+        self.opened: dict[str, int] = {}  # root → position of its budget ledger
+        self.minted: dict[str, int] = {}  # lineage → position of its first mint
+        self.fanout_mints: dict[str, int] = {}  # fanout → children minted in it
+        self.cells: dict[str, _Cell] = {}
+        self.workers: dict[str, _Worker] = {}
         self._handlers = self._make_handlers()
         self.last_at = 0
         self.position = 0
@@ -157,7 +265,24 @@ class _Auditor:
             node = self.books.get(node.parent) if node.parent is not None else None
 
     def ledger_opened(self, p: dict[str, Any]) -> None:
-        self.books.open_root(str(p["lineage"]), _vec(p["allocation"]))
+        lineage = str(p["lineage"])
+        if self.books.get(lineage) is not None:
+            first = self.opened.get(lineage)
+            self.find(
+                "trust-anchor",
+                lineage,
+                f"a second budget ledger for {lineage} (its first at position {first}); "
+                "the first stays",
+            )
+            return
+        if lineage not in self.registered:
+            self.find(
+                "trust-anchor",
+                lineage,
+                f"a budget ledger for {lineage}, which is not a registered root",
+            )
+        self.opened[lineage] = self.position
+        self.books.open_root(lineage, _vec(p["allocation"]))
 
     def lease_granted(self, p: dict[str, Any], t: int) -> None:
         parent = str(p["parent"])
@@ -170,9 +295,38 @@ class _Auditor:
             )
             if ledger is None:
                 return
-        lineages = tuple(str(lineage) for lineage in p["lineages"])
-        self.books.grant(ledger, lineages, _vec(p["allocation"]), int(p["expires_at_ms"]))
+        self._leased_grants(p)
+        fresh: list[str] = []
+        for lineage in (str(lineage) for lineage in p["lineages"]):
+            if self.books.get(lineage) is not None or lineage in fresh:
+                self.find(
+                    "lineage-reuse",
+                    lineage,
+                    f"{lineage} leased again; its first lease (and its spend) stays",
+                )
+            else:
+                fresh.append(lineage)
+        if not fresh:
+            return
+        allocation, expires = _vec(p["allocation"]), int(p["expires_at_ms"])
+        self.books.grant(ledger, tuple(fresh), allocation, expires)
         self._check_conserved(parent, t)
+
+    def _leased_grants(self, p: dict[str, Any]) -> None:
+        """Each leased lineage holds a verified grant, the one the lease names if any."""
+        lineages = [str(lineage) for lineage in p["lineages"]]
+        digests: list[str | None] = [str(d) for d in p.get("grants") or ()]
+        digests = digests or [None] * len(lineages)
+        for lineage, named in zip(lineages, digests, strict=False):
+            chain = self.chains.get(lineage)
+            if chain is None:
+                self.find("grant-chain", lineage, f"leased to {lineage}, which holds no grant")
+            elif named is not None and chain[-1].digest.hex() != named:
+                self.find(
+                    "grant-chain",
+                    lineage,
+                    f"the lease of {lineage} names grant {named[:16]}…, not its minted one",
+                )
 
     def usage(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
@@ -231,6 +385,21 @@ class _Auditor:
             )
         if lineage != issuer:
             self._gate_for_mint(fanout, issuer, lineage)
+        first = self.minted.setdefault(lineage, self.position)
+        if first != self.position:
+            if lineage == issuer:
+                self.find(
+                    "trust-anchor",
+                    lineage,
+                    f"a second root grant for {lineage} (its first at position {first}); "
+                    "the first stays",
+                )
+                return
+            self.find(
+                "lineage-reuse",
+                lineage,
+                f"{lineage} minted again (first at position {first}); the first stays",
+            )
         try:
             sealed = SealedGrant.from_record({"body": p["body"], "signature": p["signature"]})
         except (CharterError, ValidationError, ValueError, KeyError, TypeError) as e:
@@ -253,7 +422,7 @@ class _Auditor:
         except CharterError as e:
             self.find("grant-chain", lineage, str(e))
             return
-        self.chains[lineage] = chain
+        self.chains.setdefault(lineage, chain)
 
     def gate_decided(self, p: dict[str, Any]) -> None:
         fanout = str(p["fanout"])
@@ -266,11 +435,12 @@ class _Auditor:
             return
         if fanout in self.minted_fanouts:
             self.find("gate", str(p["actor"]), f"fan-out {fanout}'s gate decided after its mints")
-        self.gates[fanout] = (self.position, str(p["actor"]), str(p["verdict"]))
+        self.gates[fanout] = (self.position, str(p["actor"]), str(p["verdict"]), int(p["width"]))
 
     def _gate_for_mint(self, fanout: str, issuer: str, lineage: str) -> None:
         first = fanout not in self.minted_fanouts
         self.minted_fanouts.add(fanout)
+        count = self.fanout_mints[fanout] = self.fanout_mints.get(fanout, 0) + 1
         gate = self.gates.get(fanout)
         if gate is None:
             if first:
@@ -280,7 +450,13 @@ class _Auditor:
                     f"minted in fan-out {fanout}, whose gate was never decided before it",
                 )
             return
-        _, actor, verdict = gate
+        _, actor, verdict, width = gate
+        if count > width:
+            self.find(
+                "gate",
+                lineage,
+                f"child {count} minted in fan-out {fanout}, whose gate allowed {width}",
+            )
         if first and verdict not in _ALLOWING:
             self.find("gate", lineage, f"minted in fan-out {fanout}, whose gate said {verdict}")
         if first and actor != issuer:
@@ -305,9 +481,28 @@ class _Auditor:
         sandbox = str(p["sandbox_id"])
         lineage = p.get("lineage")
         lease = p.get("lease") or lineage
-        self.sandboxes[sandbox] = _Sandbox(self.position, lineage, lease)
+        self.sandboxes[sandbox] = _Sandbox(
+            self.position, lineage, lease, wall_ms=int(p.get("wall_ms") or 0)
+        )
         if lineage is None:
-            return  # an operator's own sandbox (`charter sandbox run`): no worker
+            # An operator's own sandbox (`charter sandbox run`): exempt from the grant
+            # and lease checks only as long as it claims neither and runs no worker
+            # (worker_started), and ends within its wall clock (lifecycle).
+            if p.get("lease") is not None or p.get("grant_digest") is not None:
+                self.find(
+                    "sandbox-lease",
+                    None,
+                    f"operator sandbox {sandbox} names a lease or a grant but no lineage",
+                )
+            return
+        digest = p.get("grant_digest")
+        chain = self.chains.get(str(lineage))
+        if digest is not None and chain is not None and chain[-1].digest.hex() != digest:
+            self.find(
+                "sandbox-lease",
+                str(lineage),
+                f"sandbox {sandbox} names grant {str(digest)[:16]}…, not {lineage}'s",
+            )
         if str(lineage) not in self.chains:
             self.find(
                 "sandbox-lease",
@@ -330,17 +525,18 @@ class _Auditor:
                 f"{self.released[revoked]}",
             )
 
-    def sandbox_started(self, p: dict[str, Any]) -> None:
+    def sandbox_started(self, p: dict[str, Any], t: int) -> None:
         sandbox = self.sandboxes.get(str(p["sandbox_id"]))
         if sandbox is None:
             self.find(
                 "sandbox-lease", None, f"sandbox {p['sandbox_id']} started without being leased"
             )
-            self.sandboxes[str(p["sandbox_id"])] = _Sandbox(
-                self.position, None, None, self.position
+            self.sandboxes[str(p["sandbox_id"])] = _Sandbox(  # reported: not followed
+                self.position, None, None, self.position, ended=True
             )
             return
         sandbox.started = self.position
+        sandbox.started_at = t
 
     def sandbox_ended(self, p: dict[str, Any]) -> None:
         sandbox = self.sandboxes.get(str(p["sandbox_id"]))
@@ -349,7 +545,19 @@ class _Auditor:
 
     def lifecycle(self, t: int) -> None:
         for sandbox_id, s in self.sandboxes.items():
-            if s.started is None or s.ended or s.lease is None:
+            if s.started is None or s.ended:
+                continue
+            if s.lease is None:
+                if s.lineage is None and t > s.started_at + s.wall_ms:
+                    self.findings.append(
+                        Finding(
+                            check="lifecycle",
+                            position=s.started,
+                            lineage=None,
+                            detail=f"operator sandbox {sandbox_id} started, its wall clock "
+                            f"({s.wall_ms} ms) ran out, and it never exited or failed",
+                        )
+                    )
                 continue
             ledger = self.books.get(s.lease)
             if ledger is None or not ledger.live(t):
@@ -362,6 +570,103 @@ class _Auditor:
                         "exited or failed",
                     )
                 )
+
+        for lineage, w in self.workers.items():
+            if w.ended:
+                continue
+            ledger = self.books.get(lineage)
+            if ledger is None or not ledger.live(t):
+                self.findings.append(
+                    Finding(
+                        check="worker-lifecycle",
+                        position=w.position,
+                        lineage=lineage,
+                        detail=f"worker {lineage} started, its lease ended, and it never ended",
+                    )
+                )
+
+    # -- workers -----------------------------------------------------------------------
+
+    def worker_started(self, p: dict[str, Any], _: int) -> None:
+        lineage = str(p["lineage"])
+        if lineage in self.workers:
+            self.find("worker-lifecycle", lineage, f"worker {lineage} started again")
+            return
+        self.workers[lineage] = _Worker(self.position)
+        if lineage not in self.chains:
+            self.find(
+                "worker-lifecycle", lineage, f"worker {lineage} started without a verified grant"
+            )
+        sandbox_id = p.get("sandbox_id")
+        if sandbox_id is None:
+            return
+        sandbox = self.sandboxes.get(str(sandbox_id))
+        if sandbox is None or sandbox.lineage != lineage:
+            owner = "nobody" if sandbox is None else (sandbox.lineage or "the operator")
+            self.find(
+                "worker-lifecycle",
+                lineage,
+                f"worker {lineage} started in sandbox {sandbox_id}, leased for {owner}",
+            )
+
+    def worker_ended(self, p: dict[str, Any], _: int) -> None:
+        worker = self.workers.get(str(p["lineage"]))
+        if worker is not None:
+            worker.ended = True
+
+    # -- admission ---------------------------------------------------------------------
+
+    def _cell(self, name: str) -> _Cell:
+        cell = self.cells.get(name)
+        if cell is None:
+            cell = self.cells[name] = _Cell({}, {}, {})
+        return cell
+
+    def cell_configured(self, p: dict[str, Any], _: int) -> None:
+        cell = self._cell(str(p["cell"]))
+        cell.caps = {str(k): int(v) for k, v in dict(p["caps"]).items()}
+        for resource, held in cell.holders.items():
+            if len(held) > cell.caps.get(resource, 0):
+                self.find(
+                    "admission",
+                    None,
+                    f"cell {p['cell']} configured with a {resource} cap of "
+                    f"{cell.caps.get(resource, 0)}, below the {len(held)} slot(s) held",
+                )
+
+    def slot_queued(self, p: dict[str, Any], _: int) -> None:
+        cell = self._cell(str(p["cell"]))
+        queue = cell.queued.setdefault(str(p["resource"]), {})
+        queue.update(dict.fromkeys(str(lineage) for lineage in p["lineages"]))
+
+    def slot_admitted(self, p: dict[str, Any], _: int) -> None:
+        name, lineage, resource = str(p["cell"]), str(p["lineage"]), str(p["resource"])
+        cell = self._cell(name)
+        held = cell.holders.setdefault(resource, set())
+        queue = cell.queued.setdefault(resource, {})
+        if not cell.caps:
+            self.find("admission", lineage, f"a {resource} slot on unconfigured cell {name}")
+        head = next(iter(queue), None)
+        if head is not None and head != lineage:
+            self.find(
+                "admission",
+                lineage,
+                f"admitted to a {resource} slot on {name} ahead of the queue's head {head}",
+            )
+        queue.pop(lineage, None)
+        held.add(lineage)
+        cap = min(cell.caps.get(resource, 0), int(p["cap"]))
+        if len(held) > cap:
+            self.find(
+                "admission",
+                lineage,
+                f"{len(held)} {resource} slots held on {name}, over its cap of {cap}",
+            )
+
+    def slot_released(self, p: dict[str, Any], _: int) -> None:
+        self._cell(str(p["cell"])).holders.setdefault(str(p["resource"]), set()).discard(
+            str(p["lineage"])
+        )
 
     # -- the fold --------------------------------------------------------------------
 
@@ -382,6 +687,9 @@ class _Auditor:
             )
         self.last_at = max(self.last_at, t)
         kind = topic.partition("/")[0]
+        if topic not in KNOWN_TOPICS:
+            self.find("entry-type", None, f"an entry of type {topic!r}, which Charter never writes")
+            return
         try:
             self._dispatch(kind, p, t)
         except (KeyError, TypeError, ValueError) as e:
@@ -406,7 +714,13 @@ class _Auditor:
             "LeaseReleased": self.released_lease,
             "LeaseRenewed": self.renewed,
             "SandboxLeased": self.sandbox_leased,
-            "SandboxStarted": lambda p, _: self.sandbox_started(p),
+            "SandboxStarted": self.sandbox_started,
+            "WorkerStarted": self.worker_started,
+            "WorkerEnded": self.worker_ended,
+            "CellConfigured": self.cell_configured,
+            "SlotQueued": self.slot_queued,
+            "SlotAdmitted": self.slot_admitted,
+            "SlotReleased": self.slot_released,
             **{end: lambda p, _: self.sandbox_ended(p) for end in _ENDS},
         }
 
@@ -415,7 +729,22 @@ class _Auditor:
         self.keys = KeyHistory.start(journal_origin(key), bytes.fromhex(key))
 
     def agent_registered(self, p: dict[str, Any], _: int) -> None:
-        self.trust_roots[str(p["lineage"])] = bytes.fromhex(p["trust_root"])
+        lineage, name = str(p["lineage"]), str(p["name"])
+        trust_root = bytes.fromhex(p["trust_root"])
+        if lineage != f"agent:{name}":
+            self.find("trust-anchor", lineage, f"{name!r} registered as {lineage}")
+            return
+        first = self.registered.get(lineage)
+        if first is not None:
+            self.find(
+                "trust-anchor",
+                lineage,
+                f"{lineage} registered again (first at position {first}) with trust root "
+                f"{trust_root.hex()[:16]}…; the first registration's trust root stays",
+            )
+            return
+        self.registered[lineage] = self.position
+        self.trust_roots[lineage] = trust_root
 
 
 def audit_history(rows: Iterable[Iterable[tuple[int, str, bytes]]]) -> AuditReport:

@@ -27,6 +27,7 @@ from charter.audit.errors import (
     ConsistencyProofError,
     KeyRotationError,
     NotInTreeError,
+    TreeAheadError,
     TreeFollowError,
 )
 from charter.audit.keys import ROTATION_TOPIC, KeyHistory, journal_origin
@@ -42,6 +43,8 @@ __all__ = [
     "ExtensionReport",
     "InclusionProof",
     "MerkleLog",
+    "anchor_key",
+    "key_history",
     "leaf_hashes",
     "verify_extension",
 ]
@@ -132,6 +135,30 @@ def _rotate(history: KeyHistory, leaf: int, state: bytes) -> KeyHistory:
         return history.rotated(leaf, json.loads(state)["payload"])
     except (KeyRotationError, ValueError, KeyError, TypeError):
         return history
+
+
+def anchor_key(journal: Journal) -> NoteKey:
+    """The journal's first verifier key, from its metadata alone (no tree, no write: it
+    works on a read-only copy)."""
+    key = journal.meta.journal_key
+    return NoteKey.make(journal_origin(key), NOTE_ED25519, bytes.fromhex(key))
+
+
+def key_history(journal: Journal) -> tuple[KeyHistory, int, list[dict[str, Any]]]:
+    """The journal key's history, the journal's size and the valid rotations (``{"leaf",
+    "rotation"}``, the key-history document's), read from its entries alone (every
+    entry re-hashed, every rotation checked; no tree, no write)."""
+    key = journal.meta.journal_key
+    history = KeyHistory.start(journal_origin(key), bytes.fromhex(key))
+    rotations: list[dict[str, Any]] = []
+    size = 0
+    for _, _, topic, state in leaf_hashes(journal):
+        if topic.startswith(ROTATION_TOPIC):
+            history = _rotate(history, size, state)
+            if history.keys[-1][0] == size:
+                rotations.append({"leaf": size, "rotation": json.loads(state)["payload"]})
+        size += 1
+    return history, size, rotations
 
 
 class MerkleLog:
@@ -334,7 +361,8 @@ class MerkleLog:
         if catch_up:
             self.catch_up()
         size, root = self.root()
-        signer = self._signing(key, size)
+        self.check_head(size)
+        signer = self.signer_for(key, size)
         return sign_checkpoint(
             Checkpoint(origin=self.origin, size=size, root=root), self.origin, signer
         )
@@ -358,14 +386,40 @@ class MerkleLog:
         a checkpoint of the tree of ``size`` leaves signed with the journal's key."""
         self.catch_up()
         proof = self.inclusion(position, size)
+        self.check_head(self.size())
         frame = self.frame(position)
         if merkle_leaf_hash(frame) != proof.leaf_hash:
             raise TreeFollowError(f"entry {position} no longer hashes to its stored leaf")
         checkpoint = Checkpoint(origin=self.origin, size=proof.size, root=proof.root)
-        note = sign_checkpoint(checkpoint, self.origin, self._signing(key, proof.size))
+        note = sign_checkpoint(checkpoint, self.origin, self.signer_for(key, proof.size))
         return InclusionText(frame=frame, index=proof.leaf, path=proof.path, note=note)
 
-    def _signing(self, key: Signers, size: int) -> SigningKey:
+    def check_head(self, size: int) -> None:
+        """Refuse (:class:`TreeAheadError`) a tree of ``size`` leaves whose last leaf is
+        not the journal's entry at that leaf's position, byte for byte and chained: after
+        a tail cut the stored tree would otherwise be signed past the journal's head."""
+        if size == 0:
+            return
+        with self.store.read() as cur:
+            position = self.store.position_of(cur, size - 1)
+            stored = self.store.nodes(cur, [(0, size - 1)]).get((0, size - 1))
+        row = next(self.journal.rows(position, position), None) if position else None
+        if row is None or row.position != position or stored is None:
+            raise TreeAheadError(
+                f"the Merkle tree has {size} leaves but the journal has no entry at position "
+                f"{position} (leaf {size - 1}): its tail was cut; nothing is signed past the "
+                "journal's head (run `charter journal verify`)"
+            )
+        frame = entry_frame(
+            row.prev_hash, position, row.originator, row.version, row.topic.encode(), row.state
+        )
+        if merkle_leaf_hash(frame) != stored or sha256(frame).digest() != row.chain_hash:
+            raise TreeAheadError(
+                f"the journal's entry at position {position} is not the tree's leaf "
+                f"{size - 1}: nothing is signed over it (run `charter journal verify`)"
+            )
+
+    def signer_for(self, key: Signers, size: int) -> SigningKey:
         """The one of ``key`` that signs a checkpoint of ``size`` entries."""
         wanted = self.note_key(size).public_key
         for candidate in (key,) if isinstance(key, SigningKey) else key:

@@ -241,8 +241,11 @@ class LeaseBook:
         """Fold one committed event, recorded at ``at_ms``."""
         match event:
             case BudgetLedgerOpened():
-                self._ledgers[event.lineage] = LedgerState(
-                    event.lineage, None, event.allocation, None
+                # Write-once, as the auditor reads it: a second ledger for a lineage (only
+                # a database writer could append one; register_root pins the stream)
+                # never replaces the first one's allocation or what was spent under it.
+                self._ledgers.setdefault(
+                    event.lineage, LedgerState(event.lineage, None, event.allocation, None)
                 )
             case LeaseGranted():
                 parent = self._ledgers[event.parent]

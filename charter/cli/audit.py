@@ -14,12 +14,25 @@ from charter.app import JOURNAL_KEY, Charter
 from charter.audit.bundle import verify_bundle
 from charter.audit.errors import NotInTreeError
 from charter.audit.export import export_bundle, export_jsonl
-from charter.audit.keys import KEY_STREAM, rotation
+from charter.audit.keys import (
+    KEY_HISTORY_FORMAT,
+    KEY_STREAM,
+    KeyHistory,
+    is_retired,
+    retire_key,
+    rotation,
+)
 from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText, InclusionText
 from charter.audit.semantic import Finding, audit_history
 from charter.audit.siem import lines as jsonl_lines
-from charter.audit.tree import ExtensionReport, MerkleLog, verify_extension
+from charter.audit.tree import (
+    ExtensionReport,
+    MerkleLog,
+    anchor_key,
+    key_history,
+    verify_extension,
+)
 from charter.audit.witness import Witness
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import KeyStore, charter_home
@@ -69,15 +82,21 @@ def checkpoint(click_ctx: click.Context, out: str | None) -> None:
     )
 
 
+def _journal_key_names(keys: KeyStore) -> list[str]:
+    """``journal``, then each rotated one (``journal.1``, ``journal.2``, …)."""
+    names = [JOURNAL_KEY]
+    while keys.exists(f"{JOURNAL_KEY}.{len(names)}"):
+        names.append(f"{JOURNAL_KEY}.{len(names)}")
+    return names
+
+
 def _journal_keys(keys: KeyStore) -> list[SigningKey]:
-    """The journal's signing keys in the home: ``journal``, then each rotated one
-    (``journal.1``, ``journal.2``, …); the tree picks the one a checkpoint needs."""
-    found = [keys.load(JOURNAL_KEY)]
-    n = 1
-    while keys.exists(f"{JOURNAL_KEY}.{n}"):
-        found.append(keys.load(f"{JOURNAL_KEY}.{n}"))
-        n += 1
-    return found
+    """The journal's signing keys in the home that are not retired (a rotation destroys
+    the key it rotates away from); the tree picks the one a checkpoint needs."""
+    names = [n for n in _journal_key_names(keys) if not is_retired(keys, n)]
+    if not names:
+        raise StateError(f"the Charter home {keys.home} holds no journal key that may sign")
+    return [keys.load(n) for n in names]
 
 
 def _summary(note: SignedNote) -> tuple[int, str]:
@@ -110,16 +129,37 @@ def checkpoint_follow(ctx: Ctx, interval: float) -> None:
 @click.option(
     "--current", is_flag=True, help="The key that signs checkpoints now (after rotations)."
 )
+@click.option(
+    "--history",
+    "history_out",
+    metavar="FILE",
+    help="Also write the key history (the anchor and each rotation, signed by both keys) "
+    "to FILE, for --key-history of proof verify and witness cosign.",
+)
 @click.pass_obj
-def checkpoint_key(ctx: Ctx, current: bool) -> None:
+def checkpoint_key(ctx: Ctx, current: bool, history_out: str | None) -> None:
     """Print the journal's first verifier key (the trust anchor its key history starts
     from), or with --current the one that signs checkpoints now."""
-    with Journal.open(ctx.db) as journal:
-        log = MerkleLog(journal)
-        if current:
-            log.catch_up()
-        key = log.note_key() if current else log.anchor_key()
+    with Journal.open(ctx.db) as journal:  # read only: it runs on an auditor's copy
+        anchor = anchor_key(journal)
+        key = anchor
+        if current or history_out is not None:
+            history, size, rotations = key_history(journal)
+            if current:
+                key = history.note_key_for(size)
+            doc = {"anchor": anchor.text(), "format": KEY_HISTORY_FORMAT, "rotations": rotations}
+            _write(history_out, json.dumps(doc, sort_keys=True, indent=1) + "\n")
     ctx.emit({"key": key.text(), "name": key.name}, key.text())
+
+
+def _key_for(vkey: str, history_file: str | None, note: SignedNote, what: str) -> NoteKey:
+    """The key that must have signed ``note``: ``vkey`` itself, or, with a key-history
+    file, the key that history (checked from ``vkey``, the anchor) gives for its size."""
+    key = NoteKey.given(vkey, what)
+    if history_file is None:
+        return key
+    history = KeyHistory.from_document(_read(history_file), key)
+    return history.note_key_for(_summary(note)[0])
 
 
 @checkpoint.command("rotate")
@@ -134,12 +174,19 @@ def checkpoint_rotate(ctx: Ctx) -> None:
         log = MerkleLog(journal)
         log.catch_up()
         history = log.history()
-        current = next(
-            (k for k in _journal_keys(charter.keys) if bytes(k.verify_key) == history.current),
-            None,
-        )
-        if current is None:
+        names = _journal_key_names(charter.keys)
+        held = {
+            bytes(charter.keys.load(n).verify_key): n
+            for n in names
+            if not is_retired(charter.keys, n)
+        }
+        old_name = held.get(history.current)
+        if old_name is None:
             raise StateError("the home does not hold the journal's current signing key")
+        current = charter.keys.load(old_name)
+        # The old key's last checkpoint: the tree up to the rotation, published, so what
+        # it signed stays provable once it is destroyed.
+        log.publish(log.checkpoint(current, catch_up=False))
         name = f"{JOURNAL_KEY}.{len(history.keys)}"
         new = charter.keys.create(name)
         try:
@@ -149,6 +196,7 @@ def checkpoint_rotate(ctx: Ctx) -> None:
             raise
         log.catch_up()
         key = log.note_key()
+        retire_key(charter.keys, old_name)  # nothing signs with it any more
     ctx.emit({"key": key.text(), "name": name}, key.text())
 
 
@@ -156,7 +204,7 @@ def extends_checkpoint(ctx: Ctx, file: str, vkey: str | None) -> ExtensionReport
     """Prove the journal extends the checkpoint saved in ``file`` (``checkpoint verify``
     and ``journal verify --checkpoint``); raises ConsistencyProofError if it does not."""
     note = SignedNote.parse(_read(file))
-    key = NoteKey.parse(vkey) if vkey else None
+    key = NoteKey.given(vkey) if vkey else None
     with Journal.open(ctx.db) as journal:
         return verify_extension(journal, note, key)
 
@@ -215,15 +263,27 @@ def witness_key(ctx: Ctx) -> None:
     help="Consistency proof from the last cosigned size (default: asked of the journal).",
 )
 @click.option("--out", "out", metavar="FILE", help="Also save the cosigned checkpoint to FILE.")
+@click.option(
+    "--key-history",
+    "history_file",
+    metavar="FILE",
+    help="The log's key history (`charter checkpoint key --history`), checked from "
+    "--log-key as its anchor: the checkpoint is verified with the key it gives.",
+)
 @click.pass_obj
 def witness_cosign(
-    ctx: Ctx, file: str, log_key: str, proof_file: str | None, out: str | None
+    ctx: Ctx,
+    file: str,
+    log_key: str,
+    proof_file: str | None,
+    out: str | None,
+    history_file: str | None,
 ) -> None:
     """Cosign a checkpoint if it extends the last one this witness cosigned for its log;
     refuse a fork or a rollback (exit 3)."""
     w = _witness()
-    key = NoteKey.parse(log_key)
     note = SignedNote.parse(_read(file))
+    key = _key_for(log_key, history_file, note, "--log-key")
     new_size, _ = _summary(note)
     last = w.last(key.name)
     old_size = _summary(last)[0] if last is not None else None
@@ -287,12 +347,20 @@ def proof_consistency(ctx: Ctx, old: int, new: int) -> None:
 @proof.command("verify")
 @click.argument("file")
 @click.option("--journal-key", "vkey", required=True, metavar="KEY", help="The log's verifier key.")
+@click.option(
+    "--key-history",
+    "history_file",
+    metavar="FILE",
+    help="The journal's key history (`charter checkpoint key --history`), checked from "
+    "--journal-key as its anchor: the checkpoint is verified with the key it gives.",
+)
 @click.pass_obj
-def proof_verify(ctx: Ctx, file: str, vkey: str) -> None:
+def proof_verify(ctx: Ctx, file: str, vkey: str, history_file: str | None) -> None:
     """Verify a tlog-proof offline (no database): the checkpoint's signature and the
     entry's inclusion; exit 3 if either fails."""
+    NoteKey.given(vkey)  # bad input before anything else
     made = InclusionText.parse(_read(file))
-    checkpoint_ = made.verify(NoteKey.parse(vkey))
+    checkpoint_ = made.verify(_key_for(vkey, history_file, made.note, "--journal-key"))
     ctx.emit(
         {"ok": True, "index": made.index, "size": checkpoint_.size},
         f"ok: entry {made.index} is in the tree of {checkpoint_.size} entries",
@@ -354,7 +422,7 @@ def export_write(
         return
     given = SignedNote.parse(_read(checkpoint_file)) if checkpoint_file else None
     with Charter.open(ctx.db) as charter:
-        key = None if given is not None else _journal_keys(charter.keys)
+        key = _journal_keys(charter.keys)  # signs the checkpoint (unless given) and the seal
         bundle = export_bundle(
             charter.journal, key, lineage=lineage, start=start, stop=stop, checkpoint=given
         )
@@ -400,13 +468,13 @@ def _export_jsonl(
 def export_verify(ctx: Ctx, bundle: str, vkey: str, witness_keys: tuple[str, ...]) -> None:
     """Verify a bundle offline (no database, no network, no home); exit 3 naming the
     first part that does not verify."""
+    key = NoteKey.given(vkey)
+    witnesses = [NoteKey.given(k, "--witness-key") for k in witness_keys]
     try:
         data = Path(bundle).read_bytes()
     except OSError as e:
         raise BadInputError(f"cannot read {bundle}: {e}") from e
-    report = verify_bundle(
-        data, NoteKey.parse(vkey), witness_keys=[NoteKey.parse(k) for k in witness_keys]
-    )
+    report = verify_bundle(data, key, witness_keys=witnesses)
     if not report.ok:
         _findings(ctx, report.to_json(), report.findings)
     ctx.emit(
@@ -434,9 +502,10 @@ def _findings(ctx: Ctx, doc: dict[str, object], findings: Sequence[Finding]) -> 
 @click.option("--as-of", "as_of", type=AsciiIntRange(min=0), help="Audit up to this position.")
 @click.pass_obj
 def audit_cmd(ctx: Ctx, as_of: int | None) -> None:
-    """Semantic checks over the journal (budget conservation, grant chains, the gate,
-    sandbox leases and lifecycles, revoked subtrees); exit 3 with the positions of
-    any finding."""
+    """Semantic checks over the journal (write-once trust anchors, budget conservation,
+    grant chains, the gate and its width, admission caps and queue order, sandbox
+    leases, workers and lifecycles, revoked subtrees, unknown entry types); exit 3 with
+    the positions of any finding (docs/VERIFYING.md §9 lists every check)."""
     with Journal.open(ctx.db) as journal:
         report = audit_history(journal.payloads(None, as_of))
     if not report.ok:

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from nacl.signing import SigningKey
 
 from charter.authority import (
-    AttenuateFn,
     CostBenefitPolicy,
     FanoutCommand,
     FanoutDecision,
@@ -43,7 +42,6 @@ from charter.authority import (
     SpawnIntent,
     UnknownParentError,
     ask_gate,
-    attenuate,
     check_custody,
     decide,
     refusal_event,
@@ -181,7 +179,6 @@ class SpawnService:
         clock: Clock = now_ms,
         read_registry: RegistryRead | None = None,
         host_load: HostLoad | None = None,
-        attenuate_fn: AttenuateFn = attenuate,
         views: Views | None = None,
     ) -> None:
         self.journal = journal
@@ -192,7 +189,6 @@ class SpawnService:
         self.clock = clock
         self.read_registry: RegistryRead = read_registry or self._registry_from_leases
         self.host_load: HostLoad = host_load or host_cap_inputs
-        self.attenuate_fn = attenuate_fn
         self.views = views or Views()
         self.view = self.views.authority
         self.resources = self.views.resources
@@ -283,7 +279,6 @@ class SpawnService:
                 state,
                 FanoutCommand(fanout_id, intent, now),
                 policy=gate,
-                attenuate_fn=self.attenuate_fn,
             )
             decision = self._lease(decision, intent, now)
             decision = self._schedule(decision, workers)

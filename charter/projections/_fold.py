@@ -226,7 +226,11 @@ class Fold:
             self.position = rows[-1][0]
 
     def _ledger_opened(self, position: int, p: dict[str, Any], at: str) -> None:
+        """A root's budget ledger is write-once: a second one (which would reset the
+        root's budget) is not projected; ``charter audit`` reports it (trust-anchor)."""
         del at
+        if p["lineage"] in self.ledgers:
+            return
         row = [p["lineage"], position, None, None, *_budget(p["allocation"]), None, None]
         row += [0, 0, 0, 0, 0, 0]
         self._replace_ledger(row, position)
@@ -333,6 +337,7 @@ class Fold:
             self._close_slot(key, position)
 
     def _agent_registered(self, position: int, p: dict[str, Any], at: str) -> None:
+        """The first registration's node stays (nodes are inserted or ignored)."""
         del at
         self._node(p["lineage"], position, None)
 

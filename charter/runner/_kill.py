@@ -24,6 +24,9 @@ def kill_uid(uid: int) -> int:
 
 
 def _kill_pass(uid: int) -> int:
+    """Signal every live process of ``uid``; a zombie (already dead, waiting for its
+    parent to reap it) is not counted: counting it made every kill spin all 100 passes
+    until its parent reaped it."""
     killed = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -31,8 +34,12 @@ def _kill_pass(uid: int) -> int:
         try:
             if os.stat(f"/proc/{entry}").st_uid != uid:
                 continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+            if state in (b"Z", b"X"):
+                continue
             os.kill(int(entry), signal.SIGKILL)
             killed += 1
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             continue
     return killed

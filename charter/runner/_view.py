@@ -72,6 +72,8 @@ class WorkersView(JournalFold):
         # idle after every step, and scanning every worker ever scheduled made each
         # step cost more the longer the cell ran.
         self.live_count: dict[str, int] = {}
+        # Kills committed (by anyone) and not yet taken by the cell that acts on them.
+        self._kills: list[str] = []
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         del at_ms
@@ -116,6 +118,7 @@ class WorkersView(JournalFold):
                 self.workers[event.lineage].result = event
             case WorkerKilled():
                 self.workers[event.lineage].killed = event.reason
+                self._kills.append(event.lineage)
             case WorkerEnded():
                 w = self.workers[event.lineage]
                 if w.ended is None:
@@ -123,6 +126,11 @@ class WorkersView(JournalFold):
                 w.ended = event
             case _:
                 pass
+
+    def take_kills(self) -> list[str]:
+        """The lineages whose ``WorkerKilled`` was folded since the last call."""
+        taken, self._kills = self._kills, []
+        return taken
 
     def on_cell(self, cell: str) -> list[WorkerRecord]:
         return [w for w in self.workers.values() if w.scheduled.cell == cell]

@@ -71,6 +71,7 @@ from charter.sandbox import (
     Slot,
     WarmPool,
     default_state_dir,
+    hold_uid,
 )
 from charter.sandbox.launcher import leased_event
 
@@ -216,19 +217,29 @@ class Cell:
         self.close()
 
     def _recover(self) -> None:
-        """Fail every worker a previous incarnation started and did not end: kill what
-        survives of its sandbox, journal the failure, return its lease and slot."""
+        """Fail every worker a previous incarnation started and did not end: journal
+        its kill, then kill what survives of its sandbox, journal its end, return its
+        lease and slot. A survivor is killed only under its host uid held here: a uid
+        another holder has taken since belongs to that holder's sandbox, never to be
+        touched (its processes are not the dead worker's)."""
         failed: list[str] = []
+        state = self.state_dir or default_state_dir()
         for w in self.view.on_cell(self.cell):
-            if w.live and w.sandbox_id is not None:
-                if w.host_uid is not None:
-                    kill_uid(w.host_uid)
-                reason = f"driver died: cell {self.cell} restarted (incarnation {self.incarnation})"
-                if w.exit_code is None:
-                    self._end(w, "failed", None, reason, discard=True)
-                else:  # it had exited; only its teardown was cut short
-                    self._end(w, "exited", w.exit_code, reason, discard=True)
-                failed.append(w.lineage)
+            if not (w.live and w.sandbox_id is not None):
+                continue
+            reason = f"driver died: cell {self.cell} restarted (incarnation {self.incarnation})"
+            if w.killed is None:  # the kill is journaled before it is done
+                self.applied(self.journal.append([WorkerKilled(lineage=w.lineage, reason=reason)]))
+            if w.host_uid is not None:
+                held = hold_uid(state, w.host_uid)
+                if held is not None:
+                    with held:
+                        kill_uid(w.host_uid)
+            if w.exit_code is None:
+                self._end(w, "failed", None, reason, discard=True)
+            else:  # it had exited; only its teardown was cut short
+                self._end(w, "exited", w.exit_code, reason, discard=True)
+            failed.append(w.lineage)
         for lineage in failed:  # nobody waits for their children any more
             self._kill_descendants(lineage, f"parent {lineage} failed: its driver died")
 
@@ -253,6 +264,7 @@ class Cell:
                 else []
             )
             self._scanned = max(self._scanned, stop)
+        self._carry_out_kills()  # whoever committed them
         for position, event in admitted:
             if not isinstance(event, SlotAdmitted) or event.cell != self.cell:
                 continue
@@ -262,6 +274,8 @@ class Cell:
                 w = self.view.workers.get(event.lineage)
             if w is None or w.scheduled.cell != self.cell or w.sandbox_id is not None:
                 continue  # not a worker of ours, or one resuming after a wait
+            if w.killed is not None and w.live:
+                continue  # killed before it started: ended by the kill, never started
             if not w.live:
                 self._settle(w.lineage, ())
                 continue
@@ -541,17 +555,36 @@ class Cell:
             self._kill_one(w.lineage, reason)
 
     def _kill_one(self, lineage: str, reason: str) -> None:
+        """Journal ``WorkerKilled`` for ``lineage``; the kill itself is carried out, as
+        every committed kill is, by :meth:`_carry_out_kills`."""
         with self._lock:
             self.refresh()
             w = self.view.workers.get(lineage)
             if w is None or not w.live or w.killed is not None or w.exit_code is not None:
                 return  # gone, being killed, or already exited by itself
             self.applied(self.journal.append([WorkerKilled(lineage=lineage, reason=reason)]))
-            slot = self._slots.get(lineage)
-        if slot is not None:
-            kill_uid(slot.host_uid)  # its driver thread journals the end
-        elif w.sandbox_id is None:
-            self._end(w, "killed", None, reason, discard=False)  # never started
+        self._carry_out_kills()
+
+    def _carry_out_kills(self) -> None:
+        """Act on every ``WorkerKilled`` folded since the last look, whoever appended it
+        (this cell, the CLI, the API, another process): a started worker's sandbox is
+        killed (its driver then journals its end, as killed); a worker never started is
+        ended at once and never starts. Each kill is taken from the view once, so it is
+        carried out once. A sandbox is killed only while this cell holds its slot (so
+        its host uid is still that sandbox's), under the lock that gives slots back."""
+        never_started: list[WorkerRecord] = []
+        with self._lock:
+            for lineage in self.view.take_kills():
+                w = self.view.workers.get(lineage)
+                if w is None or w.scheduled.cell != self.cell or w.ended is not None:
+                    continue
+                slot = self._slots.get(lineage)
+                if slot is not None:
+                    kill_uid(slot.host_uid)
+                elif w.sandbox_id is None:
+                    never_started.append(w)
+        for w in never_started:
+            self._end(w, "killed", None, w.killed or "killed", discard=False)
 
     # -- the workers' requests (the door calls these) ---------------------------------
 

@@ -1,7 +1,7 @@
 """charter.sandbox: the pure spec compiler and renderers, the bubblewrap launcher, the
 warm pool, the egress and key brokers, and the fail-closed host probe."""
 
-from charter.sandbox._host import default_state_dir
+from charter.sandbox._host import UidLease, default_state_dir, hold_uid
 from charter.sandbox._peer import Member, PeerServer, Refusal, peer_uid
 from charter.sandbox.egress import EgressBroker, EgressGrant
 from charter.sandbox.errors import (
@@ -81,6 +81,8 @@ __all__ = [
     "require_isolation",
     "refuse",
     "default_state_dir",
+    "hold_uid",
+    "UidLease",
     # lifecycle events
     "EgressAttempted",
     "EgressOpened",

@@ -17,6 +17,7 @@ __all__ = [
     "CGROUP_ROOT",
     "UidLease",
     "allocate_uid",
+    "hold_uid",
     "uid_lock_dir",
     "cgroup_mode",
     "default_state_dir",
@@ -124,6 +125,23 @@ _lock_dirs: set[str] = set()
 def uid_lock_dir(state_dir: Path) -> Path:
     """One lock file per sandbox uid (named by the uid), flocked while it is held."""
     return state_dir / "uids"
+
+
+def hold_uid(state_dir: Path, uid: int) -> UidLease | None:
+    """Hold sandbox uid ``uid`` if no live holder has it (its flock is free), else None.
+    Recovery kills what a dead holder left running under a uid only while holding it:
+    a uid another holder has taken since belongs to that holder's sandbox."""
+    if not FIRST_SANDBOX_UID <= uid < FIRST_SANDBOX_UID + UID_RANGE:
+        raise SandboxUnavailableError(f"uid {uid} is not a sandbox uid")
+    locks = uid_lock_dir(state_dir)
+    locks.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(f"{locks}/{uid}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return UidLease(uid, fd)
 
 
 def allocate_uid(state_dir: Path) -> UidLease:

@@ -4,6 +4,7 @@ journal, a clear error for the others, no traceback and no stray key."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -20,6 +21,19 @@ STEPS = ["key", "schema", "created", "root", "cell"]
 INIT = ("init", "--root", "estate", "--cores", "2")
 
 
+def _killed_after(step: str, url: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """``charter --db URL init …`` SIGKILLed right after ``step`` (tests/app/_killed_init)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.app._killed_init", step, "--db", url, *INIT],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "CHARTER_HOME": str(home), "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
+
+
 def _kinds(url: str) -> Counter[str]:
     with Journal.open(url) as journal:
         return Counter(e.type_name for e in journal.entries())
@@ -30,7 +44,7 @@ def test_an_init_killed_after_each_step_is_finished_by_running_it_again(
     journal_url: str, tmp_path: Path, step: str
 ) -> None:
     home = tmp_path / "home"
-    killed = charter("--db", journal_url, *INIT, home=home, env={"CHARTER_TEST_KILL_INIT_AT": step})
+    killed = _killed_after(step, journal_url, home)
     assert killed.returncode == -9, killed.stderr  # really killed, mid-init
     assert (home / "init-unfinished").exists()
     again = charter("--db", journal_url, *INIT, home=home)
@@ -67,7 +81,7 @@ def test_an_empty_sqlite_file_is_resumed_only_by_the_init_that_made_it(tmp_path:
     path.unlink()
     # Killed after its key step; the empty file written here is the state a kill between
     # creating the file and committing its schema leaves (the schema is one transaction).
-    killed = charter("--db", url, *INIT, home=home, env={"CHARTER_TEST_KILL_INIT_AT": "key"})
+    killed = _killed_after("key", url, home)
     assert killed.returncode == -9
     path.write_bytes(b"")
     again = charter("--db", url, *INIT, home=home)
@@ -78,7 +92,7 @@ def test_an_empty_sqlite_file_is_resumed_only_by_the_init_that_made_it(tmp_path:
 def test_a_resumed_init_never_touches_another_journal(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'journal.db'}"
     home, other = tmp_path / "home", tmp_path / "other"
-    killed = charter("--db", url, *INIT, home=home, env={"CHARTER_TEST_KILL_INIT_AT": "key"})
+    killed = _killed_after("key", url, home)
     assert killed.returncode == -9
     made = charter("--db", url, *INIT, home=other)  # someone else's init takes the path
     assert made.returncode == 0, made.stderr

@@ -11,7 +11,7 @@ from charter.ledger import Journal
 from tests.journal._support import Counter, Ping
 from tests.journal.test_contract import _Raw
 
-__all__ = ["Counter", "Ping", "_Raw", "fill", "make_journal", "rehash_from"]
+__all__ = ["Counter", "Ping", "_Raw", "fill", "fill_real", "make_journal", "rehash_from"]
 
 
 def make_journal(url: str) -> tuple[Journal, SigningKey]:
@@ -25,6 +25,15 @@ def fill(journal: Journal, batches: int, size: int = 3, tag: str = "w") -> None:
             [Ping(writer=tag, batch=b, n=i, pad="p" * (b % 5)) for i in range(size - 1)]
             + [Counter(name=f"{tag}{b % 3}", value=b)]
         )
+
+
+def fill_real(journal: Journal, batches: int, size: int = 3, tag: str = "w") -> None:
+    """Like :func:`fill`, with a type Charter writes (``charter audit`` reports the test
+    types as entries of a type it does not know) that no audit rule reads."""
+    from charter.sandbox import SandboxProbeRefused
+
+    for b in range(batches):
+        journal.append([SandboxProbeRefused(failed=(tag,), detail=f"{b}.{i}") for i in range(size)])
 
 
 def rehash_from(url: str, raw: _Raw, position: int, state: bytes | None = None) -> None:

@@ -263,3 +263,21 @@ def test_the_witness_refuses_a_second_journal_that_shares_a_prefix(tmp_path: Pat
         charter("witness", "cosign", str(cp2), "--log-key", vkey, home=witness_home, db=second),
         "fork",
     )
+
+
+def test_checkpoint_refuses_to_sign_past_the_journals_head(journal_home: tuple) -> None:
+    """A tail cut with the stored tree left intact: before, `charter checkpoint` signed
+    the tree's size, larger than the journal; now it refuses (exit 3), and so do proofs."""
+    url, home = journal_home
+    _grow(url, 3, "z")
+    note = ok(charter("checkpoint", home=home, db=url))  # positive control: the tree is built
+    size = int(note.split("\n")[1])
+    ok(charter("proof", "inclusion", "1", home=home, db=url))
+    with Journal.open(url) as j:
+        positions = [r.position for r in j.rows()]
+    assert len(positions) == size
+    with _Raw(url) as raw:
+        raw.drop_guards()
+        raw.execute(f"DELETE FROM {raw.table} WHERE {raw.pos} >= ?", (positions[-2],))
+    refused(charter("checkpoint", home=home, db=url), "tail was cut")
+    refused(charter("proof", "inclusion", "1", home=home, db=url), "tail was cut")

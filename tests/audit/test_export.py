@@ -5,6 +5,7 @@ rest, and each altered part fails at that part."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -113,7 +114,9 @@ def test_a_cosigned_checkpoint_can_be_used_and_its_witness_required(
     wkey = witness.init("witness.example/w")
     cosigned = witness.cosign(note, key, None)
     with Journal.open(url) as j:
-        data = export_bundle(j, None, checkpoint=SignedNote.parse(cosigned.render())).to_bytes()
+        data = export_bundle(
+            j, KeyStore(home).load("journal"), checkpoint=SignedNote.parse(cosigned.render())
+        ).to_bytes()
     assert verify_bundle(data, key, witness_keys=[wkey]).cosignatures == 1
     other = Witness(KeyStore(tmp_path / "w2")).init("witness.example/other")
     with pytest.raises(BundleError) as caught:
@@ -276,3 +279,34 @@ def test_a_committed_forged_grant_fails_at_its_grant_chain(history: tuple) -> No
     with pytest.raises(BundleError) as caught:
         verify_bundle(_export(url, home), key)
     assert caught.value.part == f"grants/{lineages[2]}"
+
+
+def _without(doc: dict[str, Any], position: int) -> bytes:
+    """The attacker's cut: an entry and its manifest line gone, nothing else touched."""
+    entries = [e for e in doc["entries"] if e["position"] != position]
+    manifest = {k: v for k, v in doc["manifest"].items() if k != f"entry/{position}"}
+    return canonical({**doc, "entries": entries, "manifest": manifest})
+
+
+def test_a_dropped_entry_or_a_relabelled_selection_breaks_the_seal(history: tuple) -> None:
+    """The manifest is signed (the seal): before, an entry dropped with its manifest line,
+    or a selection relabelled with its manifest line recomputed, verified, every other
+    entry still proving its inclusion."""
+    url, home, key, lineages = history
+    data = _export(url, home, start=5, stop=12)
+    verify_bundle(data, key)  # positive control
+    doc = _doc(data)
+    middle = [e for e in doc["entries"] if not e["context"]][3]["position"]
+    _fails_at(_without(doc, middle), key, "seal")
+    relabelled = {**doc, "selection": {"from": 5, "lineage": None, "to": 30}}
+    manifest = {
+        **doc["manifest"],
+        "selection": hashlib.sha256(canonical(relabelled["selection"])).hexdigest(),
+    }
+    _fails_at(canonical({**relabelled, "manifest": manifest}), key, "seal")
+    subtree = _doc(_export(url, home, lineage=lineages[1]))
+    verify_bundle(canonical(subtree), key)  # positive control
+    other = {**subtree, "selection": {**subtree["selection"], "lineage": lineages[2]}}
+    _fails_at(_remanifest(other), key, "seal")
+    unsealed = {**doc, "seal": ""}
+    _fails_at(canonical(unsealed), key, "seal")

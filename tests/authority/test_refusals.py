@@ -3,11 +3,13 @@ found in the journal with its reason code. Each attack sits beside a positive co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import pytest
 from nacl.signing import SigningKey
 
+import charter.control.spawn as spawn_module
 from charter.authority import (
     Clearance,
     FanoutCommand,
@@ -55,6 +57,22 @@ def _service(journal: Journal, keystore: KeyStore, **kw: object) -> SpawnService
     return SpawnService(journal, keystore=keystore, **kw)  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def _attenuating(attenuate_fn: object) -> Iterator[None]:
+    """The spawn pipeline's ``decide`` with a broken attenuator: the pure decision takes
+    its attenuator as an argument; the product's pipeline never passes another."""
+    original = spawn_module.decide
+
+    def buggy(*args: object, **kwargs: object) -> object:
+        return original(*args, **{**kwargs, "attenuate_fn": attenuate_fn})  # type: ignore[arg-type]
+
+    spawn_module.decide = buggy  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        spawn_module.decide = original
+
+
 def _assert_journaled(journal: Journal, error: type[errors.AuthorityRefusedError]) -> None:
     found = [r for r in refusals(journal) if r.error == error.__name__]
     assert found, f"no SpawnRefused for {error.__name__} in the journal"
@@ -72,10 +90,9 @@ def test_each_invariant_catches_a_broken_attenuator_and_is_journaled(
     del root
     honest = _service(journal, keystore)
     honest.spawn(honest.durable_caller("root"), intent(2))  # positive control
-    buggy = _service(journal, keystore, attenuate_fn=broken_attenuator(**INVARIANT_BUGS[error]))
     before = len(list(journal.entries(types=("GrantMinted",))))
-    with pytest.raises(error):
-        buggy.spawn(buggy.durable_caller("root"), intent(2))
+    with _attenuating(broken_attenuator(**INVARIANT_BUGS[error])), pytest.raises(error):
+        honest.spawn(honest.durable_caller("root"), intent(2))
     _assert_journaled(journal, error)
     assert len(list(journal.entries(types=("GrantMinted",)))) == before  # nothing minted
 
@@ -90,9 +107,12 @@ def test_other_widened_axes_are_caught_too(
         {"budget": lambda p: p.budget + p.budget},
         {"expires_at_ms": lambda p: p.expires_at_ms + 1},
     ):
-        svc = _service(journal, keystore, attenuate_fn=broken_attenuator(**widen))
-        with pytest.raises(
-            errors.AxisWidenedError, match=next(iter(widen)).replace("expires_at_ms", "expiry")
+        svc = _service(journal, keystore)
+        with (
+            _attenuating(broken_attenuator(**widen)),
+            pytest.raises(
+                errors.AxisWidenedError, match=next(iter(widen)).replace("expires_at_ms", "expiry")
+            ),
         ):
             svc.spawn(svc.durable_caller("root"), intent(1))
 

@@ -186,3 +186,20 @@ def test_killed_worker_lease_expires_back_to_the_parent(journal_url: str, tmp_pa
             time.sleep(0.05)
         assert budgets.remaining("agent:root") == ROOT_BUDGET.saturating_sub(spent)
         assert budgets.remaining(child) == Budget.zero()
+
+
+def test_a_second_ledger_for_a_root_never_replaces_the_first(tmp_path: Path) -> None:
+    """Only a database writer could append a second BudgetLedgerOpened for a root; the
+    live book keeps the first allocation and its spend, as the auditor does."""
+    from charter.budgets import BudgetLedgerOpened, LeaseBook, UsageRecorded
+
+    first = Budget.parse("tokens=100k,wall=1h,cpu=1h,mem=1GiB,egress=1MB")
+    spent = Budget.parse("tokens=60k,wall=0s,cpu=0s,mem=0B,egress=0B")
+    book = LeaseBook()
+    book.apply(BudgetLedgerOpened(lineage="agent:r", allocation=first), 0)
+    zero = Budget.zero()
+    book.apply(UsageRecorded(lineage="agent:r", amount=spent, refused=zero, exhausted=False), 1)
+    assert book.remaining("agent:r", 2).tokens == 40_000  # control: the ledger is live
+    forged = Budget.parse("tokens=1000000M,wall=1h,cpu=1h,mem=1GiB,egress=1MB")
+    book.apply(BudgetLedgerOpened(lineage="agent:r", allocation=forged), 3)
+    assert book.remaining("agent:r", 4).tokens == 40_000
