@@ -36,7 +36,7 @@ from charter.budgets import (
     UsageRecorded,
 )
 from charter.control._queue import queue_admissions
-from charter.control.handler import Folded, Pinned, append_pinned
+from charter.control.handler import RETRIES, Folded, Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs
 from charter.core import BadInputError, Budget, Event, RefusedError, describe_invalid, now_ms
 from charter.core.errors import InternalError
@@ -58,7 +58,6 @@ __all__ = [
     "settled_for",
 ]
 
-_RETRIES = 5
 # How long a slot's release keeps deciding again while it loses races: the journal's
 # own write-lock timeout (30 s by default on both backends), so a release gives up no
 # sooner than a writer stuck behind the lock would.
@@ -259,7 +258,10 @@ class BudgetService:
                 f"no lease or budget ledger for {shown(lineage)} in the journal; nothing "
                 "was journaled (`charter budgets` lists the lineages that have one)"
             )
-        for _ in range(_RETRIES):
+        # As many tries as the handlers' one loop: a usage, release or renewal is pinned
+        # to every stream of its chain, so a busy ancestor (fanning out, spending) moves
+        # one of them often, and five tries gave up on releases under load.
+        for _ in range(RETRIES):
             # Versions first, then the view: the view covers everything they do.
             expect = {s: self.journal.stream_version(s) for s in self._streams(operation, lineage)}
             self.shared.refresh(self.journal)
