@@ -34,7 +34,9 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from charter.core.budget import Budget
+from charter.core.errors import describe_invalid
 from charter.core.lineage import Lineage
+from charter.core.text import shown
 
 __all__ = [
     "Verdict",
@@ -127,12 +129,13 @@ class CostBenefitPolicy:
             )
         if objective_signs(question.objective) < self.min_objective_signs:
             findings.append(
-                (Verdict.UNKNOWN, f"objective {question.objective!r} is too vague to judge")
+                (Verdict.UNKNOWN, f"objective '{shown(question.objective)}' is too vague to judge")
             )
-        overhead = Budget(
-            tokens=self.overhead_tokens * width, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0
-        )
-        over = [a for a in Budget.AXES if getattr(cost + overhead, a) > getattr(ceiling, a)]
+        # On plain integers, not Budget arithmetic: an estimate of 2^63 − 1 plus the
+        # overhead is more than a Budget may hold, and must read as "over the ceiling",
+        # not fail the policy (Python's integers do not overflow).
+        overhead = dict.fromkeys(Budget.AXES, 0) | {"tokens": self.overhead_tokens * width}
+        over = [a for a in Budget.AXES if getattr(cost, a) + overhead[a] > getattr(ceiling, a)]
         if over:
             findings.append(
                 (
@@ -202,13 +205,16 @@ class FixedPolicy:
 def ask_gate(policy: GatePolicy, question: GateQuestion) -> GateDecision:
     """Ask ``policy`` once. A policy that raises or answers with anything but a
     :class:`GateDecision` yields ``unknown`` (fail closed), with the failure as reason."""
-    name = str(getattr(policy, "name", type(policy).__name__))
+    name = shown(getattr(policy, "name", type(policy).__name__), limit=100)
     try:
         decision = policy.judge(question)
     except Exception as e:  # noqa: BLE001 - any policy failure means "unknown", fail closed
+        # A model's refusal in people's words (no pydantic codes or links); a policy's
+        # own text escaped, so it cannot forge lines in the journal's readers.
+        said = describe_invalid(e) if isinstance(e, ValidationError) else str(e)
         return GateDecision(
             verdict=Verdict.UNKNOWN,
-            reason=f"policy {name} failed: {type(e).__name__}: {e}"[:500],
+            reason=shown(f"policy {name} failed: {type(e).__name__}: {said}", limit=500),
             policy=name,
         )
     try:

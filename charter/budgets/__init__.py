@@ -29,16 +29,20 @@ from charter.budgets.errors import (
     AdmissionRefusedError,
     BudgetRefusedError,
     DepthCeilingError,
+    ExpiryOutOfRangeError,
     InsufficientBudgetError,
     LeaseEndedError,
     NoBudgetLedgerError,
     PopulationCeilingError,
+    RenewalBeyondGrantError,
     RenewalBeyondParentError,
+    SlotReleaseRacedError,
     UnknownCellError,
     UnknownLeaseError,
 )
 from charter.budgets.leases import (
     LEASE_EVENTS,
+    MAX_EXPIRY_MS,
     BudgetLedgerOpened,
     BudgetRefused,
     LeaseBook,
@@ -47,6 +51,7 @@ from charter.budgets.leases import (
     LeaseRenewed,
     LedgerState,
     UsageRecorded,
+    render_instant,
 )
 
 __all__ = [
@@ -60,6 +65,8 @@ __all__ = [
     "LEASE_EVENTS",
     "LeaseBook",
     "LedgerState",
+    "MAX_EXPIRY_MS",
+    "render_instant",
     # admission
     "ResourceClass",
     "CapInputs",
@@ -85,7 +92,10 @@ __all__ = [
     "InsufficientBudgetError",
     "LeaseEndedError",
     "RenewalBeyondParentError",
+    "RenewalBeyondGrantError",
+    "ExpiryOutOfRangeError",
     "AdmissionRefusedError",
+    "SlotReleaseRacedError",
     "UnknownCellError",
     "UnknownLeaseError",
     "PopulationCeilingError",

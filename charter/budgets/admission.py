@@ -23,8 +23,10 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from charter.budgets.errors import AdmissionRefusedError, UnknownCellError
+from charter.core.budget import INT64_MAX
 from charter.core.errors import BadInputError, StateError
 from charter.core.events import Event
+from charter.core.text import shown
 
 __all__ = [
     "ResourceClass",
@@ -167,7 +169,7 @@ class Cells:
     def get(self, cell: str) -> CellState:
         state = self._cells.get(cell)
         if state is None:
-            raise UnknownCellError(f"no cell {cell!r} is configured; configure it first")
+            raise UnknownCellError(f"no cell '{shown(cell)}' is configured; configure it first")
         return state
 
     def cells(self) -> Mapping[str, CellState]:
@@ -212,7 +214,7 @@ class Cells:
             if (inputs.cores, inputs.failover_reserve) != (state.cores, state.failover_reserve):
                 raise BadInputError(
                     f"cap inputs give {inputs.cores} cores and a reserve of "
-                    f"{inputs.failover_reserve}, but cell {cell!r} is configured with "
+                    f"{inputs.failover_reserve}, but cell '{shown(cell)}' is configured with "
                     f"{state.cores} and {state.failover_reserve}; reconfigure the cell first"
                 )
             return processing_cap(inputs, configured), inputs
@@ -225,17 +227,35 @@ class Cells:
         resource: ResourceClass,
         inputs: CapInputs | None = None,
     ) -> tuple[SlotAdmitted, ...]:
-        """Slots for all of ``lineages`` (all or none), or :class:`AdmissionRefusedError`."""
+        """Slots for all of ``lineages`` (all or none), or :class:`AdmissionRefusedError`
+        (carrying the :class:`AdmissionRefused` event to journal for it).
+
+        Admission of one holder is idempotent: a lineage that already holds a slot of
+        ``resource``, or is named twice, is admitted once (an empty answer when every
+        one of them already holds one: nothing to append)."""
         state = self.get(cell)
         cap, used_inputs = self.cap(cell, resource, inputs)
         held = state.holders[resource]
-        fresh = [lin for lin in lineages if lin not in held]
+        # dict.fromkeys: each lineage once, in the order asked (a set would reorder).
+        fresh = [lin for lin in dict.fromkeys(lineages) if lin not in held]
+        if not fresh:  # nothing to admit is never refused (even over an adaptive cap)
+            return ()
         occupancy = len(held)
         if occupancy + len(fresh) > cap:
+            retry = self.RETRY_AFTER_MS
             raise AdmissionRefusedError(
-                f"cell {cell!r} has {occupancy} of {cap} {resource} slot(s) taken and "
-                f"{len(fresh)} more were asked for; retry after {self.RETRY_AFTER_MS} ms",
-                retry_after_ms=self.RETRY_AFTER_MS,
+                f"cell '{shown(cell)}' has {occupancy} of {cap} {resource} slot(s) taken and "
+                f"{len(fresh)} more were asked for; retry after {retry} ms",
+                retry_after_ms=retry,
+                refusal=AdmissionRefused(
+                    cell=cell,
+                    lineage=fresh[0],
+                    resource=resource,
+                    cap=cap,
+                    occupancy=occupancy,
+                    retry_after_ms=retry,
+                    inputs=used_inputs,
+                ),
             )
         events = []
         for lineage in fresh:
@@ -270,7 +290,7 @@ class Cells:
         occupancy = len(held)
         events: list[SlotAdmitted | SlotQueued] = []
         queued: list[str] = []
-        for lineage in lineages:
+        for lineage in dict.fromkeys(lineages):  # a lineage named twice is placed once
             if lineage in held or lineage in waiting:
                 continue
             if occupancy < cap and not waiting and not queued:
@@ -323,26 +343,37 @@ class Cells:
         self, cell: str, caps: dict[ResourceClass, int], *, cores: int, failover_reserve: int
     ) -> CellConfigured:
         """A (re)configuration; a cap below the slots already held is refused (the
-        holders keep their slots, so the cap would be exceeded at once)."""
+        holders keep their slots, so the cap would be exceeded at once). Every number
+        is a whole number from 0 to 2^63 − 1 (what a projection stores), else bad input."""
+        numbers = {f"the {r} cap": n for r, n in caps.items()}
+        numbers |= {"cores": cores, "the failover reserve": failover_reserve}
+        for what, n in numbers.items():
+            if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= INT64_MAX:
+                raise BadInputError(
+                    f"cell '{shown(cell)}': {shown(what)} must be a whole number from 0 to "
+                    f"{INT64_MAX}, not {shown(repr(n))}"
+                )
         state = self._cells.get(cell)
         if state is not None:
             for resource, held in state.holders.items():
                 if len(held) > caps.get(resource, 0):
                     raise StateError(
-                        f"cell {cell!r} has {len(held)} {resource} slot(s) held; a cap of "
+                        f"cell '{shown(cell)}' has {len(held)} {resource} slot(s) held; a cap of "
                         f"{caps.get(resource, 0)} is below that (release slots first)"
                     )
         return CellConfigured(cell=cell, caps=caps, cores=cores, failover_reserve=failover_reserve)
 
     def decide_release(self, cell: str, lineage: str, resource: ResourceClass) -> SlotReleased:
         if lineage not in self.get(cell).holders[resource]:
-            raise StateError(f"{lineage} holds no {resource} slot on cell {cell!r}")
+            raise StateError(f"{shown(lineage)} holds no {resource} slot on cell '{shown(cell)}'")
         return SlotReleased(cell=cell, lineage=lineage, resource=resource)
 
     def decide_wait_on_children(
         self, cell: str, lineage: str
     ) -> tuple[SlotReleased, *tuple[SlotAdmitted, ...]]:
         """A coordinator waiting on children: give back processing, take coordination
-        (unless it already holds a coordination slot)."""
+        (unless it already holds a coordination slot). With the coordination class
+        full, :class:`AdmissionRefusedError`: the coordinator keeps its processing slot,
+        and the caller journals ``error.refusal`` (the swap's refusal, for coordination)."""
         release = self.decide_release(cell, lineage, ResourceClass.PROCESSING)
         return (release, *self.decide_admit(cell, [lineage], ResourceClass.COORDINATION))

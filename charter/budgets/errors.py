@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from charter.core.errors import BadInputError, RefusedError, StateError
+from charter.core.events import Event
 
 __all__ = [
     "BudgetRefusedError",
@@ -13,7 +14,10 @@ __all__ = [
     "InsufficientBudgetError",
     "LeaseEndedError",
     "RenewalBeyondParentError",
+    "RenewalBeyondGrantError",
+    "ExpiryOutOfRangeError",
     "AdmissionRefusedError",
+    "SlotReleaseRacedError",
     "UnknownCellError",
     "UnknownLeaseError",
     "PopulationCeilingError",
@@ -51,14 +55,38 @@ class RenewalBeyondParentError(BudgetRefusedError):
     reason = "renewal-beyond-parent"
 
 
+class RenewalBeyondGrantError(BudgetRefusedError):
+    """A renewal would outlive the sealed grant the lease was granted under: the worker
+    would hold budget after its authority to spend it has expired."""
+
+    reason = "renewal-beyond-grant"
+
+
+class ExpiryOutOfRangeError(BudgetRefusedError):
+    """A lease's end would lie past the last instant Charter renders and stores as a
+    date (:data:`charter.budgets.leases.MAX_EXPIRY_MS`, the end of year 9999)."""
+
+    reason = "expiry-out-of-range"
+
+
 class AdmissionRefusedError(RefusedError):
-    """Over cap: backpressure. ``retry_after_ms`` says when to try again."""
+    """Over cap: backpressure. ``retry_after_ms`` says when to try again.
+
+    ``refusal`` is the event to journal for it (the decision that refused builds it, so
+    every caller journals the same thing, once)."""
 
     reason: ClassVar[str] = "admission"
 
-    def __init__(self, message: str, *, retry_after_ms: int) -> None:
+    def __init__(self, message: str, *, retry_after_ms: int, refusal: Event | None = None) -> None:
         super().__init__(message)
         self.retry_after_ms = retry_after_ms
+        self.refusal = refusal
+
+
+class SlotReleaseRacedError(StateError):
+    """A slot's release kept losing races with other writers on its cell for longer
+    than the journal's own lock timeout: the slot is still held, and the release must
+    be retried (the error says which)."""
 
 
 class UnknownCellError(StateError):

@@ -19,14 +19,17 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from pydantic import Field, model_validator
 
 from charter.budgets import formula
 from charter.budgets.errors import (
+    ExpiryOutOfRangeError,
     InsufficientBudgetError,
     LeaseEndedError,
     NoBudgetLedgerError,
+    RenewalBeyondGrantError,
     RenewalBeyondParentError,
 )
 from charter.core.budget import (
@@ -37,10 +40,12 @@ from charter.core.budget import (
     budget_of,
     vec_add,
     vec_of,
+    vec_sat_sub,
     vec_sub,
 )
 from charter.core.errors import BadInputError, StateError
 from charter.core.events import Event
+from charter.core.text import shown
 
 __all__ = [
     "BudgetLedgerOpened",
@@ -52,7 +57,25 @@ __all__ = [
     "LEASE_EVENTS",
     "LeaseBook",
     "LedgerState",
+    "MAX_EXPIRY_MS",
+    "render_instant",
 ]
+
+_EPOCH, _MS = datetime(1970, 1, 1, tzinfo=UTC), timedelta(milliseconds=1)
+
+MAX_EXPIRY_MS = (datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC) - _EPOCH) // _MS
+"""The latest instant a lease may end at: the last millisecond of year 9999, the last
+one a date can be written for (Python's datetime, ISO 8601 with four-digit years). The
+events accept up to 2^63 − 1 (what the databases store, so an old journal still reads);
+decisions never make a lease end later, so every end they journal renders."""
+
+
+def render_instant(ms: int) -> str:
+    """``ms`` (epoch milliseconds) as a UTC date, or as plain milliseconds when it lies
+    outside what a date can show (a journal written before the bound): never raises."""
+    if 0 <= ms <= MAX_EXPIRY_MS:
+        return f"{_EPOCH + ms * _MS:%Y-%m-%d %H:%M:%S}Z"
+    return f"{ms} ms after the epoch"
 
 
 # -- events ------------------------------------------------------------------------
@@ -168,6 +191,10 @@ class LedgerState:
     parent: str | None
     allocation: Budget
     expires_at_ms: int | None  # None: a durable agent's ledger does not expire
+    # The end of the sealed grant the lease was granted under (None: no grant named).
+    # A grant is its lease (decision 0005): the mint gives each child's grant the
+    # lease's terms, so the expiry a LeaseGranted that names grants carries is theirs.
+    grant_end_ms: int | None = None
     spent: Budget = ZERO
     subtree_spent: Budget = ZERO
     released_at_ms: int | None = None
@@ -203,7 +230,7 @@ class LeaseBook:
         ledger = self._ledgers.get(lineage)
         if ledger is None:
             raise NoBudgetLedgerError(
-                f"{lineage} has no budget ledger, so it cannot spend or spawn; open one "
+                f"{shown(lineage)} has no budget ledger, so it cannot spend or spawn; open one "
                 "(charter init / agent add --budget) or spawn it with a lease"
             )
         return ledger
@@ -225,19 +252,27 @@ class LeaseBook:
                 n = len(event.lineages)
                 parent.live = vec_add(parent.live, tuple(n * x for x in vec_of(event.allocation)))  # type: ignore[arg-type]
                 expires = event.expires_at_ms
-                for lineage in event.lineages:
+                grants = event.grants or ("",) * n
+                for lineage, digest in zip(event.lineages, grants, strict=True):
+                    # A child named with its grant's digest ends with that grant.
+                    grant_end = expires if digest else None
                     self._ledgers[lineage] = LedgerState(
-                        lineage, event.parent, event.allocation, expires
+                        lineage, event.parent, event.allocation, expires, grant_end
                     )
                     heapq.heappush(parent.expiries, (expires, lineage))
                 parent.children.extend(event.lineages)
             case UsageRecorded():
                 ledger = self._ledgers[event.lineage]
-                ledger.spent = ledger.spent + event.amount
+                # Sums on vectors: a fold never fails on events the models accept. Usage
+                # is clamped when decided, so a sum past 2^63 − 1 means a journal that
+                # broke the invariant (the auditor's finding to report), and a Budget
+                # would refuse it halfway through the fold.
+                amount = vec_of(event.amount)
+                ledger.spent = budget_of(vec_add(vec_of(ledger.spent), amount))
                 ledger.exhausted = ledger.exhausted or event.exhausted
                 node: LedgerState | None = ledger
                 while node is not None:
-                    node.subtree_spent = node.subtree_spent + event.amount
+                    node.subtree_spent = budget_of(vec_add(vec_of(node.subtree_spent), amount))
                     if not node.counted_live:  # an ended child's charge follows its spend
                         self._recharge(node)
                     node = self._ledgers.get(node.parent) if node.parent else None
@@ -400,14 +435,16 @@ class LeaseBook:
         or refuse.
 
         Every allocation together must fit in the parent's remaining budget, on every
-        axis; a lease never outlives its parent's (one that would is refused: its grant
-        would say more than its lease). Children with equal terms share one event.
+        axis; a lease never outlives its parent's or an ancestor's (one that would is
+        refused: its grant would say more than its lease), nor ends past
+        :data:`MAX_EXPIRY_MS`. Children with equal terms share one event. The sums are
+        taken on plain integers, so no total of allocations overflows a model.
         """
         ledger = self.get(parent)
         if not ledger.active(at_ms):
-            raise LeaseEndedError(f"{parent}'s lease has ended; it cannot lease budget out")
+            raise LeaseEndedError(f"{shown(parent)}'s lease has ended; it cannot lease budget out")
         available = self.remaining(parent, at_ms, settled_ms)
-        cap = ledger.expires_at_ms
+        cap = self.deadline(parent)
         # Group children by (allocation, expiry): a fan-out's children share both. Keyed
         # by the budget object's identity first, since hashing a model is not free.
         groups: dict[tuple[int, int], tuple[Budget, list[str], list[str]]] = {}
@@ -415,7 +452,13 @@ class LeaseBook:
         for lineage, allocation, until, digest in children:
             if cap is not None and until > cap:
                 raise LeaseEndedError(
-                    f"a lease until {until} ms would outlive {parent}'s, which ends at {cap} ms"
+                    f"a lease until {until} ms would outlive {shown(parent)}'s, which ends "
+                    f"at {cap} ms"
+                )
+            if not 0 <= until <= MAX_EXPIRY_MS:
+                raise ExpiryOutOfRangeError(
+                    f"a lease for {shown(lineage)} until {until} ms would end outside the "
+                    f"dates Charter can show (0 to {MAX_EXPIRY_MS} ms, the end of year 9999)"
                 )
             group = groups.get((id(allocation), until))
             if group is None:
@@ -425,11 +468,13 @@ class LeaseBook:
         for allocation, members, _ in groups.values():
             wanted = vec_add(wanted, tuple(len(members) * x for x in vec_of(allocation)))  # type: ignore[arg-type]
         if not budget_of(wanted).fits_within(available):
-            short = budget_of(wanted).saturating_sub(available)
+            # On vectors: the total (and so the shortfall) may pass 2^63 − 1, which a
+            # validated Budget refuses; budget_of only carries it to render().
+            short = budget_of(vec_sat_sub(wanted, vec_of(available)))
             raise InsufficientBudgetError(
-                f"{parent} holds {available.render()} but {len(children)} lease(s) need "
-                f"{budget_of(wanted).render()} (short by {short.render()}); ask for less or "
-                "wait for running leases to end"
+                f"{shown(parent)} holds {available.render()} but {len(children)} lease(s) "
+                f"need {budget_of(wanted).render()} (short by {short.render()}); ask for less "
+                "or wait for running leases to end"
             )
         return tuple(
             LeaseGranted(
@@ -449,7 +494,9 @@ class LeaseBook:
         """Charge ``amount``, clamped to what the lease still holds."""
         ledger = self.get(lineage)
         if not ledger.active(at_ms):
-            raise LeaseEndedError(f"{lineage}'s lease has ended; record usage before releasing it")
+            raise LeaseEndedError(
+                f"{shown(lineage)}'s lease has ended; record usage before releasing it"
+            )
         available = self.remaining(lineage, at_ms, settled_ms)
         charged = amount.minimum(available)
         left = available.saturating_sub(charged)
@@ -465,30 +512,63 @@ class LeaseBook:
         )
 
     def decide_release(self, lineage: str, at_ms: int) -> LeaseReleased:
+        """End the lease now. It must be live, and (like usage) the release must commit
+        before :meth:`deadline`: the caller passes that to the journal."""
         ledger = self.get(lineage)
         if ledger.parent is None:
-            raise StateError(f"{lineage} is a durable agent's ledger, not a lease")
+            raise StateError(f"{shown(lineage)} is a durable agent's ledger, not a lease")
         if not ledger.active(at_ms):
-            raise LeaseEndedError(f"{lineage}'s lease has already ended")
+            raise LeaseEndedError(f"{shown(lineage)}'s lease has already ended")
         return LeaseReleased(lineage=lineage)
 
     def decide_renewal(self, lineage: str, expires_at_ms: int, at_ms: int) -> LeaseRenewed:
+        """Move the lease's end to ``expires_at_ms``: later than now, never past its
+        parent's lease (or an ancestor's), nor its grant's expiry, nor
+        :data:`MAX_EXPIRY_MS`. Each is refused by name; an expiry that is not an integer
+        a journal can store is bad input."""
+        if (
+            not isinstance(expires_at_ms, int)
+            or isinstance(expires_at_ms, bool)
+            or not 0 <= expires_at_ms <= INT64_MAX
+        ):
+            raise BadInputError(
+                f"a lease's new end must be a whole number of epoch milliseconds from 0 to "
+                f"{INT64_MAX}, not {shown(repr(expires_at_ms))}"
+            )
         ledger = self.get(lineage)
+        name = shown(lineage)
         if ledger.parent is None:
-            raise StateError(f"{lineage} is a durable agent's ledger, not a lease")
+            raise StateError(f"{name} is a durable agent's ledger, not a lease")
         if not ledger.active(at_ms):
-            raise LeaseEndedError(f"{lineage}'s lease has ended; it cannot be renewed")
+            raise LeaseEndedError(f"{name}'s lease has ended; it cannot be renewed")
         parent = self.get(ledger.parent)
         if not parent.active(at_ms):
-            raise LeaseEndedError(f"{ledger.parent}'s lease has ended; {lineage} cannot renew")
+            raise LeaseEndedError(f"{shown(ledger.parent)}'s lease has ended; {name} cannot renew")
         if ledger.expires_at_ms is not None and expires_at_ms <= ledger.expires_at_ms:
             raise BadInputError(
-                f"renewal of {lineage} to {expires_at_ms} ms does not extend it (it "
+                f"renewal of {name} to {expires_at_ms} ms does not extend it (it "
                 f"expires at {ledger.expires_at_ms} ms)"
             )
         if parent.expires_at_ms is not None and expires_at_ms > parent.expires_at_ms:
             raise RenewalBeyondParentError(
-                f"{lineage} cannot be renewed to {expires_at_ms} ms: its parent "
-                f"{ledger.parent} holds its budget only until {parent.expires_at_ms} ms"
+                f"{name} cannot be renewed to {expires_at_ms} ms: its parent "
+                f"{shown(ledger.parent)} holds its budget only until {parent.expires_at_ms} ms"
+            )
+        above = self.deadline(ledger.parent)  # an ancestor's lease may end first
+        if above is not None and expires_at_ms > above:
+            raise RenewalBeyondParentError(
+                f"{name} cannot be renewed to {expires_at_ms} ms: a lease above it, which "
+                f"holds its budget, ends at {above} ms"
+            )
+        if ledger.grant_end_ms is not None and expires_at_ms > ledger.grant_end_ms:
+            raise RenewalBeyondGrantError(
+                f"{name} cannot be renewed to {expires_at_ms} ms: its grant expires at "
+                f"{ledger.grant_end_ms} ms, and a lease never outlives its grant (spawn the "
+                "work again under a new grant instead)"
+            )
+        if expires_at_ms > MAX_EXPIRY_MS:
+            raise ExpiryOutOfRangeError(
+                f"{name} cannot be renewed to {expires_at_ms} ms: a lease ends at the latest "
+                f"at {MAX_EXPIRY_MS} ms (the end of year 9999), the last instant a date shows"
             )
         return LeaseRenewed(lineage=lineage, parent=ledger.parent, expires_at_ms=expires_at_ms)

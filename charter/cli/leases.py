@@ -3,13 +3,12 @@ them itself, the tests') way to charge and end leases."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import click
 
+from charter.budgets import MAX_EXPIRY_MS, render_instant
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import Budget, BudgetSyntaxError
-from charter.core.budget import INT64_MAX, parse_duration_ms
+from charter.core.budget import MAX_TTL_S, parse_duration_ms
 
 __all__ = ["lease_group"]
 
@@ -45,13 +44,25 @@ def release(ctx: Ctx, lineage: str) -> None:
     ctx.emit(event.payload(), f"released {lineage}")
 
 
+# The longest renewal asked for as a duration: a century, the longest a grant may live
+# (MAX_TTL_S), so now + it is a date that renders. Checked here, before anything is
+# journaled: a longer one is bad input (exit 2), never a commit the CLI then cannot show.
+MAX_RENEWAL_MS = MAX_TTL_S * 1000
+
+
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     if value is None:
         return None
     try:
-        return parse_duration_ms(value)
+        ms = parse_duration_ms(value)
     except BudgetSyntaxError:
         raise click.BadParameter(f"{value!r} is not a duration; write 90s, 10m or 2h") from None
+    if ms > MAX_RENEWAL_MS:
+        raise click.BadParameter(
+            f"{value!r} is longer than a lease may be renewed for (at most "
+            f"{MAX_RENEWAL_MS // 3_600_000}h, a century)"
+        )
+    return ms
 
 
 @lease_group.command("renew")
@@ -66,7 +77,8 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option(
     "--until-ms",
     "until_ms",
-    type=AsciiIntRange(0, INT64_MAX),
+    # At most the last instant a date renders (the end of year 9999): bad input beyond.
+    type=AsciiIntRange(0, MAX_EXPIRY_MS),
     help="New expiry as epoch milliseconds.",
 )
 @click.pass_obj
@@ -77,6 +89,6 @@ def renew(ctx: Ctx, lineage: str, for_ms: int | None, until_ms: int | None) -> N
     with ctx.open_charter() as charter:
         service = charter.budgets()
         until = until_ms if until_ms is not None else service.clock() + (for_ms or 0)
-        event = service.renew(lineage, min(until, INT64_MAX))
-    expiry = datetime.fromtimestamp(event.expires_at_ms / 1000, UTC)
-    ctx.emit(event.payload(), f"renewed {lineage} until {expiry:%Y-%m-%d %H:%M:%S}Z")
+        event = service.renew(lineage, until)
+    # After the commit nothing may fail: render_instant shows any stored end.
+    ctx.emit(event.payload(), f"renewed {lineage} until {render_instant(event.expires_at_ms)}")

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import NoReturn, Protocol, TypeVar
+
+from pydantic import ValidationError
 
 from charter.budgets import (
     ADMISSION_EVENTS,
@@ -28,14 +31,16 @@ from charter.budgets import (
     LeaseRenewed,
     ResourceClass,
     SlotAdmitted,
+    SlotReleaseRacedError,
     UnknownLeaseError,
     UsageRecorded,
 )
 from charter.control._queue import queue_admissions
-from charter.control.handler import Folded, Pinned, append_pinned
+from charter.control.handler import RETRIES, Folded, Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs
-from charter.core import Budget, Event, RefusedError, now_ms
+from charter.core import BadInputError, Budget, Event, RefusedError, describe_invalid, now_ms
 from charter.core.errors import InternalError
+from charter.core.text import shown
 from charter.ledger import (
     AppendConflictError,
     Committed,
@@ -53,8 +58,12 @@ __all__ = [
     "settled_for",
 ]
 
-_RETRIES = 5
+# How long a slot's release keeps deciding again while it loses races: the journal's
+# own write-lock timeout (30 s by default on both backends), so a release gives up no
+# sooner than a writer stuck behind the lock would.
+_RELEASE_PATIENCE_S = 30.0
 E = TypeVar("E", bound=Event)
+T = TypeVar("T")
 # A caller's events for the same append as a decision, and the stream versions they
 # were decided on (read after the decision's own).
 Also = Callable[[], tuple[Sequence[Event], Mapping[str, int]]]
@@ -217,6 +226,9 @@ class BudgetService:
         )
 
     def renew(self, lineage: str, expires_at_ms: int) -> LeaseRenewed:
+        """Move the lease's end to ``expires_at_ms``. An end that is not a whole number
+        from 0 to 2^63 − 1 is bad input (nothing journaled); past the parent's lease,
+        the grant's expiry or the last instant a date renders, a journaled refusal."""
         return self._decide_and_append(
             "renew",
             lineage,
@@ -243,21 +255,32 @@ class BudgetService:
         self.shared.refresh(self.journal)
         if lineage not in self.view.book:  # a typo is not a policy decision: not journaled
             raise UnknownLeaseError(
-                f"no lease or budget ledger for {lineage} in the journal; nothing was "
-                "journaled (`charter budgets` lists the lineages that have one)"
+                f"no lease or budget ledger for {shown(lineage)} in the journal; nothing "
+                "was journaled (`charter budgets` lists the lineages that have one)"
             )
-        for _ in range(_RETRIES):
+        # As many tries as the handlers' one loop: a usage, release or renewal is pinned
+        # to every stream of its chain, so a busy ancestor (fanning out, spending) moves
+        # one of them often, and five tries gave up on releases under load.
+        for _ in range(RETRIES):
             # Versions first, then the view: the view covers everything they do.
             expect = {s: self.journal.stream_version(s) for s in self._streams(operation, lineage)}
             self.shared.refresh(self.journal)
             also, pins = then() if then is not None else ((), {})
             now = self.clock()
             try:
-                event = decide(now)
-                # Usage and renewal rely on the lease (and every ancestor's) being live:
-                # the journal refuses, under its write lock, to commit them at or after
-                # the first of those expiries.
-                deadline = self.view.book.deadline(lineage) if operation != "release" else None
+                try:
+                    event = decide(now)
+                except ValidationError as invalid:  # a value no event can carry
+                    raise BadInputError(
+                        f"{operation} of {shown(lineage)}: {describe_invalid(invalid)}; "
+                        "nothing was journaled"
+                    ) from None
+                # Usage, release and renewal all rely on the lease (and every
+                # ancestor's) being live: the journal refuses, under its write lock, to
+                # commit them at or after the first of those expiries. (A release that
+                # commits later would record the end of a lease that had already ended,
+                # later than it ended.)
+                deadline = self.view.book.deadline(lineage)
                 committed = self.journal.append(
                     [event, *also], expect={**expect, **pins}, deadline_ms=deadline
                 )
@@ -268,15 +291,18 @@ class BudgetService:
                     operation,
                     lineage,
                     LeaseEndedError(
-                        f"{lineage}'s lease (or an ancestor's) ended before the {operation} "
-                        f"could commit; nothing was charged ({e})"
+                        f"{shown(lineage)}'s lease (or an ancestor's) ended before the "
+                        f"{operation} could commit; nothing was journaled for it ({e})"
                     ),
                 )
             except RefusedError as error:
                 self._refuse(operation, lineage, error)
             self.shared.applied(committed)
             return event
-        raise AppendConflictError(f"{operation} of {lineage} kept racing other writers; retry")
+        raise AppendConflictError(
+            f"{operation} of {shown(lineage)} kept racing other writers; nothing was "
+            "journaled for it; retry"
+        )
 
     def _refuse(self, operation: str, lineage: str, error: RefusedError) -> NoReturn:
         """Journal a refusal with its stable reason code, then raise it."""
@@ -287,19 +313,18 @@ class BudgetService:
         raise error
 
     def _streams(self, operation: str, lineage: str) -> list[str]:
-        """The streams the decision depends on. A renewal: the parent's, which holds
-        the budget (renewals go on it), and its ancestors'. Usage: the lease's own and
-        every ancestor's up to the root, since releasing an ancestor lease ends this
-        lease too and a parent's fan-out spends what it has left (a usage decided before
-        either must not commit after it). A release: the lease's own."""
+        """The streams the decision depends on: the lease's own and every ancestor's up
+        to the root, for every operation. Releasing an ancestor's lease ends this one
+        too, and this lease's own release ends it: a usage, release or renewal decided
+        before either must not commit after it (the lease had ended). A parent's fan-out
+        spends what it has left (a usage decided before it must not commit after it),
+        and renewals go on the parent's stream, which holds the budget."""
+        del operation  # the same chain for each (kept for the callers' clarity)
         if lineage not in self.view.book:
             self.shared.refresh(self.journal)
         if lineage not in self.view.book:
             return [lineage]  # the decision refuses it, with its named reason
-        chain = [ledger.lineage for ledger in self.view.book.chain(lineage)]
-        if operation == "renew":
-            return chain[1:] or chain
-        return chain if operation == "usage" else chain[:1]
+        return [ledger.lineage for ledger in self.view.book.chain(lineage)]
 
 
 Live = Callable[[str], bool]
@@ -317,7 +342,13 @@ class AdmissionService:
     admitters take the last slot), through :func:`append_pinned`: configuring caps,
     admitting (all or none), and the cell's own moves: admitting its queue into room
     it has, a coordinator's swap to a coordination slot and back, and the settlement
-    of a worker's end (its slots back, the queue's head admitted)."""
+    of a worker's end (its slots back, the queue's head admitted).
+
+    Every refusal of a slot (an admission, a coordinator's swap) is journaled once, with
+    its retry-after; a model's complaint about a value reaches the caller as bad input.
+    Admission of one holder is idempotent. Giving slots back (:meth:`release`,
+    :meth:`settle`) keeps deciding again while it loses races, for as long as the
+    journal's own lock timeout: giving up after a few tries would leak the slot."""
 
     def __init__(
         self,
@@ -326,8 +357,10 @@ class AdmissionService:
         *,
         shared: Shared | None = None,
         host_load: HostLoad = host_cap_inputs,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.journal = journal
+        self.monotonic = monotonic
         if shared is None:
             shared = _Own()
             if view is not None:
@@ -357,21 +390,29 @@ class AdmissionService:
         inputs: CapInputs | None = None,
     ) -> tuple[SlotAdmitted, ...]:
         """Admit all of ``lineages`` or raise :class:`AdmissionRefusedError` (journaled,
-        with its retry-after)."""
-
-        def decide() -> tuple[Event, ...]:
-            try:
-                return self.view.cells.decide_admit(cell, lineages, resource, inputs)
-            except AdmissionRefusedError as error:
-                refusal = self.view.cells.refusal(cell, lineages[0], resource, error, inputs)
-                self.journal.record_refusal(refusal, error)
-                raise
-
-        return tuple(e for e in self._pinned(cell, decide) if isinstance(e, SlotAdmitted))
+        with its retry-after). Idempotent per holder: a lineage named twice, or one
+        that already holds a slot of ``resource``, is not admitted again (the answer
+        holds only the new admissions, and is empty, with nothing appended, when there
+        are none)."""
+        done = self._pinned(
+            cell, lambda: self.view.cells.decide_admit(cell, lineages, resource, inputs)
+        )
+        return tuple(e for e in done if isinstance(e, SlotAdmitted))
 
     def release(self, cell: str, lineage: str, resource: ResourceClass) -> None:
-        """Give back the ``resource`` slot ``lineage`` holds on ``cell``."""
-        self._pinned(cell, lambda: (self.view.cells.decide_release(cell, lineage, resource),))
+        """Give back ``lineage``'s slot of ``resource``. If another writer released it
+        while this release lost its race, that is the release asked for: nothing more
+        is journaled."""
+        first = True
+
+        def decide(versions: dict[str, int]) -> Pinned | None:
+            nonlocal first
+            if not first and lineage not in self.view.cells.get(cell).holders[resource]:
+                return None  # released by another writer while this one lost its race
+            first = False
+            return Pinned([self.view.cells.decide_release(cell, lineage, resource)], versions)
+
+        self._patiently(cell, lineage, decide)
 
     # -- the cell's moves ------------------------------------------------------------
 
@@ -423,8 +464,16 @@ class AdmissionService:
     def settle(
         self, cell: str, lineage: str, extra: Sequence[Event] = (), live: Live = _everyone_live
     ) -> tuple[Committed, ...]:
-        """:meth:`settlement`, appended pinned to the cell's stream."""
-        done = self._append(cell, lambda _: Pinned(self._settlement(cell, lineage, extra, live)))
+        """:meth:`settlement`, appended pinned to the cell's stream (decided again while
+        it loses races, like :meth:`release`: the worker is gone, its slots must not
+        stay counted)."""
+        # Pinned to the cell's version: the settlement admits the queue's head into
+        # the room it makes, which must not be decided on a stale view.
+        done = self._patiently(
+            cell,
+            lineage,
+            lambda versions: Pinned(self._settlement(cell, lineage, extra, live), versions),
+        )
         return () if done is None else done[1]
 
     def wait_on_children(
@@ -432,7 +481,9 @@ class AdmissionService:
     ) -> None:
         """A coordinator waits on its children (``waiting`` says on which): it gives
         back its processing slot, which goes to the queue's head at once, and holds a
-        coordination slot instead, so deep trees never deadlock on processing slots."""
+        coordination slot instead, so deep trees never deadlock on processing slots.
+        With the coordination class full, the swap is refused (journaled once, with
+        its retry-after) and the coordinator keeps its processing slot."""
 
         def decide(versions: dict[str, int]) -> Pinned:
             swap = self.view.cells.decide_wait_on_children(cell, lineage)
@@ -458,9 +509,46 @@ class AdmissionService:
     def _append(
         self, cell: str, decide: Callable[[dict[str, int]], Pinned | None]
     ) -> tuple[Pinned, tuple[Committed, ...]] | None:
+        def checked(versions: dict[str, int]) -> Pinned | None:
+            """The decision, with a refusal of a slot journaled (once: a refusal leaves
+            the retry loop) and a model's complaint turned into bad input."""
+            try:
+                return decide(versions)
+            except AdmissionRefusedError as error:
+                if error.refusal is not None:
+                    self.journal.record_refusal(error.refusal, error)
+                raise
+            except ValidationError as invalid:
+                raise BadInputError(
+                    f"cell '{shown(cell)}': {describe_invalid(invalid)}; nothing was journaled"
+                ) from None
+
         return append_pinned(
-            self.journal, self.shared, [f"cell:{cell}"], decide, what=f"admission on cell {cell!r}"
+            self.journal,
+            self.shared,
+            [f"cell:{cell}"],
+            checked,
+            what=f"admission on cell '{shown(cell)}'",
         )
+
+    def _patiently(
+        self, cell: str, lineage: str, decide: Callable[[dict[str, int]], Pinned | None]
+    ) -> tuple[Pinned, tuple[Committed, ...]] | None:
+        """:meth:`_append` for giving slots back: a lost race only means another writer
+        committed on the cell, and a release never makes room that is not there, so it
+        is decided again for up to the journal's lock timeout before
+        :class:`SlotReleaseRacedError` says the slot is still held."""
+        limit = self.monotonic() + _RELEASE_PATIENCE_S
+        while True:
+            try:
+                return self._append(cell, decide)
+            except AppendConflictError:
+                if self.monotonic() >= limit:
+                    raise SlotReleaseRacedError(
+                        f"{shown(lineage)} still holds its slot(s) on cell '{shown(cell)}': "
+                        f"giving them back lost every race on the cell for "
+                        f"{_RELEASE_PATIENCE_S:.0f} s; release them again"
+                    ) from None
 
     def _pinned(self, cell: str, decide: Callable[[], tuple[Event, ...]]) -> tuple[Event, ...]:
         done = self._append(cell, lambda versions: Pinned(decide(), versions))

@@ -69,6 +69,7 @@ class Mixer:
             usages_over=0,
             releases=0,
             renewals=0,
+            renewals_committed=0,
             refused=0,
             refusals=0,
             at_the_edge=0,
@@ -154,14 +155,17 @@ class Mixer:
         ]
 
     def renew(self) -> None:
-        """Extend a worker's lease a little past where it ends now (as the journal says):
-        refused if it or an ancestor has ended, or if it would outlive its parent's."""
+        """Try to extend a worker's lease a little past where it ends now (as the journal
+        says): refused if it or an ancestor has ended, if it would outlive its parent's,
+        or (always, for a spawned lease, which ends with its grant) its grant's.
+        ``renewals`` counts the attempts, ``renewals_committed`` those that committed."""
         worker = self.pick_at_the_edge()
         self.budgets.remaining(worker.lineage)  # brings the view up to date
         ends = self.budgets.view.book.get(worker.lineage).expires_at_ms or 0
         until = max(ends, now_ms()) + self.rng.randint(300, 2_000)
-        self.budgets.renew(worker.lineage, until)
         self.tally["renewals"] += 1
+        self.budgets.renew(worker.lineage, until)
+        self.tally["renewals_committed"] += 1
         worker.lease_end_ms = until
 
     def idle(self) -> None:

@@ -223,6 +223,11 @@ def test_sixteen_concurrent_spawners_never_oversubscribe(journal_url: str, tmp_p
     assert sum(t["refused_without_retry_after"] for t in tallies) == 0
     with Journal.open(journal_url) as journal:
         assert _occupancy_never_over_cap(journal, caps) > 0
+        # Every slot taken was given back: a release that lost its races retried (on
+        # PostgreSQL one used to give up with AppendConflictError and leak its slot).
+        after = AdmissionService(journal)
+        after.view.refresh(journal)
+        assert after.view.cells.get("cell-a").occupancy(P) == 0
         refused = [e.event for e in journal.entries(types=("AdmissionRefused",))]
         assert refused
         assert all(isinstance(r, AdmissionRefused) and r.retry_after_ms > 0 for r in refused)

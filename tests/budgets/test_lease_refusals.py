@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from charter.budgets import (
+    MAX_EXPIRY_MS,
     BudgetLedgerOpened,
     LeaseBook,
     LeaseGranted,
@@ -30,6 +31,7 @@ ALLOCATION = Budget(tokens=1000, wall_ms=100_000, cpu_ms=10_000, mem_bytes=4096,
 LEASE = Budget(tokens=400, wall_ms=40_000, cpu_ms=4_000, mem_bytes=1024, egress_bytes=200)
 SMALL = Budget(tokens=100, wall_ms=10_000, cpu_ms=1_000, mem_bytes=256, egress_bytes=50)
 DIGEST = "00" * 32
+NO_GRANT = ""  # a lease decided outside a spawn names no grant
 CHILD_ENDS = T0 + 10_000
 GRANDCHILD_ENDS = T0 + 5_000
 
@@ -39,13 +41,15 @@ def _apply(book: LeaseBook, events: object, at_ms: int) -> None:
         book.apply(event, at_ms)
 
 
-def _book(*, grandchild: bool = False) -> LeaseBook:
-    """A root ledger with one child lease (and optionally a grandchild under it)."""
+def _book(*, grandchild: bool = False, digest: str = NO_GRANT) -> LeaseBook:
+    """A root ledger with one child lease (and optionally a grandchild under it). The
+    leases name no grant unless ``digest`` is given: a renewal is then bounded by the
+    parents alone (the grant's own bound has its tests below)."""
     book = LeaseBook()
     book.apply(BudgetLedgerOpened(lineage=ROOT, allocation=ALLOCATION), T0)
-    _apply(book, book.decide_leases(ROOT, [(CHILD, LEASE, CHILD_ENDS, DIGEST)], T0), T0)
+    _apply(book, book.decide_leases(ROOT, [(CHILD, LEASE, CHILD_ENDS, digest)], T0), T0)
     if grandchild:
-        leases = book.decide_leases(CHILD, [(GRANDCHILD, SMALL, GRANDCHILD_ENDS, DIGEST)], T0)
+        leases = book.decide_leases(CHILD, [(GRANDCHILD, SMALL, GRANDCHILD_ENDS, digest)], T0)
         _apply(book, leases, T0)
     return book
 
@@ -70,8 +74,8 @@ def test_a_lease_may_end_with_its_parent_but_never_after_it() -> None:
             ],
             T0,
         )
-    # A durable agent's ledger has no end: any expiry fits under it.
-    assert book.decide_leases(ROOT, [(f"{ROOT}/sa-9", SMALL, 2**62, DIGEST)], T0)
+    # A durable agent's ledger has no end: any expiry that renders fits under it.
+    assert book.decide_leases(ROOT, [(f"{ROOT}/sa-9", SMALL, MAX_EXPIRY_MS, DIGEST)], T0)
 
 
 def test_a_renewal_may_reach_its_parents_end_but_not_pass_it() -> None:
@@ -81,8 +85,8 @@ def test_a_renewal_may_reach_its_parents_end_but_not_pass_it() -> None:
     with pytest.raises(errors.RenewalBeyondParentError) as caught:
         book.decide_renewal(GRANDCHILD, CHILD_ENDS + 1, T0 + 1)
     assert caught.value.reason == "renewal-beyond-parent"
-    # A child of a durable agent may be renewed as far as it likes.
-    assert book.decide_renewal(CHILD, 2**62, T0 + 1).expires_at_ms == 2**62
+    # A child of a durable agent may be renewed as far as a date renders.
+    assert book.decide_renewal(CHILD, MAX_EXPIRY_MS, T0 + 1).expires_at_ms == MAX_EXPIRY_MS
 
 
 def test_the_deadline_of_a_decision_is_the_first_end_in_its_chain() -> None:

@@ -113,6 +113,12 @@ def test_sixteen_processes_of_mixed_load_keep_every_invariant_at_every_position(
         history = journal_history(journal)
     kinds = Counter(kind for _, kind, _, _ in history)
     assert kinds["BudgetRefused"] > 0, kinds
+    # Every lease here was spawned, so it ends with its grant: no renewal may commit,
+    # and the attempts are refused by name (the positive control for the grant's bound
+    # is in test_lease_refusals).
+    assert kinds["LeaseRenewed"] == 0, kinds
+    reasons = Counter(p["reason"] for _, kind, p, _ in history if kind == "BudgetRefused")
+    assert reasons["renewal-beyond-grant"] > 0, reasons
     expired = _ended_by_expiry(history)
     assert expired, "no lease ended by expiry during the run"
 
