@@ -222,6 +222,24 @@ def spawn(
     ctx.emit(result.to_json(), "\n".join(str(c.lineage) for c in result.children))
 
 
+@click.command("revoke")
+@click.argument("lineage")
+@click.option("--reason", default="", help="Why (journaled with the revocation).")
+@click.pass_obj
+def revoke(ctx: Ctx, lineage: str, reason: str) -> None:
+    """Revoke LINEAGE (a worker) and its whole subtree, in one append.
+
+    From that position none of them may spawn, be admitted or start; the cell that runs
+    them kills what runs (each kill journaled first), charges what they used and returns
+    their leases. Revoking a lineage that already was revoked changes nothing.
+    """
+    with ctx.open_charter() as charter:
+        position = charter.revoke(lineage, reason)
+    done = position is not None
+    ctx.status(f"revoked {lineage} at position {position}" if done else f"{lineage} was revoked")
+    ctx.emit({"lineage": lineage, "revoked": True, "position": position}, lineage)
+
+
 @click.command("spawn-schema")
 def spawn_schema() -> None:
     """Print the JSON Schema of the spawn intent, as a model tool definition."""

@@ -36,6 +36,7 @@ from charter.authority import (
     GateQuestion,
     GrantChainBrokenError,
     GrantNotJournaledError,
+    LineageRevokedError,
     MintedChild,
     ParentState,
     SealedGrant,
@@ -377,6 +378,12 @@ class SpawnService:
             check_custody(custody, record.trust_root, who=str(root))
         check_custody(custody, bytes.fromhex(leaf.grant.subject_key), who=str(leaf.grant.lineage))
         verify_grant_chain(chain, record.trust_root, now_ms=now)
+        revoked = self.view.revoked_above(leaf.grant.lineage)
+        if revoked is not None:
+            raise LineageRevokedError(
+                f"{revoked} was revoked (position {self.view.revoked[revoked]}): nothing "
+                f"below it may spawn"
+            )
         journaled = self.view.digests.get(leaf.grant.lineage, b"")
         if not hmac.compare_digest(journaled, leaf.digest):
             raise GrantNotJournaledError(
