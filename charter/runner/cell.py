@@ -166,10 +166,14 @@ class Cell:
             self.egress_broker = EgressBroker(base / f"egress-{self.cell}-{os.getpid()}.sock")
         # A waiting coordinator keeps its sandbox while it holds a coordination slot
         # instead of a processing one: the pool holds room for both.
+        # Idle sandboxes parked ahead of demand: as many as may run at once, never the
+        # whole capacity (a waiting coordinator's room is built when it is needed).
+        processing = state.caps.get(ResourceClass.PROCESSING, 0)
         self.pool = WarmPool(
             template,
             self.budget,
             max(1, capacity),
+            parked=max(1, min(processing, capacity)),
             sink=BrokerEvents(self.journal),
             egress=self.egress_broker,
             keys=self.key_broker,
@@ -194,11 +198,22 @@ class Cell:
         return path
 
     def close(self) -> None:
-        """Kill every live worker of this cell (journaled first), then stop."""
+        """Kill every live worker of this cell, then stop: the kills are journaled in
+        one append and carried out in one pass, and nothing is rebuilt for them (the
+        filler stops first)."""
+        if self._filler is not None:
+            self._filler.stop_building()
         with self._lock:
-            live = [w.lineage for w in self.view.on_cell(self.cell) if w.live and w.sandbox_id]
-        for lineage in live:
-            self.kill(lineage, "the cell is shutting down")
+            self.refresh()
+            reason = "the cell is shutting down"
+            kills = [
+                WorkerKilled(lineage=w.lineage, reason=reason)
+                for w in self.view.on_cell(self.cell)
+                if w.live and w.sandbox_id and w.killed is None and w.exit_code is None
+            ]
+            if kills:
+                self.applied(self.journal.append(kills))
+        self._carry_out_kills()
         for thread in list(self._threads):
             thread.join(timeout=30)
         if self.pool is not None:
