@@ -52,7 +52,7 @@ from charter.runner._filler import PoolFiller
 from charter.runner._kill import kill_uid, kill_uids
 from charter.runner._sink import BrokerEvents
 from charter.runner._view import WorkerRecord, WorkersView
-from charter.runner.errors import LeaseSpentError, NotAWorkerError
+from charter.runner.errors import LeaseSpentError, NotAWorkerError, ResultGivenError
 from charter.runner.events import (
     RESULT_CAP,
     CellStarted,
@@ -655,6 +655,8 @@ class Cell:
         return lineage
 
     def journal_result(self, lineage: str, data: bytes) -> str:
+        """Journal ``lineage``'s answer: one per worker (what it can make the journal
+        hold is bounded), refused if it gave one already."""
         data = data[:RESULT_CAP]
         digest = hashlib.sha256(data).hexdigest()
         event = WorkerResult(
@@ -663,7 +665,14 @@ class Cell:
             size=len(data),
             text=data.decode("utf-8", errors="replace"),
         )
-        with self._lock:
+        with self._lock:  # checked and journaled together
+            self.refresh()
+            w = self.view.workers.get(lineage)
+            if w is not None and w.result is not None:
+                raise ResultGivenError(
+                    f"{lineage} has given its result already (digest {w.result.digest}); a "
+                    "worker answers once"
+                )
             self.applied(self.journal.append([event]))
         return digest
 
