@@ -38,6 +38,7 @@ from charter.control import (
     custody_key_name,
     host_cap_inputs,
     register_root,
+    revoke,
 )
 from charter.core import (
     BadInputError,
@@ -430,6 +431,15 @@ class Charter:
                 )
             caller = service.durable_caller(lineage.root_name)
         return service.spawn(caller, intent, workers, request_id=request_id, policy=policy)
+
+    def revoke(self, lineage: str | Lineage, reason: str = "") -> int | None:
+        """Revoke a worker and its subtree (one append; the position it committed at,
+        or None if it already was revoked). From there none of them may spawn, be
+        admitted or start, and the cell that runs them kills what runs, each kill
+        journaled first, charging what they used before their leases return."""
+        target = lineage if isinstance(lineage, Lineage) else Lineage(lineage)
+        committed = revoke(self.journal, self.views, target, reason or "revoked by the operator")
+        return None if committed is None else committed.position
 
     def processing_cap(self, cell: str | None = None) -> int:
         """The cell's committed processing cap (what ``cell configure``/``init`` journaled)."""

@@ -25,7 +25,7 @@ position where the rule first breaks:
 - ``lifecycle``: every started sandbox ends (exited, quarantined or discarded) or is
   still live: its lease has not ended as of the audited position.
 - ``revoked-subtree``: no grant is minted, and no sandbox leased, under a lineage whose
-  lease was released (revoked), after the release.
+  lease was released or that was revoked (``LineageRevoked``), after that position.
 - ``key-rotation``: every journal key rotation is signed by the journal's current key
   and by the new one (the journal's first key is its ``JournalCreated`` entry's).
 - ``trust-anchor``: a root's registration (its trust root), its root grant and its
@@ -125,6 +125,7 @@ KNOWN_TOPICS = frozenset(
         "JournalKeyRotated",
         "LeaseGranted",
         "LeaseReleased",
+        "LineageRevoked",
         "LeaseRenewed",
         "SandboxDiscarded",
         "SandboxExited",
@@ -353,6 +354,10 @@ class _Auditor:
         ledger = self.books.get(lineage)
         if ledger is not None:
             self.books.release(ledger, t)
+
+    def revoked(self, p: dict[str, Any]) -> None:
+        """A revocation closes its subtree to mints and sandboxes, as a release does."""
+        self.released.setdefault(str(p["lineage"]), self.position)
 
     def renewed(self, p: dict[str, Any], t: int) -> None:
         ledger = self.books.get(str(p["lineage"]))
@@ -712,6 +717,7 @@ class _Auditor:
             "LeaseGranted": self.lease_granted,
             "UsageRecorded": self.usage,
             "LeaseReleased": self.released_lease,
+            "LineageRevoked": lambda p, _: self.revoked(p),
             "LeaseRenewed": self.renewed,
             "SandboxLeased": self.sandbox_leased,
             "SandboxStarted": self.sandbox_started,

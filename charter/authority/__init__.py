@@ -69,11 +69,18 @@ from charter.authority.errors import (
     GrantSignatureInvalidError,
     InvalidRequestError,
     InvariantViolationError,
+    LineageRevokedError,
     PermissionModeRaisedError,
     UnknownAgentError,
     UnknownParentError,
 )
-from charter.authority.events import AgentRegistered, GateDecided, GrantMinted, SpawnRefused
+from charter.authority.events import (
+    AgentRegistered,
+    GateDecided,
+    GrantMinted,
+    LineageRevoked,
+    SpawnRefused,
+)
 
 __all__ = [
     "MAX_FANOUT",
@@ -120,6 +127,7 @@ __all__ = [
     # events
     "AgentRegistered",
     "GrantMinted",
+    "LineageRevoked",
     "GateDecided",
     "SpawnRefused",
     # errors
@@ -134,6 +142,7 @@ __all__ = [
     "ForeignRootError",
     "GrantNotJournaledError",
     "GrantExpiredError",
+    "LineageRevokedError",
     "UnknownParentError",
     "DepthExhaustedError",
     "FanoutExhaustedError",

@@ -27,6 +27,7 @@ __all__ = [
     "ForeignRootError",
     "GrantNotJournaledError",
     "GrantExpiredError",
+    "LineageRevokedError",
     "UnknownParentError",
     # refused: what may be spawned
     "DepthExhaustedError",
@@ -119,6 +120,13 @@ class GrantExpiredError(AuthorityRefusedError):
     """The caller's grant has expired; an expired grant cannot spawn."""
 
     reason = "grant-expired"
+
+
+class LineageRevokedError(AuthorityRefusedError):
+    """The caller, or an ancestor of it, was revoked: nothing below a revoked lineage
+    may spawn, be admitted or start."""
+
+    reason = "revoked"
 
 
 class UnknownParentError(AuthorityRefusedError):

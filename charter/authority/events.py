@@ -20,7 +20,7 @@ from charter.core.budget import Budget
 from charter.core.events import Event
 from charter.core.lineage import Lineage
 
-__all__ = ["AgentRegistered", "GrantMinted", "GateDecided", "SpawnRefused"]
+__all__ = ["AgentRegistered", "GrantMinted", "GateDecided", "LineageRevoked", "SpawnRefused"]
 
 _Hex64Bytes = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{128}$")]
 
@@ -105,3 +105,20 @@ class SpawnRefused(Event):
     message: str
     width: int
     objective: str
+
+
+class LineageRevoked(Event):
+    """``lineage`` and its whole subtree are revoked from this position on: none of them
+    may spawn, be admitted or start, and the cell kills what of them runs (each kill
+    journaled first; its measured usage is charged before its lease returns).
+
+    On the lineage's stream: a fan-out anywhere below pins every ancestor's stream, so
+    one decided before the revocation cannot commit after it."""
+
+    type_name = "LineageRevoked"
+
+    lineage: Lineage
+    reason: str = Field(max_length=1000)
+
+    def stream(self) -> str:
+        return str(self.lineage)

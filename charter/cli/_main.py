@@ -25,6 +25,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "agent": ("agents", "agent_group", "The directory of durable agents."),
     "spawn": ("agents", "spawn", "Fan out workers under a durable agent."),
     "spawn-schema": ("agents", "spawn_schema", "Print the JSON Schema of the spawn intent."),
+    "revoke": ("agents", "revoke", "Revoke a worker and its subtree; the cell kills what runs."),
     "lease": ("leases", "lease_group", "Record usage against a lease, release or renew it."),
     "cell": ("cells", "cell_group", "Run a cell, or configure its slot caps."),
     "budgets": ("projections", "budgets", "Budget ledgers and leases (a projection)."),

@@ -24,7 +24,7 @@ from charter.authority import (
     spawn_tool_definition,
 )
 from charter.cli._common import EXIT_REFUSED, AsciiIntRange, Ctx, describe_invalid
-from charter.control import AgentRecord, Ceiling
+from charter.control import AgentRecord, Ceiling, WorkerSpec
 from charter.core import MAX_LINEAGE_DEPTH, Budget, CharterError, RefusedError
 
 __all__ = ["DEFAULT_CEILING_BUDGET", "agent_group", "grant_options", "spawn", "spawn_schema"]
@@ -182,6 +182,7 @@ def _read_grant(value: str | None) -> RequestedGrant:
 
 
 @click.command("spawn")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")
 @click.option("--parent", required=True, metavar="LINEAGE", help="A durable agent: agent:NAME.")
 @click.option("--width", required=True, type=AsciiIntRange(1), help="Workers to start.")
 @click.option("--objective", required=True, help="What the workers are for.")
@@ -189,11 +190,19 @@ def _read_grant(value: str | None) -> RequestedGrant:
 @click.option("--grant", "grant", metavar="JSON|@FILE", help="Requested grant per worker.")
 @click.pass_obj
 def spawn(
-    ctx: Ctx, parent: str, width: int, objective: str, est_cost: str, grant: str | None
+    ctx: Ctx,
+    command: tuple[str, ...],
+    parent: str,
+    width: int,
+    objective: str,
+    est_cost: str,
+    grant: str | None,
 ) -> None:
     """Fan out WIDTH workers under a durable agent; print the minted lineages.
 
-    Exit 4 with the journaled reason when refused.
+    With `-- CMD ARGS...`, each worker is scheduled to run CMD in its own sandbox on
+    this host's cell (`charter cell run` starts it); without, the children are minted
+    and leased only. Exit 4 with the journaled reason when refused.
     """
     try:
         intent = SpawnIntent(
@@ -204,9 +213,10 @@ def spawn(
         )
     except ValidationError as e:
         raise click.BadParameter(describe_invalid(e)) from e
+    workers = (WorkerSpec(argv=command),) if command else None
     with ctx.open_charter() as charter:
         try:
-            result = charter.spawn(parent, intent)
+            result = charter.spawn(parent, intent, workers=workers)
         except RefusedError as e:
             ctx.emit(
                 {"refused": True, "reason": e.reason, "error": type(e).__name__, "message": str(e)},
@@ -220,6 +230,24 @@ def spawn(
         + (f"; {len(result.queued)} queued for a slot" if result.queued else "")
     )
     ctx.emit(result.to_json(), "\n".join(str(c.lineage) for c in result.children))
+
+
+@click.command("revoke")
+@click.argument("lineage")
+@click.option("--reason", default="", help="Why (journaled with the revocation).")
+@click.pass_obj
+def revoke(ctx: Ctx, lineage: str, reason: str) -> None:
+    """Revoke LINEAGE (a worker) and its whole subtree, in one append.
+
+    From that position none of them may spawn, be admitted or start; the cell that runs
+    them kills what runs (each kill journaled first), charges what they used and returns
+    their leases. Revoking a lineage that already was revoked changes nothing.
+    """
+    with ctx.open_charter() as charter:
+        position = charter.revoke(lineage, reason)
+    done = position is not None
+    ctx.status(f"revoked {lineage} at position {position}" if done else f"{lineage} was revoked")
+    ctx.emit({"lineage": lineage, "revoked": True, "position": position}, lineage)
 
 
 @click.command("spawn-schema")

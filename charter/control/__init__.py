@@ -20,6 +20,7 @@ from charter.control.resources import (
     ResourceView,
     Shared,
 )
+from charter.control.revoke import revoke
 from charter.control.spawn import (
     DEFAULT_CELL,
     Caller,
@@ -61,6 +62,7 @@ __all__ = [
     "Pinned",
     "append_pinned",
     "queue_admissions",
+    "revoke",
     "WorkerScheduled",
     "WorkerSpec",
     "inputs_digest",

@@ -20,6 +20,7 @@ from charter.authority import (
     Grant,
     GrantMinted,
     GrantTerms,
+    LineageRevoked,
     PermissionMode,
     SealedGrant,
     SecretName,
@@ -80,7 +81,7 @@ class Ceiling(BaseModel):
         )
 
 
-_TYPES = (AgentRegistered.type_name, GrantMinted.type_name)
+_TYPES = (AgentRegistered.type_name, GrantMinted.type_name, LineageRevoked.type_name)
 
 
 @dataclass(frozen=True)
@@ -117,10 +118,13 @@ class AuthorityView(JournalFold):
         self.minted: dict[Lineage, int] = {}
         self.reserved: dict[Lineage, int] = {}
         self._holds: dict[Lineage, int] = {}  # what each child holds of its parent's
+        self.revoked: dict[Lineage, int] = {}  # revoked lineage -> position of the revoke
 
     def apply(self, event: Event, position: int, at_ms: int = 0) -> None:
         del at_ms
-        if isinstance(event, AgentRegistered):
+        if isinstance(event, LineageRevoked):
+            self.revoked.setdefault(event.lineage, position)
+        elif isinstance(event, AgentRegistered):
             if event.name not in self.agents:
                 self.agents[event.name] = AgentRecord(
                     event.name, event.lineage, bytes.fromhex(event.trust_root), position
@@ -151,6 +155,15 @@ class AuthorityView(JournalFold):
                     allowance = int(orjson.loads(event.body)["terms"]["fanout"])
                     self._holds[event.lineage] = 1 + allowance
                     self.reserved[event.issuer] = self.reserved.get(event.issuer, 0) + 1 + allowance
+
+    def revoked_above(self, lineage: Lineage) -> Lineage | None:
+        """``lineage`` or its nearest ancestor that was revoked, if any."""
+        if not self.revoked:
+            return None
+        for node in (lineage, *lineage.ancestors()):
+            if node in self.revoked:
+                return node
+        return None
 
     def agent(self, name: str) -> AgentRecord:
         """The directory entry of ``name`` (as of the last refresh)."""

@@ -36,6 +36,7 @@ from charter.authority import (
     GateQuestion,
     GrantChainBrokenError,
     GrantNotJournaledError,
+    LineageRevokedError,
     MintedChild,
     ParentState,
     SealedGrant,
@@ -282,7 +283,7 @@ class SpawnService:
             )
             decision = self._lease(decision, intent, now)
             decision = self._schedule(decision, workers)
-            decision = self._admit(decision, versions[cell_stream])
+            decision = self._admit(decision, versions[cell_stream], workers)
             decision = self._ceilings_fail_open(decision, intent)
             decisions.append(decision)
             if decision.refusal is not None:  # journaled as decided, then raised
@@ -377,6 +378,12 @@ class SpawnService:
             check_custody(custody, record.trust_root, who=str(root))
         check_custody(custody, bytes.fromhex(leaf.grant.subject_key), who=str(leaf.grant.lineage))
         verify_grant_chain(chain, record.trust_root, now_ms=now)
+        revoked = self.view.revoked_above(leaf.grant.lineage)
+        if revoked is not None:
+            raise LineageRevokedError(
+                f"{revoked} was revoked (position {self.view.revoked[revoked]}): nothing "
+                f"below it may spawn"
+            )
         journaled = self.view.digests.get(leaf.grant.lineage, b"")
         if not hmac.compare_digest(journaled, leaf.digest):
             raise GrantNotJournaledError(
@@ -438,11 +445,18 @@ class SpawnService:
         )
         return decision.joined(scheduled)
 
-    def _admit(self, decision: FanoutDecision, cell_version: int) -> FanoutDecision:
+    def _admit(
+        self,
+        decision: FanoutDecision,
+        cell_version: int,
+        workers: tuple[WorkerSpec, ...] | None,
+    ) -> FanoutDecision:
         """Stage 5: a processing slot on the cell for each child while there is room, the
         rest queued in order. Pinned to the cell's stream, so two fan-outs never take
-        the same last slot."""
-        if decision.refusal is not None:
+        the same last slot. Children with nothing to run (no workers) take no slot: a
+        slot is room to run, and one held by a child that never runs would keep a
+        scheduled worker queued behind it for as long as its lease lives."""
+        if decision.refusal is not None or workers is None:
             return decision
         cells = self.resources.cells
         state = cells.cells().get(self.cell)

@@ -48,6 +48,10 @@ class PoolFiller:
         for wanted in self._wanted:
             wanted.set()
 
+    def stop_building(self) -> None:
+        """Build nothing more (the cell is closing: what it kills is not replaced)."""
+        self._stopped = True
+
     def stop(self) -> None:
         """Stop after the builds in progress (close the pool first: its fill returns)."""
         self._stopped = True

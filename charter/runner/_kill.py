@@ -6,16 +6,22 @@ import os
 import signal
 import time
 
-__all__ = ["kill_uid"]
+__all__ = ["kill_uid", "kill_uids"]
 
 
 def kill_uid(uid: int) -> int:
     """SIGKILL every process on the host running as ``uid`` (a sandbox's unique host
     uid), again until none is left (a fork in between is caught by the next pass);
     return how many were signalled."""
+    return kill_uids({uid})
+
+
+def kill_uids(uids: set[int]) -> int:
+    """:func:`kill_uid` for many sandboxes at once: each pass over the host's processes
+    signals all of them (a cascade is one walk of /proc a pass, not one per sandbox)."""
     total = 0
     for _ in range(100):
-        killed = _kill_pass(uid)
+        killed = _kill_pass(uids)
         total += killed
         if killed == 0:
             return total
@@ -23,7 +29,7 @@ def kill_uid(uid: int) -> int:
     return total
 
 
-def _kill_pass(uid: int) -> int:
+def _kill_pass(uids: set[int]) -> int:
     """Signal every live process of ``uid``; a zombie (already dead, waiting for its
     parent to reap it) is not counted: counting it made every kill spin all 100 passes
     until its parent reaped it."""
@@ -32,7 +38,7 @@ def _kill_pass(uid: int) -> int:
         if not entry.isdigit():
             continue
         try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
+            if os.stat(f"/proc/{entry}").st_uid not in uids:
                 continue
             with open(f"/proc/{entry}/stat", "rb") as f:
                 state = f.read().rpartition(b")")[2].split()[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from charter.authority import GrantMinted, SealedGrant
+from charter.authority import GrantMinted, LineageRevoked, SealedGrant
 from charter.control import WorkerScheduled
 from charter.core.events import Event
 from charter.ledger import JournalFold
@@ -59,6 +59,7 @@ class WorkersView(JournalFold):
         SandboxExited.type_name,
         CellStarted.type_name,
         GrantMinted.type_name,
+        LineageRevoked.type_name,
     )
 
     def __init__(self) -> None:
@@ -74,10 +75,13 @@ class WorkersView(JournalFold):
         self.live_count: dict[str, int] = {}
         # Kills committed (by anyone) and not yet taken by the cell that acts on them.
         self._kills: list[str] = []
+        self._revocations: list[str] = []  # likewise, revoked lineages
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         del at_ms
-        if isinstance(event, WorkerScheduled | GrantMinted | SandboxLeased | CellStarted):
+        if isinstance(event, LineageRevoked):
+            self._revocations.append(str(event.lineage))
+        elif isinstance(event, WorkerScheduled | GrantMinted | SandboxLeased | CellStarted):
             self._apply_fact(event, position)
         else:
             self._apply_lifecycle(event)
@@ -126,6 +130,11 @@ class WorkersView(JournalFold):
                 w.ended = event
             case _:
                 pass
+
+    def take_revocations(self) -> list[str]:
+        """The lineages whose ``LineageRevoked`` was folded since the last call."""
+        taken, self._revocations = self._revocations, []
+        return taken
 
     def take_kills(self) -> list[str]:
         """The lineages whose ``WorkerKilled`` was folded since the last call."""

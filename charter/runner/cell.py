@@ -38,7 +38,7 @@ from charter.app import Charter
 from charter.authority import SealedGrant
 from charter.budgets import CapInputs, ResourceClass, SlotAdmitted
 from charter.control import worker_stream
-from charter.core import Budget, CharterError, Event, now_ms
+from charter.core import Budget, CharterError, Event, Lineage, now_ms
 from charter.ledger import (
     AlreadyTrackedError,
     AppendConflictError,
@@ -49,10 +49,10 @@ from charter.ledger import (
 from charter.runner._caps import WorkerCaps, worker_caps
 from charter.runner._custody import Custody, custody_seed
 from charter.runner._filler import PoolFiller
-from charter.runner._kill import kill_uid
+from charter.runner._kill import kill_uid, kill_uids
 from charter.runner._sink import BrokerEvents
 from charter.runner._view import WorkerRecord, WorkersView
-from charter.runner.errors import LeaseSpentError, NotAWorkerError
+from charter.runner.errors import LeaseSpentError, NotAWorkerError, ResultGivenError
 from charter.runner.events import (
     RESULT_CAP,
     CellStarted,
@@ -166,10 +166,14 @@ class Cell:
             self.egress_broker = EgressBroker(base / f"egress-{self.cell}-{os.getpid()}.sock")
         # A waiting coordinator keeps its sandbox while it holds a coordination slot
         # instead of a processing one: the pool holds room for both.
+        # Idle sandboxes parked ahead of demand: as many as may run at once, never the
+        # whole capacity (a waiting coordinator's room is built when it is needed).
+        processing = state.caps.get(ResourceClass.PROCESSING, 0)
         self.pool = WarmPool(
             template,
             self.budget,
             max(1, capacity),
+            parked=max(1, min(processing, capacity)),
             sink=BrokerEvents(self.journal),
             egress=self.egress_broker,
             keys=self.key_broker,
@@ -194,11 +198,22 @@ class Cell:
         return path
 
     def close(self) -> None:
-        """Kill every live worker of this cell (journaled first), then stop."""
+        """Kill every live worker of this cell, then stop: the kills are journaled in
+        one append and carried out in one pass, and nothing is rebuilt for them (the
+        filler stops first)."""
+        if self._filler is not None:
+            self._filler.stop_building()
         with self._lock:
-            live = [w.lineage for w in self.view.on_cell(self.cell) if w.live and w.sandbox_id]
-        for lineage in live:
-            self.kill(lineage, "the cell is shutting down")
+            self.refresh()
+            reason = "the cell is shutting down"
+            kills = [
+                WorkerKilled(lineage=w.lineage, reason=reason)
+                for w in self.view.on_cell(self.cell)
+                if w.live and w.sandbox_id and w.killed is None and w.exit_code is None
+            ]
+            if kills:
+                self.applied(self.journal.append(kills))
+        self._carry_out_kills()
         for thread in list(self._threads):
             thread.join(timeout=30)
         if self.pool is not None:
@@ -314,6 +329,18 @@ class Cell:
         if self.pool is None:
             raise CharterError("open the cell before following the journal")
         command = w.scheduled.command
+        # The worker's lineage and every ancestor's: a revocation of any of them lands
+        # on that stream, and the start is pinned to them all, so a worker is never
+        # started after a revocation above it committed.
+        lineage = Lineage(w.lineage)
+        chain = [str(lineage), *(str(a) for a in lineage.ancestors())]
+        with self._lock:
+            pins = {stream: self.journal.stream_version(stream) for stream in chain}
+            self.refresh()
+            revoked = self.app.views.authority.revoked_above(lineage)
+        if revoked is not None:
+            self._carry_out_kills()  # the revocation ends it, journaled, never started
+            return 0
         try:  # fail closed: nothing left on its lease, no start; the worker ends
             grant = self._grant(w.lineage)
             caps = self._caps(w.lineage, grant)
@@ -358,18 +385,21 @@ class Cell:
             with self._lock:
                 committed = self.journal.append(
                     events,
-                    expect={worker_stream(w.lineage): 1},  # the schedule, and nothing since
+                    # the schedule and nothing since; no revocation above it since
+                    expect={worker_stream(w.lineage): 1, **pins},
                     tracking=(self.tracking, position),
                 )
                 self.applied(committed)
                 self._slots[w.lineage] = slot
                 self._by_uid[slot.host_uid] = w.lineage
         except (AppendConflictError, AlreadyTrackedError, AppendFailedError) as error:
-            # Killed meanwhile, already started by another incarnation, or the journal
-            # refused the record: no record, no start (the last is tried again).
+            # A stream it was decided on moved (killed, revoked, or only a sibling's
+            # fan-out: decided again from this position), already started by another
+            # incarnation, or the journal refused the record (tried again): no record,
+            # no start.
             self.custody.release(w.lineage)
             self._give_back(slot)
-            return None if isinstance(error, AppendFailedError) else 0
+            return 0 if isinstance(error, AlreadyTrackedError) else None
         thread = threading.Thread(
             target=self._drive, args=(w, slot, command), name=f"worker-{slot.sandbox_id}"
         )
@@ -566,25 +596,49 @@ class Cell:
         self._carry_out_kills()
 
     def _carry_out_kills(self) -> None:
-        """Act on every ``WorkerKilled`` folded since the last look, whoever appended it
-        (this cell, the CLI, the API, another process): a started worker's sandbox is
-        killed (its driver then journals its end, as killed); a worker never started is
-        ended at once and never starts. Each kill is taken from the view once, so it is
-        carried out once. A sandbox is killed only while this cell holds its slot (so
-        its host uid is still that sandbox's), under the lock that gives slots back."""
+        """Act on every ``WorkerKilled`` and ``LineageRevoked`` folded since the last
+        look, whoever appended it (this cell, the CLI, the API, another process).
+
+        A revocation becomes a ``WorkerKilled`` for each live worker of this cell in the
+        revoked subtree, journaled (in one append) before any is killed. Then every kill
+        taken from the view is carried out once: the sandboxes of started workers are
+        killed together (their drivers then journal their usage and ends, as killed);
+        a worker never started is ended at once and never starts. A sandbox is killed
+        only while this cell holds its slot (so its host uid is still that sandbox's),
+        under the lock that gives slots back."""
         never_started: list[WorkerRecord] = []
         with self._lock:
+            self._journal_revocation_kills()
+            uids: set[int] = set()
             for lineage in self.view.take_kills():
                 w = self.view.workers.get(lineage)
                 if w is None or w.scheduled.cell != self.cell or w.ended is not None:
                     continue
                 slot = self._slots.get(lineage)
                 if slot is not None:
-                    kill_uid(slot.host_uid)
+                    uids.add(slot.host_uid)
                 elif w.sandbox_id is None:
                     never_started.append(w)
+            if uids:
+                kill_uids(uids)
         for w in never_started:
             self._end(w, "killed", None, w.killed or "killed", discard=False)
+
+    def _journal_revocation_kills(self) -> None:
+        """For each revocation folded since the last look: one ``WorkerKilled`` for each
+        live worker of this cell at or below the revoked lineage (hold the lock)."""
+        kills: list[Event] = []
+        for lineage in self.view.take_revocations():
+            top = self.view.workers.get(lineage)
+            subtree = ([top] if top is not None else []) + self.view.live_descendants(lineage)
+            reason = f"{lineage} was revoked"
+            kills.extend(
+                WorkerKilled(lineage=w.lineage, reason=reason)
+                for w in subtree
+                if w.live and w.killed is None and w.scheduled.cell == self.cell
+            )
+        if kills:
+            self.applied(self.journal.append(kills))
 
     # -- the workers' requests (the door calls these) ---------------------------------
 
@@ -601,6 +655,8 @@ class Cell:
         return lineage
 
     def journal_result(self, lineage: str, data: bytes) -> str:
+        """Journal ``lineage``'s answer: one per worker (what it can make the journal
+        hold is bounded), refused if it gave one already."""
         data = data[:RESULT_CAP]
         digest = hashlib.sha256(data).hexdigest()
         event = WorkerResult(
@@ -609,7 +665,14 @@ class Cell:
             size=len(data),
             text=data.decode("utf-8", errors="replace"),
         )
-        with self._lock:
+        with self._lock:  # checked and journaled together
+            self.refresh()
+            w = self.view.workers.get(lineage)
+            if w is not None and w.result is not None:
+                raise ResultGivenError(
+                    f"{lineage} has given its result already (digest {w.result.digest}); a "
+                    "worker answers once"
+                )
             self.applied(self.journal.append([event]))
         return digest
 

@@ -47,7 +47,7 @@ from charter.authority import SpawnIntent
 from charter.control import WorkerSpec
 from charter.core import CharterError, RefusedError
 from charter.runner.cell import Cell
-from charter.runner.errors import DoorRefusedError, NotAWorkerError
+from charter.runner.errors import NotAWorkerError, WorkerGoneError
 from charter.runner.events import RESULT_CAP
 from charter.runner.requests import WorkerRequests
 from charter.sandbox import KeyBroker, Member, PeerServer, Refusal, SignatureTagError
@@ -84,14 +84,6 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 REFUSED = -32000
 OVER_LIMIT = -32001
-
-
-class WorkerGoneError(DoorRefusedError):
-    """The worker a connection was serving is no longer in its sandbox (it ended, was
-    killed, or its uid now holds another sandbox), or the door closed, while one of
-    its requests was being served: the request is abandoned, its thread ends."""
-
-    reason = "worker-gone"
 
 
 class _Params(BaseModel):

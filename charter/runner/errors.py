@@ -12,6 +12,8 @@ __all__ = [
     "LeaseSpentError",
     "NotAWorkerError",
     "ResultTooLargeError",
+    "ResultGivenError",
+    "WorkerGoneError",
     "WaitRefusedError",
     "DemoFailedError",
 ]
@@ -39,6 +41,21 @@ class ResultTooLargeError(DoorRefusedError):
     """A worker's result is over the size the journal keeps."""
 
     reason = "result-too-large"
+
+
+class ResultGivenError(DoorRefusedError):
+    """A worker's result (its one answer) was journaled already: a worker writes at
+    most one result to the journal, so its journal bytes are bounded."""
+
+    reason = "result-given"
+
+
+class WorkerGoneError(DoorRefusedError):
+    """The worker a connection was serving is no longer in its sandbox (it ended, was
+    killed, or its uid now holds another sandbox), or the door closed, while one of
+    its requests was being served: the request is abandoned, its thread ends."""
+
+    reason = "worker-gone"
 
 
 class LeaseSpentError(RefusedError):

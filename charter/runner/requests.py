@@ -52,9 +52,14 @@ class WorkerRequests:
         slot goes back and a coordination slot is held meanwhile; when they end, the
         worker queues for processing again and the answer comes once it holds it. On
         timeout every child still live is killed (journaled first)."""
-        for child in children:
-            if Lineage(child).parent != Lineage(lineage):
-                raise WaitRefusedError(f"{child} is not a child of {lineage}")
+        children = tuple(dict.fromkeys(children))  # each named once
+        with self.cell.changed:
+            self.cell.refresh()
+            for child in children:
+                # Only children it spawned (so a wait's journaled size is bounded by its
+                # fan-out), never a name of one it did not.
+                if Lineage(child).parent != Lineage(lineage) or child not in self.cell.view.workers:
+                    raise WaitRefusedError(f"{child} is not a child {lineage} spawned")
         self._swap_for_coordination(lineage, children, timeout_s)
         deadline = time.monotonic() + timeout_s
         timed_out = False

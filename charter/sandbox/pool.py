@@ -263,14 +263,20 @@ class WarmPool:
         state_dir: Path | None = None,
         name: str = "default",
         bwrap: str | None = None,
+        parked: int | None = None,
     ) -> None:
         if capacity < 1:
             raise PoolCapacityError("a warm pool needs a capacity of at least 1")
+        if parked is not None and parked < 0:
+            raise PoolCapacityError("a warm pool cannot keep a negative number parked")
         if not template.is_dir():
             raise SandboxUnavailableError(f"template {template} is not a directory")
         self.template = template.resolve()
         self.budget = budget
         self.capacity = capacity
+        # How many idle slots ``fill`` keeps ready (the rest of the capacity is built on
+        # demand): each parked slot holds a host uid and processes while it waits.
+        self.parked_target = capacity if parked is None else min(parked, capacity)
         self.sink = sink
         self.egress = egress
         self.keys = keys
@@ -312,12 +318,15 @@ class WarmPool:
         return len(self._parked) + len(self._leased) + self._building + self._dropping
 
     def fill(self) -> None:
-        """Park slots until all of the capacity is held. The builds run one at a time on
-        the calling thread, each reserved under the lock and built outside it, so
-        concurrent fills never hold more than ``capacity`` between them."""
+        """Park slots until ``parked_target`` are ready (or all of the capacity is held).
+        The builds run one at a time on the calling thread, each reserved under the lock
+        and built outside it, so concurrent fills never hold more than ``capacity``
+        between them."""
         while True:
             with self._cond:
                 if self._closed or self._held() >= self.capacity:
+                    return
+                if len(self._parked) + self._building >= self.parked_target:
                     return
                 self._building += 1
             slot = self._build()

@@ -15,7 +15,7 @@ import pytest
 from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import ResourceClass, SlotAdmitted, SlotQueued, UnknownCellError
-from charter.control import Ceiling
+from charter.control import Ceiling, WorkerSpec
 from charter.core import BadInputError, Budget, KeyStore, StateError, now_ms
 
 BUDGET = Budget.parse("tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB")
@@ -43,7 +43,12 @@ def test_initialise_configures_the_cell_and_spawns_admit_into_it(
     with _init(journal_url, tmp_path / "home") as charter:
         assert charter.processing_cap() == 2  # 3 cores less a reserve of 1
         intent = SpawnIntent(width=3, objective="scan the estate host by host", estimated_cost=COST)
-        result = charter.spawn("agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE))
+        result = charter.spawn(
+            "agent:estate",
+            intent,
+            policy=FixedPolicy(Verdict.POSITIVE),
+            workers=(WorkerSpec(argv=("/bin/true",)),),  # children that run take slots
+        )
         lineages = tuple(str(c.lineage) for c in result.children)
         assert result.admitted == lineages[:2]
         assert result.queued == lineages[2:]

@@ -48,6 +48,8 @@ def test_a_spawn_is_admitted_to_the_cell_or_queued_never_over_its_cap(tmp_path: 
         "scan the estate host by host",
         "--est-cost",
         "tokens=30k,wall=3m,cpu=3m,mem=96MiB,egress=3MB",
+        "--",
+        "/bin/true",  # children that run something take slots; the others do not
         home=home,
     )
     assert spawned.returncode == 0, spawned.stderr

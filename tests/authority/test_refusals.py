@@ -26,7 +26,7 @@ from charter.authority import (
     errors,
     seal,
 )
-from charter.control import AgentRecord, Caller, SpawnService
+from charter.control import AgentRecord, Caller, SpawnService, revoke
 from charter.core import KeyStore, Lineage
 from charter.ledger import Journal
 from tests.authority._support import COST, intent, refusals
@@ -313,6 +313,49 @@ def test_unknown_parent_is_refused(service: SpawnService, journal: Journal) -> N
     with pytest.raises(errors.UnknownParentError):
         service.spawn(Caller((ghost,), ghost_key), intent(1))
     _assert_journaled(journal, errors.UnknownParentError)
+
+
+def test_a_revoked_lineage_and_its_subtree_cannot_spawn(
+    service: SpawnService, journal: Journal
+) -> None:
+    root = service.durable_caller("root")
+    child = root.child(service.spawn(root, intent(1)).children[0])
+    grandchild = child.child(service.spawn(child, intent(1)).children[0])
+    service.spawn(grandchild, intent(1))  # the control: it may, until the revocation
+    assert revoke(journal, service.views, Lineage(child.claimed), "test") is not None
+    for caller in (child, grandchild):
+        with pytest.raises(errors.LineageRevokedError):
+            service.spawn(caller, intent(1))
+    _assert_journaled(journal, errors.LineageRevokedError)
+    assert revoke(journal, service.views, Lineage(child.claimed), "again") is None
+    service.spawn(root, intent(1))  # above the revoked lineage, nothing changed
+
+
+def test_a_mint_racing_a_revocation_is_refused(service: SpawnService, journal: Journal) -> None:
+    """The revocation commits between a grandchild's decision and its append: the
+    append is pinned to every ancestor's stream, the revoked one's included, so it does
+    not commit, and the decision made again is refused."""
+    root = service.durable_caller("root")
+    child = root.child(service.spawn(root, intent(1)).children[0])
+    grandchild = child.child(service.spawn(child, intent(1)).children[0])
+    racing = [child.claimed]
+    original = spawn_module.decide
+
+    def decide_then_revoke(*args: object, **kwargs: object) -> object:
+        decision = original(*args, **kwargs)  # type: ignore[arg-type]
+        while racing:  # lands between the decision and its append
+            other = SpawnService(journal, keystore=service.keystore)
+            revoke(journal, other.views, Lineage(racing.pop()), "racing")
+        return decision
+
+    spawn_module.decide = decide_then_revoke  # type: ignore[assignment]
+    try:
+        with pytest.raises(errors.LineageRevokedError):
+            service.spawn(grandchild, intent(1))
+    finally:
+        spawn_module.decide = original
+    minted = [str(e.event.lineage) for e in journal.entries(types=("GrantMinted",))]  # type: ignore[attr-defined]
+    assert not any(m.startswith(grandchild.claimed + "/") for m in minted)
 
 
 def test_every_refusal_class_is_exercised_here() -> None:

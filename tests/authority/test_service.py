@@ -25,6 +25,7 @@ from charter.control import (
     AgentRecord,
     Ceiling,
     SpawnService,
+    WorkerSpec,
     register_root,
 )
 from charter.core import Event, KeyStore
@@ -82,9 +83,9 @@ def test_one_fan_out_is_one_contiguous_append_gate_first(
     assert before is not None
     result = service.spawn(service.durable_caller("root"), intent(50))
     entries = list(journal.entries(start=before[0] + 1))
-    # the gate, the mints, (the budget stage) a lease for each child, and (admission) a
-    # place for each child on the cell, queued here since no cell is configured: one append
-    types = ["GateDecided"] + ["GrantMinted"] * 50 + ["LeaseGranted", "SlotQueued"]  # one each
+    # the gate, the mints and (the budget stage) a lease for each child, in one append;
+    # no place on a cell: these children run nothing, so they take no slot
+    types = ["GateDecided"] + ["GrantMinted"] * 50 + ["LeaseGranted"]  # one lease event
     assert [e.type_name for e in entries] == types
     assert result.positions == (entries[0].position, entries[-1].position)
     assert {e.recorded_at for e in entries} == {entries[0].recorded_at}  # one commit
@@ -111,7 +112,8 @@ def test_a_fan_out_admits_to_free_slots_and_queues_the_rest_in_its_one_append(
         cores=cores, failover_reserve=reserve, load_average=0.0, live_peers=0
     )
     root = service.durable_caller("root")
-    first = service.spawn(root, intent(5))
+    runs = (WorkerSpec(argv=("/bin/true",)),)  # children that run take slots
+    first = service.spawn(root, intent(5), runs)
     entries = list(journal.entries(start=first.positions[0], stop=first.positions[1]))
     placed = [e.event for e in entries if e.type_name in ("SlotAdmitted", "SlotQueued")]
     lineages = [str(c.lineage) for c in first.children]
@@ -126,7 +128,8 @@ def test_a_fan_out_admits_to_free_slots_and_queues_the_rest_in_its_one_append(
     assert first.admitted == tuple(lineages[:3])
     assert first.queued == tuple(lineages[3:])
     # The cell is full: a second fan-out is queued whole, behind the first one's queue.
-    second = service.spawn(root, intent(2))
+    assert service.spawn(root, intent(2)).queued == ()  # the control: nothing to run
+    second = service.spawn(root, intent(2), runs)
     assert second.admitted == ()
     assert len(second.queued) == 2
     slots = journal.entries(types=("SlotAdmitted",))

@@ -1,0 +1,140 @@
+"""Revoking a 3-level subtree (`charter revoke`, from another process): no process of
+it survives, nothing of it starts after the revocation's position, what each worker used
+up to its kill is charged before its lease returns, and a mint under it is refused
+(real sandboxes, both backends; the independent fold after)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from charter.authority import FixedPolicy, LineageRevoked, LineageRevokedError, SpawnIntent, Verdict
+from charter.control import ResourceView
+from charter.core import Budget, now_ms
+from charter.runner.events import WorkerEnded, WorkerStarted
+from charter.sandbox import SandboxLeased
+from tests.invariants import check_history, check_settled, check_workers, journal_history
+from tests.runner._support import fan_out, make_cell, running, until_idle
+from tests.runner.conftest import initialise
+from tests.runner.programs import LINGER, python
+
+ROOT_DIR = Path(__file__).resolve().parents[2]
+
+
+def _started(charter: object) -> list[str]:
+    journal = charter.journal  # type: ignore[attr-defined]
+    return [
+        e.event.lineage
+        for e in journal.entries(types=("WorkerStarted",))
+        if isinstance(e.event, WorkerStarted)
+    ]
+
+
+def _alive_under(uids: set[int]) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid in uids:
+                    state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+                    if state not in ("Z", "X"):
+                        found.append(int(entry))
+            except (FileNotFoundError, IndexError):
+                continue
+    return found
+
+
+@pytest.mark.sandbox
+def test_revoking_a_subtree_kills_it_charges_it_and_refuses_its_mints(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    home = tmp_path / "home"
+    with initialise(journal_url, home, processing=4, coordination=4) as charter:
+        # top -> child -> grandchild (which sleeps); each waits on the one below.
+        result = fan_out(charter, 1, python(LINGER, "2", "300"), fanout=10, depth=3)
+        top = result.children[0]
+        lineage = str(top.lineage)
+        cell = make_cell(charter, None, state_dir, door=True)
+        with running(cell):
+            deadline = time.monotonic() + 90
+            while len(_started(charter)) < 3:
+                assert time.monotonic() < deadline, "the subtree did not start"
+                time.sleep(0.05)
+            began = time.monotonic()
+            env = {**os.environ, "PYTHONPATH": str(ROOT_DIR), "CHARTER_HOME": str(home)}
+            revoked = subprocess.run(
+                [sys.executable, "-m", "charter", "--db", journal_url, "--json", "revoke",
+                 lineage, "--reason", "the test revokes it"],
+                env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            assert revoked.returncode == 0, revoked.stderr
+            until_idle(cell, 30)
+            took = time.monotonic() - began
+        assert took < 10  # killed, not waited out (the leaf sleeps 300 s)
+        entries = list(charter.journal.entries())
+        at = next(e.position for e in entries if isinstance(e.event, LineageRevoked))
+        subtree = [lineage, f"{lineage}/sa-1", f"{lineage}/sa-1/sa-1"]
+        ends = {e.event.lineage: e for e in entries if isinstance(e.event, WorkerEnded)}
+        assert {x: ends[x].event.outcome for x in subtree} == dict.fromkeys(subtree, "killed")  # type: ignore[attr-defined]
+        starts = [e.position for e in entries if isinstance(e.event, WorkerStarted)]
+        assert max(starts) < at  # nothing of it started after the revocation
+        uids = {e.event.host_uid for e in entries if isinstance(e.event, SandboxLeased)}
+        assert _alive_under(uids) == []  # no process of it survives
+        # What each used up to its kill was charged, then its lease came back (its own
+        # release, or an ancestor's: a release ends the subtree below it).
+        released = {e.event.lineage: e.position for e in entries if e.type_name == "LeaseReleased"}  # type: ignore[attr-defined]
+        for x in subtree:
+            usage = [
+                e.position
+                for e in entries
+                if e.type_name == "UsageRecorded" and e.event.lineage == x
+            ]  # type: ignore[attr-defined]
+            back = [released[a] for a in subtree if x.startswith(a) and a in released]
+            assert usage, f"no usage charged for {x}"
+            assert back, f"{x}'s lease did not come back"
+            assert usage[0] < min(back)
+        view = ResourceView()
+        view.refresh(charter.journal)
+        assert not any(view.book.get(x).active(now_ms()) for x in subtree)
+        # A mint under the revoked subtree is refused, journaled; the control above it works.
+        intent = SpawnIntent(
+            width=1,
+            objective="spawn below a revoked worker of the estate",
+            estimated_cost=Budget.parse("tokens=10k,wall=1m,cpu=1m,mem=256MiB,egress=0"),
+        )
+        root = charter.spawn_service().durable_caller("estate")
+        with pytest.raises(LineageRevokedError):
+            charter.spawn(root.child(top), intent, policy=FixedPolicy(Verdict.POSITIVE))
+        charter.spawn("agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE))
+        history = journal_history(charter.journal)
+        assert check_history(history).problems == []
+        assert check_workers(history).problems == []
+        assert check_settled(history).problems == []
+
+
+@pytest.mark.sandbox
+def test_a_revoked_lineage_queued_for_a_slot_never_starts(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    """Revoked while queued (the cell's one slot is busy): it is ended, never started;
+    the worker beside it, not revoked, runs (the control)."""
+    with initialise(journal_url, tmp_path / "home", processing=1) as charter:
+        from charter.control import WorkerSpec
+
+        result = fan_out(charter, 2, WorkerSpec(argv=("/bin/sleep", "2")))
+        first, second = (str(c.lineage) for c in result.children)
+        charter.revoke(second, "revoked while queued")
+        with running(make_cell(charter, None, state_dir)) as cell:
+            until_idle(cell, 60)
+        entries = list(charter.journal.entries())
+        ends = {
+            e.event.lineage: e.event.outcome for e in entries if isinstance(e.event, WorkerEnded)
+        }  # type: ignore[attr-defined]
+        assert ends == {first: "exited", second: "killed"}
+        assert _started(charter) == [first]
+        assert charter.revoke(second) is None  # revoked already: nothing more journaled
