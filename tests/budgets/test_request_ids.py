@@ -26,7 +26,7 @@ TRIALS = 4
 
 # Two threads spawn with REQUEST at once (after a shared start signal); each prints
 # what it was handed: the grants (body and signature) or the error's name.
-CALLER = f"""
+CALLER = """
 import json, os, sys, threading
 from pathlib import Path
 from charter.app import Charter
@@ -44,9 +44,9 @@ def call():
             r = charter.spawn("agent:root", intent, policy=FixedPolicy(Verdict.POSITIVE),
                               request_id=request)
             grants = [[c.sealed.body.decode(), c.sealed.signature.hex()] for c in r.children]
-            out.append({{"grants": grants}})
+            out.append({"grants": grants})
         except BaseException as e:
-            out.append({{"error": type(e).__name__}})
+            out.append({"error": type(e).__name__})
 threads = [threading.Thread(target=call) for _ in range(2)]
 for t in threads: t.start()
 for t in threads: t.join()
