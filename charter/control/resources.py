@@ -36,7 +36,7 @@ from charter.budgets import (
     UsageRecorded,
 )
 from charter.control._queue import queue_admissions
-from charter.control.handler import RETRIES, Folded, Pinned, append_pinned
+from charter.control.handler import Folded, Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs
 from charter.core import BadInputError, Budget, Event, RefusedError, describe_invalid, now_ms
 from charter.core.errors import InternalError
@@ -258,51 +258,48 @@ class BudgetService:
                 f"no lease or budget ledger for {shown(lineage)} in the journal; nothing "
                 "was journaled (`charter budgets` lists the lineages that have one)"
             )
-        # As many tries as the handlers' one loop: a usage, release or renewal is pinned
-        # to every stream of its chain, so a busy ancestor (fanning out, spending) moves
-        # one of them often, and five tries gave up on releases under load.
-        for _ in range(RETRIES):
-            # Versions first, then the view: the view covers everything they do.
-            expect = {s: self.journal.stream_version(s) for s in self._streams(operation, lineage)}
-            self.shared.refresh(self.journal)
+        made: list[E] = []
+
+        def attempt(versions: dict[str, int]) -> Pinned:
             also, pins = then() if then is not None else ((), {})
-            now = self.clock()
             try:
-                try:
-                    event = decide(now)
-                except ValidationError as invalid:  # a value no event can carry
-                    raise BadInputError(
-                        f"{operation} of {shown(lineage)}: {describe_invalid(invalid)}; "
-                        "nothing was journaled"
-                    ) from None
-                # Usage, release and renewal all rely on the lease (and every
-                # ancestor's) being live: the journal refuses, under its write lock, to
-                # commit them at or after the first of those expiries. (A release that
-                # commits later would record the end of a lease that had already ended,
-                # later than it ended.)
-                deadline = self.view.book.deadline(lineage)
-                committed = self.journal.append(
-                    [event, *also], expect={**expect, **pins}, deadline_ms=deadline
-                )
-            except AppendConflictError:
-                continue
-            except DeadlinePassedError as e:
-                self._refuse(
-                    operation,
-                    lineage,
-                    LeaseEndedError(
-                        f"{shown(lineage)}'s lease (or an ancestor's) ended before the "
-                        f"{operation} could commit; nothing was journaled for it ({e})"
-                    ),
-                )
-            except RefusedError as error:
-                self._refuse(operation, lineage, error)
-            self.shared.applied(committed)
-            return event
-        raise AppendConflictError(
-            f"{operation} of {shown(lineage)} kept racing other writers; nothing was "
-            "journaled for it; retry"
-        )
+                event = decide(self.clock())
+            except ValidationError as invalid:  # a value no event can carry
+                raise BadInputError(
+                    f"{operation} of {shown(lineage)}: {describe_invalid(invalid)}; "
+                    "nothing was journaled"
+                ) from None
+            made.append(event)
+            # Usage, release and renewal all rely on the lease (and every ancestor's)
+            # being live: the journal refuses, under its write lock, to commit them at
+            # or after the first of those expiries. (A release that commits later would
+            # record the end of a lease that had already ended, later than it ended.)
+            deadline = self.view.book.deadline(lineage)
+            return Pinned([event, *also], {**versions, **pins}, deadline)
+
+        try:
+            # The handlers' one loop: a usage, release or renewal is pinned to every
+            # stream of its chain, so a busy ancestor (fanning out, spending) moves one
+            # of them often; it is decided again each time.
+            append_pinned(
+                self.journal,
+                self.shared,
+                self._streams(operation, lineage),
+                attempt,
+                what=f"{operation} of {shown(lineage)}",
+            )
+        except DeadlinePassedError as e:
+            self._refuse(
+                operation,
+                lineage,
+                LeaseEndedError(
+                    f"{shown(lineage)}'s lease (or an ancestor's) ended before the "
+                    f"{operation} could commit; nothing was journaled for it ({e})"
+                ),
+            )
+        except RefusedError as error:
+            self._refuse(operation, lineage, error)
+        return made[-1]
 
     def _refuse(self, operation: str, lineage: str, error: RefusedError) -> NoReturn:
         """Journal a refusal with its stable reason code, then raise it."""
