@@ -52,7 +52,12 @@ from charter.runner._filler import PoolFiller
 from charter.runner._kill import kill_uid, kill_uids
 from charter.runner._sink import BrokerEvents
 from charter.runner._view import WorkerRecord, WorkersView
-from charter.runner.errors import LeaseSpentError, NotAWorkerError, ResultGivenError
+from charter.runner.errors import (
+    CellSupersededError,
+    LeaseSpentError,
+    NotAWorkerError,
+    ResultGivenError,
+)
 from charter.runner.events import (
     RESULT_CAP,
     CellStarted,
@@ -213,6 +218,15 @@ class Cell:
             ]
             if kills:
                 self.applied(self.journal.append(kills))
+            # Sandboxes still held here whose workers the journal ended (a newer
+            # incarnation failed them): nothing to journal, only to kill.
+            orphans = {
+                slot.host_uid
+                for lineage, slot in self._slots.items()
+                if (w := self.view.workers.get(lineage)) is not None and w.ended is not None
+            }
+            if orphans:
+                kill_uids(orphans)
         self._carry_out_kills()
         for thread in list(self._threads):
             thread.join(timeout=30)
@@ -265,10 +279,12 @@ class Cell:
         (read once per process: what was passed over is final); return how many
         workers were started."""
         started = 0
+        self._check_not_superseded()
         self._admit_room()
         with self._lock:
             tracked = self.journal.tracked_position(self.tracking)
             self.refresh()
+            self._check_not_superseded()
             start, stop = max(tracked, self._scanned) + 1, self.view.position
             admitted = (
                 [
@@ -300,6 +316,16 @@ class Cell:
                 break
             started += outcome
         return started
+
+    def _check_not_superseded(self) -> None:
+        """Raise :class:`CellSupersededError` once a newer incarnation of this cell has
+        started (its ``CellStarted`` is in the view): only the newest one acts."""
+        newest = self.view.incarnations.get(self.cell, 0)
+        if self.incarnation and newest > self.incarnation:
+            raise CellSupersededError(
+                f"cell {self.cell}: incarnation {newest} started, so this one "
+                f"({self.incarnation}) stops; its workers were failed by the newer one"
+            )
 
     def _admit_room(self) -> None:
         """Admit queued workers when the cell has room no release will announce (a
@@ -386,7 +412,13 @@ class Cell:
                 committed = self.journal.append(
                     events,
                     # the schedule and nothing since; no revocation above it since
-                    expect={worker_stream(w.lineage): 1, **pins},
+                    # ... and this incarnation still the newest: a superseded one
+                    # never starts anything
+                    expect={
+                        worker_stream(w.lineage): 1,
+                        f"cellrun:{self.cell}": self.incarnation,
+                        **pins,
+                    },
                     tracking=(self.tracking, position),
                 )
                 self.applied(committed)
@@ -524,6 +556,14 @@ class Cell:
         is appended without it; one that could not be returned in that append (its
         streams kept moving, or the journal refused it) is returned on its own first,
         as before."""
+        with self._lock:
+            self.refresh()
+            current = self.view.workers.get(w.lineage)
+        if current is not None and current.ended is not None:
+            # Ended already (a newer incarnation failed it, or an end whose outcome was
+            # unknown did commit): never a second end; free what this cell still holds.
+            self._settle(w.lineage, ())
+            return
         ended = WorkerEnded(
             lineage=w.lineage,
             outcome=outcome,

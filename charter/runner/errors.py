@@ -15,6 +15,7 @@ __all__ = [
     "ResultGivenError",
     "WorkerGoneError",
     "WaitRefusedError",
+    "CellSupersededError",
     "DemoFailedError",
 ]
 
@@ -63,6 +64,11 @@ class LeaseSpentError(RefusedError):
     would start: it is not started (it ends failed)."""
 
     reason = "lease-spent"
+
+
+class CellSupersededError(StateError):
+    """A newer incarnation of this cell started: this one stops starting work, kills
+    the sandboxes it still holds and ends (the newer one has failed their workers)."""
 
 
 class DemoFailedError(StateError):
