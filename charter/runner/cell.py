@@ -85,6 +85,7 @@ __all__ = ["Cell", "kill_uid"]
 _STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
 _SETTLE_TRIES = 5  # a failed driver's settlement, each on a fresh read of the journal
 _SETTLE_PAUSE_S = 0.2
+_DESCENDANTS_WAIT_S = 10.0  # a parent's end waits this long for its killed children
 Outcome = Literal["exited", "killed", "failed"]
 
 
@@ -511,8 +512,11 @@ class Cell:
         with contextlib.suppress(CharterError):  # the lease ended first (refusal journaled)
             self.budgets.record_usage(w.lineage, spent)
         outcome_kind: Outcome = "killed" if record.killed is not None else "exited"
-        # Its children die with its interest in them (each kill journaled first).
+        # Its children die with its interest in them (each kill journaled first), and
+        # end before it does: its lease's return ends theirs, and what they used must
+        # be charged while their leases are live.
         self._kill_descendants(w.lineage, f"parent {w.lineage} ended")
+        self._wait_for_descendants(w.lineage)
         reason = record.killed or ""
         if not reason and outcome.how == "wall_clock":
             # The deadline was journaled with the lease (SandboxLeased.wall_ms).
@@ -522,6 +526,21 @@ class Cell:
         # The sandbox is destroyed before its slot is given back: never oversubscribed.
         self._destroy(w.lineage)
         self._end(record, outcome_kind, outcome.exit_code, reason, discard=True)
+
+    def _wait_for_descendants(self, lineage: str) -> None:
+        """Until no descendant of ``lineage`` that this cell runs is left unended (their
+        drivers charge and journal them), at most ``_DESCENDANTS_WAIT_S``."""
+        deadline = time.monotonic() + _DESCENDANTS_WAIT_S
+        with self.changed:
+            while True:
+                self.refresh()
+                running = [
+                    d for d in self.view.live_descendants(lineage) if d.lineage in self._slots
+                ]
+                left = deadline - time.monotonic()
+                if not running or left <= 0:
+                    return
+                self.changed.wait(min(left, 0.05))
 
     def _give_back(self, slot: Slot) -> None:
         """Discard a leased slot (never re-parked: a sandbox runs one worker) and have

@@ -3,6 +3,7 @@ pool capacity (which also holds room for waiting coordinators). Real sandboxes."
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,11 @@ def test_an_idle_cell_parks_its_processing_cap_not_its_capacity(
             pool = cell.pool
             assert pool is not None
             assert pool.capacity == processing + 16  # room for 16 waiting coordinators
-            pool.fill()  # returns once the filler's target is parked
+            pool.fill()  # returns once the target is parked or being built
+            deadline = time.monotonic() + 30
+            while pool.parked < processing and time.monotonic() < deadline:
+                assert pool.live <= processing  # never builds past its target
+                time.sleep(0.01)
             assert pool.parked == processing
             assert pool.live == processing  # not the capacity: no idle uids held for it
         finally:
