@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -10,9 +13,9 @@ from pydantic import ValidationError
 
 from charter.app import CellSetup, Charter
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
-from charter.core import Budget
+from charter.core import Budget, StateError
 from charter.runner import cell_for, run_cell
-from charter.runner.status import cell_status
+from charter.runner.status import cell_status, latest_incarnation
 
 __all__ = ["cell_group"]
 
@@ -60,6 +63,35 @@ def run(ctx: Ctx, cell: str | None, once: bool, slot_budget: str, ignore_host_lo
             {"cell": runner.cell, "incarnation": runner.incarnation},
             f"cell {runner.cell} (incarnation {runner.incarnation}) stopped",
         )
+
+
+@cell_group.command("drain")
+@click.option("--id", "cell", default=None, metavar="NAME", help="The cell (default: this host's).")
+@click.pass_obj
+def drain(ctx: Ctx, cell: str | None) -> None:
+    """Drain CELL's running incarnation on this host: it starts nothing more and stops
+    once the workers it runs have finished (SIGTERM to its `cell run`; a second
+    SIGTERM stops it at once, killing what runs)."""
+    with Charter.open(ctx.db, read_only=True) as charter:
+        name = cell or charter.settings.cell
+        started = latest_incarnation(charter.journal, name)
+    if started is None:
+        raise StateError(f"cell {name!r} has never run on this journal")
+    if started.host != socket.gethostname():
+        raise StateError(
+            f"cell {name!r} incarnation {started.incarnation} runs on {started.host}, not "
+            "here: drain it there"
+        )
+    try:
+        os.kill(started.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise StateError(
+            f"cell {name!r} incarnation {started.incarnation} (pid {started.pid}) is not running"
+        ) from None
+    ctx.emit(
+        {"cell": name, "incarnation": started.incarnation, "pid": started.pid, "draining": True},
+        f"cell {name} (incarnation {started.incarnation}, pid {started.pid}) is draining",
+    )
 
 
 @cell_group.command("status")

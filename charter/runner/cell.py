@@ -133,6 +133,7 @@ class Cell:
         self.custody = Custody(self.keys, self.key_broker)
         self._threads: list[threading.Thread] = []
         self._scanned = 0  # admissions read up to here by this process
+        self.draining = False  # start nothing more; stop once what runs has finished
         self.changed = threading.Condition(self._lock)
 
     def host_load(self, cores: int, reserve: int) -> CapInputs:
@@ -297,6 +298,8 @@ class Cell:
             )
             self._scanned = max(self._scanned, stop)
         self._carry_out_kills()  # whoever committed them
+        if self.draining:
+            return 0  # nothing more is started; what runs finishes
         for position, event in admitted:
             if not isinstance(event, SlotAdmitted) or event.cell != self.cell:
                 continue
@@ -343,6 +346,11 @@ class Cell:
                 with self.changed:
                     if head is None or head[0] <= self.view.position:
                         self.changed.wait(poll_s)
+
+    def running(self) -> int:
+        """How many workers this cell runs now (their sandboxes held here)."""
+        with self._lock:
+            return len(self._slots)
 
     def idle(self) -> bool:
         """Nothing of this cell's is running or waiting to run."""

@@ -54,18 +54,30 @@ def cell_for(
 
 def run_cell(cell: Cell, *, once: bool) -> None:
     """Open ``cell`` and follow the journal: with ``once``, until nothing of its is left
-    to run; otherwise until SIGTERM or SIGINT. Closing kills what still runs (journaled)."""
+    to run; otherwise until stopped. The first SIGTERM (or ``charter cell drain``)
+    drains: nothing more is started, and the cell stops once the workers it runs have
+    finished. A second SIGTERM, or Ctrl-C, stops at once: closing kills what still runs
+    (journaled first)."""
     stop = threading.Event()
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.getsignal(s) for s in signals}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if signum == signal.SIGTERM and not cell.draining:
+            cell.draining = True
+        else:
+            stop.set()
+
     if threading.current_thread() is threading.main_thread():
-        for sig in previous:
-            signal.signal(sig, lambda *_: stop.set())
+        for sig in signals:
+            signal.signal(sig, on_signal)
     cell.open()
     try:
-        if once:
-            cell.run(until=lambda: stop.is_set() or cell.idle())
-        else:
-            cell.run(until=stop.is_set)
+        cell.run(
+            until=lambda: (
+                stop.is_set() or (cell.draining and cell.running() == 0) or (once and cell.idle())
+            )
+        )
     finally:
         cell.close()
         if threading.current_thread() is threading.main_thread():

@@ -11,8 +11,9 @@ from charter.control import ResourceView
 from charter.core import now_ms
 from charter.ledger import Journal
 from charter.runner._view import WorkersView
+from charter.runner.events import CellStarted
 
-__all__ = ["CellStatus", "Row", "cell_status", "tree_rows"]
+__all__ = ["CellStatus", "Row", "cell_status", "latest_incarnation", "tree_rows"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +99,12 @@ def cell_status(journal: Journal, cell: str) -> CellStatus:
         queued=list(state.queued[ResourceClass.PROCESSING]),
         workers=tuple(r for r in tree_rows(view, resources, cell) if r.status != "exited"),
     )
+
+
+def latest_incarnation(journal: Journal, cell: str) -> CellStarted | None:
+    """The last ``CellStarted`` of ``cell`` (its running or last incarnation)."""
+    found: CellStarted | None = None
+    for entry in journal.entries(types=(CellStarted.type_name,)):
+        if isinstance(entry.event, CellStarted) and entry.event.cell == cell:
+            found = entry.event
+    return found
