@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import click
 
-from charter.budgets import MAX_EXPIRY_MS, render_instant
+from charter.budgets import MAX_EXPIRY_MS, BudgetRefused, render_instant
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.core import Budget, BudgetSyntaxError
 from charter.core.budget import MAX_TTL_S, parse_duration_ms
+from charter.core.text import shown
+from charter.runner.errors import WorkerRunningError
+from charter.runner.status import running_below
 
 __all__ = ["lease_group"]
 
@@ -38,8 +41,25 @@ def usage(ctx: Ctx, lineage: str, amount: str) -> None:
 @click.argument("lineage")
 @click.pass_obj
 def release(ctx: Ctx, lineage: str) -> None:
-    """End LINEAGE's lease (and its subtree's); the unspent part returns to its parent."""
+    """End LINEAGE's lease (and its subtree's); the unspent part returns to its parent.
+
+    Refused (exit 4, journaled) while a worker at or below LINEAGE runs: what it uses
+    would be charged nowhere. `charter revoke LINEAGE` stops it and charges it first."""
     with ctx.open_charter() as charter:
+        running = running_below(charter.journal, lineage)
+        if running:
+            error = WorkerRunningError(
+                f"{shown(running[0])} is running under {shown(lineage)}'s lease: releasing "
+                f"it would leave what it uses charged nowhere; `charter revoke {lineage}` "
+                "stops the subtree and charges it before its leases return"
+            )
+            charter.journal.record_refusal(
+                BudgetRefused(
+                    lineage=lineage, operation="release", reason=error.reason, message=str(error)
+                ),
+                error,
+            )
+            raise error
         event = charter.budgets().release(lineage)
     ctx.emit(event.payload(), f"released {lineage}")
 

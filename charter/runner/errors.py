@@ -16,6 +16,7 @@ __all__ = [
     "WorkerGoneError",
     "WaitRefusedError",
     "CellSupersededError",
+    "WorkerRunningError",
     "DemoFailedError",
 ]
 
@@ -64,6 +65,14 @@ class LeaseSpentError(RefusedError):
     would start: it is not started (it ends failed)."""
 
     reason = "lease-spent"
+
+
+class WorkerRunningError(RefusedError):
+    """An operator asked to release the lease of a worker that is running: its usage
+    would then be refused and charged nowhere. Revoke it instead (``charter revoke``):
+    the cell kills it, charges what it used, then returns its lease."""
+
+    reason = "worker-running"
 
 
 class CellSupersededError(StateError):

@@ -13,7 +13,7 @@ from charter.ledger import Journal
 from charter.runner._view import WorkersView
 from charter.runner.events import CellStarted
 
-__all__ = ["CellStatus", "Row", "cell_status", "latest_incarnation", "tree_rows"]
+__all__ = ["CellStatus", "Row", "cell_status", "latest_incarnation", "running_below", "tree_rows"]
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,17 @@ def latest_incarnation(journal: Journal, cell: str) -> CellStarted | None:
         if isinstance(entry.event, CellStarted) and entry.event.cell == cell:
             found = entry.event
     return found
+
+
+def running_below(journal: Journal, lineage: str) -> list[str]:
+    """The workers at or below ``lineage`` that started and have not ended."""
+    view = WorkersView()
+    view.refresh(journal)
+    prefix = lineage + "/"
+    return sorted(
+        w.lineage
+        for w in view.workers.values()
+        if w.live
+        and w.sandbox_id is not None
+        and (w.lineage == lineage or w.lineage.startswith(prefix))
+    )
