@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import ClassVar
 
@@ -39,14 +39,9 @@ class JournalFold:
     def refresh(self, journal: Journal) -> None:
         """Fold what was committed after ``position``: one read of the three columns a
         read model needs, decoding only the entries of ``types``."""
-        wanted = frozenset(self.types)
-        for batch in journal.payloads(start=self.position + 1):
-            for position, topic, state in batch:
-                if topic.partition("/")[0] in wanted:
-                    at, event = decode_state(topic, state)
-                    self.apply(event, position, entry_ms(at))
-            self.position = batch[-1][0]
-            self.settled_ms = max(self.settled_ms, _stamp_ms(batch[-1][2]))
+        for position, settled in _read(journal, self.position + 1, self.types, self.apply):
+            self.position = position
+            self.settled_ms = max(self.settled_ms, settled)
 
     def applied(self, committed: Sequence[Committed]) -> None:
         if committed and committed[0].position == self.position + 1:
@@ -55,6 +50,24 @@ class JournalFold:
                 self.apply(c.event, c.position, at_ms)
             self.position = committed[-1].position
             self.settled_ms = max(self.settled_ms, at_ms)
+
+
+def _read(
+    journal: Journal,
+    start: int,
+    types: Iterable[str],
+    apply: Callable[[Event, int, int], None],
+) -> Iterator[tuple[int, int]]:
+    """Read the journal from ``start`` in batches, giving ``apply`` each entry of
+    ``types`` (the three columns a read model needs; only those entries are decoded);
+    after each batch, yield its last position and that entry's commit time."""
+    wanted = frozenset(types)
+    for batch in journal.payloads(start=start):
+        for position, topic, state in batch:
+            if topic.partition("/")[0] in wanted:
+                at, event = decode_state(topic, state)
+                apply(event, position, entry_ms(at))
+        yield batch[-1][0], _stamp_ms(batch[-1][2])
 
 
 def _stamp_ms(state: bytes) -> int:
@@ -86,13 +99,9 @@ class Folds(JournalFold):
     def refresh(self, journal: Journal) -> None:
         self.position = min(f.position for f, _ in self._folds)
         wanted = frozenset().union(*(w for _, w in self._folds))
-        for batch in journal.payloads(start=self.position + 1):
-            for position, topic, state in batch:
-                if topic.partition("/")[0] in wanted:
-                    at, event = decode_state(topic, state)
-                    self.apply(event, position, entry_ms(at))
-            self.position = batch[-1][0]
-            self.settled_ms = max(self.settled_ms, _stamp_ms(batch[-1][2]))
+        for position, settled in _read(journal, self.position + 1, wanted, self.apply):
+            self.position = position
+            self.settled_ms = max(self.settled_ms, settled)
             for fold, _ in self._folds:
                 fold.position = max(fold.position, self.position)
                 fold.settled_ms = max(fold.settled_ms, self.settled_ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -77,3 +78,18 @@ def until_idle(cell: Cell, timeout: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the cell's workers did not finish in time")
         time.sleep(0.05)
+
+
+def alive_under(uids: set[int]) -> list[int]:
+    """The pids of live processes (not zombies) running as any of ``uids``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid in uids:
+                    state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+                    if state not in ("Z", "X"):
+                        found.append(int(entry))
+            except (FileNotFoundError, IndexError):
+                continue
+    return found

@@ -19,7 +19,7 @@ from charter.core import Budget, now_ms
 from charter.runner.events import WorkerEnded, WorkerStarted
 from charter.sandbox import SandboxLeased
 from tests.invariants import check_history, check_settled, check_workers, journal_history
-from tests.runner._support import fan_out, make_cell, running, until_idle
+from tests.runner._support import alive_under, fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
 from tests.runner.programs import LINGER, python
 
@@ -33,20 +33,6 @@ def _started(charter: object) -> list[str]:
         for e in journal.entries(types=("WorkerStarted",))
         if isinstance(e.event, WorkerStarted)
     ]
-
-
-def _alive_under(uids: set[int]) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid in uids:
-                    state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
-                    if state not in ("Z", "X"):
-                        found.append(int(entry))
-            except (FileNotFoundError, IndexError):
-                continue
-    return found
 
 
 @pytest.mark.sandbox
@@ -84,7 +70,7 @@ def test_revoking_a_subtree_kills_it_charges_it_and_refuses_its_mints(
         starts = [e.position for e in entries if isinstance(e.event, WorkerStarted)]
         assert max(starts) < at  # nothing of it started after the revocation
         uids = {e.event.host_uid for e in entries if isinstance(e.event, SandboxLeased)}
-        assert _alive_under(uids) == []  # no process of it survives
+        assert alive_under(uids) == []  # no process of it survives
         # What each used up to its kill was charged, then its lease came back (its own
         # release, or an ancestor's: a release ends the subtree below it).
         released = {e.event.lineage: e.position for e in entries if e.type_name == "LeaseReleased"}  # type: ignore[attr-defined]

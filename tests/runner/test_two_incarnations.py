@@ -22,7 +22,7 @@ from charter.core import KeyStore
 from charter.runner.events import CellStarted, WorkerEnded, WorkerStarted
 from charter.sandbox import SandboxLeased
 from tests.invariants import check_history, check_settled, check_workers, journal_history
-from tests.runner._support import fan_out
+from tests.runner._support import alive_under, fan_out
 from tests.runner.conftest import initialise
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
@@ -45,20 +45,6 @@ def _cell(url: str, home: Path, state_dir: Path, *extra: str) -> subprocess.Pope
 def _entries(url: str, home: Path) -> list[object]:
     with Charter.open(url, keys=KeyStore(home)) as charter:
         return list(charter.journal.entries())
-
-
-def _alive_under(uids: set[int]) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid in uids:
-                    state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
-                    if state not in ("Z", "X"):
-                        found.append(int(entry))
-            except (FileNotFoundError, IndexError):
-                continue
-    return found
 
 
 @pytest.mark.sandbox
@@ -95,9 +81,9 @@ def test_a_second_incarnation_supersedes_the_first_and_nothing_ends_twice(
     assert list(ends.values()) == [1]  # the worker ended once
     uids = {e.event.host_uid for e in entries if isinstance(e.event, SandboxLeased)}  # type: ignore[attr-defined]
     deadline = time.monotonic() + 10
-    while _alive_under(uids) and time.monotonic() < deadline:
+    while alive_under(uids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _alive_under(uids) == []  # the first killed its own sandbox as it stopped
+    assert alive_under(uids) == []  # the first killed its own sandbox as it stopped
     with Charter.open(journal_url, keys=KeyStore(home)) as charter:
         history = journal_history(charter.journal)
     assert check_history(history).problems == []
