@@ -134,6 +134,7 @@ class Cell:
         self._threads: list[threading.Thread] = []
         self._scanned = 0  # admissions read up to here by this process
         self.draining = False  # start nothing more; stop once what runs has finished
+        self._parked_base = 1  # idle sandboxes parked ahead: the processing cap (open)
         self.changed = threading.Condition(self._lock)
 
     def host_load(self, cores: int, reserve: int) -> CapInputs:
@@ -173,14 +174,15 @@ class Cell:
             self.egress_broker = EgressBroker(base / f"egress-{self.cell}-{os.getpid()}.sock")
         # A waiting coordinator keeps its sandbox while it holds a coordination slot
         # instead of a processing one: the pool holds room for both.
-        # Idle sandboxes parked ahead of demand: as many as may run at once, never the
-        # whole capacity (a waiting coordinator's room is built when it is needed).
-        processing = state.caps.get(ResourceClass.PROCESSING, 0)
+        # Idle sandboxes parked ahead of demand: as many as may run at once, plus the
+        # workers queued for a slot (see _park_for_demand), never the whole capacity
+        # while idle (a waiting coordinator's room is built when it is needed).
+        self._parked_base = max(1, min(state.caps.get(ResourceClass.PROCESSING, 0), capacity))
         self.pool = WarmPool(
             template,
             self.budget,
             max(1, capacity),
-            parked=max(1, min(processing, capacity)),
+            parked=self._parked_base,
             sink=BrokerEvents(self.journal),
             egress=self.egress_broker,
             keys=self.key_broker,
@@ -298,6 +300,7 @@ class Cell:
             )
             self._scanned = max(self._scanned, stop)
         self._carry_out_kills()  # whoever committed them
+        self._park_for_demand()
         if self.draining:
             return 0  # nothing more is started; what runs finishes
         for position, event in admitted:
@@ -320,6 +323,20 @@ class Cell:
                 break
             started += outcome
         return started
+
+    def _park_for_demand(self) -> None:
+        """Park ahead for the workers queued here: the processing cap, plus one for each
+        worker waiting for a slot, up to the pool's capacity (an idle cell parks only
+        the processing cap)."""
+        if self.pool is None or self._filler is None:
+            return
+        with self._lock:
+            state = self.resources.cells.cells().get(self.cell)
+            queued = len(state.queued[ResourceClass.PROCESSING]) if state is not None else 0
+        want = min(self.pool.capacity, self._parked_base + queued)
+        if want != self.pool.parked_target:
+            self.pool.parked_target = want
+            self._filler.wake()
 
     def _check_not_superseded(self) -> None:
         """Raise :class:`CellSupersededError` once a newer incarnation of this cell has
