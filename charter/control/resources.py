@@ -243,17 +243,9 @@ class BudgetService:
         then: Also | None = None,
     ) -> E:
         with self.shared.lock:  # the views are shared: one decision at a time
-            return self._decide_locked(operation, lineage, decide, then)
-
-    def _decide_locked(
-        self,
-        operation: str,
-        lineage: str,
-        decide: Callable[[int], E],
-        then: Also | None = None,
-    ) -> E:
-        self.shared.refresh(self.journal)
-        if lineage not in self.view.book:  # a typo is not a policy decision: not journaled
+            self.shared.refresh(self.journal)
+            known = lineage in self.view.book
+        if not known:  # a typo is not a policy decision: not journaled
             raise UnknownLeaseError(
                 f"no lease or budget ledger for {shown(lineage)} in the journal; nothing "
                 "was journaled (`charter budgets` lists the lineages that have one)"

@@ -26,7 +26,7 @@ import secrets
 import shutil
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -258,11 +258,11 @@ def _make_stage(dest: int) -> tuple[str, int]:
             raise
 
 
-def _stage(upper: int, stage: int) -> _Staged:
-    """Copy the data of every regular file of the upper layer (once per inode) into
-    ``stage``, owners and modes set, setuid and setgid cleared; iterative, one open
-    directory per level (the depth :func:`_survey` bounded)."""
-    staged: _Staged = {}
+def _walk(upper: int) -> Generator[tuple[int, os.DirEntry[str], os.stat_result, int], None, None]:
+    """Every entry below ``upper``: (its directory's fd, the entry, its lstat, how many
+    directories are open above it). Iterative, one open directory per level; a
+    directory is entered after it is yielded, so a caller that raises there never
+    enters it. Use it in ``contextlib.closing`` so the fds close when the caller stops."""
     stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = []
     try:
         stack.append((os.dup(upper), os.scandir(upper)))
@@ -274,6 +274,7 @@ def _stage(upper: int, stage: int) -> _Staged:
                 _close(fd, listing)
                 continue
             st = entry.stat(follow_symlinks=False)
+            yield fd, entry, st, len(stack)
             if stat.S_ISDIR(st.st_mode):
                 sub = os.open(entry.name, _RDIR, dir_fd=fd)
                 try:
@@ -281,23 +282,33 @@ def _stage(upper: int, stage: int) -> _Staged:
                 except BaseException:
                     os.close(sub)
                     raise
-            elif stat.S_ISREG(st.st_mode) and st.st_ino not in staged:
-                name = str(len(staged))
-                src = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                try:
-                    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                                  0o600, dir_fd=stage)  # fmt: skip
-                    try:
-                        _copy_data(src, out, st.st_size)
-                        _copy_attrs(st, out)
-                    finally:
-                        os.close(out)
-                finally:
-                    os.close(src)
-                staged[st.st_ino] = name
     finally:
         for fd, listing in stack:
             _close(fd, listing)
+
+
+def _stage(upper: int, stage: int) -> _Staged:
+    """Copy the data of every regular file of the upper layer (once per inode) into
+    ``stage``, owners and modes set, setuid and setgid cleared (the depth
+    :func:`_survey` bounded)."""
+    staged: _Staged = {}
+    with contextlib.closing(_walk(upper)) as walk:
+        for fd, entry, st, _ in walk:
+            if not stat.S_ISREG(st.st_mode) or st.st_ino in staged:
+                continue
+            name = str(len(staged))
+            src = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                              0o600, dir_fd=stage)  # fmt: skip
+                try:
+                    _copy_data(src, out, st.st_size)
+                    _copy_attrs(st, out)
+                finally:
+                    os.close(out)
+            finally:
+                os.close(src)
+            staged[st.st_ino] = name
     return staged
 
 
@@ -311,41 +322,23 @@ _RDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _survey(upper: int, limits: _Limits) -> None:
-    """Walk the upper layer (iteratively: one open directory per level, nothing
-    changed anywhere) and refuse it if it is over ``limits``."""
+    """Walk the upper layer (nothing changed anywhere) and refuse it if it is over
+    ``limits``."""
     entries = size = 0
     sized: set[int] = set()  # inodes counted (a file with several links counts once)
-    stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = []
-    try:
-        stack.append((os.dup(upper), os.scandir(upper)))
-        while stack:
-            fd, listing = stack[-1]
-            entry = next(listing, None)
-            if entry is None:
-                stack.pop()
-                _close(fd, listing)
-                continue
+    with contextlib.closing(_walk(upper)) as walk:
+        for _, _, st, depth in walk:
             entries += 1
             if entries > limits.entries:
                 raise _over(f"more than {limits.entries} entries")
-            st = entry.stat(follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                if len(stack) >= limits.depth:
+                if depth >= limits.depth:
                     raise _over(f"entries nested deeper than {limits.depth} levels")
-                sub = os.open(entry.name, _RDIR, dir_fd=fd)
-                try:
-                    stack.append((sub, os.scandir(sub)))
-                except BaseException:
-                    os.close(sub)
-                    raise
             elif stat.S_ISREG(st.st_mode) and st.st_ino not in sized:
                 sized.add(st.st_ino)
                 size += st.st_size  # apparent: holes count, they would be delivered
                 if size > limits.size_bytes:
                     raise _over(f"files of more than {limits.size_bytes} bytes in all")
-    finally:
-        for fd, listing in stack:
-            _close(fd, listing)
 
 
 def _over(what: str) -> WorkspaceRefusedError:
