@@ -222,15 +222,12 @@ class Cell:
             ]
             if kills:
                 self.applied(self.journal.append(kills))
-            # Sandboxes still held here whose workers the journal ended (a newer
-            # incarnation failed them): nothing to journal, only to kill.
-            orphans = {
-                slot.host_uid
-                for lineage, slot in self._slots.items()
-                if (w := self.view.workers.get(lineage)) is not None and w.ended is not None
-            }
-            if orphans:
-                kill_uids(orphans)
+            # Every sandbox still held here dies with the cell: those just journaled,
+            # and those another writer killed or ended (a newer incarnation failed
+            # them) whose kill this cell had not carried out yet.
+            held = {slot.host_uid for slot in self._slots.values()}
+            if held:
+                kill_uids(held)
         self._carry_out_kills()
         for thread in list(self._threads):
             thread.join(timeout=30)
