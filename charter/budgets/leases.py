@@ -549,16 +549,14 @@ class LeaseBook:
                 f"renewal of {name} to {expires_at_ms} ms does not extend it (it "
                 f"expires at {ledger.expires_at_ms} ms)"
             )
-        if parent.expires_at_ms is not None and expires_at_ms > parent.expires_at_ms:
-            raise RenewalBeyondParentError(
-                f"{name} cannot be renewed to {expires_at_ms} ms: its parent "
-                f"{shown(ledger.parent)} holds its budget only until {parent.expires_at_ms} ms"
-            )
-        above = self.deadline(ledger.parent)  # an ancestor's lease may end first
+        above = self.deadline(ledger.parent)  # the parent's, or an ancestor's if earlier
         if above is not None and expires_at_ms > above:
             raise RenewalBeyondParentError(
-                f"{name} cannot be renewed to {expires_at_ms} ms: a lease above it, which "
-                f"holds its budget, ends at {above} ms"
+                f"{name} cannot be renewed to {expires_at_ms} ms: its parent "
+                f"{shown(ledger.parent)} holds its budget only until {above} ms"
+                if above == parent.expires_at_ms
+                else f"{name} cannot be renewed to {expires_at_ms} ms: a lease above it, "
+                f"which holds its budget, ends at {above} ms"
             )
         if ledger.grant_end_ms is not None and expires_at_ms > ledger.grant_end_ms:
             raise RenewalBeyondGrantError(

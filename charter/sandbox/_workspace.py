@@ -299,17 +299,23 @@ def _stage(upper: int, stage: int) -> _Staged:
             name = str(len(staged))
             src = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             try:
-                out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                              0o600, dir_fd=stage)  # fmt: skip
-                try:
-                    _copy_data(src, out, st.st_size)
-                    _copy_attrs(st, out)
-                finally:
-                    os.close(out)
+                _copy_file(src, st, name, stage)
             finally:
                 os.close(src)
             staged[st.st_ino] = name
     return staged
+
+
+def _copy_file(src: int, st: os.stat_result, name: str, dir_fd: int) -> None:
+    """A new file ``name`` in ``dir_fd`` (never one that exists, never through a
+    link) with ``src``'s data, owner and mode (setuid and setgid cleared)."""
+    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                  dir_fd=dir_fd)  # fmt: skip
+    try:
+        _copy_data(src, out, st.st_size)
+        _copy_attrs(st, out)
+    finally:
+        os.close(out)
 
 
 class _Limits(NamedTuple):
@@ -458,14 +464,7 @@ def _apply_file(dest: int, name: str, stage: int, staged: str) -> None:
 def _copy_staged(stage: int, staged: str, dest: int, temp: str) -> None:
     src = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stage)
     try:
-        st = os.fstat(src)
-        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                      dir_fd=dest)  # fmt: skip
-        try:
-            _copy_data(src, out, st.st_size)
-            _copy_attrs(st, out)
-        finally:
-            os.close(out)
+        _copy_file(src, os.fstat(src), temp, dest)
     finally:
         os.close(src)
 
