@@ -14,6 +14,7 @@ from charter.authority import SpawnIntent
 from charter.budgets import ResourceClass
 from charter.control import Caller, SpawnResult, WorkerSpec
 from charter.core import Lineage
+from charter.runner._journal_allowance import spawn_bytes, wait_bytes
 from charter.runner._view import WorkerRecord
 from charter.runner.cell import Cell
 from charter.runner.errors import ResultTooLargeError, WaitRefusedError
@@ -41,8 +42,12 @@ class WorkerRequests:
         self, lineage: str, intent: SpawnIntent, workers: tuple[WorkerSpec, ...]
     ) -> SpawnResult:
         # The process's one spawn pipeline: the operator's ceilings and gate hold here
-        # exactly as for ``charter spawn``.
-        result = self.cell.app.spawn(self.caller(lineage), intent, workers=workers)
+        # exactly as for ``charter spawn``; the children's worker-chosen bytes are
+        # charged to the caller's journal allowance first.
+        allowance = self.cell.journal_allowance
+        with allowance.held(lineage):
+            allowance.charge(lineage, spawn_bytes(intent.width, workers))
+            result = self.cell.app.spawn(self.caller(lineage), intent, workers=workers)
         with self.cell.changed:
             self.cell.changed.notify_all()
         return result
@@ -108,9 +113,12 @@ class WorkerRequests:
         waiting = WorkerWaiting(
             lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
         )
-        with self.cell.changed:
-            self.cell.admission.wait_on_children(self.name, lineage, waiting, self.cell.live)
-            self.cell.changed.notify_all()
+        allowance = self.cell.journal_allowance
+        with allowance.held(lineage):  # charged, then journaled
+            allowance.charge(lineage, wait_bytes(waiting))
+            with self.cell.changed:
+                self.cell.admission.wait_on_children(self.name, lineage, waiting, self.cell.live)
+                self.cell.changed.notify_all()
 
     def _back_to_processing(self, lineage: str) -> None:
         """Give back the coordination slot and take (or queue for) a processing one;
