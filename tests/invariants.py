@@ -275,12 +275,14 @@ def check_settled(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) 
 # -- the journal allowance ------------------------------------------------------------
 #
 # Written from docs/door.md (decision 0012), not from the door's code: a worker's
-# result and waits cost their canonical payload plus 1,024 bytes each, its children's
-# schedules their argv and inputs as canonical JSON; at every position each worker's
-# total is at most its lease's 131,072-byte floor plus the egress charged to it so far.
+# result costs its canonical payload plus 384 bytes, a wait its payload plus 5 x 384
+# (its five entries), its children's schedules their argv and inputs as canonical JSON;
+# at every position each worker's total is at most its lease's 131,072-byte floor plus
+# the egress charged to it so far.
 
 JOURNAL_FLOOR = 128 * 1024
-JOURNAL_ENTRY_OVERHEAD = 1024
+JOURNAL_ENTRY_OVERHEAD = 384
+JOURNAL_WAIT_ENTRIES = 5
 
 
 def _canonical_size(value: Any) -> int:
@@ -301,8 +303,11 @@ def journal_bytes_by_worker(
 
 def _journal_charges(kind: str, p: dict[str, Any]) -> list[tuple[str, int]]:
     match kind:
-        case "WorkerResult" | "WorkerWaiting":
+        case "WorkerResult":
             return [(p["lineage"], _canonical_size(p) + JOURNAL_ENTRY_OVERHEAD)]
+        case "WorkerWaiting":
+            overhead = JOURNAL_WAIT_ENTRIES * JOURNAL_ENTRY_OVERHEAD
+            return [(p["lineage"], _canonical_size(p) + overhead)]
         case "WorkerScheduled":
             parent = p["lineage"].rpartition("/")[0]
             return [(parent, _canonical_size([p["argv"], p["inputs"]]))]

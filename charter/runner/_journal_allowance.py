@@ -45,6 +45,7 @@ from charter.runner.events import RESULT_CAP, WorkerResult, WorkerWaiting
 __all__ = [
     "ENTRY_OVERHEAD",
     "FLOOR",
+    "WAIT_ENTRIES",
     "JournalAllowance",
     "result_bytes",
     "spawn_bytes",
@@ -55,10 +56,15 @@ FLOOR = 128 * 1024
 """Journal bytes each lease may cause without charge: one result of 64 KiB and room for
 its waits and spawns."""
 
-ENTRY_OVERHEAD = 1024
-"""Bytes charged per journaled request beyond its payload: the entry's envelope (commit
-time, batch id, chain hash, stream and version) and the fixed-size events a request
-brings (a wait's slot swap and resume, a refusal)."""
+ENTRY_OVERHEAD = 384
+"""Bytes charged for each entry a request journals beyond what its payload holds: the
+entry's envelope (commit time, batch id, chain hashes, stream and version), or one
+fixed-size event it brings whole (a slot's release or admission; a refusal). Measured
+on SQLite, these are 250-352 bytes each (docs/performance.md)."""
+
+WAIT_ENTRIES = 5
+"""The entries one wait journals: ``WorkerWaiting``, the swap to a coordination slot (a
+release and an admission) and the resume (a release and an admission)."""
 
 
 def result_bytes(event: WorkerResult) -> int:
@@ -67,18 +73,19 @@ def result_bytes(event: WorkerResult) -> int:
 
 
 def wait_bytes(event: WorkerWaiting) -> int:
-    """What a wait costs: its canonical payload (the children it names), plus one
-    entry's overhead (the slot events of its swap and resume are of fixed size)."""
-    return len(canonical_json(event.payload())) + ENTRY_OVERHEAD
+    """What a wait costs: its canonical payload (the children it names), plus the
+    overhead of the :data:`WAIT_ENTRIES` entries it journals."""
+    return len(canonical_json(event.payload())) + WAIT_ENTRIES * ENTRY_OVERHEAD
 
 
 def spawn_bytes(width: int, workers: Sequence[WorkerSpec]) -> int:
     """What a spawn costs its caller: the worker-chosen bytes of every child's schedule
     (``argv`` and ``inputs``, as canonical JSON, once per child: one spec given for all
-    is journaled in each), plus one entry's overhead (a refusal, when it is refused).
-    The rest of a child's events are of bounded size and counted per lease."""
+    is journaled in each), plus two entries' overhead (the gate's decision and a
+    refusal, when it is refused). The rest of a child's events are of bounded size and
+    counted per lease."""
     specs = list(workers) if len(workers) == width else [workers[0]] * width
-    return ENTRY_OVERHEAD + sum(
+    return 2 * ENTRY_OVERHEAD + sum(
         len(canonical_json([list(s.argv), list(s.inputs)])) for s in specs
     )
 
@@ -197,16 +204,16 @@ class JournalAllowance:
         """Journal ``lineage``'s answer (cut at the cap), charged first: one per worker
         (``given`` says whether it answered already, read under the cell's lock),
         refused when its allowance cannot pay for it."""
-        data = data[:RESULT_CAP]
-        digest = hashlib.sha256(data).hexdigest()
-        event = WorkerResult(
-            lineage=lineage,
-            digest=digest,
-            size=len(data),
-            text=data.decode("utf-8", errors="replace"),
-        )
         with self.held(lineage):
-            self._check_not_given(lineage, given)  # a refused second result costs nothing
+            self._check_not_given(lineage, given)  # a second result costs nothing more
+            data = data[:RESULT_CAP]
+            digest = hashlib.sha256(data).hexdigest()
+            event = WorkerResult(
+                lineage=lineage,
+                digest=digest,
+                size=len(data),
+                text=data.decode("utf-8", errors="replace"),
+            )
             self.charge(lineage, result_bytes(event))
             with self._cell.changed:  # checked and journaled together
                 self._check_not_given(lineage, given)

@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -82,8 +82,8 @@ MAX_BATCH = 64  # requests in one batch (each counts against MAX_REQUESTS)
 # (its sandbox's cgroup) + CPU_BASE_S; past it a frame is refused unserved (-32002) and
 # the connection closed (so refusals are paced by the connection rate). The base lets a
 # worker that has barely started make its first requests.
-CPU_MULTIPLE = 0.5
-CPU_BASE_S = 0.25
+CPU_MULTIPLE = 0.25
+CPU_BASE_S = 0.1
 _SERVED_KEPT = 1024
 _IDLE_TIMEOUT = 3600.0  # a connection may sit in a long wait
 _DRAIN_S = 5.0  # how long an unregistering sandbox's connections get to end
@@ -306,6 +306,7 @@ class Door(KeyBroker):
         self._served: dict[_Holder, float] = {}  # door thread CPU (s) spent, per holder
         # What ended workers cost the door, by lineage (the last _SERVED_KEPT of them).
         self.served_history: OrderedDict[str, float] = OrderedDict()
+        self._waiting = threading.local()  # per thread: CPU spent only waiting (s)
         self._conns: dict[socket.socket, _Holder] = {}  # open connections, and whom
         self._count_lock = threading.Lock()
         self._door = PeerServer(
@@ -424,13 +425,24 @@ class Door(KeyBroker):
     def _serve_frame(self, conn: socket.socket, reader: Any, uid: int, holder: _Holder) -> bool:
         """Read one frame and answer it, the CPU it takes charged to ``holder``; False
         when the connection is to close."""
-        start = time.thread_time()
+        start, waited = time.thread_time(), self._waiting.__dict__.get("s", 0.0)
         try:
             return self._answer_frame(conn, reader, uid, holder)
         finally:
-            spent = time.thread_time() - start
+            spent = time.thread_time() - start - (self._waiting.__dict__.get("s", 0.0) - waited)
             with self._count_lock:
                 self._served[holder] = self._served.get(holder, 0.0) + spent
+
+    @contextlib.contextmanager
+    def _uncharged(self) -> Iterator[None]:
+        """What a request does while it only waits (polling for its children's ends, or
+        for a processing slot) is left out of the CPU charged to its worker: bounded by
+        the wait's timeout, at one refresh per change of the cell or per 50 ms."""
+        start = time.thread_time()
+        try:
+            yield
+        finally:
+            self._waiting.s = self._waiting.__dict__.get("s", 0.0) + time.thread_time() - start
 
     def _within_cpu(self, uid: int, holder: _Holder) -> bool:
         """Whether the door's CPU for ``holder`` so far is within its allowance: a
@@ -524,7 +536,7 @@ class Door(KeyBroker):
             raise NotAWorkerError("the door is not attached to a cell")
         lineage = holder[1]  # identity from the kernel, never the request
         scoped = _ScopedCell(cell, lambda: self._holder(uid) == holder)
-        requests = WorkerRequests(cast(Cell, scoped))
+        requests = WorkerRequests(cast(Cell, scoped), uncharged=self._uncharged)
         match params:
             case SpawnParams():
                 result = requests.spawn(lineage, params.intent, params.workers)

@@ -7,6 +7,8 @@ it found for the peer's host uid), never taken from a request.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from nacl.signing import SigningKey
 
@@ -26,9 +28,15 @@ __all__ = ["WorkerRequests"]
 class WorkerRequests:
     """``spawn``, ``wait`` and ``result`` for the workers of ``cell``."""
 
-    def __init__(self, cell: Cell) -> None:
+    def __init__(
+        self, cell: Cell, uncharged: Callable[[], AbstractContextManager[object]] = nullcontext
+    ) -> None:
+        """``uncharged`` wraps what a request does while it only waits (for children to
+        end, for a processing slot): the door leaves that out of the CPU it charges
+        the worker (its polling is bounded by the wait's timeout, not by the worker)."""
         self.cell = cell
         self.name = cell.cell
+        self.uncharged = uncharged
 
     def caller(self, lineage: str) -> Caller:
         """The worker as a caller: its journaled chain and its custody key, derived from
@@ -68,7 +76,7 @@ class WorkerRequests:
         self._swap_for_coordination(lineage, children, timeout_s)
         deadline = time.monotonic() + timeout_s
         timed_out = False
-        with self.cell.changed:
+        with self.uncharged(), self.cell.changed:
             while True:
                 self.cell.refresh()
                 live = [
@@ -126,6 +134,7 @@ class WorkerRequests:
         with self.cell.changed:
             self.cell.admission.resume_processing(self.name, lineage)
             self.cell.changed.notify_all()
+        with self.uncharged(), self.cell.changed:
             while True:
                 self.cell.refresh()
                 holders = self.cell.resources.cells.get(self.name).holders[ResourceClass.PROCESSING]

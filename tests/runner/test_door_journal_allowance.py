@@ -42,7 +42,11 @@ kids = door.spawn({{"width": 1, "objective": "echo one number back to the coordi
 said = []
 big = {{"width": 1, "objective": "a child with a large argument list",
         "estimated_cost": cost}}
+import hashlib
+digest = b""
 for _ in range(400):
+    for _ in range(3000):  # work of its own: its CPU pays for the door's (test_door_cpu)
+        digest = hashlib.sha256(digest + b"x" * 4096).digest()
     if sys.argv[1] == "spawn":
         said.append(reason(lambda: door.spawn(big, [{{"argv": ["/bin/true", *["x" * 15_000] * 4]}}])))
     else:
