@@ -129,9 +129,7 @@ def _charter(home: Path, processing: int) -> Charter:
     return charter
 
 
-def _spawn(
-    charter: Charter, specs: list[WorkerSpec], fanout: int = 0, scale: int = 1
-) -> list[str]:
+def _spawn(charter: Charter, specs: list[WorkerSpec], fanout: int = 0, scale: int = 1) -> list[str]:
     """``specs`` under one fan-out, each leased ``scale`` × COST (a coordinator's lease
     must hold its child's several times over, or the gate judges the bet too large)."""
     width = len(specs)
@@ -237,10 +235,12 @@ def tree(width: int, state: Path) -> dict[str, Any]:
                 for k, v in json.loads(e.event.reason.removeprefix("stderr: ")).items():  # type: ignore[attr-defined]
                     said[k] = said.get(k, 0) + v
         after = _stored_bytes(home / "journal.db")
-        refusals = sum(
-            1
-            for e in charter.journal.entries(types=("BudgetRefused",))
-            if e.event.operation == "journal"  # type: ignore[attr-defined]
+        refusals = len(
+            [
+                e
+                for e in charter.journal.entries(types=("BudgetRefused",))
+                if e.event.operation == "journal"  # type: ignore[attr-defined]
+            ]
         )
     leases = 2 * width  # each worker and its child
     per_lease = (after - before) / leases

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
-from charter.budgets import BudgetRefused
+from charter.budgets import BudgetRefused, UsageRecorded
 from charter.control import WorkerSpec
 from charter.core import Budget, Event, now_ms
 from charter.core.events import canonical_json
@@ -91,13 +91,14 @@ def spawn_bytes(width: int, workers: Sequence[WorkerSpec]) -> int:
 
 
 class _Budgets(Protocol):
-    def record_usage(self, lineage: str, amount: Budget) -> Event: ...
+    def record_usage(self, lineage: str, amount: Budget) -> UsageRecorded: ...
 
 
 class _Cell(Protocol):
     """What the allowance needs of the cell (kept narrow: the cell is being split)."""
 
-    budgets: _Budgets
+    @property
+    def budgets(self) -> _Budgets: ...
 
     @property
     def changed(self) -> threading.Condition: ...
@@ -138,12 +139,6 @@ class JournalAllowance:
         with self._guard:
             return self._egress.get(lineage, 0)
 
-    def forget(self, lineage: str) -> None:
-        """``lineage`` ended: nothing more is charged to it."""
-        with self._guard:
-            for book in (self._used, self._egress, self._locks):
-                book.pop(lineage, None)  # type: ignore[attr-defined]
-
     @contextmanager
     def held(self, lineage: str) -> Iterator[None]:
         """Serialise ``lineage``'s charged requests (a worker may hold several
@@ -167,10 +162,8 @@ class JournalAllowance:
                 left = self._remaining_egress(lineage, now_ms())
             if left < over:
                 self._refuse(lineage, nbytes, over, left)
-            usage = self._cell.budgets.record_usage(
-                lineage, Budget.zero().model_copy(update={"egress_bytes": over})
-            )
-            refused = getattr(usage, "refused", Budget.zero())
+            amount = Budget(tokens=0, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=over)
+            refused = self._cell.budgets.record_usage(lineage, amount).refused
             if refused.egress_bytes:  # spent by a concurrent charge in between
                 self._refuse(lineage, nbytes, over, over - refused.egress_bytes)
         with self._guard:
@@ -220,9 +213,7 @@ class JournalAllowance:
                 self._cell.applied(self._append([event]))
         return digest
 
-    def _check_not_given(
-        self, lineage: str, given: Callable[[str], WorkerResult | None]
-    ) -> None:
+    def _check_not_given(self, lineage: str, given: Callable[[str], WorkerResult | None]) -> None:
         with self._cell.changed:
             self._cell.refresh()
             earlier = given(lineage)

@@ -471,7 +471,9 @@ class Door(KeyBroker):
                 f"the door has spent more than {CPU_MULTIPLE} x this worker's own CPU "
                 f"+ {CPU_BASE_S} s serving it; retry once it has worked more"
             )
-            conn.sendall(_reply(None, error=_RpcError(OVER_CPU, str(over), {"reason": over.reason})))
+            conn.sendall(
+                _reply(None, error=_RpcError(OVER_CPU, str(over), {"reason": over.reason}))
+            )
             return False
         try:
             loaded = _load(line)

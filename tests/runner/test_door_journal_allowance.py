@@ -18,8 +18,12 @@ from charter.control import SpawnResult, WorkerSpec
 from charter.core import Budget
 from charter.runner._journal_allowance import FLOOR
 from charter.runner.events import WorkerEnded, WorkerResult, WorkerWaiting
-from tests.invariants import check_history, check_journal_allowance, journal_history
-from tests.invariants import journal_bytes_by_worker
+from tests.invariants import (
+    check_history,
+    check_journal_allowance,
+    journal_bytes_by_worker,
+    journal_history,
+)
 from tests.runner._support import make_cell, running, until_idle
 from tests.runner.conftest import initialise
 from tests.runner.programs import COST, PRELUDE, python
@@ -48,7 +52,8 @@ for _ in range(400):
     for _ in range(3000):  # work of its own: its CPU pays for the door's (test_door_cpu)
         digest = hashlib.sha256(digest + b"x" * 4096).digest()
     if sys.argv[1] == "spawn":
-        said.append(reason(lambda: door.spawn(big, [{{"argv": ["/bin/true", *["x" * 15_000] * 4]}}])))
+        argv = ["/bin/true", *["x" * 15_000] * 4]
+        said.append(reason(lambda: door.spawn(big, [{{"argv": argv}}])))
     else:
         said.append(reason(lambda: door.wait(kids, 60)))
     if said[-1] != "ok":
@@ -132,7 +137,8 @@ def test_a_wait_flood_is_refused_past_the_floor_and_an_honest_sibling_is_served(
         history = journal_history(charter.journal)
         assert journal_bytes_by_worker(history)[flooder] <= FLOOR
         found = check_journal_allowance(history)
-        assert found.problems == [] and found.checked > 0
+        assert found.problems == []
+        assert found.checked > 0
         assert check_history(history).problems == []
 
 
@@ -163,5 +169,6 @@ def test_a_spawn_flood_is_refused_and_egress_pays_for_more_with_the_charge_journ
         assert sum(b for _, b in charged[:-1]) == paid > 2 * 60_000
         history = journal_history(charter.journal)
         found = check_journal_allowance(history)
-        assert found.problems == [] and found.checked > 0
+        assert found.problems == []
+        assert found.checked > 0
         assert check_history(history).problems == []
