@@ -26,20 +26,15 @@ from tests.invariants import (
 )
 from tests.runner._support import make_cell, running, until_idle
 from tests.runner.conftest import initialise
-from tests.runner.programs import COST, PRELUDE, python
+from tests.runner.programs import COST, PRELUDE, REASON, python
 
 # Spawns one child, then floods waits on it (and, with argv[1] == "spawn", spawns of
 # 60 KB argvs), then tries a 60 KB result; reports what it was told.
 FLOOD = (
     PRELUDE
+    + REASON
     + f"""
 door = charter_door.Door()
-def reason(f):
-    try:
-        f()
-        return "ok"
-    except charter_door.DoorError as e:
-        return (e.data or {{}}).get("reason")
 cost = {{"tokens": 10_000, **{COST!r}}}
 kids = door.spawn({{"width": 1, "objective": "echo one number back to the coordinator",
                    "estimated_cost": cost}}, [{{"argv": ["/bin/echo", "1"]}}])["children"]
@@ -100,6 +95,7 @@ def _report(entries: list[Any], lineage: str) -> dict[str, Any]:
     end = next(
         e.event for e in entries if isinstance(e.event, WorkerEnded) and e.event.lineage == lineage
     )
+    assert end.reason.startswith("stderr: "), end  # type: ignore[attr-defined]
     return json.loads(end.reason.removeprefix("stderr: "))  # type: ignore[no-any-return]
 
 
