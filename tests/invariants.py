@@ -275,14 +275,14 @@ def check_settled(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) 
 # -- the journal allowance ------------------------------------------------------------
 #
 # Written from docs/door.md (decision 0012), not from the door's code: a worker's
-# result costs its canonical payload plus 384 bytes, a wait its payload plus 5 x 384
-# (its five entries), its children's schedules their argv and inputs as canonical JSON;
+# result costs its canonical payload plus 384 bytes, a wait its payload plus 6 x 384
+# (its six entries), its children's schedules their argv and inputs as canonical JSON;
 # at every position each worker's total is at most its lease's 131,072-byte floor plus
 # the egress charged to it so far.
 
 JOURNAL_FLOOR = 128 * 1024
 JOURNAL_ENTRY_OVERHEAD = 384
-JOURNAL_WAIT_ENTRIES = 5
+JOURNAL_WAIT_ENTRIES = 6
 
 
 def _canonical_size(value: Any) -> int:

@@ -62,9 +62,10 @@ entry's envelope (commit time, batch id, chain hashes, stream and version), or o
 fixed-size event it brings whole (a slot's release or admission; a refusal). Measured
 on SQLite, these are 250-352 bytes each (docs/performance.md)."""
 
-WAIT_ENTRIES = 5
+WAIT_ENTRIES = 6
 """The entries one wait journals: ``WorkerWaiting``, the swap to a coordination slot (a
-release and an admission) and the resume (a release and an admission)."""
+release and an admission) and the resume (a release, and an admission, queued first
+while the processing slots are taken)."""
 
 
 def result_bytes(event: WorkerResult) -> int:
