@@ -154,22 +154,32 @@ class JournalAllowance:
         """Charge ``nbytes`` of journal to ``lineage`` before they are written (hold
         :meth:`held`): from the floor while it lasts, then from the lease's egress (a
         ``UsageRecorded`` committed now), else refused with the refusal journaled."""
-        with self._guard:
+        with self._guard:  # reserved at once: no two charges count from one total
             used = self._used.get(lineage, 0)
-        over = max(0, used + nbytes - self.floor) - max(0, used - self.floor)
-        if over:
-            with self._cell.changed:
-                self._cell.refresh()
-                left = self._remaining_egress(lineage, now_ms())
-            if left < over:
-                self._refuse(lineage, nbytes, over, left)
-            amount = Budget(tokens=0, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=over)
-            refused = self._cell.budgets.record_usage(lineage, amount).refused
-            if refused.egress_bytes:  # spent by a concurrent charge in between
-                self._refuse(lineage, nbytes, over, over - refused.egress_bytes)
-        with self._guard:
             self._used[lineage] = used + nbytes
+        over = max(0, used + nbytes - self.floor) - max(0, used - self.floor)
+        try:
+            if over:
+                self._charge_egress(lineage, nbytes, over)
+        except JournalAllowanceError:
+            with self._guard:  # refused: nothing of it is written
+                self._used[lineage] -= nbytes
+            raise
+        with self._guard:
             self._egress[lineage] = self._egress.get(lineage, 0) + over
+
+    def _charge_egress(self, lineage: str, nbytes: int, over: int) -> None:
+        """Charge ``over`` bytes to ``lineage``'s egress (a ``UsageRecorded`` committed
+        now), or refuse when its lease does not hold them."""
+        with self._cell.changed:
+            self._cell.refresh()
+            left = self._remaining_egress(lineage, now_ms())
+        if left < over:
+            self._refuse(lineage, nbytes, over, left)
+        amount = Budget(tokens=0, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=over)
+        refused = self._cell.budgets.record_usage(lineage, amount).refused
+        if refused.egress_bytes:  # spent by a concurrent charge in between
+            self._refuse(lineage, nbytes, over, over - refused.egress_bytes)
 
     def _refuse(self, lineage: str, nbytes: int, over: int, left: int) -> None:
         message = (

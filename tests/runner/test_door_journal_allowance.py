@@ -16,6 +16,7 @@ from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import BudgetRefused, UsageRecorded
 from charter.control import SpawnResult, WorkerSpec
 from charter.core import Budget
+from charter.runner import door as door_module
 from charter.runner._journal_allowance import FLOOR
 from charter.runner.events import WorkerEnded, WorkerResult, WorkerWaiting
 from tests.invariants import (
@@ -167,4 +168,66 @@ def test_a_spawn_flood_is_refused_and_egress_pays_for_more_with_the_charge_journ
         found = check_journal_allowance(history)
         assert found.problems == []
         assert found.checked > 0
+        assert check_history(history).problems == []
+
+
+# Four connections of one worker flood waits at once: the charge and the write it pays
+# for are one step per lease, so racing them cannot pass the floor.
+RACE = (
+    PRELUDE
+    + REASON
+    + f"""
+import threading
+door = charter_door.Door()
+cost = {{"tokens": 10_000, **{COST!r}}}
+kids = door.spawn({{"width": 1, "objective": "echo one number back to the coordinator",
+                   "estimated_cost": cost}}, [{{"argv": ["/bin/echo", "1"]}}])["children"]
+said = []
+conns = [door] + [charter_door.Door() for _ in range(3)]  # four: a worker's most
+def flood(mine):
+    for _ in range(100):
+        try:
+            mine.wait(kids, 60)
+            said.append("ok")
+        except charter_door.DoorError as e:
+            # Racing waits of one worker meet "holds no processing slot" while another
+            # of them holds its coordination slot: it goes on until its allowance ends.
+            said.append((e.data or {{}}).get("reason") or "busy")
+            if said[-1] == "journal-allowance":
+                return
+threads = [threading.Thread(target=flood, args=(c,)) for c in conns]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+sys.stderr.write(json.dumps({{str(r): said.count(r) for r in set(said)}}))
+sys.exit(3)
+"""
+)
+
+
+@pytest.mark.sandbox
+def test_four_connections_racing_waits_cannot_pass_the_floor(
+    journal_url: str, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The door's CPU rule would bind first on this little work of the worker's own: it
+    # is tested on its own (test_door_cpu); here only the journal allowance is raced.
+    monkeypatch.setattr(door_module, "CPU_BASE_S", 1e9)
+    with initialise(journal_url, tmp_path / "home", processing=2, coordination=4) as charter:
+        (racer,) = (str(c.lineage) for c in _spawn(charter, 0, python(RACE)).children)
+        with running(make_cell(charter, None, state_dir, door=True)) as cell:
+            until_idle(cell, 240)
+            used = cell.journal_allowance.used(racer)
+        entries = list(charter.journal.entries())
+        out = _report(entries, racer)
+        assert out["journal-allowance"] == 4  # each connection refused, by name
+        assert used <= FLOOR
+        waits = _of(entries, WorkerWaiting, racer)
+        assert len(waits) == out["ok"]
+        refusals = [r for r in _of(entries, BudgetRefused, racer) if r.operation == "journal"]
+        assert len(refusals) == 1
+        history = journal_history(charter.journal)
+        assert journal_bytes_by_worker(history)[racer] <= FLOOR
+        found = check_journal_allowance(history)
+        assert found.problems == []
         assert check_history(history).problems == []
