@@ -29,9 +29,8 @@ from tests.runner._support import make_cell, running, until_idle
 from tests.runner.conftest import initialise
 from tests.runner.programs import COST, PRELUDE, REASON, python
 
-# Spawns one child, then floods waits on it (and, with argv[1] == "spawn", spawns of
-# 60 KB argvs), then tries a 60 KB result; reports what it was told.
-FLOOD = (
+# A worker's start: its door, and one child that echoes a number.
+ONE_CHILD = (
     PRELUDE
     + REASON
     + f"""
@@ -39,9 +38,17 @@ door = charter_door.Door()
 cost = {{"tokens": 10_000, **{COST!r}}}
 kids = door.spawn({{"width": 1, "objective": "echo one number back to the coordinator",
                    "estimated_cost": cost}}, [{{"argv": ["/bin/echo", "1"]}}])["children"]
+"""
+)
+
+# Spawns one child, then floods waits on it (and, with argv[1] == "spawn", spawns of
+# 60 KB argvs), then tries a 60 KB result; reports what it was told.
+FLOOD = (
+    ONE_CHILD
+    + """
 said = []
-big = {{"width": 1, "objective": "a child with a large argument list",
-        "estimated_cost": cost}}
+big = {"width": 1, "objective": "a child with a large argument list",
+        "estimated_cost": cost}
 import hashlib
 digest = b""
 for _ in range(400):
@@ -49,13 +56,13 @@ for _ in range(400):
         digest = hashlib.sha256(digest + b"x" * 4096).digest()
     if sys.argv[1] == "spawn":
         argv = ["/bin/true", *["x" * 15_000] * 4]
-        said.append(reason(lambda: door.spawn(big, [{{"argv": argv}}])))
+        said.append(reason(lambda: door.spawn(big, [{"argv": argv}])))
     else:
         said.append(reason(lambda: door.wait(kids, 60)))
     if said[-1] != "ok":
         break
-out = {{"said": {{r: said.count(r) for r in set(said)}}, "last": said[-1],
-        "result": reason(lambda: door.result("r" * 60_000))}}
+out = {"said": {r: said.count(r) for r in set(said)}, "last": said[-1],
+        "result": reason(lambda: door.result("r" * 60_000))}
 sys.stderr.write(json.dumps(out, sort_keys=True))
 sys.exit(3)  # so the report is kept in the end's reason (its stderr's tail)
 """
@@ -63,12 +70,8 @@ sys.exit(3)  # so the report is kept in the end's reason (its stderr's tail)
 
 # An honest worker: one child, one wait, one 60 KB result.
 HONEST = (
-    PRELUDE
-    + f"""
-door = charter_door.Door()
-kids = door.spawn({{"width": 1, "objective": "echo one number back to the coordinator",
-                   "estimated_cost": {{"tokens": 10_000, **{COST!r}}}}},
-                  [{{"argv": ["/bin/echo", "1"]}}])["children"]
+    ONE_CHILD
+    + """
 door.wait(kids, 60)
 door.result("h" * 60_000)
 """
@@ -174,14 +177,9 @@ def test_a_spawn_flood_is_refused_and_egress_pays_for_more_with_the_charge_journ
 # Four connections of one worker flood waits at once: the charge and the write it pays
 # for are one step per lease, so racing them cannot pass the floor.
 RACE = (
-    PRELUDE
-    + REASON
-    + f"""
+    ONE_CHILD
+    + """
 import threading
-door = charter_door.Door()
-cost = {{"tokens": 10_000, **{COST!r}}}
-kids = door.spawn({{"width": 1, "objective": "echo one number back to the coordinator",
-                   "estimated_cost": cost}}, [{{"argv": ["/bin/echo", "1"]}}])["children"]
 said = []
 conns = [door] + [charter_door.Door() for _ in range(3)]  # four: a worker's most
 def flood(mine):
@@ -192,7 +190,7 @@ def flood(mine):
         except charter_door.DoorError as e:
             # Racing waits of one worker meet "holds no processing slot" while another
             # of them holds its coordination slot: it goes on until its allowance ends.
-            said.append((e.data or {{}}).get("reason") or "busy")
+            said.append((e.data or {}).get("reason") or "busy")
             if said[-1] == "journal-allowance":
                 return
 threads = [threading.Thread(target=flood, args=(c,)) for c in conns]
@@ -200,7 +198,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-sys.stderr.write(json.dumps({{str(r): said.count(r) for r in set(said)}}))
+sys.stderr.write(json.dumps({str(r): said.count(r) for r in set(said)}))
 sys.exit(3)
 """
 )
