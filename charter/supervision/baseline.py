@@ -100,9 +100,12 @@ def learn(baseline: Baseline, profiled: WorkerProfiled) -> BaselineChanged | Non
         value = profiled.profile.value(signal)
         bands.append(
             _stats(
-                signal, old.n + 1, old.total + value, old.total_sq + value * value,
+                signal,
+                old.n + 1,
+                old.total + value,
+                old.total_sq + value * value,
                 max(old.peak, value),
-            )  # fmt: skip
+            )
         )
     return BaselineChanged(
         task_class=baseline.task_class,

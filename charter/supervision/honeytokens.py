@@ -134,8 +134,12 @@ def touched(
         task_class=task_class,
         evidence=(
             Evidence(
-                signal="canary", observed=1, upper=0, threshold=0,
-                policy_version=policy_version, canary=f"{touch.kind}:{name}",
+                signal="canary",
+                observed=1,
+                upper=0,
+                threshold=0,
+                policy_version=policy_version,
+                canary=f"{touch.kind}:{name}",
             ),
-        ),  # fmt: skip
+        ),
     )

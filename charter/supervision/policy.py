@@ -10,7 +10,9 @@ triggers a rule** (the zero-false-positive property, tested with hypothesis).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
+from typing import Any, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -164,33 +166,50 @@ def decide(
         if observation.wall_ms >= rule.after_ms
         and signals.value(rule.signal) > rule.threshold(baseline.upper(rule.signal))
     ]
-    common = {
+    common: dict[str, Any] = {
         "lineage": observation.lineage,
         "sandbox_id": observation.sandbox_id,
         "task_class": observation.task_class,
         "observation": observation,
     }
     if not triggered:
-        if standing is Standing.RUNNING:
-            return None
-        ruled = dict.fromkeys(rule.signal for rule in policy.rules)
-        if any(signals.value(s) > baseline.upper(s) for s in ruled):
-            return None  # below every threshold, not yet back within the band
-        return ResumeVerdict(
-            evidence=tuple(evidence(s, baseline.upper(s)) for s in ruled), **common
-        )
+        return _resumed(observation, baseline, policy, standing, evidence, common)
     action = max((rule.action for rule, _ in triggered), key=_SEVERITY.__getitem__)
     if _SEVERITY[action] <= _LEVEL[standing]:
         return None
     why = tuple(ev for rule, ev in triggered if rule.action == action)
+    return _verdict(action, why, policy, common)
+
+
+def _resumed(
+    observation: Observation,
+    baseline: Baseline,
+    policy: SupervisionPolicy,
+    standing: Standing,
+    evidence: Callable[[Signal, int], Evidence],
+    common: dict[str, Any],
+) -> ResumeVerdict | None:
+    """Nothing triggered: a throttled or paused worker whose every ruled signal is back
+    within its band is resumed (below a threshold but above the band is not enough)."""
+    if standing is Standing.RUNNING:
+        return None
+    ruled = dict.fromkeys(rule.signal for rule in policy.rules)
+    if any(observation.signals.value(s) > baseline.upper(s) for s in ruled):
+        return None
+    return ResumeVerdict(evidence=tuple(evidence(s, baseline.upper(s)) for s in ruled), **common)
+
+
+def _verdict(
+    action: Action, why: tuple[Evidence, ...], policy: SupervisionPolicy, common: dict[str, Any]
+) -> Verdict:
     match action:
         case "throttle":
-            return ThrottleVerdict(
-                evidence=why, quota_permille=policy.throttle_permille, **common
-            )
+            return ThrottleVerdict(evidence=why, quota_permille=policy.throttle_permille, **common)
         case "pause":
             return PauseVerdict(evidence=why, **common)
         case "kill":
             return KillVerdict(evidence=why, **common)
         case "quarantine":
             return QuarantineVerdict(evidence=why, **common)
+        case _ as unreachable:
+            assert_never(unreachable)

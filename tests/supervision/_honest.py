@@ -31,10 +31,14 @@ def honest_life(rng: random.Random, lineage: str, task_class: str = "review") ->
         part = wall / wall_total
         samples.append(
             observe(
-                lineage=lineage, sandbox_id=f"sbx-{lineage}", task_class=task_class,
-                at_ms=1_000_000 + wall, wall_ms=wall, cpu_ms=wall * busy // 1000,
+                lineage=lineage,
+                sandbox_id=f"sbx-{lineage}",
+                task_class=task_class,
+                at_ms=1_000_000 + wall,
+                wall_ms=wall,
+                cpu_ms=wall * busy // 1000,
                 **{k: int(v * part) for k, v in final.items()},
-            )  # fmt: skip
+            )
         )
     return samples
 
@@ -53,6 +57,9 @@ def honest_profiles(
     for i in range(count):
         lineage = f"w{seed}-{i}"
         life = honest_life(rng, lineage, task_class)
-        yield life, WorkerProfiled(
-            lineage=lineage, task_class=task_class, outcome=outcome, profile=profile_of(life)
+        yield (
+            life,
+            WorkerProfiled(
+                lineage=lineage, task_class=task_class, outcome=outcome, profile=profile_of(life)
+            ),
         )

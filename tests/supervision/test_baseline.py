@@ -72,7 +72,7 @@ def test_only_completed_workers_are_learned() -> None:
 
 
 def test_a_profile_of_another_class_is_refused() -> None:
-    (_, entry), = honest_profiles(1, task_class="scan")
+    ((_, entry),) = honest_profiles(1, task_class="scan")
     with pytest.raises(BaselineClassError, match="scan"):
         learn(Baseline.empty("review"), entry)
 
