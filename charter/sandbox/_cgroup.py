@@ -24,13 +24,19 @@ __all__ = [
     "Cgroup",
     "CgroupUsage",
     "cgroup_dirs",
+    "controller_dir",
+    "freeze_dirs",
+    "read_int",
+    "read_text",
     "home_fds",
     "reap_cgroups",
     "reap_stale",
     "settle",
 ]
 
-_V1_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
+# freezer: every sandbox is in its own freezer cgroup from its first instruction, so a
+# pause verdict freezes every process it has, forks included (_freezer.py).
+_V1_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct", "freezer")
 _PARENT = "charter"
 
 
@@ -91,6 +97,51 @@ def _read(path: Path) -> str:
         return os.read(fd, 65536).decode()
     finally:
         os.close(fd)
+
+
+def read_text(path: Path) -> str:
+    """One read of a small kernel file (raises OSError)."""
+    return _read(path)
+
+
+def read_int(path: Path, key: str | None = None) -> int:
+    """The first number of a kernel file, or the value of ``key`` in a flat keyed file
+    (``name value`` lines); 0 when it is missing or unreadable."""
+    return _read_int(path, key)
+
+
+def controller_dir(mode: CgroupMode, dirs: tuple[str, ...] | list[Path], controller: str) -> Path:
+    """The directory of ``controller`` among a sandbox's cgroup ``dirs`` (as
+    :func:`cgroup_dirs` names them); on v2, the one directory."""
+    match mode:
+        case CgroupMode.V1:
+            return Path(dirs[_V1_CONTROLLERS.index(controller)])
+        case CgroupMode.V2:
+            return Path(dirs[0])
+
+
+def freeze_dirs(mode: CgroupMode, dirs: tuple[str, ...] | list[Path], frozen: bool) -> None:
+    """Ask the kernel to freeze (or thaw) a sandbox's cgroup (raises OSError; a v1
+    freeze is done once ``freezer.state`` reads ``FROZEN``, see _freezer.py)."""
+    match mode:
+        case CgroupMode.V1:
+            path, value = (
+                controller_dir(mode, dirs, "freezer") / "freezer.state",
+                (b"FROZEN" if frozen else b"THAWED"),
+            )
+        case CgroupMode.V2:
+            path, value = Path(dirs[0]) / "cgroup.freeze", b"1" if frozen else b"0"
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value)
+    finally:
+        os.close(fd)
+
+
+def _thaw_for_kill(mode: CgroupMode, dirs: tuple[str, ...] | list[Path]) -> None:
+    """After SIGKILLs: a frozen task dies only once thawed (a missing cgroup is gone)."""
+    with contextlib.suppress(OSError):
+        freeze_dirs(mode, dirs, frozen=False)
 
 
 def _read_int(path: Path, key: str | None = None) -> int:
@@ -172,7 +223,7 @@ class Cgroup:
     def usage(self) -> CgroupUsage:
         match self.mode:
             case CgroupMode.V1:
-                pids, memory, _, cpuacct = self.dirs
+                pids, memory, _, cpuacct, _ = self.dirs
                 return CgroupUsage(
                     cpu_ms=_read_int(cpuacct / "cpuacct.usage") // 1_000_000,
                     memory_peak_bytes=_read_int(memory / "memory.max_usage_in_bytes"),
@@ -222,6 +273,7 @@ class Cgroup:
             for pid in members:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            _thaw_for_kill(self.mode, self.dirs)  # a paused sandbox dies too
             time.sleep(0.001)  # killed tasks leave the cgroup once the kernel reaps them
         return not self.pids()
 
@@ -278,6 +330,11 @@ def reap_cgroups(dirs: tuple[str, ...], timeout: float = _REAP_TIMEOUT) -> bool:
         for pid in members:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for d in paths:  # a sandbox left frozen dies only once thawed (v1 or v2)
+            for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                with contextlib.suppress(OSError):
+                    if (d / name).exists():
+                        (d / name).write_text(value)
         time.sleep(0.002)  # killed tasks leave the cgroup once they are reaped
     for d in reversed(paths):
         with contextlib.suppress(OSError):  # EBUSY a moment longer: reap_stale retries

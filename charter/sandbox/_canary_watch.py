@@ -1,0 +1,187 @@
+"""The host-side watch on a sandbox's decoy credential file: inotify ``IN_OPEN`` and
+``IN_ACCESS`` on the very inode the sandbox opens.
+
+A sandbox's ``/workspace`` is a bind of a host-side mount (a tmpfs, or an overlay over
+a template or a persistent workspace): a bind shares the inode, so a watch added
+through any path to that inode sees the sandbox's opens. The path used is
+``/proc/<pid>/root/workspace/...`` of a process inside the sandbox: it names the inode
+the sandbox sees whatever kind of workspace it has, even when the mount lives only in
+the sandbox's private mount namespace (a warm-pool slot's overlay). A watch on a lower
+layer's file would not do: overlayfs opens its real files without notifications.
+
+The decoy is written (:func:`plant_decoy`) and watched before the sandbox runs any code
+of its worker, so no path component can have been swapped for a symlink; every
+component is still opened ``O_NOFOLLOW`` from the sandbox's root, as a matter of course.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import select
+import struct
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from charter.sandbox.errors import SandboxUnavailableError
+
+__all__ = ["CanaryWatch", "DecoyTouch", "plant_decoy"]
+
+_IN_ACCESS, _IN_OPEN = 0x00000001, 0x00000020
+_IN_IGNORED = 0x00008000
+_IN_DONT_FOLLOW, _IN_MASK_ADD = 0x02000000, 0x20000000
+_IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
+_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.inotify_init1.argtypes = [ctypes.c_int]
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+_libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+
+
+class DecoyTouch(BaseModel):
+    """The sandbox opened (``open``) or read (``access``) its decoy file; ``seen`` is the
+    watcher's monotonic time when it read the event."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    kind: str
+    seen: float
+
+
+def _walk(root_fd: int, parts: list[str]) -> int:
+    """An O_PATH descriptor of the directory ``parts`` below ``root_fd``, made as needed
+    (mode 0755) and reached without following any symlink."""
+    fd = os.dup(root_fd)
+    try:
+        for name in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=fd)
+            nxt = os.open(name, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def plant_decoy(pid: int, relative: str, text: str) -> Path:
+    """Write the decoy file ``relative`` (a path under ``/workspace``) with ``text`` into
+    the workspace of the sandbox holding ``pid``, readable inside (0644), and return the
+    host path of it to watch. Call it before the worker runs: the file must not exist."""
+    parts = [p for p in relative.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise SandboxUnavailableError(f"decoy path {relative!r} is not a plain relative path")
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            ws = _walk(root, ["workspace"])
+        finally:
+            os.close(root)
+        try:
+            parent = _walk(ws, parts[:-1])
+        finally:
+            os.close(ws)
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(parts[-1], flags, 0o644, dir_fd=parent)
+            try:
+                os.fchmod(fd, 0o644)  # not the host's umask
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+        finally:
+            os.close(parent)
+    except OSError as e:
+        raise SandboxUnavailableError(f"cannot plant the decoy in sandbox pid {pid}: {e}") from e
+    return Path(f"/proc/{pid}/root/workspace", *parts)
+
+
+class CanaryWatch:
+    """One inotify instance and one thread reporting every open or read of a watched
+    decoy file to ``on_touch`` (called on the watcher's thread: keep it short, e.g.
+    append the verdict or queue it). :meth:`close` ends the thread."""
+
+    def __init__(self, on_touch: Callable[[DecoyTouch], None]) -> None:
+        self._fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if self._fd < 0:
+            err = ctypes.get_errno()
+            raise SandboxUnavailableError(f"inotify is unavailable: {os.strerror(err)}")
+        self._on_touch = on_touch
+        self._keys: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="canary-watch", daemon=True)
+        self._thread.start()
+
+    def watch(self, key: str, path: Path) -> int:
+        """Report opens and reads of the file at ``path`` as touches of ``key``; returns
+        the watch descriptor (for :meth:`unwatch`)."""
+        mask = _IN_OPEN | _IN_ACCESS | _IN_DONT_FOLLOW
+        wd = _libc.inotify_add_watch(self._fd, os.fsencode(path), mask)
+        if wd < 0:
+            err = ctypes.get_errno()
+            raise SandboxUnavailableError(f"cannot watch decoy {path}: {os.strerror(err)}")
+        with self._lock:
+            self._keys[wd] = key
+        return int(wd)
+
+    def unwatch(self, wd: int) -> None:
+        """Stop reporting touches of one watch (a watch whose file is gone is gone)."""
+        with self._lock:
+            self._keys.pop(wd, None)
+        _libc.inotify_rm_watch(self._fd, wd)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        while not self._closed:
+            poller.poll()
+            if self._closed:
+                return
+            try:
+                data = os.read(self._fd, 64 * 1024)
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                if e.errno == errno.EBADF:
+                    return
+                raise
+            seen = time.monotonic()
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size + length
+                with self._lock:
+                    key = self._keys.pop(wd, None) if mask & _IN_IGNORED else self._keys.get(wd)
+                if key is None or not mask & (_IN_OPEN | _IN_ACCESS):
+                    continue
+                kind = "open" if mask & _IN_OPEN else "access"
+                self._on_touch(DecoyTouch(key=key, kind=kind, seen=seen))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)
+        for fd in (self._fd, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __enter__(self) -> CanaryWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
