@@ -107,7 +107,7 @@ def test_a_frozen_sandbox_is_killed_at_once(pool: WarmPool) -> None:
         worker.release()
 
 
-def _cpu_rate(worker: Running, seconds: float = 1.0) -> float:
+def _cpu_rate(worker: Running, seconds: float = 1.5) -> float:
     """CPU thousandths of a core over a window."""
     spec = worker.slot.spec
     cpu0, t0 = sample_signals(spec).cpu_ms, time.monotonic()
@@ -117,24 +117,29 @@ def _cpu_rate(worker: Running, seconds: float = 1.0) -> float:
 
 
 def test_a_throttled_workers_cpu_rate_drops_and_comes_back(pool: WarmPool) -> None:
+    """The quota is set to a quarter of what the worker gets now (the machine is shared,
+    so what it gets unthrottled varies): its rate then stays at the quota, and the
+    kernel counts the periods it held the worker back."""
     worker = Running(pool, BUSY)
     try:
-        control = SandboxControl(worker.slot.spec)
-        assert control.cpu_quota_us() == worker.slot.spec.cpu_quota_us
-        wait_for(lambda: sample_signals(worker.slot.spec).cpu_ms > 100)
+        spec = worker.slot.spec
+        control = SandboxControl(spec)
+        assert control.cpu_quota_us() == spec.cpu_quota_us
+        wait_for(lambda: sample_signals(spec).cpu_ms > 100)
         free = _cpu_rate(worker)
-        quota = control.throttle(100)
-        assert quota == worker.slot.spec.cpu_period_us // 10
+        permille = max(20, int(free) // 4)
+        quota = control.throttle(permille)
+        assert quota == spec.cpu_period_us * permille // 1000
         assert control.cpu_quota_us() == quota
+        periods = sample_signals(spec).cpu_throttled_periods
         held = _cpu_rate(worker)
+        assert sample_signals(spec).cpu_throttled_periods > periods  # the quota bit
         control.restore()
-        assert control.cpu_quota_us() == worker.slot.spec.cpu_quota_us
+        assert control.cpu_quota_us() == spec.cpu_quota_us
         back = _cpu_rate(worker)
-        assert held <= 150, held  # a tenth of a core, and the period's rounding
+        assert held <= permille * 1.2 + 10, (held, permille)
         assert free >= 2 * held, (free, held)
         assert back >= 2 * held, (back, held)
-        signals = sample_signals(worker.slot.spec)
-        assert signals.cpu_throttled_periods > 0  # the pressure the quota put on it
         worker.stop()
         worker.join()
     finally:
