@@ -34,6 +34,20 @@ while True:
         break
 """
 
+# Forks until pids.max refuses (the children sleep); needs os and time imported.
+FORK_TO_LIMIT = r"""
+kids = []
+try:
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        kids.append(pid)
+except OSError:
+    pass
+"""
+
 
 def wait_for(what: Callable[[], object], timeout: float = 10.0, step: float = 0.005) -> object:
     """Poll ``what`` until it is truthy; fail at the deadline."""

@@ -11,7 +11,7 @@ import pytest
 
 from charter.core import Budget
 from charter.sandbox import MemorySink, WarmPool, sample_signals, sandbox_pid, workspace_bytes
-from tests.sandbox._supervised import Running, wait_for
+from tests.sandbox._supervised import FORK_TO_LIMIT, Running, wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -19,7 +19,8 @@ B = Budget.parse("tokens=0,wall=30s,cpu=30s,mem=128MiB,egress=0MB")
 
 # Waits for /workspace/go, then burns CPU, holds 48 MiB, writes 4 MiB to the workspace
 # and forks until pids.max refuses; says so in /workspace/ready; waits for /workspace/stop.
-LOUD = r"""
+LOUD = (
+    r"""
 import os, time
 while not os.path.exists("/workspace/go"):
     time.sleep(0.005)
@@ -31,23 +32,16 @@ for i in range(0, len(hold), 4096):
     hold[i] = 1
 with open("/workspace/out.bin", "wb") as f:
     f.write(os.urandom(4 * 1024 * 1024))
-kids = []
-try:
-    while True:
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(60)
-            os._exit(0)
-        kids.append(pid)
-except OSError:
-    pass
-for pid in kids:
+"""
+    + FORK_TO_LIMIT
+    + r"""for pid in kids:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
 open("/workspace/ready", "w").close()
 while not os.path.exists("/workspace/stop"):
     time.sleep(0.005)
 """
+)
 
 
 @pytest.fixture

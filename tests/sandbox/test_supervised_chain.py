@@ -50,7 +50,7 @@ from charter.supervision import (
     supervise_stream,
     touched,
 )
-from tests.sandbox._supervised import Running, wait_for
+from tests.sandbox._supervised import FORK_TO_LIMIT, Running, wait_for
 
 pytestmark = pytest.mark.sandbox
 
@@ -67,20 +67,7 @@ with open("/workspace/result.txt", "w") as f:
     f.write(digest.hex())
 """
 
-FORKER = r"""
-import os, time
-kids = []
-try:
-    while True:
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(60)
-            os._exit(0)
-        kids.append(pid)
-except OSError:
-    pass
-time.sleep(30)
-"""
+FORKER = "import os, time\n" + FORK_TO_LIMIT + "time.sleep(30)\n"
 
 HOARDER = r"""
 import os, time
