@@ -61,7 +61,7 @@ def host_baseline(watch: CanaryWatch, seen: queue.Queue[DecoyTouch], n: int) -> 
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
         path = Path(d) / "decoy.ini"
         path.write_text("x")
-        wd = watch.watch("host", path)
+        wd = watch.watch("host", path, once=False)
         done = subprocess.run([PY, "-I", "-c", TOUCH, str(path), str(n)],
                               capture_output=True, text=True, check=True)  # fmt: skip
         opened = [float(x) for x in done.stdout.split()]
@@ -82,7 +82,7 @@ def sandboxed(watch: CanaryWatch, seen: queue.Queue[DecoyTouch], n: int) -> list
                 if pid is None:
                     raise SystemExit("the slot has no process in its sandbox")
                 path = plant_decoy(pid, canaries.credential_file, canaries.credential_text())
-                watch.watch("sbx", path)
+                watch.watch("sbx", path, once=False)
                 inside = f"/workspace/{canaries.credential_file}"
                 outcome = slot.run([PY, "-I", "-c", TOUCH, inside, str(n)])
                 if outcome.exit_code != 0:

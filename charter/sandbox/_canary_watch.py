@@ -31,11 +31,11 @@ from pydantic import BaseModel, ConfigDict
 
 from charter.sandbox.errors import SandboxUnavailableError
 
-__all__ = ["CanaryWatch", "DecoyTouch", "plant_decoy"]
+__all__ = ["OVERFLOW", "CanaryWatch", "DecoyTouch", "plant_decoy"]
 
 _IN_ACCESS, _IN_OPEN = 0x00000001, 0x00000020
-_IN_IGNORED = 0x00008000
-_IN_DONT_FOLLOW, _IN_MASK_ADD = 0x02000000, 0x20000000
+_IN_Q_OVERFLOW, _IN_IGNORED = 0x00004000, 0x00008000
+_IN_DONT_FOLLOW, _IN_ONESHOT = 0x02000000, 0x80000000
 _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -46,9 +46,15 @@ _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint
 _libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
+OVERFLOW = "overflow"
+"""The kind of the touch reported when the kernel's event queue overflowed (key ``""``):
+events were lost, so any watched decoy may have been touched unseen. Fail closed: the
+caller treats every sandbox it watches as possibly touched."""
+
+
 class DecoyTouch(BaseModel):
     """The sandbox opened (``open``) or read (``access``) its decoy file; ``seen`` is the
-    watcher's monotonic time when it read the event."""
+    watcher's monotonic time when it read the event. Kind :data:`OVERFLOW`: see there."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -109,7 +115,9 @@ def plant_decoy(pid: int, relative: str, text: str) -> Path:
 class CanaryWatch:
     """One inotify instance and one thread reporting every open or read of a watched
     decoy file to ``on_touch`` (called on the watcher's thread: keep it short, e.g.
-    append the verdict or queue it). :meth:`close` ends the thread."""
+    append the verdict or queue it). An exception from ``on_touch`` never stops the
+    watch: it is counted in :attr:`failures` (the last one kept in :attr:`last_failure`)
+    and the next event is read. :meth:`close` ends the thread."""
 
     def __init__(self, on_touch: Callable[[DecoyTouch], None]) -> None:
         self._fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
@@ -121,13 +129,17 @@ class CanaryWatch:
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
         self._closed = False
+        self.failures = 0
+        self.last_failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="canary-watch", daemon=True)
         self._thread.start()
 
-    def watch(self, key: str, path: Path) -> int:
+    def watch(self, key: str, path: Path, *, once: bool = True) -> int:
         """Report opens and reads of the file at ``path`` as touches of ``key``; returns
-        the watch descriptor (for :meth:`unwatch`)."""
-        mask = _IN_OPEN | _IN_ACCESS | _IN_DONT_FOLLOW
+        the watch descriptor (for :meth:`unwatch`). ``once``: the kernel drops the watch
+        after its first event (one touch is the whole verdict, and a worker reading its
+        decoy in a loop cannot flood the queue that every other sandbox's touches share)."""
+        mask = _IN_OPEN | _IN_ACCESS | _IN_DONT_FOLLOW | (_IN_ONESHOT if once else 0)
         wd = _libc.inotify_add_watch(self._fd, os.fsencode(path), mask)
         if wd < 0:
             err = ctypes.get_errno()
@@ -159,16 +171,28 @@ class CanaryWatch:
                     return
                 raise
             seen = time.monotonic()
-            offset = 0
-            while offset + _EVENT.size <= len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-                offset += _EVENT.size + length
-                with self._lock:
-                    key = self._keys.pop(wd, None) if mask & _IN_IGNORED else self._keys.get(wd)
-                if key is None or not mask & (_IN_OPEN | _IN_ACCESS):
-                    continue
-                kind = "open" if mask & _IN_OPEN else "access"
-                self._on_touch(DecoyTouch(key=key, kind=kind, seen=seen))
+            for key, kind in self._touches(data):
+                try:
+                    self._on_touch(DecoyTouch(key=key, kind=kind, seen=seen))
+                except Exception as e:  # noqa: BLE001 (the watch outlives a failed report)
+                    self.failures += 1
+                    self.last_failure = e
+
+    def _touches(self, data: bytes) -> list[tuple[str, str]]:
+        """(key, kind) of each touch in a buffer of inotify events."""
+        found = []
+        offset = 0
+        while offset + _EVENT.size <= len(data):
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            offset += _EVENT.size + length
+            if mask & _IN_Q_OVERFLOW:
+                found.append(("", OVERFLOW))
+                continue
+            with self._lock:
+                key = self._keys.pop(wd, None) if mask & _IN_IGNORED else self._keys.get(wd)
+            if key is not None and mask & (_IN_OPEN | _IN_ACCESS):
+                found.append((key, "open" if mask & _IN_OPEN else "access"))
+        return found
 
     def close(self) -> None:
         if self._closed:

@@ -7,6 +7,7 @@ import os
 import queue
 import secrets
 import statistics
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from charter.core import Budget
 from charter.sandbox import (
+    OVERFLOW,
     CanaryWatch,
     DecoyTouch,
     MemorySink,
@@ -54,7 +56,9 @@ def touches() -> Iterator[tuple[CanaryWatch, queue.Queue[DecoyTouch]]]:
         yield watch, seen
 
 
-def _planter(watch: CanaryWatch, key: str) -> tuple[dict[str, object], object]:
+def _planter(
+    watch: CanaryWatch, key: str, *, once: bool = True
+) -> tuple[dict[str, object], object]:
     """A ``before`` hook for Running: plant the slot's canaries and watch the file."""
     planted: dict[str, object] = {}
 
@@ -63,7 +67,7 @@ def _planter(watch: CanaryWatch, key: str) -> tuple[dict[str, object], object]:
         pid = sandbox_pid(slot.spec)
         assert pid is not None
         path = plant_decoy(pid, canaries.credential_file, canaries.credential_text())
-        planted.update(canaries=canaries, path=path, wd=watch.watch(key, path))
+        planted.update(canaries=canaries, path=path, wd=watch.watch(key, path, once=once))
 
     return planted, before
 
@@ -152,7 +156,7 @@ def test_touch_to_detection_latency_over_50_touches(
     """p50/p99 from the worker's open (its CLOCK_MONOTONIC, which a sandbox shares with
     the host: no time namespace) to the watcher reading the event."""
     watch, seen = touches
-    _, before = _planter(watch, "lat")
+    _, before = _planter(watch, "lat", once=False)
     worker = Running(pool, SNOOP.replace("sys.argv[1]) if len(sys.argv) > 1 else 1", "50)"),
                      before=before)  # fmt: skip
     try:
@@ -193,3 +197,59 @@ def test_the_decoy_is_planted_only_as_a_new_plain_file(pool: WarmPool) -> None:
             plant_decoy(pid, "../escape", "y")
     finally:
         pool.release(slot, refill=False)
+
+
+def test_a_watch_reports_once_by_default_and_survives_a_failing_callback(tmp_path: Path) -> None:
+    decoy, other = tmp_path / "decoy.ini", tmp_path / "other.ini"
+    decoy.write_text("x")
+    other.write_text("x")
+    seen: queue.Queue[DecoyTouch] = queue.Queue()
+
+    def report(touch: DecoyTouch) -> None:
+        if touch.key == "boom":
+            raise RuntimeError("the callback failed")
+        seen.put(touch)
+
+    with CanaryWatch(report) as watch:
+        watch.watch("boom", other)
+        watch.watch("once", decoy)
+        other.read_text()  # its report fails; the watch goes on
+        decoy.read_text()
+        assert seen.get(timeout=1.0).key == "once"
+        assert watch.failures == 1
+        decoy.read_text()  # the watch is gone after its first touch
+        with pytest.raises(queue.Empty):
+            seen.get(timeout=0.3)
+        # Control: a watch that is not one-shot reports every touch.
+        watch.watch("every", decoy, once=False)
+        decoy.read_text()
+        decoy.read_text()
+        kinds = [seen.get(timeout=1.0).kind for _ in range(4)]
+        assert kinds == ["open", "access", "open", "access"]
+
+
+def test_a_lost_event_is_reported_as_an_overflow(tmp_path: Path) -> None:
+    """Fail closed: when the kernel's queue overflows, touches may have been lost, and
+    the watch says so instead of staying silent."""
+    decoy = tmp_path / "decoy.ini"
+    decoy.write_text("x")
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    gate = threading.Event()
+    seen: list[DecoyTouch] = []
+
+    def slow(touch: DecoyTouch) -> None:
+        gate.wait(30)  # the watcher reads nothing more meanwhile
+        seen.append(touch)
+
+    with CanaryWatch(slow) as watch:
+        watch.watch("flood", decoy, once=False)
+        fd = os.open(decoy, os.O_RDONLY)
+        try:
+            os.pread(fd, 1, 0)  # the first event: the watcher blocks in the callback
+            for _ in range(limit):  # alternate kinds: identical events would be merged
+                os.close(os.open(decoy, os.O_RDONLY))
+                os.pread(fd, 1, 0)
+        finally:
+            os.close(fd)
+        gate.set()
+        wait_for(lambda: any(t.kind == OVERFLOW for t in seen))
