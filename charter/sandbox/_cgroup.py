@@ -29,6 +29,7 @@ __all__ = [
     "read_int",
     "read_text",
     "home_fds",
+    "missing_hierarchies",
     "reap_cgroups",
     "reap_stale",
     "settle",
@@ -69,6 +70,18 @@ def _join_file(mode: CgroupMode) -> str:
             return "tasks"
         case CgroupMode.V2:
             return "cgroup.procs"
+
+
+def missing_hierarchies(mounts: str | None = None) -> list[str]:
+    """The v1 controllers a sandbox needs whose hierarchy is not mounted (from the text
+    of ``/proc/self/mounts``; this process's own when None)."""
+    text = mounts if mounts is not None else Path("/proc/self/mounts").read_text()
+    mounted = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup":
+            mounted.update(o for o in fields[3].split(",") if o in _V1_CONTROLLERS)
+    return [c for c in _V1_CONTROLLERS if c not in mounted]
 
 
 _made_parents: set[str] = set()
@@ -186,9 +199,16 @@ class Cgroup:
                 self.remove()
             # Without its cgroup caps a sandbox cannot run: the host cannot isolate now
             # (whatever a remembered probe pass said), a refusal like the probe's.
+            missing = missing_hierarchies() if self.mode is CgroupMode.V1 else []
+            lacks = (
+                f"; the host lacks the cgroup v1 hierarchies {', '.join(missing)} (mount "
+                f"each: mount -t cgroup -o NAME cgroup {CGROUP_ROOT}/NAME)"
+                if missing
+                else ""
+            )
             raise HostCannotIsolateError(
                 f"this host cannot isolate sandboxes now: the sandbox cgroup cannot be set "
-                f"up ({e}); run `charter sandbox probe` once the cgroups are usable again"
+                f"up ({e}){lacks}; run `charter sandbox probe` once the cgroups are usable again"
             ) from e
 
     def write_limits(self, spec: SandboxSpec) -> None:

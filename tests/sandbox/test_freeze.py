@@ -18,6 +18,7 @@ from charter.sandbox import (
     WarmPool,
     sample_signals,
 )
+from charter.sandbox._cgroup import missing_hierarchies
 from tests.sandbox._supervised import BUSY, COUNTER, Running, wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -169,3 +170,14 @@ def test_a_gone_sandbox_cannot_be_frozen(pool: WarmPool) -> None:
         SandboxControl(spec).freeze()
     with pytest.raises(SandboxUnavailableError):
         SandboxControl(spec).throttle(100)
+
+
+def test_the_hierarchies_a_sandbox_needs_are_named_when_missing() -> None:
+    """What the refusal names on a host without the freezer (the check reads the mount
+    table; this host's own has every hierarchy, the control)."""
+    here = Path("/proc/self/mounts").read_text()
+    assert missing_hierarchies(here) == []
+    without = "\n".join(line for line in here.splitlines() if "freezer" not in line)
+    assert missing_hierarchies(without) == ["freezer"]
+    joint = "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0\n"
+    assert missing_hierarchies(joint) == ["pids", "memory", "freezer"]
