@@ -76,7 +76,7 @@ def missing_hierarchies(mounts: str | None = None) -> list[str]:
     """The v1 controllers a sandbox needs whose hierarchy is not mounted (from the text
     of ``/proc/self/mounts``; this process's own when None)."""
     text = mounts if mounts is not None else Path("/proc/self/mounts").read_text()
-    mounted = set()
+    mounted: set[str] = set()
     for line in text.splitlines():
         fields = line.split()
         if len(fields) >= 4 and fields[2] == "cgroup":
