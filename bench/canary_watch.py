@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from charter.core import Budget
-from charter.sandbox import CanaryWatch, DecoyTouch, WarmPool, plant_decoy, sandbox_pid
+from charter.sandbox import CanaryWatch, DecoyTouch, WarmPool, plant_decoy
 from charter.supervision import canaries_for
 
 PY = "/usr/bin/python3"
@@ -78,11 +78,9 @@ def sandboxed(watch: CanaryWatch, seen: queue.Queue[DecoyTouch], n: int) -> list
             slot = pool.lease()
             try:
                 canaries = canaries_for(slot.sandbox_id, secrets.token_bytes(16))
-                pid = sandbox_pid(slot.spec)
-                if pid is None:
-                    raise SystemExit("the slot has no process in its sandbox")
-                path = plant_decoy(pid, canaries.credential_file, canaries.credential_text())
-                watch.watch("sbx", path, once=False)
+                text = canaries.credential_text()
+                with plant_decoy(slot.spec, canaries.credential_file, text) as d:
+                    watch.watch("sbx", d, once=False)
                 inside = f"/workspace/{canaries.credential_file}"
                 outcome = slot.run([PY, "-I", "-c", TOUCH, inside, str(n)])
                 if outcome.exit_code != 0:

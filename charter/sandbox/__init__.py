@@ -1,7 +1,7 @@
 """charter.sandbox: the pure spec compiler and renderers, the bubblewrap launcher, the
 warm pool, the egress and key brokers, and the fail-closed host probe."""
 
-from charter.sandbox._canary_watch import OVERFLOW, CanaryWatch, DecoyTouch, plant_decoy
+from charter.sandbox._canary_watch import OVERFLOW, CanaryWatch, Decoy, DecoyTouch, plant_decoy
 from charter.sandbox._freezer import FREEZE_TIMEOUT, SandboxControl
 from charter.sandbox._host import UidLease, default_state_dir, hold_uid
 from charter.sandbox._peer import Member, PeerServer, Refusal, peer_uid
@@ -75,6 +75,7 @@ __all__ = [
     "sandbox_pid",
     "workspace_bytes",
     "CanaryWatch",
+    "Decoy",
     "DecoyTouch",
     "OVERFLOW",
     "plant_decoy",

@@ -11,7 +11,8 @@ layer's file would not do: overlayfs opens its real files without notifications.
 
 The decoy is written (:func:`plant_decoy`) and watched before the sandbox runs any code
 of its worker, so no path component can have been swapped for a symlink; every
-component is still opened ``O_NOFOLLOW`` from the sandbox's root, as a matter of course.
+component is still opened ``O_NOFOLLOW`` from the sandbox's root, as a matter of course,
+and the watch is put on the inode held by a descriptor, not on a path through a pid.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from charter.sandbox._signals import sandbox_pid
 from charter.sandbox.errors import SandboxUnavailableError
+from charter.sandbox.spec import SandboxSpec
 
-__all__ = ["OVERFLOW", "CanaryWatch", "DecoyTouch", "plant_decoy"]
+__all__ = ["OVERFLOW", "CanaryWatch", "Decoy", "DecoyTouch", "plant_decoy"]
 
 _IN_ACCESS, _IN_OPEN = 0x00000001, 0x00000020
 _IN_Q_OVERFLOW, _IN_IGNORED = 0x00004000, 0x00008000
@@ -63,14 +66,15 @@ class DecoyTouch(BaseModel):
     seen: float
 
 
-def _walk(root_fd: int, parts: list[str]) -> int:
-    """An O_PATH descriptor of the directory ``parts`` below ``root_fd``, made as needed
-    (mode 0755) and reached without following any symlink."""
+def _walk(root_fd: int, parts: list[str], *, make: bool) -> int:
+    """An O_PATH descriptor of the directory ``parts`` below ``root_fd``, reached without
+    following any symlink (and, with ``make``, made as needed, mode 0755)."""
     fd = os.dup(root_fd)
     try:
         for name in parts:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o755, dir_fd=fd)
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
             nxt = os.open(name, _DIR, dir_fd=fd)
             os.close(fd)
             fd = nxt
@@ -80,21 +84,66 @@ def _walk(root_fd: int, parts: list[str]) -> int:
     return fd
 
 
-def plant_decoy(pid: int, relative: str, text: str) -> Path:
+def _sandbox_root(spec: SandboxSpec) -> int:
+    """An O_PATH descriptor of the sandbox's root, by a process inside it, checked to be
+    the sandbox's still once it is open (a pid reused meanwhile names another root)."""
+    pid = sandbox_pid(spec)
+    if pid is None:
+        raise SandboxUnavailableError(f"sandbox {spec.sandbox_id} has no process left")
+    root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        still = f"/{spec.cgroup_name}\n" in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        still = False
+    if not still:
+        os.close(root)
+        raise SandboxUnavailableError(f"sandbox {spec.sandbox_id}: its process went away")
+    return root
+
+
+class Decoy:
+    """A planted decoy file, held by an ``O_PATH`` descriptor: :meth:`CanaryWatch.watch`
+    watches that very inode (through ``/proc/self/fd``), whatever becomes of the path or
+    the process it was reached by. :meth:`close` once it is watched."""
+
+    def __init__(self, sandbox_id: str, relative: str, fd: int) -> None:
+        self.sandbox_id = sandbox_id
+        self.relative = relative
+        self.fd = fd
+
+    @property
+    def path(self) -> Path:
+        """The file, reached by its descriptor (valid until :meth:`close`)."""
+        return Path(f"/proc/self/fd/{self.fd}")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Decoy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def plant_decoy(spec: SandboxSpec, relative: str, text: str) -> Decoy:
     """Write the decoy file ``relative`` (a path under ``/workspace``) with ``text`` into
-    the workspace of the sandbox holding ``pid``, readable inside (0644), and return the
-    host path of it to watch. Call it before the worker runs: the file must not exist."""
+    the workspace of the sandbox ``spec`` describes, readable inside (0644). Call it
+    before the worker runs (a parked warm-pool slot): the file must not exist, and no
+    component is followed if it is a symlink."""
     parts = [p for p in relative.split("/") if p]
     if not parts or any(p in (".", "..") for p in parts):
         raise SandboxUnavailableError(f"decoy path {relative!r} is not a plain relative path")
     try:
-        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        root = _sandbox_root(spec)
         try:
-            ws = _walk(root, ["workspace"])
+            ws = _walk(root, ["workspace"], make=False)
         finally:
             os.close(root)
         try:
-            parent = _walk(ws, parts[:-1])
+            parent = _walk(ws, parts[:-1], make=True)
         finally:
             os.close(ws)
         try:
@@ -105,11 +154,14 @@ def plant_decoy(pid: int, relative: str, text: str) -> Path:
                 os.write(fd, text.encode())
             finally:
                 os.close(fd)
+            held = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
         finally:
             os.close(parent)
     except OSError as e:
-        raise SandboxUnavailableError(f"cannot plant the decoy in sandbox pid {pid}: {e}") from e
-    return Path(f"/proc/{pid}/root/workspace", *parts)
+        raise SandboxUnavailableError(
+            f"cannot plant the decoy in sandbox {spec.sandbox_id}: {e}"
+        ) from e
+    return Decoy(spec.sandbox_id, "/".join(parts), held)
 
 
 class CanaryWatch:
@@ -134,12 +186,17 @@ class CanaryWatch:
         self._thread = threading.Thread(target=self._run, name="canary-watch", daemon=True)
         self._thread.start()
 
-    def watch(self, key: str, path: Path, *, once: bool = True) -> int:
-        """Report opens and reads of the file at ``path`` as touches of ``key``; returns
-        the watch descriptor (for :meth:`unwatch`). ``once``: the kernel drops the watch
-        after its first event (one touch is the whole verdict, and a worker reading its
-        decoy in a loop cannot flood the queue that every other sandbox's touches share)."""
-        mask = _IN_OPEN | _IN_ACCESS | _IN_DONT_FOLLOW | (_IN_ONESHOT if once else 0)
+    def watch(self, key: str, target: Decoy | Path, *, once: bool = True) -> int:
+        """Report opens and reads of ``target`` (a planted :class:`Decoy`, or a file's
+        path, never followed if it is a symlink) as touches of ``key``; returns the watch
+        descriptor (for :meth:`unwatch`). ``once``: the kernel drops the watch after its
+        first event (one touch is the whole verdict, and a worker reading its decoy in a
+        loop cannot flood the queue that every other sandbox's touches share)."""
+        mask = _IN_OPEN | _IN_ACCESS | (_IN_ONESHOT if once else 0)
+        if isinstance(target, Decoy):
+            path = target.path  # the magic link to the held inode: followed
+        else:
+            path, mask = target, mask | _IN_DONT_FOLLOW
         wd = _libc.inotify_add_watch(self._fd, os.fsencode(path), mask)
         if wd < 0:
             err = ctypes.get_errno()

@@ -17,6 +17,7 @@ from charter.core import Budget
 from charter.sandbox import (
     OVERFLOW,
     CanaryWatch,
+    Decoy,
     DecoyTouch,
     MemorySink,
     SandboxUnavailableError,
@@ -64,10 +65,8 @@ def _planter(
 
     def before(slot: Slot) -> None:
         canaries = canaries_for(slot.sandbox_id, secrets.token_bytes(16))
-        pid = sandbox_pid(slot.spec)
-        assert pid is not None
-        path = plant_decoy(pid, canaries.credential_file, canaries.credential_text())
-        planted.update(canaries=canaries, path=path, wd=watch.watch(key, path, once=once))
+        decoy = plant_decoy(slot.spec, canaries.credential_file, canaries.credential_text())
+        planted.update(canaries=canaries, decoy=decoy, wd=watch.watch(key, decoy, once=once))
 
     return planted, before
 
@@ -139,9 +138,10 @@ def test_an_honest_worker_around_the_decoy_is_not_reported(
         with pytest.raises(queue.Empty):
             seen.get(timeout=0.5)  # an observation window: nothing may arrive
         # Control: the watch was armed all along: an open of the decoy is reported.
-        path = planted["path"]
-        assert isinstance(path, Path)
-        path.read_text()
+        decoy = planted["decoy"]
+        assert isinstance(decoy, Decoy)
+        decoy.path.read_text()
+        decoy.close()
         touch = seen.get(timeout=1.0)
         assert touch.key == "honest"
         worker.stop()
@@ -184,19 +184,23 @@ def test_the_decoy_is_planted_only_as_a_new_plain_file(pool: WarmPool) -> None:
     try:
         pid = sandbox_pid(slot.spec)
         assert pid is not None
-        path = plant_decoy(pid, ".charter-secrets/a.ini", "x")
-        assert path.read_text() == "x"
-        assert oct(path.stat().st_mode & 0o777) == "0o644"
+        inside = Path(f"/proc/{pid}/root/workspace")
+        with plant_decoy(slot.spec, ".charter-secrets/a.ini", "x") as decoy:
+            assert decoy.path.read_text() == "x"
+            assert (inside / ".charter-secrets/a.ini").read_text() == "x"
+            assert oct((inside / ".charter-secrets/a.ini").stat().st_mode & 0o777) == "0o644"
         with pytest.raises(SandboxUnavailableError):  # never over an existing file
-            plant_decoy(pid, ".charter-secrets/a.ini", "y")
-        os.symlink("/etc", f"/proc/{pid}/root/workspace/link")
+            plant_decoy(slot.spec, ".charter-secrets/a.ini", "y")
+        os.symlink("/etc", inside / "link")
         with pytest.raises(SandboxUnavailableError):  # never through a symlink
-            plant_decoy(pid, "link/passwd-decoy", "y")
+            plant_decoy(slot.spec, "link/passwd-decoy", "y")
         assert not Path("/etc/passwd-decoy").exists()
         with pytest.raises(SandboxUnavailableError):
-            plant_decoy(pid, "../escape", "y")
+            plant_decoy(slot.spec, "../escape", "y")
     finally:
         pool.release(slot, refill=False)
+    with pytest.raises(SandboxUnavailableError):  # a sandbox that is gone
+        plant_decoy(slot.spec, "late.ini", "y")
 
 
 def test_a_watch_reports_once_by_default_and_survives_a_failing_callback(tmp_path: Path) -> None:

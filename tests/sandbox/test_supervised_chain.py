@@ -30,7 +30,6 @@ from charter.sandbox import (
     WarmPool,
     plant_decoy,
     sample_signals,
-    sandbox_pid,
 )
 from charter.supervision import (
     Baseline,
@@ -231,10 +230,8 @@ def test_a_decoy_read_is_a_committed_quarantine_then_a_kill_within_one_second(
             canaries = canaries_for(slot.sandbox_id, secrets.token_bytes(16))
             planted["canaries"] = canaries
             journal.append([canaries.planted(slot.sandbox_id)])
-            pid = sandbox_pid(slot.spec)
-            assert pid is not None
-            path = plant_decoy(pid, canaries.credential_file, canaries.credential_text())
-            watch.watch(slot.sandbox_id, path)
+            with plant_decoy(slot.spec, canaries.credential_file, canaries.credential_text()) as d:
+                watch.watch(slot.sandbox_id, d)
 
         follower.start()
         worker = Running(pool, SNOOP, before=before)
