@@ -107,7 +107,7 @@ class Running:
         return not self._thread.is_alive()
 
     def release(self) -> None:
-        if self._thread.is_alive():
-            self.slot.proc.kill() if self.slot.proc is not None else None
+        if self._thread.is_alive() and self.slot.proc is not None:
+            self.slot.proc.kill()
             self._thread.join(30)
         self.pool.release(self.slot, refill=False)
