@@ -30,8 +30,11 @@ from charter.control.spawn import (
 )
 from charter.control.views import Views
 from charter.control.workers import (
+    LIVE_STATUSES,
+    WorkerLifecycle,
     WorkerScheduled,
     WorkerSpec,
+    WorkerStatus,
     inputs_digest,
     worker_stream,
 )
@@ -63,7 +66,10 @@ __all__ = [
     "append_pinned",
     "queue_admissions",
     "revoke",
+    "LIVE_STATUSES",
+    "WorkerLifecycle",
     "WorkerScheduled",
+    "WorkerStatus",
     "WorkerSpec",
     "inputs_digest",
     "worker_stream",

@@ -166,8 +166,9 @@ class TreeNode:
     position: int  # where it first appeared
     fanout: str | None
     status: str  # active | released | expired | no-ledger (its lease)
-    # A scheduled worker's own status: scheduled | queued | running | exited | failed |
-    # killed (None: nothing was scheduled for it, such as an operator's spawn).
+    # A scheduled worker's own status (charter.control.WorkerStatus): queued | admitted
+    # | running | waiting | exited | failed | killed (None: nothing was scheduled for it,
+    # such as an operator's spawn).
     worker: str | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -51,7 +51,8 @@ LEDGER_COLUMNS = (
 CELL_COLUMNS = ("cell", "valid_from", "valid_to", "caps", "cores", "failover_reserve")
 SLOT_COLUMNS = ("cell", "resource", "lineage", "valid_from", "valid_to")
 NODE_COLUMNS = ("lineage", "parent", "depth", "kind", "position", "fanout")
-# A scheduled worker's status: scheduled | queued | running | exited | failed | killed.
+# A scheduled worker's status, in the vocabulary of charter.control.WorkerStatus:
+# queued | admitted | running | waiting | exited | failed | killed.
 WORKER_COLUMNS = ("lineage", "valid_from", "valid_to", "cell", "status")
 W_STATUS = 4
 # A lineage waiting for a slot; ``seq`` orders lineages queued by one event.
@@ -293,8 +294,11 @@ class Fold:
         if key in self.queue:
             self._close_queued(key, position)
         worker = self.workers.get(p["lineage"])
-        if p["resource"] == _PROCESSING and worker is not None and worker[W_STATUS] == "queued":
-            self._worker_status(p["lineage"], "scheduled", position)
+        if p["resource"] == _PROCESSING and worker is not None:
+            # Out of the queue; a waiting coordinator holding processing again runs.
+            after = {"queued": "admitted", "waiting": "running"}.get(str(worker[W_STATUS]))
+            if after is not None:
+                self._worker_status(p["lineage"], after, position)
 
     def _slot_queued(self, position: int, p: dict[str, Any], at: str) -> None:
         del at
@@ -306,7 +310,7 @@ class Fold:
             if (
                 p["resource"] == _PROCESSING
                 and worker is not None
-                and worker[W_STATUS] == "scheduled"
+                and worker[W_STATUS] == "admitted"
             ):
                 self._worker_status(lineage, "queued", position)
 
@@ -314,7 +318,7 @@ class Fold:
         del at
         lineage, cell = p["lineage"], p["cell"]
         queued = (cell, _PROCESSING, lineage) in self.queue
-        row = [lineage, position, None, cell, "queued" if queued else "scheduled"]
+        row = [lineage, position, None, cell, "queued" if queued else "admitted"]
         if lineage in self.workers:  # never twice on one stream; replace, do not fork
             self._worker_status(lineage, str(row[W_STATUS]), position)
         else:
@@ -324,6 +328,11 @@ class Fold:
         del at
         if p["lineage"] in self.workers:
             self._worker_status(p["lineage"], "running", position)
+
+    def _worker_waiting(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        if p["lineage"] in self.workers:
+            self._worker_status(p["lineage"], "waiting", position)
 
     def _worker_ended(self, position: int, p: dict[str, Any], at: str) -> None:
         del at
@@ -408,6 +417,7 @@ _HANDLERS: dict[str, _Handler] = {
     "SlotQueued": Fold._slot_queued,
     "WorkerScheduled": Fold._worker_scheduled,
     "WorkerStarted": Fold._worker_started,
+    "WorkerWaiting": Fold._worker_waiting,
     "WorkerEnded": Fold._worker_ended,
     "AgentRegistered": Fold._agent_registered,
     "GrantMinted": Fold._grant_minted,

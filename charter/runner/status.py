@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from charter.budgets import ResourceClass
-from charter.control import ResourceView
+from charter.control import ResourceView, WorkerStatus
 from charter.core import now_ms
 from charter.ledger import Journal
 from charter.runner._view import WorkersView
@@ -18,13 +18,13 @@ __all__ = ["CellStatus", "Row", "cell_status", "latest_incarnation", "running_be
 
 @dataclass(frozen=True)
 class Row:
-    """One worker: ``queued`` (waiting for a processing slot), ``admitted`` (holds one,
-    not started yet), ``running``, ``waiting`` (on its children, holding a coordination
-    slot), or how it ended: ``exited``, ``failed``, ``killed``."""
+    """One worker, with its status in the one vocabulary the projections share
+    (:data:`charter.control.WorkerStatus`): ``queued``, ``admitted``, ``running``,
+    ``waiting``, or how it ended."""
 
     lineage: str
     depth: int
-    status: str
+    status: WorkerStatus
     burn: str
 
     def to_json(self) -> dict[str, Any]:
@@ -33,17 +33,29 @@ class Row:
 
 @dataclass(frozen=True)
 class CellStatus:
+    """The cell as read at ``read_at_ms``: ``state`` is ``never-run``, ``live`` (its
+    newest incarnation's claim holds, or has no bound) or ``gone`` (the claim lapsed
+    unrenewed: derived by time, whoever reads; its started workers read ``lost``)."""
+
     cell: str
     position: int
     caps: dict[str, int]
     holders: dict[str, list[str]]
     queued: list[str]
     workers: tuple[Row, ...]
+    incarnation: int = 0
+    state: str = "never-run"
+    claim_until_ms: int | None = None
+    read_at_ms: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "cell": self.cell,
             "position": self.position,
+            "incarnation": self.incarnation,
+            "state": self.state,
+            "claim_until_ms": self.claim_until_ms,
+            "read_at_ms": self.read_at_ms,
             "caps": self.caps,
             "holders": self.holders,
             "queued": self.queued,
@@ -51,21 +63,29 @@ class CellStatus:
         }
 
 
-def tree_rows(view: WorkersView, resources: ResourceView, cell: str) -> list[Row]:
-    """Each worker's status and budget burn (what it was charged of what it holds)."""
-    now = now_ms()
+def tree_rows(
+    view: WorkersView, resources: ResourceView, cell: str, at_ms: int | None = None
+) -> list[Row]:
+    """Each worker's status and budget burn (what it was charged of what it holds), as
+    read at ``at_ms`` (default: now)."""
+    now = now_ms() if at_ms is None else at_ms
+    gone = view.gone(cell, now)
     state = resources.cells.cells().get(cell)
     queued = state.queued[ResourceClass.PROCESSING] if state is not None else {}
+    coordinating = state.holders[ResourceClass.COORDINATION] if state is not None else set()
     rows = []
     for lineage in sorted(view.workers):
         w = view.workers[lineage]
-        status: str
+        status: WorkerStatus
         if w.ended is not None:
             status = w.ended.outcome
-        elif w.waiting:
-            status = "waiting"
+        elif w.sandbox_id is not None and gone:
+            status = "lost"  # its cell is gone by time: the next incarnation fails it
         elif w.sandbox_id is not None:
-            status = "running"
+            # Waiting on its children: from its swap to a coordination slot until it
+            # holds a processing slot again (queued for one meanwhile, it still waits).
+            waits = w.waiting and (lineage in coordinating or lineage in queued)
+            status = "waiting" if waits else "running"
         elif lineage in queued:
             status = "queued"
         else:
@@ -91,13 +111,21 @@ def cell_status(journal: Journal, cell: str) -> CellStatus:
     view.refresh(journal)
     resources.refresh(journal)
     state = resources.cells.get(cell)
+    at = now_ms()
+    incarnation, until = view.claim(cell)
+    liveness = "never-run" if not incarnation else "gone" if view.gone(cell, at) else "live"
+    rows = tree_rows(view, resources, cell, at)
     return CellStatus(
         cell=cell,
         position=max(view.position, resources.position),
         caps={str(k): v for k, v in state.caps.items()},
         holders={str(k): sorted(v) for k, v in state.holders.items() if v},
         queued=list(state.queued[ResourceClass.PROCESSING]),
-        workers=tuple(r for r in tree_rows(view, resources, cell) if r.status != "exited"),
+        workers=tuple(r for r in rows if r.status != "exited"),
+        incarnation=incarnation,
+        state=liveness,
+        claim_until_ms=until,
+        read_at_ms=at,
     )
 
 
