@@ -31,10 +31,12 @@ from charter.control.spawn import (
 from charter.control.views import Views
 from charter.control.workers import (
     LIVE_STATUSES,
+    Outcome,
     WorkerLifecycle,
     WorkerScheduled,
     WorkerSpec,
     WorkerStatus,
+    end_outcome,
     inputs_digest,
     worker_stream,
 )
@@ -67,6 +69,8 @@ __all__ = [
     "queue_admissions",
     "revoke",
     "LIVE_STATUSES",
+    "Outcome",
+    "end_outcome",
     "WorkerLifecycle",
     "WorkerScheduled",
     "WorkerStatus",

@@ -50,8 +50,10 @@ __all__ = [
     "WorkerScheduled",
     "WorkerSpec",
     "WorkerStarted",
+    "Outcome",
     "WorkerStatus",
     "WorkerWaiting",
+    "end_outcome",
     "cellrun_stream",
     "inputs_digest",
 ]
@@ -130,8 +132,32 @@ def cellrun_stream(cell: str) -> str:
 
 __all__ += ["worker_stream"]
 
+Outcome = Literal[
+    "exited", "killed", "timed_out", "oom_killed", "signalled", "failed_to_start", "lost", "failed"
+]
+"""How a worker ended, derived from what happened (docs/cell.md, "How a worker ends"):
+``exited`` (it completed: exited by itself, ``exit_code`` says with what), ``killed``
+(a committed ``WorkerKilled``, whoever wrote it, was carried out), ``timed_out`` (its
+lease's wall clock or expiry ran out: the sandbox killed it), ``oom_killed`` (its cgroup
+killed it for memory), ``signalled`` (it died of signal ``signal``, not sent by the
+cell), ``failed_to_start`` (refused before it ran: its lease spent, no custody key, no
+sandbox), ``lost`` (its cell lost it: the incarnation that ran it was taken over or its
+driver failed before its exit was known). ``failed`` is only read: journals written
+before this vocabulary said so of a worker whose driver died."""
+
 WorkerStatus = Literal[
-    "queued", "admitted", "running", "waiting", "exited", "failed", "killed", "lost"
+    "queued",
+    "admitted",
+    "running",
+    "waiting",
+    "exited",
+    "killed",
+    "timed_out",
+    "oom_killed",
+    "signalled",
+    "failed_to_start",
+    "lost",
+    "failed",
 ]
 """A scheduled worker's status, the one vocabulary of ``charter cell status`` and the
 projections (``charter tree``): ``queued`` for a processing slot; ``admitted`` (it holds
@@ -228,18 +254,37 @@ class WorkerKilled(Event):
         return worker_stream(self.lineage)
 
 
-Outcome = Literal["exited", "killed", "failed", "lost"]
 T = TypeVar("T")
+_SIGNALLED_BASE = 128  # an exit status above it is a death by signal (status - 128)
+
+
+def end_outcome(
+    *, how: str, exit_code: int, oom_kills: int, killed: bool
+) -> tuple[Outcome, int | None]:
+    """How a worker that ran ended, and the signal it died of (if any), from what its
+    sandbox measured: ``how`` (``exited``, ``signalled``, ``wall_clock``,
+    ``interrupted``), its exit status, its cgroup's OOM kills, and whether a
+    ``WorkerKilled`` of it had committed (then its death is that kill's)."""
+    signal = exit_code - _SIGNALLED_BASE if how == "signalled" and exit_code > 128 else None
+    if killed or how == "interrupted":
+        return "killed", signal
+    if how == "wall_clock":
+        return "timed_out", None
+    if how == "signalled" and oom_kills > 0:
+        return "oom_killed", signal
+    if how == "signalled":
+        return "signalled", signal
+    return "exited", None
 
 
 class WorkerEnded(Event):
-    """The worker is over: ``exited`` by itself, ``killed`` (after a WorkerKilled), or
-    ``failed`` (its driver died: the cell restarted; never resumed)."""
+    """The worker is over, and how (:data:`Outcome`); ``signal`` for a death by one."""
 
     type_name = "WorkerEnded"
     lineage: str
     outcome: Outcome
     exit_code: int | None = None
+    signal: int | None = Field(default=None, ge=1, le=127)
     sandbox_id: str | None = None
     reason: str = ""
 
@@ -478,6 +523,7 @@ class WorkerLifecycle:
         outcome: Outcome,
         exit_code: int | None,
         reason: str,
+        signal: int | None = None,
         discarded: Event | None,
         live: Live,
         ended: Callable[[str], bool],
@@ -499,6 +545,7 @@ class WorkerLifecycle:
                 exit_code=exit_code,
                 sandbox_id=sandbox_id,
                 reason=reason,
+                signal=signal,
             )
         ]
         if discarded is not None:  # the sandbox's discard, in the same append

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from charter.authority import GrantMinted, LineageRevoked, SealedGrant
-from charter.control import WorkerScheduled
+from charter.control import Outcome, WorkerScheduled, end_outcome
 from charter.core.events import Event
 from charter.ledger import JournalFold
 from charter.runner.events import (
@@ -31,6 +31,8 @@ class WorkerRecord:
     sandbox_id: str | None = None
     host_uid: int | None = None
     exit_code: int | None = None  # its sandbox's command ended (SandboxExited)
+    how: str = ""  # how it ended, as the sandbox measured it (SandboxExited)
+    oom_kills: int = 0
     waiting: tuple[str, ...] = ()
     killed: str | None = None
     result: WorkerResult | None = None
@@ -44,6 +46,15 @@ class WorkerRecord:
     @property
     def live(self) -> bool:
         return self.ended is None
+
+    def exit_outcome(self) -> tuple[Outcome, int | None]:
+        """How it ended, from its journaled exit (hold it only once it exited)."""
+        return end_outcome(
+            how=self.how,
+            exit_code=self.exit_code or 0,
+            oom_kills=self.oom_kills,
+            killed=self.killed is not None,
+        )
 
 
 class WorkersView(JournalFold):
@@ -125,7 +136,9 @@ class WorkersView(JournalFold):
             case SandboxExited():
                 lineage = self.running.get(event.sandbox_id)
                 if lineage is not None:
-                    self.workers[lineage].exit_code = event.exit_code
+                    w = self.workers[lineage]
+                    w.exit_code, w.how = event.exit_code, event.how
+                    w.oom_kills = event.usage.oom_kills
             case WorkerWaiting():
                 self.workers[event.lineage].waiting = event.children
             case WorkerResult():

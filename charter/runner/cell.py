@@ -37,12 +37,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Literal
 
 from charter.app import Charter
 from charter.authority import SealedGrant, SpawnIntent
 from charter.budgets import CapInputs, ResourceClass
-from charter.control import Caller, SpawnResult, WorkerLifecycle, WorkerSpec
+from charter.control import (
+    Caller,
+    SpawnResult,
+    WorkerLifecycle,
+    WorkerSpec,
+    end_outcome,
+)
+from charter.control import Outcome as End
 from charter.core import Budget, CharterError, Event, now_ms
 from charter.ledger import (
     AlreadyTrackedError,
@@ -94,6 +100,11 @@ _SETTLE_PAUSE_S = 0.2
 _DESCENDANTS_WAIT_S = 10.0  # a parent's end waits this long for its killed children
 DEFAULT_CLAIM_S = 15.0  # how long an incarnation's claim holds between renewals
 _CLAIM_POLL_S = 0.5  # a start waiting for a held claim looks again this often
+_REASONS: dict[str, str] = {
+    # The deadline was journaled with the lease (SandboxLeased.wall_ms).
+    "timed_out": "its lease's wall clock or expiry ran out: killed by the sandbox",
+    "oom_killed": "its memory cap was reached: killed by its cgroup's OOM killer",
+}
 
 
 class Cell:
@@ -373,7 +384,8 @@ class Cell:
             if w.exit_code is None:
                 self._end(w, "lost", None, reason, discard=True)
             else:  # it had exited; only its teardown was cut short
-                self._end(w, "exited", w.exit_code, reason, discard=True)
+                outcome, signal = w.exit_outcome()
+                self._end(w, outcome, w.exit_code, reason, discard=True, signal=signal)
             failed.append(w.lineage)
         for lineage in failed:  # nobody waits for their children any more
             self._kill_descendants(lineage, f"parent {lineage} was lost with its cell")
@@ -481,13 +493,13 @@ class Cell:
             caps = self._caps(w.lineage, grant)
             slot = driver.lease(w.lineage, caps.egress, w.scheduled.grant_digest, caps.budget)
         except (LeaseSpentError, SandboxBudgetError) as error:
-            self._end(w, "failed", None, f"not started: {error}", discard=False)
+            self._end(w, "failed_to_start", None, f"not started: {error}", discard=False)
             return 0
         try:
             self.custody.issue(w.lineage, grant, slot.sandbox_id)
         except CharterError as error:  # fail closed: no key, no start; the worker ends
             driver.give_back(slot)
-            self._end(w, "failed", None, f"no custody key: {error}", discard=False)
+            self._end(w, "failed_to_start", None, f"no custody key: {error}", discard=False)
             return 0
         if slot.leased is None:  # the pool made it when it leased the slot
             raise CharterError(f"slot {slot.sandbox_id} was leased without its record")
@@ -566,7 +578,11 @@ class Cell:
                     self._settle(w.lineage, ())
                     return
                 code = record.exit_code
-                self._end(record, "failed" if code is None else "exited", code, why, discard=True)
+                if code is None:  # it is not known how it ended: lost with its driver
+                    self._end(record, "lost", None, why, discard=True)
+                else:
+                    outcome, signal = record.exit_outcome()
+                    self._end(record, outcome, code, why, discard=True, signal=signal)
             except CellSupersededError as fenced:
                 self._fence(fenced)
                 return
@@ -605,23 +621,26 @@ class Cell:
         )
         with contextlib.suppress(CharterError):  # the lease ended first (refusal journaled)
             self.budgets.record_usage(w.lineage, spent)
-        outcome_kind: Literal["exited", "killed"] = (
-            "killed" if record.killed is not None else "exited"
+        outcome, signal = end_outcome(
+            how=ran.how,
+            exit_code=ran.exit_code,
+            oom_kills=usage.oom_kills,
+            killed=record.killed is not None,
         )
         # Its children die with its interest in them (each kill journaled first), and
         # end before it does: its lease's return ends theirs, and what they used must
         # be charged while their leases are live.
         self._kill_descendants(w.lineage, f"parent {w.lineage} ended")
         self._wait_for_descendants(w.lineage)
-        reason = record.killed or ""
-        if not reason and ran.how == "wall_clock":
-            # The deadline was journaled with the lease (SandboxLeased.wall_ms).
-            reason = "its lease's wall clock or expiry ran out: killed by the sandbox"
-        if not reason and ran.exit_code != 0 and ran.stderr:
-            reason = "stderr: " + ran.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
+        reason = record.killed or _REASONS.get(outcome, "")
+        if signal is not None and outcome == "signalled":
+            reason = f"it died of signal {signal}"
+        if outcome != "killed" and ran.exit_code != 0 and ran.stderr:
+            tail = ran.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
+            reason = f"{reason}; stderr: {tail}" if reason else f"stderr: {tail}"
         # The sandbox is destroyed before its slot is given back: never oversubscribed.
         self._driver().destroy(w.lineage)
-        self._end(record, outcome_kind, ran.exit_code, reason, discard=True)
+        self._end(record, outcome, ran.exit_code, reason, discard=True, signal=signal)
 
     def _wait_for_descendants(self, lineage: str) -> None:
         """Until no descendant of ``lineage`` that this cell runs is left unended (their
@@ -642,11 +661,12 @@ class Cell:
     def _end(
         self,
         w: WorkerRecord,
-        outcome: Literal["exited", "killed", "failed", "lost"],
+        outcome: End,
         exit_code: int | None,
         reason: str,
         *,
         discard: bool,
+        signal: int | None = None,
     ) -> None:
         """Journal ``w``'s end with its lease's return and its settlement, in one append
         (:meth:`WorkerLifecycle.end`); never a second end."""
@@ -656,6 +676,7 @@ class Cell:
             outcome=outcome,
             exit_code=exit_code,
             reason=reason,
+            signal=signal,
             discarded=(
                 SandboxDiscarded(sandbox_id=w.sandbox_id)
                 if discard and w.sandbox_id is not None
