@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from charter.app import CellSetup, Charter
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
 from charter.core import Budget, StateError
+from charter.core.text import shown
 from charter.runner import cell_for, run_cell
 from charter.runner.status import cell_status, latest_incarnation
 
@@ -137,8 +138,11 @@ def status(ctx: Ctx, cell: str | None) -> None:
             held = report.holders.get(name, [])
             click.echo(f"  {name}: {len(held)} of {cap}")
         click.echo(f"  queued: {len(report.queued)}")
+        if report.waits:
+            click.echo(f"  waiting because {report.waits}")
         for row in report.workers:
-            click.echo(f"{row.lineage}  {row.status}  {row.burn}")
+            why = f"  ({row.why})" if row.why and row.status == "admitted" else ""
+            click.echo(f"{shown(row.lineage)}  {row.status}  {row.burn}{why}")
 
     ctx.emit(report.to_json(), text)
 

@@ -16,6 +16,7 @@ from charter.core import Budget
 from charter.runner._custody import Custody
 from charter.runner._filler import PoolFiller
 from charter.runner._kill import kill_uids
+from charter.runner._logs import WorkerLogs
 from charter.runner.events import RESULT_CAP
 from charter.sandbox import EgressGrant, Outcome, Slot, WarmPool
 
@@ -26,11 +27,17 @@ class Driver:
     """The sandboxes of one cell process, by lineage and by host uid."""
 
     def __init__(
-        self, pool: WarmPool, filler: PoolFiller, custody: Custody, lock: threading.RLock
+        self,
+        pool: WarmPool,
+        filler: PoolFiller,
+        custody: Custody,
+        lock: threading.RLock,
+        logs: WorkerLogs,
     ) -> None:
         self.pool = pool
         self.filler = filler
         self.custody = custody
+        self.logs = logs
         self.lock = lock  # the views' lock: a kill and a give-back never interleave
         self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
         self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
@@ -49,6 +56,7 @@ class Driver:
         with self.lock:
             self._slots[lineage] = slot
             self._by_uid[slot.host_uid] = lineage
+        self.logs.track(lineage, slot)
 
     def holds(self, lineage: str) -> bool:
         with self.lock:
@@ -117,11 +125,14 @@ class Driver:
         self._threads.append(thread)
         thread.start()
 
-    @staticmethod
-    def run(slot: Slot, command: tuple[str, ...]) -> Outcome:
+    def run(self, lineage: str, slot: Slot, command: tuple[str, ...]) -> Outcome:
         """Exec ``command`` in ``slot`` (its start is committed), wait, and measure: the
-        exit, how it ended, cgroup usage and the captured output."""
-        return slot.run(list(command), capture=True, max_output_bytes=RESULT_CAP)
+        exit, how it ended, cgroup usage and the captured output (its live tail copied
+        to ``lineage``'s log files meanwhile)."""
+        try:
+            return slot.run(list(command), capture=True, max_output_bytes=RESULT_CAP)
+        finally:
+            self.logs.finish(lineage)
 
     def join(self, timeout_s: float = 30.0) -> None:
         for thread in list(self._threads):

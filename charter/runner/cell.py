@@ -62,6 +62,7 @@ from charter.runner._driver import Driver
 from charter.runner._filler import PoolFiller
 from charter.runner._follow import Follower, Settle, kill_policy, revocation_kills, start_policy
 from charter.runner._kill import kill_uid
+from charter.runner._logs import WorkerLogs
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.errors import (
     CellClaimHeldError,
@@ -80,13 +81,17 @@ from charter.runner.events import (
 )
 from charter.sandbox import (
     EgressBroker,
+    HostCannotIsolateError,
     KeyBroker,
     Outcome,
+    PoolExhaustedError,
     SandboxBudgetError,
     SandboxDiscarded,
     SandboxExited,
     SandboxStarted,
+    SandboxUnavailableError,
     Slot,
+    UidPoolExhaustedError,
     WarmPool,
     default_state_dir,
     hold_uid,
@@ -100,6 +105,17 @@ _SETTLE_PAUSE_S = 0.2
 _DESCENDANTS_WAIT_S = 10.0  # a parent's end waits this long for its killed children
 DEFAULT_CLAIM_S = 15.0  # how long an incarnation's claim holds between renewals
 _CLAIM_POLL_S = 0.5  # a start waiting for a held claim looks again this often
+# What refuses a worker's start (it ends failed_to_start, the cell goes on): its lease
+# spent or too small for a sandbox; or no sandbox: every host uid held, a build bwrap
+# refused, no room in the pool, a host that stopped isolating.
+_NOT_STARTED = (
+    LeaseSpentError,
+    SandboxBudgetError,
+    UidPoolExhaustedError,
+    SandboxUnavailableError,
+    PoolExhaustedError,
+    HostCannotIsolateError,
+)
 _REASONS: dict[str, str] = {
     # The deadline was journaled with the lease (SandboxLeased.wall_ms).
     "timed_out": "its lease's wall clock or expiry ran out: killed by the sandbox",
@@ -227,7 +243,7 @@ class Cell:
             name=self.cell,
         )
         filler = PoolFiller(pool)
-        self.driver = Driver(pool, filler, self.custody, self._lock)
+        self.driver = Driver(pool, filler, self.custody, self._lock, WorkerLogs(base))
         filler.start()
         self._renewer = threading.Thread(target=self._renew, name=f"claim-{self.cell}", daemon=True)
         self._renewer.start()
@@ -344,6 +360,7 @@ class Cell:
             driver.join()
             driver.pool.close()
             driver.filler.stop()
+            driver.logs.close()
         if self.fenced is None and self.lifecycle.claim is not None:
             # Its claim ends with it: the next incarnation takes the cell at once.
             with contextlib.suppress(CharterError):
@@ -492,8 +509,11 @@ class Cell:
             grant = self._grant(w.lineage)
             caps = self._caps(w.lineage, grant)
             slot = driver.lease(w.lineage, caps.egress, w.scheduled.grant_digest, caps.budget)
-        except (LeaseSpentError, SandboxBudgetError) as error:
-            self._end(w, "failed_to_start", None, f"not started: {error}", discard=False)
+        except _NOT_STARTED as error:  # refused for this worker, never the cell's end
+            why = f"not started: {error}"
+            if not isinstance(error, LeaseSpentError | SandboxBudgetError):
+                why = f"not started: no sandbox ({type(error).__name__}): {error}"
+            self._end(w, "failed_to_start", None, why, discard=False)
             return 0
         try:
             self.custody.issue(w.lineage, grant, slot.sandbox_id)
@@ -550,7 +570,7 @@ class Cell:
         caught and the worker settled: a driver never leaves a slot held or the queue
         stuck."""
         try:
-            ran = self._driver().run(slot, command)
+            ran = self._driver().run(w.lineage, slot, command)
             self._report(w, slot, ran)
         except CellSupersededError as fenced:  # its end is the new holder's to journal
             self._driver().destroy(w.lineage)

@@ -3,17 +3,26 @@ the cell's caps, slot holders and queue (``charter cell status``, the demo's tre
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from typing import Any
 
 from charter.budgets import ResourceClass
-from charter.control import ResourceView, WorkerStatus
+from charter.control import ResourceView, WorkerStatus, host_cap_inputs
 from charter.core import now_ms
 from charter.ledger import Journal
-from charter.runner._view import WorkersView
+from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.events import CellStarted
 
-__all__ = ["CellStatus", "Row", "cell_status", "latest_incarnation", "running_below", "tree_rows"]
+__all__ = [
+    "CellStatus",
+    "Row",
+    "WorkerWatch",
+    "cell_status",
+    "latest_incarnation",
+    "running_below",
+    "tree_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -26,9 +35,11 @@ class Row:
     depth: int
     status: WorkerStatus
     burn: str
+    why: str = ""  # why a queued or admitted worker is not running yet
 
     def to_json(self) -> dict[str, Any]:
-        return {"lineage": self.lineage, "status": self.status, "burn": self.burn}
+        out = {"lineage": self.lineage, "status": self.status, "burn": self.burn}
+        return out | ({"why": self.why} if self.why else {})
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,7 @@ class CellStatus:
     state: str = "never-run"
     claim_until_ms: int | None = None
     read_at_ms: int = 0
+    waits: str = ""  # why its queue waits, if it does
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +68,7 @@ class CellStatus:
             "state": self.state,
             "claim_until_ms": self.claim_until_ms,
             "read_at_ms": self.read_at_ms,
+            "waits": self.waits,
             "caps": self.caps,
             "holders": self.holders,
             "queued": self.queued,
@@ -76,20 +89,7 @@ def tree_rows(
     rows = []
     for lineage in sorted(view.workers):
         w = view.workers[lineage]
-        status: WorkerStatus
-        if w.ended is not None:
-            status = w.ended.outcome
-        elif w.sandbox_id is not None and gone:
-            status = "lost"  # its cell is gone by time: the next incarnation fails it
-        elif w.sandbox_id is not None:
-            # Waiting on its children: from its swap to a coordination slot until it
-            # holds a processing slot again (queued for one meanwhile, it still waits).
-            waits = w.waiting and (lineage in coordinating or lineage in queued)
-            status = "waiting" if waits else "running"
-        elif lineage in queued:
-            status = "queued"
-        else:
-            status = "admitted"
+        status = _status(w, queued, coordinating, gone=gone)
         burn = ""
         if lineage in resources.book:
             ledger = resources.book.get(lineage)
@@ -105,6 +105,44 @@ def tree_rows(
     return rows
 
 
+def _status(
+    w: WorkerRecord, queued: Collection[str], coordinating: Collection[str], *, gone: bool
+) -> WorkerStatus:
+    """``w``'s status in the one vocabulary, given its cell's processing queue and
+    coordination holders, and whether its cell is gone by time."""
+    if w.ended is not None:
+        return w.ended.outcome
+    if w.sandbox_id is not None and gone:
+        return "lost"  # its cell is gone by time: the next incarnation fails it
+    if w.sandbox_id is not None:
+        # Waiting on its children: from its swap to a coordination slot until it holds
+        # a processing slot again (queued for one meanwhile, it still waits).
+        waits = w.waiting and (w.lineage in coordinating or w.lineage in queued)
+        return "waiting" if waits else "running"
+    return "queued" if w.lineage in queued else "admitted"
+
+
+class WorkerWatch:
+    """One worker's status as the journal moves on, each look read incrementally."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.view, self.resources = WorkersView(), ResourceView()
+
+    def status(self, lineage: str) -> WorkerStatus | None:
+        """``lineage``'s status now (None: nothing was scheduled for it)."""
+        self.view.refresh(self.journal)
+        self.resources.refresh(self.journal)
+        w = self.view.workers.get(lineage)
+        if w is None:
+            return None
+        cell = w.scheduled.cell
+        state = self.resources.cells.cells().get(cell)
+        queued = state.queued[ResourceClass.PROCESSING] if state is not None else {}
+        coordinating = state.holders[ResourceClass.COORDINATION] if state is not None else set()
+        return _status(w, queued, coordinating, gone=self.view.gone(cell, now_ms()))
+
+
 def cell_status(journal: Journal, cell: str) -> CellStatus:
     """The cell as the journal stands now."""
     view, resources = WorkersView(), ResourceView()
@@ -114,7 +152,9 @@ def cell_status(journal: Journal, cell: str) -> CellStatus:
     at = now_ms()
     incarnation, until = view.claim(cell)
     liveness = "never-run" if not incarnation else "gone" if view.gone(cell, at) else "live"
-    rows = tree_rows(view, resources, cell, at)
+    waits = _why_waiting(resources, cell, liveness)
+    why = {"queued": waits, "admitted": _ADMITTED_WHY}
+    rows = [replace(r, why=why.get(r.status, "")) for r in tree_rows(view, resources, cell, at)]
     return CellStatus(
         cell=cell,
         position=max(view.position, resources.position),
@@ -126,7 +166,35 @@ def cell_status(journal: Journal, cell: str) -> CellStatus:
         state=liveness,
         claim_until_ms=until,
         read_at_ms=at,
+        waits=waits,
     )
+
+
+_ADMITTED_WHY = "it holds a processing slot: the cell starts it at its next step"
+
+
+def _why_waiting(resources: ResourceView, cell: str, liveness: str) -> str:
+    """Why ``cell``'s processing queue waits ("" when nothing queues): no incarnation
+    runs the cell, or every slot under the cap (as the host's load sets it now) is
+    held."""
+    state = resources.cells.get(cell)
+    queued = state.queued[ResourceClass.PROCESSING]
+    if not queued:
+        return ""
+    if liveness != "live":
+        what = "no incarnation has run it" if liveness == "never-run" else "its cell is gone"
+        return f"{what}: `charter cell run` admits and starts them"
+    if not state.caps:
+        return "the cell has no caps: `charter cell configure` sets them"
+    cap, _ = resources.cells.cap(
+        cell, ResourceClass.PROCESSING, host_cap_inputs(state.cores, state.failover_reserve)
+    )
+    held = state.occupancy(ResourceClass.PROCESSING)
+    configured = state.caps.get(ResourceClass.PROCESSING, 0)
+    if held >= cap:
+        lowered = f" (the host's load lowers it from {configured})" if cap < configured else ""
+        return f"every processing slot is held: {held} of a cap of {cap}{lowered}"
+    return f"{cap - held} processing slot(s) free: the cell admits the queue at its next step"
 
 
 def latest_incarnation(journal: Journal, cell: str) -> CellStarted | None:

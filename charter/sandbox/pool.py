@@ -211,6 +211,17 @@ class Slot:
             stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut,
         )  # fmt: skip
 
+    def output(self, stream: str, offset: int, limit: int) -> bytes:
+        """Up to ``limit`` bytes of what the command wrote to ``stream`` (``stdout`` or
+        ``stderr``) from ``offset`` on, read while it runs (b"" once the slot is gone)."""
+        fd = self._out if stream == "stdout" else self._err
+        if fd < 0:
+            return b""
+        try:
+            return os.pread(fd, limit, offset)
+        except OSError:
+            return b""  # destroyed meanwhile
+
     def _destroy(self) -> None:
         """Kill the slot's processes; its mount namespace (and overlay upper) dies with them."""
         self.state = SlotState.GONE
