@@ -7,7 +7,6 @@ sandboxes, both backends; the independent fold after)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,26 +22,16 @@ from charter.control import ResourceView, WorkerSpec
 from charter.core import KeyStore, now_ms
 from charter.runner.events import CellStarted, WorkerEnded, WorkerKilled, WorkerStarted
 from tests.invariants import check_history, check_settled, check_workers, journal_history
-from tests.runner._support import fan_out
+from tests.runner._support import cli_env, fan_out
 from tests.runner.conftest import initialise
 
-ROOT_DIR = Path(__file__).resolve().parents[2]
 SLEEP = WorkerSpec(argv=("/bin/sleep", "120"))
-
-
-def _env(home: Path, state_dir: Path) -> dict[str, str]:
-    return {
-        **{k: v for k, v in os.environ.items() if k != "CHARTER_DB"},
-        "CHARTER_HOME": str(home),
-        "PYTHONPATH": str(ROOT_DIR),
-        "CHARTER_SANDBOX_STATE": str(state_dir),
-    }
 
 
 def _status(url: str, home: Path, state_dir: Path) -> dict[str, Any]:
     r = subprocess.run(
         [sys.executable, "-m", "charter", "--db", url, "--json", "cell", "status"],
-        env=_env(home, state_dir), capture_output=True, text=True, timeout=60, check=False,
+        env=cli_env(home, state_dir), capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)  # type: ignore[no-any-return]
@@ -67,7 +56,7 @@ def test_a_sigkilled_cell_is_gone_once_its_claim_lapses_and_the_next_fails_its_w
     cell = subprocess.Popen(
         [sys.executable, "-m", "charter", "--db", journal_url, "--quiet", "cell", "run",
          "--ignore-host-load", "--claim", str(claim_s)],
-        env=_env(home, state_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=cli_env(home, state_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -100,7 +89,7 @@ def test_a_sigkilled_cell_is_gone_once_its_claim_lapses_and_the_next_fails_its_w
     again = subprocess.run(
         [sys.executable, "-m", "charter", "--db", journal_url, "--quiet", "cell", "run",
          "--ignore-host-load", "--once", "--claim", str(claim_s)],
-        env=_env(home, state_dir), capture_output=True, text=True, timeout=120, check=False,
+        env=cli_env(home, state_dir), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
     entries = _entries(journal_url, home)

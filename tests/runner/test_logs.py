@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,10 +15,9 @@ from typing import Any
 
 from charter.control import WorkerSpec
 from charter.runner import LOG_CAP, log_dir
-from tests.runner._support import fan_out, make_cell, running, until_idle
+from tests.runner._support import cli_env, fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
 
-ROOT_DIR = Path(__file__).resolve().parents[2]
 # Writes a line, a line with a terminal escape on stderr and half a line, then, 10 s
 # later (the test reads it live meanwhile: "two" not there yet is asserted, so a host
 # too slow for the margin fails loudly, never passes wrongly), the rest, and ends.
@@ -30,15 +28,9 @@ TALKER = (
 
 
 def _cli(url: str, home: Path, state_dir: Path, *args: str, **kw: Any) -> Any:
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "CHARTER_DB"},
-        "CHARTER_HOME": str(home),
-        "PYTHONPATH": str(ROOT_DIR),
-        "CHARTER_SANDBOX_STATE": str(state_dir),
-    }
     return subprocess.run(
         [sys.executable, "-m", "charter", "--db", url, *args],
-        env=env, capture_output=True, timeout=120, check=False, **kw,
+        env=cli_env(home, state_dir), capture_output=True, timeout=120, check=False, **kw,
     )  # fmt: skip
 
 
