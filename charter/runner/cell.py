@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import socket
 import sys
 import threading
 import time
@@ -57,6 +56,7 @@ from charter.ledger import (
     Committed,
 )
 from charter.runner._caps import WorkerCaps, worker_caps
+from charter.runner._claim import DEFAULT_CLAIM_S, Claimant
 from charter.runner._custody import Custody, custody_seed
 from charter.runner._driver import Driver
 from charter.runner._filler import PoolFiller
@@ -65,7 +65,6 @@ from charter.runner._kill import kill_uid
 from charter.runner._logs import WorkerLogs
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.errors import (
-    CellClaimHeldError,
     CellSupersededError,
     LeaseSpentError,
     NotAWorkerError,
@@ -103,8 +102,6 @@ _STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
 _SETTLE_TRIES = 5  # a failed driver's settlement, each on a fresh read of the journal
 _SETTLE_PAUSE_S = 0.2
 _DESCENDANTS_WAIT_S = 10.0  # a parent's end waits this long for its killed children
-DEFAULT_CLAIM_S = 15.0  # how long an incarnation's claim holds between renewals
-_CLAIM_POLL_S = 0.5  # a start waiting for a held claim looks again this often
 # What refuses a worker's start (it ends failed_to_start, the cell goes on): its lease
 # spent or too small for a sandbox; or no sandbox: every host uid held, a build bwrap
 # refused, no room in the pool, a host that stopped isolating.
@@ -168,8 +165,7 @@ class Cell:
         self.take_over = take_over  # fence a live incarnation at once instead of waiting
         self.claim_wait_s = claim_wait_s  # how long to wait for a held claim (None: ever)
         self.fenced: CellSupersededError | None = None  # set once this one is fenced
-        self._renewer: threading.Thread | None = None
-        self._closing = threading.Event()
+        self.claimant = Claimant(self.lifecycle, self.view, cell)
         self.follower = Follower(cell, app.journal, self.view)
         self.tracking = self.follower.tracking
         self.incarnation = 0
@@ -210,7 +206,13 @@ class Cell:
         """Journal this incarnation (once the last one's claim lapsed, or at once with
         ``take_over``), recover from the last one, build the pool, start renewing."""
         template = self.template or self._own_template()
-        started = self._claim_cell()
+        started = self.claimant.take(
+            claim_s=self.claim_s,
+            take_over=self.take_over,
+            wait_s=self.claim_wait_s,
+            stop=lambda: self.draining,
+        )
+        self.incarnation = started.incarnation
         with self._lock:
             self.refresh()
             state = self.resources.cells.get(self.cell)
@@ -245,64 +247,8 @@ class Cell:
         filler = PoolFiller(pool)
         self.driver = Driver(pool, filler, self.custody, self._lock, WorkerLogs(base))
         filler.start()
-        self._renewer = threading.Thread(target=self._renew, name=f"claim-{self.cell}", daemon=True)
-        self._renewer.start()
+        self.claimant.renew_every_third(self.claim_s, self._fence)
         return started
-
-    def _claim_cell(self) -> CellStarted:
-        """Journal this incarnation's ``CellStarted`` with its claim: while the last
-        incarnation's claim holds, wait for it to lapse (up to ``claim_wait_s``; a
-        drain stops the wait), unless ``take_over``."""
-        waited_until = None if self.claim_wait_s is None else time.monotonic() + self.claim_wait_s
-        while True:
-            started = self.lifecycle.begin(
-                os.getpid(),
-                socket.gethostname(),
-                claim_ms=int(self.claim_s * 1000),
-                last=self._last_claim,
-                take_over=self.take_over,
-            )
-            if started is not None:
-                self.incarnation = started.incarnation
-                return started
-            incarnation, until = self.view.claim(self.cell)
-            left = ((until or 0) - now_ms()) / 1000
-            if self.draining or (waited_until is not None and time.monotonic() >= waited_until):
-                raise CellClaimHeldError(
-                    f"cell {self.cell}: incarnation {incarnation} holds it for {left:.1f} s "
-                    "more (it renews its claim while it runs); wait for it to stop, or take "
-                    "it over (`charter cell run --take-over`)"
-                )
-            time.sleep(min(max(left, 0.01), _CLAIM_POLL_S))
-
-    def _last_claim(self) -> tuple[int, int | None]:
-        """The newest incarnation and when its claim lapses, as the lifecycle decides on
-        it (hold the lock). One whose process is gone from this host (it crashed, or the
-        host rebooted and its pid is free) can never renew: its claim is over now."""
-        incarnation, until = self.view.claim(self.cell)
-        started = self.view.started.get(self.cell)
-        if (
-            started is not None
-            and started.host == socket.gethostname()
-            and started.pid != os.getpid()
-            and not _process_alive(started.pid)
-        ):
-            return incarnation, None
-        return incarnation, until
-
-    def _renew(self) -> None:
-        """Renew the claim every third of its length until the cell closes. A renewal
-        refused because the claim moved (another incarnation took the cell over) or
-        lapsed fences this one: it kills every sandbox it holds (their workers are the
-        new holder's to fail) and the follower stops at its next step."""
-        while not self._closing.wait(self.claim_s / 3):
-            try:
-                self.lifecycle.renew(int(self.claim_s * 1000))
-            except CellSupersededError as fenced:
-                self._fence(fenced)
-                return
-            except CharterError:
-                continue  # the journal was unavailable: tried again before the lapse
 
     def _fence(self, fenced: CellSupersededError) -> None:
         """This incarnation is fenced: start nothing more, kill what it holds."""
@@ -332,9 +278,7 @@ class Cell:
         driver = self.driver
         if driver is not None:
             driver.filler.stop_building()
-        self._closing.set()
-        if self._renewer is not None:
-            self._renewer.join(timeout=30)
+        self.claimant.stop()
         with self._lock:
             self.refresh()
             reason = "the cell is shutting down"
@@ -361,10 +305,8 @@ class Cell:
             driver.pool.close()
             driver.filler.stop()
             driver.logs.close()
-        if self.fenced is None and self.lifecycle.claim is not None:
-            # Its claim ends with it: the next incarnation takes the cell at once.
-            with contextlib.suppress(CharterError):
-                self.lifecycle.renew(0)
+        if self.fenced is None:  # its claim ends with it: the next one takes it at once
+            self.claimant.give_up()
         self.key_broker.close()
         if self.egress_broker is not None:
             self.egress_broker.close()
@@ -887,12 +829,3 @@ class Cell:
         with self._lock:
             minted = self.view.grants.get(lineage)
         return custody_seed(self.keys, lineage, None if minted is None else minted.sealed())
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process on this host (a zombie is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
