@@ -37,6 +37,20 @@ def _status(url: str, home: Path, state_dir: Path) -> dict[str, Any]:
     return json.loads(r.stdout)  # type: ignore[no-any-return]
 
 
+def _projected(url: str, home: Path, state_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``charter tree`` and ``charter slots`` (the projections), as JSON."""
+    out = []
+    for command in ("tree", "slots"):
+        r = subprocess.run(
+            [sys.executable, "-m", "charter", "--db", url, "--json", command],
+            env=cli_env(home, state_dir), capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        out.append(json.loads(r.stdout))
+    return out[0], out[1]
+
+
 def _entries(url: str, home: Path) -> list[Any]:
     with Charter.open(url, keys=KeyStore(home)) as charter:
         return list(charter.journal.entries())
@@ -65,6 +79,9 @@ def test_a_sigkilled_cell_is_gone_once_its_claim_lapses_and_the_next_fails_its_w
             time.sleep(0.1)
         running = _status(journal_url, home, state_dir)
         assert running["state"] == "live"
+        tree, slots = _projected(journal_url, home, state_dir)
+        assert {n["lineage"]: n["worker"] for n in tree["nodes"]}[lineage] == "running"
+        assert slots["cells"][0]["state"] == "live"
         assert {w["lineage"]: w["status"] for w in running["workers"]} == {lineage: "running"}
     finally:
         cell.send_signal(signal.SIGKILL)
@@ -84,6 +101,12 @@ def test_a_sigkilled_cell_is_gone_once_its_claim_lapses_and_the_next_fails_its_w
         seen.add(report["state"])
         time.sleep(0.2)
     assert len(_entries(journal_url, home)) == head  # derived by time, not journaled
+    # The projections say the same, from the claim and their answer's time.
+    tree, slots = _projected(journal_url, home, state_dir)
+    assert {n["lineage"]: n["worker"] for n in tree["nodes"]}[lineage] == "lost"
+    (cell_slots,) = slots["cells"]
+    assert cell_slots["state"] == "gone", cell_slots
+    assert cell_slots["claim_until_ms"] == report["claim_until_ms"]
     assert report["claim_until_ms"] <= now_ms()
     # The next incarnation fails it, returns its lease and its slot.
     again = subprocess.run(
