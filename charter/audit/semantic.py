@@ -116,6 +116,7 @@ KNOWN_TOPICS = frozenset(
         "BudgetRefused",
         "CeilingCheckFailedOpen",
         "CellConfigured",
+        "CellClaimRenewed",
         "CellStarted",
         "EgressAttempted",
         "EgressOpened",
