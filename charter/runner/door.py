@@ -121,6 +121,10 @@ class SignParams(_Params):
     message_hex: str = Field(max_length=2 * RESULT_CAP)
 
 
+class SecretParams(_Params):
+    name: str = Field(min_length=1, max_length=256)
+
+
 class NoParams(_Params):
     pass
 
@@ -130,6 +134,7 @@ _METHODS: dict[str, type[_Params]] = {
     "wait": WaitParams,
     "result": ResultParams,
     "sign": SignParams,
+    "secret": SecretParams,
     "whoami": NoParams,
 }
 
@@ -541,6 +546,7 @@ class Door(KeyBroker):
         requests = WorkerRequests(cast(Cell, scoped), uncharged=self._uncharged)
         match params:
             case SpawnParams():
+                cell.door_call(lineage, "spawn", params.intent.width)  # for supervision
                 result = requests.spawn(lineage, params.intent, params.workers)
                 return {
                     "fanout": result.fanout_id,
@@ -549,13 +555,17 @@ class Door(KeyBroker):
             case WaitParams():
                 return {"children": requests.wait(lineage, params.children, params.timeout_s)}
             case ResultParams():
+                cell.door_call(lineage, "result", len(params.text.encode()))
                 return {"digest": requests.result(lineage, params.text.encode())}
             case SignParams():
+                cell.door_call(lineage, "sign", 0)
                 try:
                     message = bytes.fromhex(params.message_hex)
                 except ValueError as e:
                     raise _RpcError(INVALID_PARAMS, "message_hex is not hex") from e
                 return {"signature_hex": cell.sign(lineage, params.tag, message).hex()}
+            case SecretParams():  # refused for every name (a decoy's is a canary touch)
+                return {"secret": cell.secret(lineage, params.name)}
             case _:
                 return {"lineage": lineage}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from charter.control.errors import CellSupersededError
-from charter.core.errors import RefusedError, StateError
+from charter.core.errors import BadInputError, RefusedError, StateError
 
 __all__ = [
     "DoorRefusedError",
@@ -22,6 +22,8 @@ __all__ = [
     "CellSupersededError",
     "WorkerRunningError",
     "DemoFailedError",
+    "SecretNotHeldError",
+    "SupervisionPolicyError",
 ]
 
 
@@ -104,3 +106,16 @@ class CellClaimHeldError(StateError):
 
 class DemoFailedError(StateError):
     """The demo's coordinator ended without its report (its reason is in the message)."""
+
+
+class SecretNotHeldError(DoorRefusedError):
+    """A worker asked the door for a secret its grant does not hold. Charter holds no
+    secrets for workers yet, so every name is refused; a sandbox's decoy secret name
+    is also a canary touch (a quarantine verdict, docs/supervision.md)."""
+
+    reason = "secret-not-held"
+
+
+class SupervisionPolicyError(BadInputError):
+    """The operator's supervision policy (``supervision.json`` in the Charter home) is
+    not a valid policy: the message names the field (exit 2)."""
