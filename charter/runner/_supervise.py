@@ -61,6 +61,7 @@ from charter.supervision import (
     SupervisionPolicy,
     Verdict,
     WorkerProfiled,
+    WorkerSampled,
     baseline_stream,
     canaries_for,
     decide,
@@ -72,6 +73,7 @@ from charter.supervision import (
 )
 
 __all__ = [
+    "BURN_EVERY_S",
     "POLICY_FILE",
     "SAMPLE_INTERVAL_S",
     "Supervisor",
@@ -87,6 +89,16 @@ sampled at least every ``SAMPLE_INTERVAL_S`` plus one pass's duration."""
 
 POLICY_FILE = "supervision.json"
 """The operator's supervision policy, in the Charter home (absent: the defaults)."""
+
+BURN_EVERY_S = 2.0
+"""A live worker's usage so far is journaled (``WorkerSampled``) at most once every
+``BURN_EVERY_S`` of its life, from its latest sample, and never in its first
+``BURN_EVERY_S``: one entry of about 300 bytes per live worker per 2 s at most."""
+
+RATE_SETTLED_MS = 1000
+"""A life-average rate in a worker's first moments is noise (a few ms of start-up over
+a few ms of life reads as several cores): a profile takes ``cpu_permille`` only from
+samples at least this old, and from its final sample (its whole life's average)."""
 
 _SAMPLES_KEPT = 64  # sample times kept per worker (the interval's evidence)
 _APPEND_TRIES = 5  # a pinned append that lost a race, decided again on a fresh read
@@ -141,6 +153,7 @@ class _Watched:
     standing: Standing | None = Standing.RUNNING  # None: killed or quarantined
     last: Observation | None = None
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES_KEPT))
+    burnt: float = 0.0  # its age (s) at its last WorkerSampled
 
 
 class Supervisor:
@@ -294,9 +307,15 @@ class Supervisor:
             egress_refusals=s.egress_refusals, workspace_bytes=s.workspace_bytes, **counts,
         )  # fmt: skip
         w.last = obs
-        w.profile = w.profile.peak(obs.signals)
+        settled = obs.signals
+        if decide_too and obs.wall_ms < RATE_SETTLED_MS:  # not the final sample
+            settled = settled.model_copy(update={"cpu_permille": 0})
+        w.profile = w.profile.peak(settled)
         w.samples.append(time.monotonic())
-        if not decide_too or w.standing is None:
+        if not decide_too:
+            return
+        self._burn(w, obs)
+        if w.standing is None:
             return
         if self.egress is not None and s.egress_attempts:
             for attempt in self.egress.attempts(w.spec.host_uid):
@@ -306,6 +325,19 @@ class Supervisor:
         verdict = decide(obs, self.baselines.get(w.task_class), self.policy, standing=w.standing)
         if verdict is not None:
             self._commit(w, verdict, retry=False)
+
+    def _burn(self, w: _Watched, obs: Observation) -> None:
+        """Journal ``w``'s usage so far when its last was ``BURN_EVERY_S`` ago."""
+        age = obs.wall_ms / 1000
+        if age - w.burnt < BURN_EVERY_S:
+            return
+        w.burnt = age
+        sampled = WorkerSampled(
+            lineage=w.lineage, sandbox_id=w.spec.sandbox_id, wall_ms=obs.wall_ms,
+            cpu_ms=obs.signals.cpu_ms, memory_bytes=obs.signals.memory_bytes,
+        )  # fmt: skip
+        with self.lock:
+            self.journal.append([sampled])
 
     # -- canaries ---------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ the operator's policy file is read, and a bad one is bad input naming the field.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterable
@@ -13,18 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from charter.control import WorkerSpec
+from charter.control import ResourceView, WorkerSpec
 from charter.core import BadInputError, canonical_json
 from charter.ledger import Entry, Journal
 from charter.runner._supervise import (
+    BURN_EVERY_S,
     POLICY_FILE,
     SAMPLE_INTERVAL_S,
     load_policy,
     profile_outcome,
 )
+from charter.runner._view import WorkersView
 from charter.runner.cell import Cell
 from charter.runner.errors import SupervisionPolicyError
 from charter.runner.events import WorkerEnded, WorkerResult, WorkerStarted
+from charter.runner.status import Row, cell_status, tree_rows
+from charter.sandbox import SandboxExited
 from charter.supervision import (
     Baseline,
     BaselineChanged,
@@ -33,6 +38,7 @@ from charter.supervision import (
     Standing,
     SupervisionPolicy,
     WorkerProfiled,
+    WorkerSampled,
     decide,
     learn,
     standing_after,
@@ -43,7 +49,7 @@ from tests.runner.conftest import initialise
 
 VERDICTS = ("ThrottleVerdict", "PauseVerdict", "ResumeVerdict", "KillVerdict", "QuarantineVerdict")
 HONEST = ("/bin/sh", "-c", "sleep 0.3")
-HOG = ("/bin/sh", "-c", "while :; do :; done")
+HOG = ("/bin/sh", "-c", "while :; do :; done & while :; do :; done")  # two, on a busy host
 READER = (
     "/bin/sh",
     "-c",
@@ -148,7 +154,7 @@ def test_a_decoy_read_is_a_quarantine_within_a_second_and_a_hog_gets_a_verdict(
         with running(cell):
             honest = _lineages(fan_out(charter, 12, WorkerSpec(argv=HONEST, task_class="t")))
             _wait("the honest workers' ends", lambda: _ended(charter.journal, set(honest)), 120)
-            hog, reader, neighbour = _lineages(
+            hog, reader, _neighbour = _lineages(
                 fan_out(
                     charter, 3, WorkerSpec(argv=HOG, task_class="t"),
                     WorkerSpec(argv=READER, task_class="reader"),
@@ -156,7 +162,7 @@ def test_a_decoy_read_is_a_quarantine_within_a_second_and_a_hog_gets_a_verdict(
                 )
             )  # fmt: skip
             on = lambda x: [e for e in _verdicts(charter.journal) if e.event.lineage == x]  # noqa: E731
-            _wait("the hog's verdict", lambda: on(hog), 60)
+            _wait("the hog's verdict", lambda: on(hog), 120)
             _wait("the reader's quarantine", lambda: on(reader), 30)
             cell.kill(hog, "the test is done with it")
             until_idle(cell, 60)
@@ -170,7 +176,9 @@ def test_a_decoy_read_is_a_quarantine_within_a_second_and_a_hog_gets_a_verdict(
     quarantine = next(e for e in verdicts if e.event.lineage == reader)
     assert isinstance(quarantine.event, QuarantineVerdict)
     planted = next(
-        e.event for e in entries if isinstance(e.event, CanariesPlanted) and e.event.lineage == reader
+        e.event
+        for e in entries
+        if isinstance(e.event, CanariesPlanted) and e.event.lineage == reader
     )
     assert quarantine.event.evidence[0].canary == f"credential_file:{planted.credential_file}"
     result = next(
@@ -205,7 +213,7 @@ def test_100_honest_workers_of_one_class_get_no_verdict(tmp_path: Path, state_di
             _wait("the honest workers' ends", lambda: _ended(charter.journal, set(honest)), 300)
             assert not _verdicts(charter.journal)
             (hog,) = _lineages(fan_out(charter, 1, WorkerSpec(argv=HOG, task_class="h")))
-            _wait("the hog's verdict", lambda: _verdicts(charter.journal), 60)
+            _wait("the hog's verdict", lambda: _verdicts(charter.journal), 120)
             cell.kill(hog, "the test is done with it")
             until_idle(cell, 60)
         entries = list(charter.journal.entries())
@@ -240,8 +248,9 @@ def test_each_live_worker_is_sampled_every_interval(tmp_path: Path, state_dir: P
             until_idle(cell, 60)
     assert all(len(t) >= 8 for t in seen.values()), {x: len(t) for x, t in seen.items()}
     assert all(o is not None and o.wall_ms > 0 for o in live)  # the live sample
-    gaps = [b - a for t in seen.values() for a, b in zip(t, t[1:], strict=False)]
-    assert gaps and max(gaps) <= 2 * SAMPLE_INTERVAL_S, max(gaps)
+    gaps = [b - a for t in seen.values() for a, b in itertools.pairwise(t)]
+    assert gaps
+    assert max(gaps) <= 2 * SAMPLE_INTERVAL_S, max(gaps)
     assert min(gaps) >= SAMPLE_INTERVAL_S * 0.5
 
 
@@ -263,9 +272,7 @@ def test_the_policy_file(tmp_path: Path) -> None:
         load_policy(tmp_path)
 
 
-def test_a_bad_policy_file_stops_the_cell_before_it_starts(
-    tmp_path: Path, state_dir: Path
-) -> None:
+def test_a_bad_policy_file_stops_the_cell_before_it_starts(tmp_path: Path, state_dir: Path) -> None:
     url = f"sqlite:///{tmp_path / 'journal.db'}"
     home = tmp_path / "home"
     with initialise(url, home) as charter:
@@ -280,3 +287,38 @@ def test_completed_is_exited_with_code_zero() -> None:
     assert profile_outcome("exited", 0) == "completed"
     assert profile_outcome("exited", 1) == "exited"
     assert profile_outcome("killed", None) == "killed"
+
+
+@pytest.mark.sandbox
+def test_a_running_workers_burn_is_shown_while_it_runs(tmp_path: Path, state_dir: Path) -> None:
+    """A worker burning CPU for 5 s: ``cell status`` (a fresh fold of the journal, as
+    the CLI reads it) shows its CPU so far while it runs, not 0 until its end; the
+    journal holds at most one WorkerSampled per BURN_EVERY_S of its life."""
+    url = f"sqlite:///{tmp_path / 'journal.db'}"
+    busy = ("/bin/sh", "-c", "end=$(($(date +%s) + 5)); while [ $(date +%s) -lt $end ]; do :; done")
+    with initialise(url, tmp_path / "home", processing=1) as charter:
+        cell = make_cell(charter, None, state_dir)
+        with running(cell):
+            (lineage,) = _lineages(fan_out(charter, 1, WorkerSpec(argv=busy)))
+
+            def live_row() -> Row | None:
+                rows = cell_status(charter.journal, cell.cell).workers
+                row = next(r for r in rows if r.lineage == lineage)
+                return row if row.status == "running" and "so far" in row.burn else None
+
+            _wait("a live burn", live_row, 30)
+            row = live_row()
+            assert row is not None
+            cpu_s = float(row.burn.split()[1].removesuffix("s"))
+            assert cpu_s > 0.5, row.burn
+            until_idle(cell, 60)
+        entries = list(charter.journal.entries())
+        view, resources = WorkersView(), ResourceView()
+        view.refresh(charter.journal)
+        resources.refresh(charter.journal)
+        (final,) = tree_rows(view, resources, cell.cell)
+    assert final.status == "exited"
+    assert "so far" not in final.burn  # its end's charge, now
+    samples = [e.event for e in entries if isinstance(e.event, WorkerSampled)]
+    exited = next(e.event for e in entries if isinstance(e.event, SandboxExited))
+    assert 1 <= len(samples) <= exited.usage.wall_ms / 1000 / BURN_EVERY_S
