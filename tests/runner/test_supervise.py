@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -322,3 +325,25 @@ def test_a_running_workers_burn_is_shown_while_it_runs(tmp_path: Path, state_dir
     samples = [e.event for e in entries if isinstance(e.event, WorkerSampled)]
     exited = next(e.event for e in entries if isinstance(e.event, SandboxExited))
     assert 1 <= len(samples) <= exited.usage.wall_ms / 1000 / BURN_EVERY_S
+
+
+@pytest.mark.sandbox
+def test_the_demo_gets_no_verdict(tmp_path: Path) -> None:
+    """``charter demo`` in a fresh home, supervised (every sandbox had its canaries,
+    every worker's profile was journaled): not one verdict."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in {"CHARTER_HOME", "CHARTER_DB"}}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-m", "charter", "--json", "demo", "--home", str(home)],
+        env=env, capture_output=True, timeout=600, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    with Journal.open(f"sqlite:///{home / 'journal.db'}") as journal:
+        entries = list(journal.entries())
+    started = [e for e in entries if isinstance(e.event, WorkerStarted)]
+    kinds = [type(e.event).type_name for e in entries]
+    assert len(started) > 3
+    assert kinds.count("CanariesPlanted") == len(started)
+    assert kinds.count("WorkerProfiled") == len(started)
+    assert not [k for k in kinds if k in VERDICTS]
