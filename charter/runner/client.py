@@ -85,5 +85,8 @@ class Door:
         reply = self.call("sign", {"tag": tag, "message_hex": message.hex()})
         return bytes.fromhex(reply["signature_hex"])
 
+    def secret(self, name: str) -> Any:
+        return self.call("secret", {"name": name})
+
     def whoami(self) -> Any:
         return self.call("whoami")

@@ -49,6 +49,7 @@ from charter.supervision import (
 from charter.supervision import Verdict as VerdictEvent
 from tests.runner._support import fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
+from tests.runner.programs import PRELUDE, REASON, python
 
 VERDICTS = ("ThrottleVerdict", "PauseVerdict", "ResumeVerdict", "KillVerdict", "QuarantineVerdict")
 HONEST = ("/bin/sh", "-c", "sleep 0.3")
@@ -347,3 +348,47 @@ def test_the_demo_gets_no_verdict(tmp_path: Path) -> None:
     assert kinds.count("CanariesPlanted") == len(started)
     assert kinds.count("WorkerProfiled") == len(started)
     assert not [k for k in kinds if k in VERDICTS]
+
+
+SECRET_ASKER = (
+    PRELUDE
+    + REASON
+    + """
+import os
+door = charter_door.Door()
+asked = [reason(lambda: door.secret("db-password"))]
+# The decoy's name from its file's name: listing the directory opens no decoy.
+(name,) = os.listdir("/workspace/.charter-secrets")
+if sys.argv[1] == "decoy":
+    short = name.removeprefix("deploy-").removesuffix(".ini")
+    asked.append(reason(lambda: door.secret("deploy-key-" + short)))
+door.result(json.dumps(asked))
+"""
+)
+
+
+@pytest.mark.sandbox
+def test_the_doors_secret_call_refuses_every_name_and_the_decoy_is_a_touch(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    """Both workers are refused every secret (``secret-not-held``, SecretNotHeldError at
+    the door); asking for its own decoy name is a quarantine naming it, asking for
+    another name is not (the control)."""
+    with initialise(journal_url, tmp_path / "home", processing=2) as charter:
+        result = fan_out(charter, 2, python(SECRET_ASKER, "decoy"), python(SECRET_ASKER, "control"))
+        asker, control = _lineages(result)
+        with running(make_cell(charter, None, state_dir, door=True)) as cell:
+            until_idle(cell, 120)
+        entries = list(charter.journal.entries())
+    results = {e.event.lineage: e.event.text for e in entries if isinstance(e.event, WorkerResult)}
+    assert json.loads(results[asker]) == ["secret-not-held", "secret-not-held"]
+    assert json.loads(results[control]) == ["secret-not-held"]
+    verdicts = [e.event for e in entries if type(e.event).type_name in VERDICTS]
+    assert [v.lineage for v in verdicts] == [asker]
+    planted = next(
+        e.event
+        for e in entries
+        if isinstance(e.event, CanariesPlanted) and e.event.lineage == asker
+    )
+    assert verdicts[0].evidence[0].canary == f"secret_name:{planted.secret_name}"
+    replay(entries, SupervisionPolicy())
