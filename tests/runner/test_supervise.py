@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from charter.control import ResourceView, WorkerSpec
+from charter.app import Charter
+from charter.authority import FixedPolicy, SpawnIntent
+from charter.authority import Verdict as AuthorityVerdict
+from charter.control import ResourceView, SpawnResult, WorkerSpec
 from charter.core import BadInputError, canonical_json
 from charter.ledger import Entry, Journal
 from charter.runner._supervise import (
@@ -132,6 +135,18 @@ def replay(entries: Iterable[Entry], policy: SupervisionPolicy) -> tuple[int, in
     return changes, verdicts
 
 
+def _wide(charter: Charter, width: int, spec: WorkerSpec) -> SpawnResult:
+    """A fan-out of ``width`` whose every child's lease holds a sandbox's minimum."""
+    each = {"tokens": 1000, "wall_ms": 30_000, "cpu_ms": 30_000, "mem_bytes": 1 << 27}
+    cost = {k: v * width for k, v in each.items()} | {"egress_bytes": 0}
+    intent = SpawnIntent.model_validate(
+        {"width": width, "objective": "honest workers", "estimated_cost": cost}
+    )
+    return charter.spawn(
+        "agent:estate", intent, policy=FixedPolicy(AuthorityVerdict.POSITIVE), workers=(spec,)
+    )
+
+
 def _lineages(result: object) -> list[str]:
     return [str(c.lineage) for c in result.children]  # type: ignore[attr-defined]
 
@@ -213,7 +228,7 @@ def test_100_honest_workers_of_one_class_get_no_verdict(tmp_path: Path, state_di
     with initialise(url, tmp_path / "home", processing=3) as charter:
         cell = make_cell(charter, None, state_dir)
         with running(cell):
-            honest = _lineages(fan_out(charter, 100, WorkerSpec(argv=HONEST, task_class="h")))
+            honest = _lineages(_wide(charter, 100, WorkerSpec(argv=HONEST, task_class="h")))
             _wait("the honest workers' ends", lambda: _ended(charter.journal, set(honest)), 300)
             assert not _verdicts(charter.journal)
             (hog,) = _lineages(fan_out(charter, 1, WorkerSpec(argv=HOG, task_class="h")))
