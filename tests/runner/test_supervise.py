@@ -50,7 +50,7 @@ from charter.supervision import (
     standing_after,
 )
 from charter.supervision import Verdict as VerdictEvent
-from tests.runner._support import fan_out, make_cell, running, until_idle
+from tests.runner._support import cli_env, fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
 from tests.runner.programs import PRELUDE, REASON, python
 
@@ -407,3 +407,29 @@ def test_the_doors_secret_call_refuses_every_name_and_the_decoy_is_a_touch(
     )
     assert verdicts[0].evidence[0].canary == f"secret_name:{planted.secret_name}"
     replay(entries, SupervisionPolicy())
+
+
+def test_charter_cell_run_with_a_bad_policy_file_is_exit_2_naming_the_field(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """The real CLI: ``charter cell run`` with a bad ``supervision.json`` exits 2 naming
+    the field; with the file fixed it runs (the control)."""
+    home = tmp_path / "home"
+    url = f"sqlite:///{tmp_path / 'journal.db'}"
+    env = {**cli_env(home, state_dir)}
+
+    def charter_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "charter", "--db", url, *args],
+            env=env, capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+
+    budget = "tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=0"
+    assert charter_cli("init", "--root", "estate", "--budget", budget).returncode == 0
+    _write_policy(home, rules=[{"signal": "cpu_ms", "action": "kill", "factor_permille": 5}])
+    bad = charter_cli("cell", "run", "--once", "--ignore-host-load")
+    assert bad.returncode == 2, bad.stderr
+    assert "rules.0.factor_permille" in bad.stderr
+    _write_policy(home, min_completed=3)
+    good = charter_cli("cell", "run", "--once", "--ignore-host-load")
+    assert good.returncode == 0, good.stderr
