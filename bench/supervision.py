@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._support import percentile
 from bench.cell import SLOT, _charter, _spawn
+from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import WorkerSpec
 from charter.runner import cell_for, run_cell
 from charter.supervision import QuarantineVerdict
@@ -45,7 +46,16 @@ def cell_touch_to_verdict(touches: int, state: Path) -> dict[str, float]:
     quarantine verdict's commit."""
     home = Path(tempfile.mkdtemp(prefix="bench-sup-"))
     with _charter(home, 2) as charter:
-        _spawn(charter, touches, WorkerSpec(argv=READER))
+        # Leases long enough that the last reader queued still has time to run.
+        cost = {"tokens": 5000, "wall_ms": 600_000, "cpu_ms": 10_000, "mem_bytes": 2**26}
+        intent = SpawnIntent.model_validate(
+            {"width": touches, "objective": "read the decoy",
+             "estimated_cost": {k: v * touches for k, v in cost.items()} | {"egress_bytes": 0}}
+        )  # fmt: skip
+        charter.spawn(
+            "agent:bench", intent, policy=FixedPolicy(Verdict.POSITIVE),
+            workers=(WorkerSpec(argv=READER),),
+        )  # fmt: skip
         cell = cell_for(charter, slot_budget=SLOT, state_dir=state, ignore_host_load=True)
         run_cell(cell, once=True)
         read: dict[str, float] = {}
@@ -59,6 +69,7 @@ def cell_touch_to_verdict(touches: int, state: Path) -> dict[str, float]:
     latency = [verdict[x] - t for x, t in read.items() if x in verdict]
     return {
         "touches": touches,
+        "reads": len(read),
         "verdicts": len(verdict),
         "touch_to_verdict_p50_s": percentile(latency, 0.5),
         "touch_to_verdict_p99_s": percentile(latency, 0.99),
@@ -121,7 +132,7 @@ def cell_idle_per_core(state: Path) -> dict[str, float]:
             while pool.parked < pool.parked_target and time.monotonic() < deadline:
                 time.sleep(0.05)
             time.sleep(0.5)
-            uids = {s.host_uid for s in list(pool._parked)}  # noqa: SLF001 - a measurement
+            uids = {s.host_uid for s in list(pool._parked)}
             procs = _processes_of(uids)
         finally:
             stop.set()
@@ -152,7 +163,11 @@ def main() -> int:
         **cell_idle_per_core(state),
     }
     print(json.dumps(out, indent=2))
-    ok = out["touch_to_verdict_p99_s"] <= 1.0 and out["on_throughput_over_off"] >= 0.9
+    ok = (
+        out["verdicts"] == out["reads"] == args.touches
+        and out["touch_to_verdict_p99_s"] <= 1.0
+        and out["on_throughput_over_off"] >= 0.9
+    )
     return 0 if ok else 1
 
 

@@ -344,6 +344,13 @@ class Supervisor:
     def _on_touch(self, touch: DecoyTouch) -> None:
         """The watch saw a decoy opened (on the watch's thread). An overflow lost
         events: every watched sandbox may have been touched (fail closed)."""
+        try:
+            self._touched(touch)
+        except Exception as e:
+            self._failed(e)  # reported; the watch goes on
+            raise
+
+    def _touched(self, touch: DecoyTouch) -> None:
         if touch.kind == OVERFLOW:
             with self._mu:
                 every = list(self._watched)

@@ -329,7 +329,7 @@ def test_a_running_workers_burn_is_shown_while_it_runs(tmp_path: Path, state_dir
             row = live_row()
             assert row is not None
             cpu_s = float(row.burn.split()[1].removesuffix("s"))
-            assert cpu_s > 0.5, row.burn
+            assert cpu_s > 0.05, row.burn  # not 0 until its end (a share of a loaded host)
             until_idle(cell, 60)
         entries = list(charter.journal.entries())
         view, resources = WorkersView(), ResourceView()
