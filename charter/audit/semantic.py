@@ -59,7 +59,15 @@ from charter.authority import SealedGrant, verify_grant_chain
 from charter.core.budget import Vec
 from charter.core.errors import CharterError
 
-__all__ = ["AuditReport", "Finding", "audit_history", "CHECKS", "KNOWN_TOPICS", "RULES"]
+__all__ = [
+    "AuditReport",
+    "Auditor",
+    "Finding",
+    "audit_history",
+    "CHECKS",
+    "KNOWN_TOPICS",
+    "RULES",
+]
 
 CHECKS = (
     "entry-format",
@@ -219,8 +227,9 @@ class _Worker:
 
 
 class _Auditor:
-    def __init__(self) -> None:
+    def __init__(self, on_finding: Callable[[Finding], None] | None = None) -> None:
         self.findings: list[Finding] = []
+        self._on_finding = on_finding
         self.books = Books()
         self.trust_roots: dict[str, bytes] = {}
         self.chains: dict[str, tuple[SealedGrant, ...]] = {}
@@ -241,9 +250,12 @@ class _Auditor:
         self.position = 0
 
     def find(self, check: str, lineage: str | None, detail: str) -> None:
-        self.findings.append(
-            Finding(check=check, position=self.position, lineage=lineage, detail=detail)
-        )
+        self.report(Finding(check=check, position=self.position, lineage=lineage, detail=detail))
+
+    def report(self, finding: Finding) -> None:
+        self.findings.append(finding)
+        if self._on_finding is not None:
+            self._on_finding(finding)
 
     # -- budgets -----------------------------------------------------------------------
 
@@ -554,7 +566,7 @@ class _Auditor:
                 continue
             if s.lease is None:
                 if s.lineage is None and t > s.started_at + s.wall_ms:
-                    self.findings.append(
+                    self.report(
                         Finding(
                             check="lifecycle",
                             position=s.started,
@@ -566,7 +578,7 @@ class _Auditor:
                 continue
             ledger = self.books.get(s.lease)
             if ledger is None or not ledger.live(t):
-                self.findings.append(
+                self.report(
                     Finding(
                         check="lifecycle",
                         position=s.started,
@@ -581,7 +593,7 @@ class _Auditor:
                 continue
             ledger = self.books.get(lineage)
             if ledger is None or not ledger.live(t):
-                self.findings.append(
+                self.report(
                     Finding(
                         check="worker-lifecycle",
                         position=w.position,
@@ -753,15 +765,39 @@ class _Auditor:
         self.trust_roots[lineage] = trust_root
 
 
-def audit_history(rows: Iterable[Iterable[tuple[int, str, bytes]]]) -> AuditReport:
+class Auditor:
+    """The audit as a stream: :meth:`apply` each entry in position order (each finding
+    goes to ``on_finding`` as it is found), then :meth:`finish` (the findings that only
+    the end can show: what never ended). Its memory is the books it keeps (ledgers,
+    grants, sandboxes, workers, cells, gates: one record per name), never the entries."""
+
+    def __init__(self, on_finding: Callable[[Finding], None] | None = None) -> None:
+        self._auditor = _Auditor(on_finding)
+        self.checked = 0
+
+    def apply(self, position: int, topic: str, state: bytes) -> None:
+        self._auditor.apply(position, topic, state)
+        self.checked += 1
+
+    def finish(self) -> AuditReport:
+        auditor = self._auditor
+        auditor.lifecycle(auditor.last_at)
+        findings = tuple(sorted(auditor.findings, key=lambda f: (f.position, f.check)))
+        return AuditReport(ok=not findings, checked=self.checked, findings=findings)
+
+
+def audit_history(
+    rows: Iterable[Iterable[tuple[int, str, bytes]]],
+    on_finding: Callable[[Finding], None] | None = None,
+) -> AuditReport:
     """Audit batches of ``(position, topic, state)`` in position order (what
-    ``Journal.payloads`` yields, or a bundle's entries as one batch)."""
-    auditor = _Auditor()
+    ``Journal.payloads`` yields), one batch at a time."""
+    auditor = Auditor(on_finding)
+    inner = auditor._auditor
     checked = 0
     for batch in rows:
         for position, topic, state in batch:
-            auditor.apply(position, topic, bytes(state))
+            inner.apply(position, topic, state)
             checked += 1
-    auditor.lifecycle(auditor.last_at)
-    findings = tuple(sorted(auditor.findings, key=lambda f: (f.position, f.check)))
-    return AuditReport(ok=not findings, checked=checked, findings=findings)
+    auditor.checked = checked
+    return auditor.finish()
