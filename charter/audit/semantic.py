@@ -52,7 +52,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from charter.audit._books import Books
+from charter.audit._books import Books, Ledger
 from charter.audit.errors import KeyRotationError
 from charter.audit.keys import KeyHistory, journal_origin
 from charter.authority import SealedGrant, verify_grant_chain
@@ -248,6 +248,8 @@ class _Auditor:
         self._handlers = self._make_handlers()
         self.last_at = 0
         self.position = 0
+        self._at_text: object = None
+        self._at_ms = 0
 
     def find(self, check: str, lineage: str | None, detail: str) -> None:
         self.report(Finding(check=check, position=self.position, lineage=lineage, detail=detail))
@@ -261,21 +263,25 @@ class _Auditor:
 
     def _check_conserved(self, lineage: str, t: int) -> None:
         node = self.books.get(lineage)
-        while node is not None:
-            if node.live(t):
-                used = self.books.used(node, t)
-                over = [
-                    a for a, u, cap in zip(_AXES, used, node.allocation, strict=True) if u > cap
-                ]
-                if over:
-                    self.find(
-                        "conservation",
-                        node.lineage,
-                        f"{node.lineage} uses {dict(zip(_AXES, used, strict=True))} of its "
-                        f"allocation {dict(zip(_AXES, node.allocation, strict=True))} "
-                        f"({', '.join(over)})",
-                    )
-            node = self.books.get(node.parent) if node.parent is not None else None
+        if node is not None:
+            self._check_path(node.path, t)
+
+    def _check_path(self, path: tuple[Ledger, ...], t: int) -> None:
+        """Each live ledger of ``path`` (a ledger and its ancestors) within its
+        allocation on every axis (the hot path: one usage checks its whole chain)."""
+        used_of = self.books.used
+        for node in path:
+            if not node.live(t):
+                continue
+            u, cap = used_of(node, t), node.allocation
+            if u[0] > cap[0] or u[1] > cap[1] or u[2] > cap[2] or u[3] > cap[3] or u[4] > cap[4]:
+                over = [a for a, x, c in zip(_AXES, u, cap, strict=True) if x > c]
+                self.find(
+                    "conservation",
+                    node.lineage,
+                    f"{node.lineage} uses {dict(zip(_AXES, u, strict=True))} of its "
+                    f"allocation {dict(zip(_AXES, cap, strict=True))} ({', '.join(over)})",
+                )
 
     def ledger_opened(self, p: dict[str, Any]) -> None:
         lineage = str(p["lineage"])
@@ -349,7 +355,8 @@ class _Auditor:
                 "usage-after-end", lineage, f"usage charged to {lineage}, which has no ledger"
             )
             return
-        for node in (ledger, *self.books.ancestors(ledger)):
+        path = ledger.path
+        for node in path:
             if not node.live(t):
                 self.find(
                     "usage-after-end",
@@ -358,7 +365,7 @@ class _Auditor:
                 )
                 break
         self.books.use(ledger, _vec(p["amount"]))
-        self._check_conserved(lineage, t)
+        self._check_path(path, t)
 
     def released_lease(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
@@ -691,7 +698,10 @@ class _Auditor:
         self.position = position
         try:
             doc = orjson.loads(state)
-            t = _ms(doc["at"])
+            at = doc["at"]
+            if at != self._at_text:  # a batch's entries share one commit time
+                self._at_ms, self._at_text = _ms(at), at
+            t = self._at_ms
             p: dict[str, Any] = doc["payload"]
         except (ValueError, KeyError, TypeError) as e:
             self.find("entry-format", None, f"the entry does not decode: {e}")
@@ -707,16 +717,13 @@ class _Auditor:
         if topic not in KNOWN_TOPICS:
             self.find("entry-type", None, f"an entry of type {topic!r}, which Charter never writes")
             return
+        handler = self._handlers.get(kind)  # types no rule reads pass through
+        if handler is None:
+            return
         try:
-            self._dispatch(kind, p, t)
+            handler(p, t)
         except (KeyError, TypeError, ValueError) as e:
             self.find("entry-format", None, f"a {kind} entry lacks what it must say: {e}")
-
-    def _dispatch(self, kind: str, p: dict[str, Any], t: int) -> None:
-        """The entry's rule, by its type (types no rule reads pass through)."""
-        handler = self._handlers.get(kind)
-        if handler is not None:
-            handler(p, t)
 
     def _make_handlers(self) -> dict[str, Callable[[dict[str, Any], int], None]]:
         return {

@@ -305,8 +305,8 @@ def witness_cosign(
             )
         path = given.path
     elif old_size is not None and 0 < old_size < new_size:
-        with ctx.open_journal() as journal:
-            path = MerkleLog(journal).consistency(old_size, new_size).path
+        with ctx.open_charter() as charter:
+            path = MerkleLog(charter.journal).consistency(old_size, new_size).path
     cosigned = w.cosign(note, key, path)
     text = cosigned.render()
     _write(out, text)
