@@ -28,8 +28,7 @@ import binascii
 import hashlib
 import io
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import orjson
 from nacl.exceptions import BadSignatureError
@@ -76,20 +75,7 @@ _MAX_HEADER = 1 << 20
 CONTEXT_TYPES = ("GrantMinted", "AgentRegistered", "JournalKeyRotated")
 _ROTATION = "JournalKeyRotated"
 _SELECTION_KEYS = ("from", "lineage", "to")
-_ENTRY_FIELDS = frozenset(
-    (
-        "chain_hash",
-        "context",
-        "kind",
-        "leaf",
-        "originator",
-        "position",
-        "prev_hash",
-        "state",
-        "topic",
-        "version",
-    )
-)
+_ENTRY_SIZE = 10
 Progress = Callable[[int, int], None]  # (leaves done, tree size)
 _PROGRESS_EVERY = 20_000
 
@@ -213,8 +199,7 @@ class BundleWriter:
         self.bytes += len(line)
 
 
-@dataclass(frozen=True, slots=True)
-class BundleEntry:
+class BundleEntry(NamedTuple):
     """One entry of a bundle, as read from its line (its stored bytes, decoded)."""
 
     position: int
@@ -277,52 +262,64 @@ def _hex(value: Any, size: int | None = None) -> bytes:
     return raw
 
 
-def _parse_line(line: bytes, where: str, *, fast: bool = False) -> dict[str, Any]:
-    """A line's object, refused unless the line is exactly its canonical encoding (no
-    duplicate keys, no other spacing: every verifier reads the same object). ``fast``
-    re-encodes with orjson (entry and gap lines: ASCII strings and integers only)."""
+def _parse_line(line: bytes, where: str, *, canonical: bool = True) -> dict[str, Any]:
+    """A line's object; with ``canonical``, refused unless the line is exactly its
+    canonical encoding. Entry and gap lines skip that re-encoding (the hot path): every
+    byte of them is sealed, so a line the exporter did not write fails at the seal
+    whatever a parser reads in it."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as e:
         raise BundleError(where, f"the line is not JSON: {e}") from e
     if not isinstance(obj, dict):
         raise BundleError(where, "the line is not a JSON object")
-    again = _recode(obj) if fast else canonical_json(obj) + b"\n"
-    if again != line:
+    if canonical and canonical_json(obj) + b"\n" != line:
         raise BundleError(where, "the line is not the canonical JSON of its object")
     return obj
 
 
-def _recode(obj: dict[str, Any]) -> bytes:
-    try:
-        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
-    except TypeError:  # an integer beyond 64 bits: never canonical here
-        return b""
-
-
 def _entry(obj: dict[str, Any], expect_leaf: int) -> BundleEntry:
-    position = obj.get("position")
-    where = f"entry/{position}" if _int(position) else f"leaf/{expect_leaf}"
-    if obj.keys() != _ENTRY_FIELDS:
-        raise BundleError(where, "an entry line must have exactly its ten fields")
-    if not (_int(obj["leaf"]) and _int(position) and _int(obj["version"])):
-        raise BundleError(where, "its leaf, position and version must be integers")
-    if not isinstance(obj["context"], bool) or not isinstance(obj["topic"], str):
-        raise BundleError(where, "its context must be a boolean and its topic a string")
-    try:
-        entry = BundleEntry(
-            position=obj["position"],
-            originator=_hex(obj["originator"]),
-            version=obj["version"],
-            topic=obj["topic"],
-            state=base64.b64decode(obj["state"], validate=True),
-            prev_hash=_hex(obj["prev_hash"], 32),
-            chain_hash=_hex(obj["chain_hash"], 32),
-            leaf=obj["leaf"],
-            context=obj["context"],
+    """An entry line's object as an entry: exactly its ten fields, of their types; hex
+    in lower case (the hashes are compared as text, :meth:`_Verifier.entry`)."""
+    get = obj.get
+    position, leaf, version = get("position"), get("leaf"), get("version")
+    topic, context, originator = get("topic"), get("context"), get("originator")
+    chain_hash, prev_hash, state = get("chain_hash"), get("prev_hash"), get("state")
+    if not (
+        len(obj) == _ENTRY_SIZE
+        and type(position) is int
+        and type(leaf) is int
+        and type(version) is int
+        and type(context) is bool
+        and type(topic) is str
+        and type(originator) is str
+        and type(chain_hash) is str
+        and type(prev_hash) is str
+        and type(state) is str
+        and len(chain_hash) == 64
+        and len(prev_hash) == 64
+    ):
+        raise BundleError(
+            f"entry/{position}" if _int(position) else f"leaf/{expect_leaf}",
+            "an entry line has exactly its ten fields, of their types",
         )
-    except (ValueError, TypeError, binascii.Error) as e:
-        raise BundleError(where, f"the entry does not parse: {e}") from e
+    try:
+        raw = bytes.fromhex(originator)
+        entry = BundleEntry(
+            position,
+            raw,
+            version,
+            topic,
+            base64.b64decode(state, validate=True),
+            bytes.fromhex(prev_hash),
+            bytes.fromhex(chain_hash),
+            leaf,
+            context,
+        )
+    except (ValueError, binascii.Error) as e:
+        raise BundleError(f"entry/{position}", f"the entry does not parse: {e}") from e
+    if raw.hex() != originator:
+        raise BundleError(f"entry/{position}", "its originator is not lower-case hex")
     return entry
 
 
@@ -492,7 +489,7 @@ def verify_bundle(
         where = f"leaf/{check.tree.size}"
         if not line.endswith(b"\n"):
             raise BundleError(where, "a line is cut short or too long")
-        obj = _parse_line(line, where, fast=True)
+        obj = _parse_line(line, where, canonical=False)
         kind = obj.get("kind")
         if kind == "seal":
             trailer = obj
@@ -503,7 +500,7 @@ def verify_bundle(
         if kind == "gap":
             check.gap(obj)
         elif kind == "entry":
-            check.entry(_entry(obj, check.tree.size))
+            check.entry(_entry(obj, check.tree.size), obj)
         else:
             raise BundleError(where, "a line that is neither an entry nor a gap")
         if progress is not None and check.tree.size >= next_report:
@@ -534,6 +531,7 @@ class _Verifier:
         self.counts = {"entries": 0, "context": 0, "gaps": 0}
         self.last: BundleEntry | None = None  # the entry at the leaf before, if any
         self.last_position = 0
+        self.last_chain = ""
         self.gap_before = False
 
     def gap(self, obj: dict[str, Any]) -> None:
@@ -547,7 +545,7 @@ class _Verifier:
         self.counts["gaps"] += 1
         self.last, self.gap_before = None, True
 
-    def entry(self, entry: BundleEntry) -> None:
+    def entry(self, entry: BundleEntry, raw: dict[str, Any]) -> None:
         where = f"entry/{entry.position}"
         if entry.leaf != self.tree.size or entry.leaf >= self.size:
             raise BundleError(
@@ -556,14 +554,20 @@ class _Verifier:
                 f"is {self.tree.size} (an entry was dropped, added or moved)",
             )
         frame = entry.frame()
-        if hashlib.sha256(frame).digest() != entry.chain_hash:
+        if hashlib.sha256(frame).hexdigest() != raw["chain_hash"]:  # lower-case hex too
             raise BundleError(where, "its stored bytes do not match its chain hash")
-        if self.last is not None and self.last.chain_hash != entry.prev_hash:
-            raise BundleError(where, "it does not link to the entry before it in the bundle")
+        if self.last is not None:
+            if raw["prev_hash"] != self.last_chain:
+                raise BundleError(where, "it does not link to the entry before it in the bundle")
+        elif entry.prev_hash.hex() != raw["prev_hash"]:
+            raise BundleError(where, "its prev_hash is not lower-case hex")
         if entry.position <= self.last_position:
             raise BundleError(where, "its position is not after the entry before it")
         self.tree.push(0, merkle_leaf_hash(frame))
-        _selected(entry, self.lineage, self.start, self.stop)
+        if not self.whole:
+            _selected(entry, self.lineage, self.start, self.stop)
+        elif entry.context:
+            raise BundleError(where, "a bundle of the whole journal has no context entries")
         type_name = entry.type_name
         if type_name == _ROTATION:
             self.keys.rotation(entry)
@@ -573,6 +577,7 @@ class _Verifier:
             self.auditor.apply(entry.position, entry.topic, entry.state)
         self.counts["context" if entry.context else "entries"] += 1
         self.last, self.last_position, self.gap_before = entry, entry.position, False
+        self.last_chain = raw["chain_hash"]
 
     def finish(self, trailer: dict[str, Any] | None, cosignatures: int) -> BundleReport:
         if self.tree.size != self.size:

@@ -334,14 +334,18 @@ class CompactRange:
     def push(self, level: int, digest: bytes) -> None:
         """Append the perfect subtree of ``2**level`` leaves starting at ``size``
         (``size`` must be a multiple of ``2**level``)."""
-        if self.size % (1 << level):
-            raise BadInputError(f"a subtree of 2**{level} leaves cannot start at {self.size}")
+        size = self.size
+        if size & ((1 << level) - 1):
+            raise BadInputError(f"a subtree of 2**{level} leaves cannot start at {size}")
         stack = self._stack
+        self.size = size + (1 << level)
+        # the trailing one bits of size >> level are the subtrees it completes
+        carry = (size >> level) ^ ((size >> level) + 1)
+        while carry > 1:
+            digest = merkle_node_hash(stack.pop()[1], digest)
+            level += 1
+            carry >>= 1
         stack.append((level, digest))
-        self.size += 1 << level
-        while len(stack) > 1 and stack[-1][0] == stack[-2][0]:
-            (lvl, right), (_, left) = stack.pop(), stack.pop()
-            stack.append((lvl + 1, merkle_node_hash(left, right)))
 
     def root(self) -> bytes:
         """MTH of the leaves pushed so far."""
