@@ -231,9 +231,11 @@ def test_each_altered_part_fails_at_that_part(history: tuple) -> None:
         _join([*lines[:6], lines[7], lines[6], *lines[8:]]), key, f"entry/{lines[7]['position']}"
     )
     _fails_at(_join([*lines[:7], lines[6], *lines[7:]]), key, f"entry/{position}")
-    # a line made non-canonical (its object re-read the same, its bytes not)
+    # a line made non-canonical (its object reads the same, its bytes differ): sealed;
+    # a header made non-canonical is refused as it is read
     spaced = data.replace(b'{"chain_hash":', b'{ "chain_hash":', 1)
-    _fails_at(spaced, key, "leaf/0")
+    _fails_at(spaced, key, "seal")
+    _fails_at(data.replace(b'{"checkpoint":', b'{ "checkpoint":', 1), key, "format")
     # the trailer: gone, or its seal changed, or a line after it
     _fails_at(_join(lines[:-1]), key, "seal")
     trailer = lines[-1]
