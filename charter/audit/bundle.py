@@ -56,6 +56,7 @@ __all__ = [
     "BundleEntry",
     "BundleReport",
     "BundleWriter",
+    "LeafStream",
     "CONTEXT_TYPES",
     "MAX_LINE",
     "Progress",
@@ -197,6 +198,45 @@ class BundleWriter:
         line = canonical_json(trailer) + b"\n"
         self._out.write(line)
         self.bytes += len(line)
+
+
+class LeafStream:
+    """The leaves of a checkpoint's tree fed in order to a :class:`BundleWriter`: each
+    either written (a selected or a context entry) or omitted (hashed into the run of
+    omitted leaves it belongs to, written as a gap when the run ends). ``root()`` is the
+    tree rebuilt from what was fed, which the exporter checks against its checkpoint."""
+
+    def __init__(self, writer: BundleWriter) -> None:
+        self.writer = writer
+        self.tree = merkle.CompactRange()
+        self.leaf = 0
+        self._gap: merkle.GapHasher | None = None
+
+    def omit(self, frame: bytes) -> None:
+        if self._gap is None:
+            self._gap = merkle.GapHasher(self.leaf)
+        self._gap.push(merkle_leaf_hash(frame))
+        self.leaf += 1
+
+    def write(self, frame: bytes, line: bytes, *, context: bool) -> None:
+        self._flush()
+        self.tree.push(0, merkle_leaf_hash(frame))
+        self.writer.entry(line, context=context)
+        self.leaf += 1
+
+    def _flush(self) -> None:
+        gap = self._gap
+        if gap is None:
+            return
+        hashes = gap.hashes()
+        for (level, _), digest in zip(merkle.decompose(gap.start, gap.end), hashes, strict=True):
+            self.tree.push(level, digest)
+        self.writer.gap(gap.start, gap.end, hashes)
+        self._gap = None
+
+    def root(self) -> bytes:
+        self._flush()
+        return self.tree.root()
 
 
 class BundleEntry(NamedTuple):

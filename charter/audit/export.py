@@ -16,9 +16,9 @@ from typing import IO, Any
 
 import orjson
 
-from charter.audit import merkle
 from charter.audit.bundle import (
     BundleWriter,
+    LeafStream,
     Progress,
     entry_line,
     lineages_in,
@@ -30,7 +30,7 @@ from charter.audit.note import Checkpoint, SignedNote, verify_checkpoint
 from charter.audit.siem import flat_record
 from charter.audit.tree import MerkleLog, Signers
 from charter.core.errors import BadInputError, StateError
-from charter.core.framing import entry_frame, merkle_leaf_hash
+from charter.core.framing import entry_frame
 from charter.ledger import Journal
 
 __all__ = ["ExportReport", "export_bundle", "export_jsonl", "lineages_in", "mentions"]
@@ -112,29 +112,20 @@ def export_bundle(
         keys=log.history().up_to(cp.size).to_json(),
         checkpoint=note.render(),
     )
-    tree = merkle.CompactRange()
-    gap: merkle.GapHasher | None = None
+    stream = LeafStream(writer)
     conv = journal.originator_bytes
-    leaf = 0
     for batch in journal.batches(None, last) if cp.size else ():
         for position, oid, version, topic, stored, link, chained in batch:
-            state, prev, chain = bytes(stored), bytes(link), bytes(chained)
+            state = bytes(stored)
             originator = conv(oid)
+            prev = bytes(link)
             frame = entry_frame(prev, position, originator, version, topic.encode(), state)
-            leaf_hash = merkle_leaf_hash(frame)
             is_context = False
             if not whole:
-                payload = orjson.loads(state)["payload"]
-                is_context = not selects(position, payload)
+                is_context = not selects(position, orjson.loads(state)["payload"])
                 if is_context and position not in context and not topic.startswith(ROTATION_TOPIC):
-                    gap = gap or merkle.GapHasher(leaf)
-                    gap.push(leaf_hash)
-                    leaf += 1
+                    stream.omit(frame)
                     continue
-            if gap is not None:
-                _flush(writer, tree, gap)
-                gap = None
-            tree.push(0, leaf_hash)
             line = entry_line(
                 position=position,
                 originator=originator,
@@ -142,32 +133,22 @@ def export_bundle(
                 topic=topic,
                 state=state,
                 prev_hash=prev,
-                chain_hash=chain,
-                leaf=leaf,
+                chain_hash=bytes(chained),
+                leaf=stream.leaf,
                 context=is_context,
             )
-            writer.entry(line, context=is_context)
-            leaf += 1
+            stream.write(frame, line, context=is_context)
         if progress is not None:
-            progress(leaf, cp.size)
-    if gap is not None:
-        _flush(writer, tree, gap)
-    if leaf != cp.size or tree.root() != cp.root:
+            progress(stream.leaf, cp.size)
+    if stream.leaf != cp.size or stream.root() != cp.root:
         raise TreeFollowError(
-            f"the journal's first {leaf} entries do not rebuild the checkpoint's tree of "
-            f"{cp.size} (run `charter journal verify`)"
+            f"the journal's first {stream.leaf} entries do not rebuild the checkpoint's "
+            f"tree of {cp.size} (run `charter journal verify`)"
         )
     if not writer.entries:
         raise NotInTreeError("the selection has no entries in the checkpoint's tree")
     writer.seal(signer)
     return ExportReport(writer.entries, writer.context, writer.gaps, cp.size, writer.bytes)
-
-
-def _flush(writer: BundleWriter, tree: merkle.CompactRange, gap: merkle.GapHasher) -> None:
-    hashes = gap.hashes()
-    for (level, _), digest in zip(merkle.decompose(gap.start, gap.end), hashes, strict=True):
-        tree.push(level, digest)
-    writer.gap(gap.start, gap.end, hashes)
 
 
 def _checkpoint(
