@@ -167,9 +167,9 @@ def rows() -> list[dict[str, Any]]:
         position += 2 if i == 5 else 1
         stream = event.stream() or f"standalone-{i}"
         versions[stream] = versions.get(stream, 0) + 1
-        ms = T0 + (i if i < 6 else i - 1)  # entries 5 and 6 committed together
+        group = i if i < 6 else i - 1  # entries 5 and 6 appended (and committed) together
         state = canonical_json(
-            {"at": _at(ms), "batch": BATCH[:-1] + str(i % 7), "payload": event.payload()}
+            {"at": _at(T0 + group), "batch": f"{BATCH[:-2]}{group:02x}", "payload": event.payload()}
         )
         originator = uuid.uuid5(uuid.NAMESPACE_URL, f"charter:{stream}").bytes
         topic = f"{event.type_name}/v{event.schema_version}"
