@@ -57,6 +57,7 @@ from charter.core.framing import (
 )
 from charter.ledger import JournalCreated
 from charter.sandbox import SandboxProbeRefused
+from tests.audit._support import bundle_lines, flip_b64, join_lines, rechain_lines
 
 HERE = Path(__file__).resolve().parent
 T0 = 1_796_000_000_000  # 2026-11-30T...: the first commit time, in ms
@@ -301,45 +302,9 @@ def bundle(
 # -- broken bundles: what an attacker without the key can do, and the failure -------------
 
 
-def _lines(data: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in data.splitlines()]
-
-
-def _join(lines: list[dict[str, Any]]) -> bytes:
-    return b"".join(canonical_json(line) + b"\n" for line in lines)
-
-
-def _rechain(lines: list[dict[str, Any]], i: int, state: bytes) -> list[dict[str, Any]]:
-    out = [dict(line) for line in lines]
-    prev = bytes.fromhex(out[i]["prev_hash"])
-    for j, line in enumerate(out[i:], start=i):
-        if line["kind"] != "entry":
-            continue
-        if j == i:
-            line["state"] = base64.b64encode(state).decode()
-        raw = base64.b64decode(line["state"])
-        new = entry_hash(
-            prev,
-            line["position"],
-            bytes.fromhex(line["originator"]),
-            line["version"],
-            line["topic"].encode(),
-            raw,
-        )
-        line["prev_hash"], line["chain_hash"] = prev.hex(), new.hex()
-        prev = new
-    return out
-
-
-def _flip(text: str) -> str:
-    raw = bytearray(base64.b64decode(text))
-    raw[len(raw) // 2] ^= 1
-    return base64.b64encode(bytes(raw)).decode()
-
-
 def broken(whole: bytes, partial: bytes) -> list[tuple[str, str, bytes, str]]:
     """(name, what was done, bundle, the part its verification must fail at)."""
-    w, p = _lines(whole), _lines(partial)
+    w, p = bundle_lines(whole), bundle_lines(partial)
     out: list[tuple[str, str, bytes, str]] = []
 
     def case(name: str, what: str, data: bytes, part: str) -> None:
@@ -347,25 +312,30 @@ def broken(whole: bytes, partial: bytes) -> list[tuple[str, str, bytes, str]]:
 
     e = w[4]
     flipped = [*w]
-    flipped[4] = {**e, "state": _flip(e["state"])}
-    case("state-flipped", "one bit of an entry's state", _join(flipped), f"entry/{e['position']}")
+    flipped[4] = {**e, "state": flip_b64(e["state"])}
+    case(
+        "state-flipped",
+        "one bit of an entry's state",
+        join_lines(flipped),
+        f"entry/{e['position']}",
+    )
     case(
         "entry-dropped",
         "an entry's line removed from a whole bundle",
-        _join(w[:4] + w[5:]),
+        join_lines(w[:4] + w[5:]),
         f"entry/{w[5]['position']}",
     )
     case(
         "entries-swapped",
         "two adjacent entry lines swapped",
-        _join([*w[:4], w[5], w[4], *w[6:]]),
+        join_lines([*w[:4], w[5], w[4], *w[6:]]),
         f"entry/{w[5]['position']}",
     )
     state = base64.b64decode(e["state"]).replace(b'"at":"', b'"at":"1', 1)
     case(
         "rechained",
         "an entry changed and it and every later entry chained again",
-        _join(_rechain(w, 4, state)),
+        join_lines(rechain_lines(w, 4, state)),
         "tree",
     )
     header = w[0]
@@ -374,40 +344,40 @@ def broken(whole: bytes, partial: bytes) -> list[tuple[str, str, bytes, str]]:
     case(
         "checkpoint-size",
         "the checkpoint's size line changed",
-        _join([{**header, "checkpoint": "\n".join(parts)}, *w[1:]]),
+        join_lines([{**header, "checkpoint": "\n".join(parts)}, *w[1:]]),
         "checkpoint",
     )
     case(
         "keys-cut",
         "the rotation's key removed from the header's key history",
-        _join([{**header, "keys": header["keys"][:1]}, *w[1:]]),
+        join_lines([{**header, "keys": header["keys"][:1]}, *w[1:]]),
         "checkpoint",
     )
     last = max(x["position"] for x in w if x["kind"] == "entry")
     case(
         "whole-relabelled",
         "a whole bundle relabelled from=1,to=<last> (its audit would be skipped)",
-        _join([{**header, "selection": {"from": 1, "lineage": None, "to": last}}, *w[1:]]),
+        join_lines([{**header, "selection": {"from": 1, "lineage": None, "to": last}}, *w[1:]]),
         "seal",
     )
-    case("trailer-missing", "the last line (the seal) removed", _join(w[:-1]), "seal")
+    case("trailer-missing", "the last line (the seal) removed", join_lines(w[:-1]), "seal")
     case(
         "seal-flipped",
         "one bit of the seal",
-        _join([*w[:-1], {**w[-1], "seal": _flip(w[-1]["seal"])}]),
+        join_lines([*w[:-1], {**w[-1], "seal": flip_b64(w[-1]["seal"])}]),
         "seal",
     )
     ph = p[0]
     case(
         "partial-relabelled-whole",
         "a partial bundle relabelled as the whole journal",
-        _join([{**ph, "selection": {"from": None, "lineage": None, "to": None}}, *p[1:]]),
+        join_lines([{**ph, "selection": {"from": None, "lineage": None, "to": None}}, *p[1:]]),
         "selection",
     )
     case(
         "partial-relabelled-lineage",
         "a partial bundle relabelled to another lineage its entries do not name",
-        _join([{**ph, "selection": {**ph["selection"], "lineage": "agent:vec/sa-9"}}, *p[1:]]),
+        join_lines([{**ph, "selection": {**ph["selection"], "lineage": "agent:vec/sa-9"}}, *p[1:]]),
         "selection",
     )
     gaps = [i for i, x in enumerate(p) if x["kind"] == "gap"]
@@ -416,7 +386,7 @@ def broken(whole: bytes, partial: bytes) -> list[tuple[str, str, bytes, str]]:
     case(
         "gap-hash",
         "one hash of a gap replaced",
-        _join([*p[: gaps[0]], g, *p[gaps[0] + 1 :]]),
+        join_lines([*p[: gaps[0]], g, *p[gaps[0] + 1 :]]),
         "tree",
     )
     grants = [i for i, x in enumerate(w) if x.get("topic", "").startswith("GrantMinted/")]
@@ -426,7 +396,7 @@ def broken(whole: bytes, partial: bytes) -> list[tuple[str, str, bytes, str]]:
     case(
         "grant-forged",
         "a worker's grant signature zeroed, the chain re-hashed to the end",
-        _join(_rechain(w, i, canonical_json(doc))),
+        join_lines(rechain_lines(w, i, canonical_json(doc))),
         f"grants/{doc['payload']['lineage']}",
     )
     v2 = canonical_json({"checkpoint": "", "entries": [], "format": "charter/bundle@v2"})

@@ -25,9 +25,11 @@ from charter.audit.note import NoteKey, SignedNote
 from charter.audit.tree import MerkleLog
 from charter.core import Budget, KeyStore
 from charter.core.events import canonical_json
-from charter.core.framing import entry_frame, entry_hash, merkle_leaf_hash, merkle_node_hash
+from charter.core.framing import entry_frame, merkle_leaf_hash, merkle_node_hash
 from charter.ledger import Journal
-from tests.audit._support import real_history
+from tests.audit._support import bundle_lines as _lines
+from tests.audit._support import flip_b64, real_history, rechain_lines
+from tests.audit._support import join_lines as _join
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,15 +51,6 @@ def _export(url: str, home: Path, **kw: Any) -> bytes:
     with Journal.open(url) as j:
         export_bundle(j, KeyStore(home).load("journal"), out, **kw)
     return out.getvalue()
-
-
-def _lines(data: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in data.splitlines()]
-
-
-def _join(lines: list[dict[str, Any]]) -> bytes:
-    """An attacker's bundle: each line re-encoded canonically (the seal is kept)."""
-    return b"".join(canonical_json(line) + b"\n" for line in lines)
 
 
 def _entries(lines: list[dict[str, Any]]) -> list[BundleEntry]:
@@ -159,34 +152,11 @@ def test_a_cosigned_checkpoint_can_be_used_and_its_witness_required(
     assert caught.value.part == "checkpoint"
 
 
-def _flip_b64(text: str) -> str:
-    raw = bytearray(base64.b64decode(text))
-    raw[len(raw) // 2] ^= 1
-    return base64.b64encode(bytes(raw)).decode()
-
-
 def _fails_at(data: bytes, key: NoteKey, part: str) -> BundleError:
     with pytest.raises(BundleError) as caught:
         verify_bundle(data, key)
     assert caught.value.part == part, caught.value
     return caught.value
-
-
-def _rechain(lines: list[dict[str, Any]], i: int, state: bytes) -> list[dict[str, Any]]:
-    """The attacker's consistent re-hash inside the bundle: line ``i`` gets ``state``,
-    and it and every entry after it are chained again."""
-    out = [dict(line) for line in lines]
-    prev = bytes.fromhex(out[i]["prev_hash"])
-    for line in out[i:]:
-        if line["kind"] != "entry":
-            continue
-        if line is out[i]:
-            line["state"] = base64.b64encode(state).decode()
-        e = _entry(line)
-        new = entry_hash(prev, e.position, e.originator, e.version, e.topic.encode(), e.state)
-        line["prev_hash"], line["chain_hash"] = prev.hex(), new.hex()
-        prev = new
-    return out
 
 
 def test_each_altered_part_fails_at_that_part(history: tuple) -> None:
@@ -201,13 +171,13 @@ def test_each_altered_part_fails_at_that_part(history: tuple) -> None:
     # an entry's byte; then re-chained from it (the next entry no longer links), then
     # every later entry re-chained too (the tree's root differs)
     changed = [*lines]
-    changed[6] = {**entry, "state": _flip_b64(entry["state"])}
+    changed[6] = {**entry, "state": flip_b64(entry["state"])}
     _fails_at(_join(changed), key, f"entry/{position}")
     state = base64.b64decode(entry["state"]).replace(b'"at":"', b'"at":"1', 1)
     relinked = [*lines]
-    relinked[6] = _rechain(lines, 6, state)[6]
+    relinked[6] = rechain_lines(lines, 6, state)[6]
     _fails_at(_join(relinked), key, f"entry/{lines[7]['position']}")
-    _fails_at(_join(_rechain(lines, 6, state)), key, "tree")
+    _fails_at(_join(rechain_lines(lines, 6, state)), key, "tree")
 
     # the checkpoint: a changed size line, or its signature
     header = lines[0]
@@ -216,7 +186,7 @@ def test_each_altered_part_fails_at_that_part(history: tuple) -> None:
     parts[1] = str(int(parts[1]) + 1)
     _fails_at(_join([{**header, "checkpoint": "\n".join(parts)}, *lines[1:]]), key, "checkpoint")
     blob = note.rstrip("\n").split("\n")[-1].split(" ")[-1]
-    forged = note.replace(blob, _flip_b64(blob))
+    forged = note.replace(blob, flip_b64(blob))
     _fails_at(_join([{**header, "checkpoint": forged}, *lines[1:]]), key, "checkpoint")
 
     # the keys: a bundle naming another key, or verified with another key
@@ -239,7 +209,7 @@ def test_each_altered_part_fails_at_that_part(history: tuple) -> None:
     # the trailer: gone, or its seal changed, or a line after it
     _fails_at(_join(lines[:-1]), key, "seal")
     trailer = lines[-1]
-    _fails_at(_join([*lines[:-1], {**trailer, "seal": _flip_b64(trailer["seal"])}]), key, "seal")
+    _fails_at(_join([*lines[:-1], {**trailer, "seal": flip_b64(trailer["seal"])}]), key, "seal")
     _fails_at(data + data.splitlines(keepends=True)[1], key, "seal")
 
     # a grant's signature swapped for zeros, re-chained to the end: its grant chain
@@ -248,7 +218,7 @@ def test_each_altered_part_fails_at_that_part(history: tuple) -> None:
     i = grants[-1]
     doc = json.loads(base64.b64decode(lines[i]["state"]))
     doc["payload"]["signature"] = "00" * 64
-    forged = _join(_rechain(lines, i, canonical_json(doc)))
+    forged = _join(rechain_lines(lines, i, canonical_json(doc)))
     _fails_at(forged, key, f"grants/{doc['payload']['lineage']}")
 
 
@@ -311,7 +281,7 @@ def test_export_verify_runs_offline_with_no_database_no_network_no_home(
         )
         assert "eth" not in net.stdout
     lines = _lines(bundle.read_bytes())
-    lines[1] = {**lines[1], "state": _flip_b64(lines[1]["state"])}
+    lines[1] = {**lines[1], "state": flip_b64(lines[1]["state"])}
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(_join(lines))
     result = run(bad)
