@@ -1,18 +1,18 @@
 """Benchmark: the auditor's side (Merkle follower, proofs, export, audit).
 
-    python3 bench/audit.py [--entries 1000000]
-                           [--commits 300] [--pg postgresql://postgres@127.0.0.1:5432/test]
+    python3 bench/audit.py [--entries 1000000] [--commits 300]
+                           [--pg postgresql://postgres@127.0.0.1:5432/test]  (section 1)
 
 1. Appends with the Merkle follower running (a second process following every 0.1 s
    and publishing a checkpoint at most every 0.25 s, measured once it is past its
    start-up) beside appends without it, interleaved, best of two each: single-entry
    commits per second, and the ratio (target ≥ 0.9). With the follower, the time from
    a commit's return until a published checkpoint covers it: p50/p99 (target p99 ≤ 1 s).
-2. A journal of --entries entries (batches of 1000), the tree caught up, then random
-   inclusion and consistency proofs from the stored nodes: p50/p99 (target p50 ≤ 5 ms).
-3. A cached journal of --entries entries made by the product (``charter init``'s
+2. A cached journal of --entries entries made by the product (``charter init``'s
    setup, one fan-out of 50 workers, then their usage in batches of 1000; built once
-   under /tmp and reused), and the CLI on it, each a process of its own, beside the
+   under /tmp and reused; SQLite), its tree caught up, then random inclusion and
+   consistency proofs from the stored nodes: p50/p99 (target p50 ≤ 5 ms).
+3. The CLI on that journal, each command a process of its own, beside the
    plain chain walk of the same journal (``charter journal verify``) in the same run:
    ``charter audit`` (target ≤ 2× the walk), ``charter export`` of the whole journal and
    ``charter export verify`` of that bundle, with the audit inside (each ≤ 3× the walk,
@@ -181,7 +181,8 @@ def cached_journal(entries: int) -> tuple[str, Path]:
 
 
 def _run(args: list[str], url: str, home: Path) -> tuple[float, int, str]:
-    """One CLI run in its own process: (seconds, peak RSS in bytes, stderr)."""
+    """One CLI run in its own process: (seconds, the largest child's peak RSS so far
+    in bytes, stderr)."""
     env = {**os.environ, "CHARTER_HOME": str(home), "CHARTER_DB": url, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -199,14 +200,16 @@ def _run(args: list[str], url: str, home: Path) -> tuple[float, int, str]:
 
 
 def _measure(args: list[str], url: str, home: Path) -> tuple[float, int]:
-    """Seconds and peak RSS of ``args`` run alone (a fresh interpreter measures its own
-    peak: RUSAGE_CHILDREN would be the largest of every child so far)."""
+    """Seconds and peak RSS of ``args`` run alone: the process's own high-water mark
+    (VmHWM, of the memory it has since its exec; ru_maxrss would count the parent's
+    memory at the fork, and RUSAGE_CHILDREN the largest child so far)."""
     probe = [
         "-c",
-        "import resource, runpy, sys; sys.argv = ['charter', *sys.argv[1:]]; "
+        "import runpy, sys; sys.argv = ['charter', *sys.argv[1:]]; "
         "code = 0\ntry:\n runpy.run_module('charter', run_name='__main__')\n"
         "except SystemExit as e:\n code = e.code or 0\n"
-        "print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+        "print('RSS', hwm.split()[1], file=sys.stderr)\n"
         "sys.exit(code)",
         *args,
     ]
@@ -332,6 +335,7 @@ def main() -> int:
             if q50 > PROOF_P50_MS:
                 missed.append(f"{name} p50 {q50:.2f} ms > {PROOF_P50_MS}")
         anchor = log.anchor_key().text()
+        del positions  # the children are forked from this process
     missed += cli_figures(url, home, size, anchor)
     for line in missed:
         print(f"MISSED: {line}")
