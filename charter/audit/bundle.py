@@ -248,7 +248,7 @@ class BundleEntry(NamedTuple):
     topic: str
     state: bytes
     prev_hash: bytes
-    chain_hash: bytes
+    chain_hash: str  # hex, as in the line: compared with the frame's hexdigest
     leaf: int
     context: bool
 
@@ -352,7 +352,7 @@ def _entry(obj: dict[str, Any], expect_leaf: int) -> BundleEntry:
             topic,
             base64.b64decode(state, validate=True),
             bytes.fromhex(prev_hash),
-            bytes.fromhex(chain_hash),
+            chain_hash,
             leaf,
             context,
         )
@@ -594,7 +594,7 @@ class _Verifier:
                 f"is {self.tree.size} (an entry was dropped, added or moved)",
             )
         frame = entry.frame()
-        if hashlib.sha256(frame).hexdigest() != raw["chain_hash"]:  # lower-case hex too
+        if hashlib.sha256(frame).hexdigest() != entry.chain_hash:  # lower-case hex too
             raise BundleError(where, "its stored bytes do not match its chain hash")
         if self.last is not None:
             if raw["prev_hash"] != self.last_chain:
@@ -617,7 +617,7 @@ class _Verifier:
             self.auditor.apply(entry.position, entry.topic, entry.state)
         self.counts["context" if entry.context else "entries"] += 1
         self.last, self.last_position, self.gap_before = entry, entry.position, False
-        self.last_chain = raw["chain_hash"]
+        self.last_chain = entry.chain_hash
 
     def finish(self, trailer: dict[str, Any] | None, cosignatures: int) -> BundleReport:
         if self.tree.size != self.size:

@@ -248,6 +248,7 @@ class _Auditor:
         self._handlers = self._make_handlers()
         self.last_at = 0
         self.position = 0
+        self.checked = 0
         self._at_text: object = None
         self._at_ms = 0
 
@@ -696,6 +697,7 @@ class _Auditor:
 
     def apply(self, position: int, topic: str, state: bytes) -> None:
         self.position = position
+        self.checked += 1
         try:
             doc = orjson.loads(state)
             at = doc["at"]
@@ -780,17 +782,13 @@ class Auditor:
 
     def __init__(self, on_finding: Callable[[Finding], None] | None = None) -> None:
         self._auditor = _Auditor(on_finding)
-        self.checked = 0
-
-    def apply(self, position: int, topic: str, state: bytes) -> None:
-        self._auditor.apply(position, topic, state)
-        self.checked += 1
+        self.apply: Callable[[int, str, bytes], None] = self._auditor.apply  # the hot path
 
     def finish(self) -> AuditReport:
         auditor = self._auditor
         auditor.lifecycle(auditor.last_at)
         findings = tuple(sorted(auditor.findings, key=lambda f: (f.position, f.check)))
-        return AuditReport(ok=not findings, checked=self.checked, findings=findings)
+        return AuditReport(ok=not findings, checked=auditor.checked, findings=findings)
 
 
 def audit_history(
@@ -800,11 +798,8 @@ def audit_history(
     """Audit batches of ``(position, topic, state)`` in position order (what
     ``Journal.payloads`` yields), one batch at a time."""
     auditor = Auditor(on_finding)
-    inner = auditor._auditor
-    checked = 0
+    apply = auditor.apply
     for batch in rows:
         for position, topic, state in batch:
-            inner.apply(position, topic, state)
-            checked += 1
-    auditor.checked = checked
+            apply(position, topic, state)
     return auditor.finish()

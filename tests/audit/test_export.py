@@ -65,7 +65,7 @@ def _entry(line: dict[str, Any]) -> BundleEntry:
         topic=line["topic"],
         state=base64.b64decode(line["state"]),
         prev_hash=bytes.fromhex(line["prev_hash"]),
-        chain_hash=bytes.fromhex(line["chain_hash"]),
+        chain_hash=line["chain_hash"],
         leaf=line["leaf"],
         context=line["context"],
     )
