@@ -2,10 +2,10 @@
 the same bytes again (deterministic), Charter's verifier gives each file's stated
 result, and so does a naive verifier written here from docs/VERIFYING.md alone.
 
-The naive verifier imports nothing of Charter: hashlib, struct, base64, json and
-Ed25519 (PyNaCl) only. It is deliberately plain (whole files in memory, recursive
-Merkle roots) and follows §8's order of checks, so a failing bundle fails at the same
-part. It does not re-implement the semantic audit (§9) or the grant terms' attenuation
+The naive verifier imports nothing of Charter: hashlib, struct, base64, json,
+Ed25519 (PyNaCl) and the suite's own RFC 6962 tree (tests/audit/rfc6962.py) only. It
+is deliberately plain (whole files in memory, recursive Merkle roots) and follows §8's
+order of checks, so a failing bundle fails at the same part. It does not re-implement the semantic audit (§9) or the grant terms' attenuation
 (§6): the vectors' untouched bundles have no findings, and their broken ones break
 what it does check.
 """
@@ -29,6 +29,7 @@ from charter.audit.bundle import verify_bundle
 from charter.audit.errors import BundleError
 from charter.audit.note import NoteKey
 from charter.core.events import canonical_json
+from tests.audit import rfc6962
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "docs" / "vectors"
@@ -87,27 +88,12 @@ def frame(prev: bytes, pos: int, orig: bytes, ver: int, topic: bytes, state: byt
     )
 
 
-def sha(b: bytes) -> bytes:
-    return hashlib.sha256(b).digest()
-
-
-def leaf(f: bytes) -> bytes:
-    return sha(b"\x00" + f)
-
-
-def node(a: bytes, b: bytes) -> bytes:
-    return sha(b"\x01" + a + b)
+# SHA-256, the RFC 6962 leaf and node hashes and MTH: the suite's own independent tree
+sha, leaf, node = rfc6962.h, rfc6962.leaf, rfc6962.node
 
 
 def mth(leaves: list[bytes]) -> bytes:
-    if not leaves:
-        return sha(b"")
-    if len(leaves) == 1:
-        return leaves[0]
-    k = 1
-    while k * 2 < len(leaves):
-        k *= 2
-    return node(mth(leaves[:k]), mth(leaves[k:]))
+    return rfc6962.Naive(leaves).mth(0, len(leaves))
 
 
 def decompose(start: int, end: int) -> list[int]:
