@@ -5,9 +5,9 @@ result, and so does a naive verifier written here from docs/VERIFYING.md alone.
 The naive verifier imports nothing of Charter: hashlib, struct, base64, json,
 Ed25519 (PyNaCl) and the suite's own RFC 6962 tree (tests/audit/rfc6962.py) only. It
 is deliberately plain (whole files in memory, recursive Merkle roots) and follows §8's
-order of checks, so a failing bundle fails at the same part. It does not re-implement the semantic audit (§9) or the grant terms' attenuation
-(§6): the vectors' untouched bundles have no findings, and their broken ones break
-what it does check.
+order of checks, so a failing bundle fails at the same part. It does not re-implement
+the semantic audit (§9) or the grant terms' attenuation (§6): the vectors' untouched
+bundles have no findings, and their broken ones break what it does check.
 """
 
 from __future__ import annotations
