@@ -20,6 +20,8 @@
 4. ``charter proof verify``, ``charter proof inclusion`` and ``charter checkpoint key``
    on that journal beside ``charter --version``: whether each imports psycopg (target:
    none) and its time, best of 3 (target ≤ 1.5× ``--version``).
+5. For comparison (not judged): the audit, export and verify in this process beside
+   the library's chain walk (``audit_chain``: no start-up, no parallel chunks).
 
 Smoke-run small (``--entries 3000 --commits 40``); the real sizes are for a quiet
 machine. Exits 1 if a target is missed (the size-bound targets, audit and export, are
@@ -48,7 +50,11 @@ from nacl.signing import SigningKey
 
 from bench._support import percentile, scratch_database
 from charter.app import CellSetup, Charter, Settings
+from charter.audit import audit_chain
+from charter.audit.bundle import verify_bundle
+from charter.audit.export import export_bundle
 from charter.audit.note import Checkpoint
+from charter.audit.semantic import audit_history
 from charter.audit.tree import MerkleLog
 from charter.authority import FixedPolicy, RequestedGrant, SpawnIntent, Verdict
 from charter.budgets import UsageRecorded
@@ -284,6 +290,33 @@ def cli_figures(url: str, home: Path, size: int, anchor: str) -> list[str]:
     return missed
 
 
+def inprocess_figures(url: str, home: Path) -> None:
+    """The same work in this process, beside the library chain walk (``audit_chain``,
+    no CLI start-up, one process): printed for comparison, not judged."""
+    with Journal.open(url) as journal, tempfile.TemporaryDirectory() as tmp:
+        anchor = MerkleLog(journal).anchor_key()
+        key = KeyStore(home).load("journal")
+        out = Path(tmp) / "bundle.jsonl"
+        s = time.perf_counter()
+        audit_chain(journal)
+        walk = time.perf_counter() - s
+        s = time.perf_counter()
+        audit_history(journal.payloads())
+        audit = time.perf_counter() - s
+        s = time.perf_counter()
+        with out.open("wb") as f:
+            export_bundle(journal, key, f)
+        export = time.perf_counter() - s
+        s = time.perf_counter()
+        with out.open("rb") as f:
+            verify_bundle(f, anchor)
+        verify = time.perf_counter() - s
+    print(
+        f"in-process: audit_chain {walk:.1f} s; audit {audit / walk:.2f}x, export "
+        f"{export / walk:.2f}x, export verify {verify / walk:.2f}x of it"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--entries", type=int, default=1_000_000)
@@ -337,6 +370,7 @@ def main() -> int:
         anchor = log.anchor_key().text()
         del positions  # the children are forked from this process
     missed += cli_figures(url, home, size, anchor)
+    inprocess_figures(url, home)
     for line in missed:
         print(f"MISSED: {line}")
     return 1 if missed else 0
