@@ -16,11 +16,13 @@ import os
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from charter.budgets import LeaseBook, LedgerState
 from charter.ledger import ChainedPostgresProcessRecorder, ChainedSQLiteProcessRecorder
 
 KINDS = ("UsageRecorded", "LeaseReleased", "LeaseRenewed", "LeaseGranted")
@@ -112,6 +114,24 @@ def _maybe_hold(stored_events: Any) -> None:
     finally:
         if mark is not None:
             mark.unlink(missing_ok=True)
+
+
+def nothing_unsettled(self: LeaseBook, ledger: LedgerState, settled_ms: int) -> tuple[int, ...]:
+    """``LeaseBook._unsettled`` switched off: every expiry is final at once (the book
+    as it was before settled time), for the controls and the benchmarks' "without"."""
+    del self, ledger, settled_ms
+    return (0,) * 5
+
+
+@contextmanager
+def settled_time_off() -> Iterator[None]:
+    """The settled-time rule switched off while the block runs (test and bench side)."""
+    rule = LeaseBook._unsettled
+    LeaseBook._unsettled = nothing_unsettled  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LeaseBook._unsettled = rule  # type: ignore[method-assign]
 
 
 class HoldingSQLite(ChainedSQLiteProcessRecorder):
