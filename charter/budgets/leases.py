@@ -54,6 +54,7 @@ __all__ = [
     "LeaseReleased",
     "LeaseRenewed",
     "BudgetRefused",
+    "BudgetSettled",
     "LEASE_EVENTS",
     "LeaseBook",
     "LedgerState",
@@ -165,6 +166,16 @@ class BudgetRefused(Event):
     operation: str
     reason: str
     message: str
+
+
+class BudgetSettled(Event):
+    """Journal time moved on, for a decision about ``lineage``'s budget: its children's
+    expiries up to this entry's commit time are final, since no entry after it commits
+    earlier (commit times never decrease with position). Appended only when recent
+    expiries would otherwise hold back budget the decision needs on a quiet journal."""
+
+    type_name = "BudgetSettled"
+    lineage: str
 
 
 LEASE_EVENTS = (BudgetLedgerOpened, LeaseGranted, UsageRecorded, LeaseReleased, LeaseRenewed)
