@@ -77,7 +77,7 @@ def run(backend: str, args: argparse.Namespace) -> bool:
     with_d = statistics.median(r[1] for r in results[True])
     without_d = statistics.median(r[1] for r in results[False])
     ratio = without_a / with_a
-    met = ratio <= args.ratio
+    met = ratio <= float(args.ratio)
     print(
         f"{PROCESSES} writers on {backend}, {args.seconds:.0f} s a round, {args.rounds} "
         f"rounds each: with settled time {with_a:.1f} appends/s ({with_d:.1f} decisions/s), "

@@ -409,7 +409,7 @@ class LeaseBook:
     def unsettled(self, lineage: str, at_ms: int, settled_ms: int) -> bool:
         """Whether what ``lineage`` holds at ``at_ms`` counts a child as live only
         because it expired after ``settled_ms`` (a decision can settle the journal
-        first: every entry stamped before a later time has committed by then)."""
+        first: commit an entry, whose commit time floors every later one)."""
         ledger = self.get(lineage)
         if settled_ms >= at_ms or not ledger.active(at_ms):
             return False
