@@ -114,6 +114,7 @@ KNOWN_TOPICS = frozenset(
         "AgentRegistered",
         "BudgetLedgerOpened",
         "BudgetRefused",
+        "BudgetSettled",
         "CeilingCheckFailedOpen",
         "CellConfigured",
         "CellStarted",
