@@ -407,3 +407,70 @@ def check_settled(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) 
     for sid in sorted(started - discarded):
         found.problems.append(f"sandbox {sid} started and was never discarded")
     return found
+
+
+# -- the journal allowance ------------------------------------------------------------
+#
+# Written from docs/door.md (decision 0012), not from the door's code: a worker's
+# result costs its canonical payload plus 384 bytes, a wait its payload plus 6 x 384
+# (its six entries), its children's schedules their argv and inputs as canonical JSON;
+# at every position each worker's total is at most its lease's 131,072-byte floor plus
+# the egress charged to it so far.
+
+JOURNAL_FLOOR = 128 * 1024
+JOURNAL_ENTRY_OVERHEAD = 384
+JOURNAL_WAIT_ENTRIES = 6
+
+
+def _canonical_size(value: Any) -> int:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return len(text.encode("utf-8"))
+
+
+def journal_bytes_by_worker(
+    entries: Iterable[tuple[int, str, dict[str, Any], datetime]],
+) -> dict[str, int]:
+    """The journal bytes each worker caused, as the allowance counts them."""
+    caused: dict[str, int] = {}
+    for _position, kind, p, _at in entries:
+        for lineage, size in _journal_charges(kind, p):
+            caused[lineage] = caused.get(lineage, 0) + size
+    return caused
+
+
+def _journal_charges(kind: str, p: dict[str, Any]) -> list[tuple[str, int]]:
+    match kind:
+        case "WorkerResult":
+            return [(p["lineage"], _canonical_size(p) + JOURNAL_ENTRY_OVERHEAD)]
+        case "WorkerWaiting":
+            overhead = JOURNAL_WAIT_ENTRIES * JOURNAL_ENTRY_OVERHEAD
+            return [(p["lineage"], _canonical_size(p) + overhead)]
+        case "WorkerScheduled":
+            parent = p["lineage"].rpartition("/")[0]
+            return [(parent, _canonical_size([p["argv"], p["inputs"]]))]
+        case _:
+            return []
+
+
+def check_journal_allowance(
+    entries: Iterable[tuple[int, str, dict[str, Any], datetime]],
+) -> Findings:
+    found = Findings()
+    workers: set[str] = set()
+    caused: dict[str, int] = {}
+    egress: dict[str, int] = {}
+    for position, kind, p, _at in entries:
+        if kind == "WorkerScheduled":
+            workers.add(p["lineage"])
+        if kind == "UsageRecorded":
+            egress[p["lineage"]] = egress.get(p["lineage"], 0) + int(p["amount"]["egress_bytes"])
+        for lineage, size in _journal_charges(kind, p):
+            caused[lineage] = caused.get(lineage, 0) + size
+            bound = JOURNAL_FLOOR + egress.get(lineage, 0)
+            if lineage in workers and caused[lineage] > bound:
+                found.problems.append(
+                    f"{position}: {lineage} caused {caused[lineage]} journal bytes, over its "
+                    f"floor and egress charged ({bound})"
+                )
+        found.checked += 1
+    return found

@@ -24,7 +24,6 @@ is left of their sandboxes, returns their leases and slots.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import socket
 import sys
@@ -49,6 +48,7 @@ from charter.ledger import (
 from charter.runner._caps import WorkerCaps, worker_caps
 from charter.runner._custody import Custody, custody_seed
 from charter.runner._filler import PoolFiller
+from charter.runner._journal_allowance import JournalAllowance
 from charter.runner._kill import kill_uid, kill_uids
 from charter.runner._sink import BrokerEvents
 from charter.runner._view import WorkerRecord, WorkersView
@@ -56,7 +56,6 @@ from charter.runner.errors import (
     CellSupersededError,
     LeaseSpentError,
     NotAWorkerError,
-    ResultGivenError,
 )
 from charter.runner.events import (
     RESULT_CAP,
@@ -136,6 +135,10 @@ class Cell:
         self.draining = False  # start nothing more; stop once what runs has finished
         self._parked_base = 1  # idle sandboxes parked ahead: the processing cap (open)
         self.changed = threading.Condition(self._lock)
+        self.journal_allowance = JournalAllowance(
+            self, lambda lin, at: self.resources.book.remaining(lin, at).egress_bytes,
+            self.journal.append,
+        )  # fmt: skip
 
     def host_load(self, cores: int, reserve: int) -> CapInputs:
         """The adaptive cap's inputs, as the composition root takes them."""
@@ -736,26 +739,13 @@ class Cell:
         return lineage
 
     def journal_result(self, lineage: str, data: bytes) -> str:
-        """Journal ``lineage``'s answer: one per worker (what it can make the journal
-        hold is bounded), refused if it gave one already."""
-        data = data[:RESULT_CAP]
-        digest = hashlib.sha256(data).hexdigest()
-        event = WorkerResult(
-            lineage=lineage,
-            digest=digest,
-            size=len(data),
-            text=data.decode("utf-8", errors="replace"),
-        )
-        with self._lock:  # checked and journaled together
-            self.refresh()
-            w = self.view.workers.get(lineage)
-            if w is not None and w.result is not None:
-                raise ResultGivenError(
-                    f"{lineage} has given its result already (digest {w.result.digest}); a "
-                    "worker answers once"
-                )
-            self.applied(self.journal.append([event]))
-        return digest
+        """Journal ``lineage``'s answer: one per worker, charged to its journal allowance
+        first (``_journal_allowance``), refused if it gave one already."""
+        return self.journal_allowance.journal_result(lineage, data, self._result_of)
+
+    def _result_of(self, lineage: str) -> WorkerResult | None:
+        w = self.view.workers.get(lineage)
+        return None if w is None else w.result
 
     def sign(self, lineage: str, tag: str, message: bytes) -> bytes:
         """Sign for ``lineage`` with the key issued to its sandbox (and only that one)."""

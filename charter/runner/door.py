@@ -37,7 +37,8 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -47,7 +48,7 @@ from charter.authority import SpawnIntent
 from charter.control import WorkerSpec
 from charter.core import CharterError, RefusedError
 from charter.runner.cell import Cell
-from charter.runner.errors import NotAWorkerError, WorkerGoneError
+from charter.runner.errors import ControlPlaneCpuError, NotAWorkerError, WorkerGoneError
 from charter.runner.events import RESULT_CAP
 from charter.runner.requests import WorkerRequests
 from charter.sandbox import KeyBroker, Member, PeerServer, Refusal, SignatureTagError
@@ -65,6 +66,9 @@ __all__ = [
     "INTERNAL_ERROR",
     "REFUSED",
     "OVER_LIMIT",
+    "OVER_CPU",
+    "CPU_BASE_S",
+    "CPU_MULTIPLE",
     "WorkerGoneError",
 ]
 
@@ -74,6 +78,13 @@ MAX_FRAME = 2 * RESULT_CAP + 4096  # a result hex-free as text, plus the envelop
 MAX_REQUESTS = 10_000  # per worker (one sandbox), over its whole life
 MAX_CONNECTIONS = 4  # per worker at a time (each holds a thread here)
 MAX_BATCH = 64  # requests in one batch (each counts against MAX_REQUESTS)
+# The door's CPU serving one worker is kept within CPU_MULTIPLE × the worker's own CPU
+# (its sandbox's cgroup) + CPU_BASE_S; past it a frame is refused unserved (-32002) and
+# the connection closed (so refusals are paced by the connection rate). The base lets a
+# worker that has barely started make its first requests.
+CPU_MULTIPLE = 0.25
+CPU_BASE_S = 0.1
+_SERVED_KEPT = 1024
 _IDLE_TIMEOUT = 3600.0  # a connection may sit in a long wait
 _DRAIN_S = 5.0  # how long an unregistering sandbox's connections get to end
 
@@ -84,6 +95,7 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 REFUSED = -32000
 OVER_LIMIT = -32001
+OVER_CPU = -32002
 
 
 class _Params(BaseModel):
@@ -291,6 +303,10 @@ class Door(KeyBroker):
         self.cell: Cell | None = None
         self._closed = False
         self._counts: dict[_Holder, int] = {}  # requests so far, per holder
+        self._served: dict[_Holder, float] = {}  # door thread CPU (s) spent, per holder
+        # What ended workers cost the door, by lineage (the last _SERVED_KEPT of them).
+        self.served_history: OrderedDict[str, float] = OrderedDict()
+        self._waiting = threading.local()  # per thread: CPU spent only waiting (s)
         self._conns: dict[socket.socket, _Holder] = {}  # open connections, and whom
         self._count_lock = threading.Lock()
         self._door = PeerServer(
@@ -318,6 +334,11 @@ class Door(KeyBroker):
                     del self._counts[holder]
             self._hang_up(lambda holder: holder[0] == sandbox_id)
             self._drain(host_uid)
+            with self._count_lock:  # after the drain: its threads have stopped adding
+                for holder in [h for h in self._served if h[0] == sandbox_id]:
+                    self.served_history[holder[1]] = self._served.pop(holder)
+                while len(self.served_history) > _SERVED_KEPT:
+                    self.served_history.popitem(last=False)
 
     def _drain(self, uid: int) -> None:
         """Wait (at most ``_DRAIN_S``) until no connection of ``uid`` holds a thread: the
@@ -338,6 +359,12 @@ class Door(KeyBroker):
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
         return len(conns)
+
+    def served_cpu_s(self, uid: int) -> float:
+        """CPU (s) the door's threads have spent serving the sandbox now on ``uid``."""
+        holder = self._holder(uid)
+        with self._count_lock:
+            return self._served.get(holder, 0.0) if holder is not None else 0.0
 
     def requests(self, uid: int) -> int:
         """Requests the sandbox now on ``uid`` has made so far."""
@@ -396,7 +423,38 @@ class Door(KeyBroker):
                 self._conns.pop(conn, None)
 
     def _serve_frame(self, conn: socket.socket, reader: Any, uid: int, holder: _Holder) -> bool:
-        """Read one frame and answer it; False when the connection is to close."""
+        """Read one frame and answer it, the CPU it takes charged to ``holder``; False
+        when the connection is to close."""
+        start, waited = time.thread_time(), self._waiting.__dict__.get("s", 0.0)
+        try:
+            return self._answer_frame(conn, reader, uid, holder)
+        finally:
+            spent = time.thread_time() - start - (self._waiting.__dict__.get("s", 0.0) - waited)
+            with self._count_lock:
+                self._served[holder] = self._served.get(holder, 0.0) + spent
+
+    @contextlib.contextmanager
+    def _uncharged(self) -> Iterator[None]:
+        """What a request does while it only waits (polling for its children's ends, or
+        for a processing slot) is left out of the CPU charged to its worker: bounded by
+        the wait's timeout, at one refresh per change of the cell or per 50 ms."""
+        start = time.thread_time()
+        try:
+            yield
+        finally:
+            self._waiting.s = self._waiting.__dict__.get("s", 0.0) + time.thread_time() - start
+
+    def _within_cpu(self, uid: int, holder: _Holder) -> bool:
+        """Whether the door's CPU for ``holder`` so far is within its allowance: a
+        multiple of the worker's own CPU, plus the base (its cgroup read only once the
+        base is spent)."""
+        with self._count_lock:
+            served = self._served.get(holder, 0.0)
+        if served <= CPU_BASE_S:
+            return True
+        return served <= CPU_BASE_S + CPU_MULTIPLE * self.sandbox_cpu_s(uid)
+
+    def _answer_frame(self, conn: socket.socket, reader: Any, uid: int, holder: _Holder) -> bool:
         line = reader.readline(MAX_FRAME + 1)
         if not line:
             return False
@@ -407,6 +465,15 @@ class Door(KeyBroker):
         if self._holder(uid) != holder:  # the worker ended; its uid may hold another
             left = WorkerGoneError("the worker this connection served has ended")
             conn.sendall(_reply(None, error=_refusal(left)))
+            return False
+        if not self._within_cpu(uid, holder):  # not parsed, not served: reconnect later
+            over = ControlPlaneCpuError(
+                f"the door has spent more than {CPU_MULTIPLE} x this worker's own CPU "
+                f"+ {CPU_BASE_S} s serving it; retry once it has worked more"
+            )
+            conn.sendall(
+                _reply(None, error=_RpcError(OVER_CPU, str(over), {"reason": over.reason}))
+            )
             return False
         try:
             loaded = _load(line)
@@ -471,7 +538,7 @@ class Door(KeyBroker):
             raise NotAWorkerError("the door is not attached to a cell")
         lineage = holder[1]  # identity from the kernel, never the request
         scoped = _ScopedCell(cell, lambda: self._holder(uid) == holder)
-        requests = WorkerRequests(cast(Cell, scoped))
+        requests = WorkerRequests(cast(Cell, scoped), uncharged=self._uncharged)
         match params:
             case SpawnParams():
                 result = requests.spawn(lineage, params.intent, params.workers)

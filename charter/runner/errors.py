@@ -13,6 +13,8 @@ __all__ = [
     "NotAWorkerError",
     "ResultTooLargeError",
     "ResultGivenError",
+    "JournalAllowanceError",
+    "ControlPlaneCpuError",
     "WorkerGoneError",
     "WaitRefusedError",
     "CellSupersededError",
@@ -50,6 +52,23 @@ class ResultGivenError(DoorRefusedError):
     most one result to the journal, so its journal bytes are bounded."""
 
     reason = "result-given"
+
+
+class JournalAllowanceError(DoorRefusedError):
+    """A journal write a worker caused (a result, a wait, a spawn) is more than its
+    lease's journal allowance can pay for: the floor is spent and the lease's egress
+    does not hold the rest (docs/door.md). The first refusal of each lease is
+    journaled."""
+
+    reason = "journal-allowance"
+
+
+class ControlPlaneCpuError(DoorRefusedError):
+    """The door has spent more CPU serving a worker than the worker's own CPU allows
+    (a multiple of it, plus a base; docs/door.md): the request is refused, unserved,
+    and the connection closed, until the worker has used more of its own."""
+
+    reason = "control-plane-cpu"
 
 
 class WorkerGoneError(DoorRefusedError):

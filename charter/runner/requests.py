@@ -7,6 +7,8 @@ it found for the peer's host uid), never taken from a request.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from nacl.signing import SigningKey
 
@@ -14,6 +16,7 @@ from charter.authority import SpawnIntent
 from charter.budgets import ResourceClass
 from charter.control import Caller, SpawnResult, WorkerSpec
 from charter.core import Lineage
+from charter.runner._journal_allowance import spawn_bytes, wait_bytes
 from charter.runner._view import WorkerRecord
 from charter.runner.cell import Cell
 from charter.runner.errors import ResultTooLargeError, WaitRefusedError
@@ -25,9 +28,15 @@ __all__ = ["WorkerRequests"]
 class WorkerRequests:
     """``spawn``, ``wait`` and ``result`` for the workers of ``cell``."""
 
-    def __init__(self, cell: Cell) -> None:
+    def __init__(
+        self, cell: Cell, uncharged: Callable[[], AbstractContextManager[object]] = nullcontext
+    ) -> None:
+        """``uncharged`` wraps what a request does while it only waits (for children to
+        end, for a processing slot): the door leaves that out of the CPU it charges
+        the worker (its polling is bounded by the wait's timeout, not by the worker)."""
         self.cell = cell
         self.name = cell.cell
+        self.uncharged = uncharged
 
     def caller(self, lineage: str) -> Caller:
         """The worker as a caller: its journaled chain and its custody key, derived from
@@ -41,8 +50,12 @@ class WorkerRequests:
         self, lineage: str, intent: SpawnIntent, workers: tuple[WorkerSpec, ...]
     ) -> SpawnResult:
         # The process's one spawn pipeline: the operator's ceilings and gate hold here
-        # exactly as for ``charter spawn``.
-        result = self.cell.app.spawn(self.caller(lineage), intent, workers=workers)
+        # exactly as for ``charter spawn``; the children's worker-chosen bytes are
+        # charged to the caller's journal allowance first.
+        allowance = self.cell.journal_allowance
+        with allowance.held(lineage):
+            allowance.charge(lineage, spawn_bytes(intent.width, workers))
+            result = self.cell.app.spawn(self.caller(lineage), intent, workers=workers)
         with self.cell.changed:
             self.cell.changed.notify_all()
         return result
@@ -63,7 +76,7 @@ class WorkerRequests:
         self._swap_for_coordination(lineage, children, timeout_s)
         deadline = time.monotonic() + timeout_s
         timed_out = False
-        with self.cell.changed:
+        with self.uncharged(), self.cell.changed:
             while True:
                 self.cell.refresh()
                 live = [
@@ -108,9 +121,12 @@ class WorkerRequests:
         waiting = WorkerWaiting(
             lineage=lineage, children=children, timeout_ms=int(timeout_s * 1000)
         )
-        with self.cell.changed:
-            self.cell.admission.wait_on_children(self.name, lineage, waiting, self.cell.live)
-            self.cell.changed.notify_all()
+        allowance = self.cell.journal_allowance
+        with allowance.held(lineage):  # charged, then journaled
+            allowance.charge(lineage, wait_bytes(waiting))
+            with self.cell.changed:
+                self.cell.admission.wait_on_children(self.name, lineage, waiting, self.cell.live)
+                self.cell.changed.notify_all()
 
     def _back_to_processing(self, lineage: str) -> None:
         """Give back the coordination slot and take (or queue for) a processing one;
@@ -118,6 +134,7 @@ class WorkerRequests:
         with self.cell.changed:
             self.cell.admission.resume_processing(self.name, lineage)
             self.cell.changed.notify_all()
+        with self.uncharged(), self.cell.changed:
             while True:
                 self.cell.refresh()
                 holders = self.cell.resources.cells.get(self.name).holders[ResourceClass.PROCESSING]

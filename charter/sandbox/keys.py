@@ -52,7 +52,7 @@ from charter.core.framing import SANDBOX_KEY_TAG, sandbox_key_signing_input
 from charter.sandbox._peer import Allowance, Member, PeerServer, Refusal
 from charter.sandbox.errors import KeyHandleError, KeySeedError, SignatureTagError
 
-__all__ = ["KeyBroker", "SIGNING_DOMAIN", "framed", "verify_signature"]
+__all__ = ["KeyBroker", "SIGNING_DOMAIN", "framed", "sandbox_cpu_s", "verify_signature"]
 
 SIGNING_DOMAIN = SANDBOX_KEY_TAG
 _TAG = re.compile(r"^[a-z0-9][a-z0-9./-]{0,63}$")
@@ -91,6 +91,21 @@ def verify_signature(public_key: bytes, tag: str, message: bytes, signature: byt
     except BadSignatureError:
         return False
     return True
+
+
+def sandbox_cpu_s(cgroup: tuple[str, ...]) -> float:
+    """CPU the sandbox's processes have used so far, in seconds, as its own cgroup
+    counts it (v2 ``cpu.stat`` ``usage_usec``, v1 ``cpuacct.usage``); 0 when neither
+    can be read (so a broker that allows a multiple of it allows only its base)."""
+    for d in cgroup:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(d, "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        with contextlib.suppress(OSError, ValueError):
+            return int(Path(d, "cpuacct.usage").read_text()) / 1e9
+    return 0.0
 
 
 class _Key:
@@ -235,6 +250,12 @@ class KeyBroker:
     def active(self, host_uid: int) -> int:
         """Connections from ``host_uid`` that hold a broker thread now."""
         return self._server.active(host_uid) if self._server is not None else 0
+
+    def sandbox_cpu_s(self, host_uid: int) -> float:
+        """CPU the sandbox registered on ``host_uid`` has used (0 when none is)."""
+        with self._lock:
+            sbx = self._sandboxes.get(host_uid)
+        return 0.0 if sbx is None else sandbox_cpu_s(sbx.member.cgroup)
 
     def _member(self, uid: int) -> Member | None:
         """On the accepting thread: only a registered sandbox holding a handle is served."""

@@ -8,6 +8,16 @@ PY = "/usr/bin/python3"
 
 PRELUDE = "import sys, json; sys.path.insert(0, '/workspace'); import charter_door\n"
 
+# What a worker program was told: "ok", or the reason code of the door's refusal.
+REASON = """
+def reason(f):
+    try:
+        f()
+        return "ok"
+    except charter_door.DoorError as e:
+        return (e.data or {}).get("reason")
+"""
+
 # Children run under their leases: each needs at least the sandbox minimum of memory.
 COST = {"wall_ms": 60_000, "cpu_ms": 60_000, "mem_bytes": 1 << 28, "egress_bytes": 0}
 

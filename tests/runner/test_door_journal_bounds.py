@@ -12,19 +12,14 @@ import pytest
 from charter.runner.events import WorkerEnded, WorkerResult, WorkerWaiting
 from tests.runner._support import fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
-from tests.runner.programs import COST, PRELUDE, python
+from tests.runner.programs import COST, PRELUDE, REASON, python
 
 FLOOD = (
     PRELUDE
+    + REASON
     + f"""
 door = charter_door.Door()
 me = door.whoami()["lineage"]
-def reason(f):
-    try:
-        f()
-        return "ok"
-    except charter_door.DoorError as e:
-        return (e.data or {{}}).get("reason")
 kids = door.spawn({{"width": 1, "objective": "echo one number back to the coordinator",
                    "estimated_cost": {{"tokens": 10_000, **{COST!r}}}}},
                   [{{"argv": ["/bin/echo", "1"]}}])["children"]

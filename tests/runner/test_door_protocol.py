@@ -407,7 +407,7 @@ class _Polling:
 
     started = threading.Event()
 
-    def __init__(self, cell: Any) -> None:
+    def __init__(self, cell: Any, uncharged: Any = None) -> None:
         self.cell = cell
 
     def wait(self, lineage: str, children: tuple[str, ...], timeout_s: float) -> Any:
