@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 
 from charter.control import resources
-from charter.core import Budget, KeyStore, RefusedError, now_ms
+from charter.core import Budget, RefusedError, now_ms
 from charter.ledger import Journal
 from tests.invariants import check_history, journal_history
 
-from ._support import ceiling, intent, register_root, service
+from ._support import a_root_and_a_child, intent
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 SKEW_MS = 5_000
@@ -42,13 +42,10 @@ LATER = Budget.parse("tokens=100k,wall=1m,cpu=1m,mem=1GiB,egress=0")
 
 def _attack(url: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bool, str, Journal]:
     """Whether the fan-out minted, what the host behind was told, and the journal."""
-    keys = KeyStore(home)
-    journal = Journal.create(url)
-    register_root(journal, keys, "root", ceiling(ROOT))
-    svc = service(journal, keys)
-    root = svc.durable_caller("root")
-    child = str(svc.spawn(root, intent(1, BRIEF)).children[0].lineage)
-    expires = svc.resources.book.get(child).expires_at_ms or 0
+    brief = a_root_and_a_child(url, home, ROOT, BRIEF)
+    journal, svc, root, child, expires = (
+        brief.journal, brief.svc, brief.root, brief.child, brief.expires_ms
+    )  # fmt: skip
     behind = subprocess.Popen(
         [sys.executable, "-m", "tests.budgets._behind", url, child, str(SKEW_MS)],
         cwd=ROOT_DIR,

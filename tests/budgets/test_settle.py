@@ -13,7 +13,7 @@ from charter.core import Budget, KeyStore, now_ms
 from charter.ledger import Journal
 from tests.invariants import check_history, journal_history
 
-from ._support import ceiling, intent, register_root, service
+from ._support import a_root_and_a_child, ceiling, intent, register_root, service
 
 ROOT = Budget.parse("tokens=100k,wall=10h,cpu=10h,mem=64GiB,egress=10GB")
 BRIEF = Budget.parse("tokens=40k,wall=1s,cpu=1m,mem=1GiB,egress=0")
@@ -25,16 +25,10 @@ def _settles(journal: Journal) -> int:
 
 
 def _after_a_quiet_expiry(url: str, home: Path) -> tuple[Journal, SpawnService, Caller]:
-    keys = KeyStore(home)
-    journal = Journal.create(url)
-    register_root(journal, keys, "root", ceiling(ROOT))
-    svc = service(journal, keys)
-    root = svc.durable_caller("root")
-    child = str(svc.spawn(root, intent(1, BRIEF)).children[0].lineage)
-    expires = svc.resources.book.get(child).expires_at_ms or 0
-    while now_ms() <= expires:  # nothing commits meanwhile: a quiet journal
+    brief = a_root_and_a_child(url, home, ROOT, BRIEF)
+    while now_ms() <= brief.expires_ms:  # nothing commits meanwhile: a quiet journal
         time.sleep(0.01)
-    return journal, svc, root
+    return brief.journal, brief.svc, brief.root
 
 
 def test_a_fan_out_that_fits_beside_a_recent_expiry_settles_nothing(
