@@ -123,6 +123,7 @@ KNOWN_TOPICS = frozenset(
         "BaselineChanged",
         "BudgetLedgerOpened",
         "BudgetRefused",
+        "BudgetSettled",
         "CanariesPlanted",
         "CeilingCheckFailedOpen",
         "CellConfigured",
