@@ -18,6 +18,19 @@ another root to each length, and at each length times width-5 spawns by the oper
 and by a worker (a depth-1 ``Caller``: the door's decision path, without the socket).
 Prints p50/p99 per length and the ratio of the longest to the shortest; exits 1 if a
 p50 ratio exceeds ``--history-ratio``.
+
+    python3 bench/spawn.py --settled 5,1000 [--backend sqlite|postgres|both] [--runs 30]
+        [--settled-ratio 1.2] [--pg URL]
+
+What settled time costs a fan-out: the root fans out children whose leases end before
+its next fan-out, so each fan-out finds children that expired after the last commit it
+read (not final yet: ``LeaseBook.remaining(…, settled_ms)``). With ample budget that
+costs only the book's bookkeeping; with one fan-out's budget, each needs them final and
+settles the journal first (a ``BudgetSettled`` commit, then a refresh: the worst case).
+Alternated in the same run with the same fan-out with the rule switched off (bench
+side: ``tests/budgets/_slow.settled_time_off``, every expiry final at once, as before).
+Prints p50/p90 of each and the ratio; exits 1 if an ample-budget p50 ratio exceeds
+``--settled-ratio`` (the worst case is printed beside it).
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import (
     CostBenefitPolicy,
     FanoutCommand,
+    FixedPolicy,
     ParentState,
     RequestedGrant,
     SpawnIntent,
@@ -50,6 +64,7 @@ from charter.budgets import FabricCeilings
 from charter.control import Ceiling, SpawnService, register_root
 from charter.core import Budget, KeyStore
 from charter.ledger import Journal
+from tests.budgets._slow import settled_time_off
 
 # The benches start tens of thousands of workers that never end: past the default
 # population ceiling, which every spawn meets.
@@ -256,6 +271,96 @@ def history_main(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+SETTLED_LEASE_MS = 300  # each fan-out's children live this long: past it, the next one
+
+
+def bench_settled(
+    url: str, home: Path, width: int, runs: int, *, tight: bool
+) -> tuple[list[float], list[float], int]:
+    """Fan-outs of ``width`` by the root, each after the last one's children expired,
+    with settled time and without it, alternated (ABBA); and how many times the runs
+    with it settled the journal (a ``BudgetSettled`` commit). ``tight``: the root holds
+    one fan-out's tokens, so each needs the last one's expiries final (a settle each
+    time, the worst case); else it holds plenty (the rule's bookkeeping alone)."""
+    journal = Journal.create(url)
+    keystore = KeyStore(home)
+    tokens = 20_000 * width
+    budget = HUGE.model_copy(update={"tokens": tokens}) if tight else HUGE
+    register_root(journal, keystore, "settle", Ceiling(budget=budget, fanout=10**6, depth=4))
+    # A fixed gate: the cost-benefit one refuses a bet of over half the ceiling (tight).
+    service = SpawnService(
+        journal,
+        keystore=keystore,
+        policy=FixedPolicy(Verdict.POSITIVE),
+        ceilings=UNBOUNDED_POPULATION,
+    )
+    root = service.durable_caller("settle")
+    intent = SpawnIntent(
+        width=width,
+        objective="summarise each document of the corpus in one page",
+        estimated_cost=Budget.parse(
+            f"tokens={tokens},wall={SETTLED_LEASE_MS * width}ms,cpu=1h,mem=1GB,egress=0"
+        ),
+    )
+    with_ms: list[float] = []
+    without_ms: list[float] = []
+    try:
+        ends = 0
+        for i in range(2 * runs + 4):  # two warm-ups of each
+            rule = i % 4 in (0, 3)
+            while service.clock() <= ends:  # the last fan-out's children have expired
+                time.sleep(0.005)
+            start = time.perf_counter()
+            if rule:
+                result = service.spawn(root, intent)
+            else:
+                with settled_time_off():
+                    result = service.spawn(root, intent)
+            elapsed = (time.perf_counter() - start) * 1000
+            ends = result.children[0].grant.terms.expires_at_ms
+            if i >= 4:
+                (with_ms if rule else without_ms).append(elapsed)
+        settles = sum(1 for _ in journal.entries(types=("BudgetSettled",)))
+    finally:
+        journal.close()
+    if tight and settles < runs:
+        raise SystemExit(f"{settles} settles in {runs} tight runs: the worst case was not measured")
+    return with_ms, without_ms, settles
+
+
+def settled_main(args: argparse.Namespace) -> int:
+    widths = [int(x) for x in args.settled.split(",")]
+    backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
+    ok = True
+    for backend in backends:
+        for width in widths:
+            for tight in (False, True):
+                with tempfile.TemporaryDirectory() as d:
+                    tmp = Path(d)
+                    if backend == "sqlite":
+                        url = f"sqlite:///{tmp / 'j.db'}"
+                        result = bench_settled(url, tmp / "home", width, args.runs, tight=tight)
+                    else:
+                        with scratch_database(args.pg) as url:
+                            result = bench_settled(url, tmp / "home", width, args.runs, tight=tight)
+                with_ms, without_ms, settles = result
+                ratio = statistics.median(with_ms) / statistics.median(without_ms)
+                met = ratio <= args.settled_ratio
+                ok = ok and (met or tight)  # the worst case is reported, not held to it
+                room = "one fan-out's budget (settles each time)" if tight else "ample budget"
+                print(
+                    f"fan-out of {width} on {backend} after its last children expired, "
+                    f"{room} ({args.runs} runs each, alternated; {settles} settles):\n"
+                    f"  with settled time: p50 {statistics.median(with_ms):.1f} ms, "
+                    f"p90 {percentile(with_ms, 0.9):.1f} ms\n"
+                    f"  without (every expiry final): p50 {statistics.median(without_ms):.1f}"
+                    f" ms, p90 {percentile(without_ms, 0.9):.1f} ms\n"
+                    f"  ratio with / without: {ratio:.2f}x (target <= {args.settled_ratio}x): "
+                    f"{'met' if met else 'MISSED'}"
+                )
+    return 0 if ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--history", default=None, help="journal lengths, e.g. 1000,100000")
@@ -267,9 +372,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--target-ms", type=float, default=150.0)
     parser.add_argument("--depth-ratio", type=float, default=1.2)
+    parser.add_argument("--settled", default=None, help="fan-out widths, e.g. 5,1000")
+    parser.add_argument("--settled-ratio", type=float, default=1.2)
     args = parser.parse_args()
     if args.history:
         return history_main(args)
+    if args.settled:
+        return settled_main(args)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         totals, decides, body_len = bench_spawn(tmp, args.width, args.runs)
