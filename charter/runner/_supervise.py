@@ -217,14 +217,29 @@ class Supervisor:
         if w is not None and w.wd is not None:
             self.watch.unwatch(w.wd)
 
-    def ended(self, lineage: str, outcome: str, exit_code: int | None) -> None:
-        """``lineage``'s worker ended (its sandbox not destroyed yet): one last sample,
-        and its profile queued for the sampler to journal with what it teaches."""
+    def exited(self, lineage: str) -> None:
+        """``lineage``'s worker exited (its cgroup's counters are final, its sandbox not
+        destroyed yet): its last sample, and its decoy's watch removed now, well before
+        its workspace is unmounted (an unmount waits for the kernel to reap removed
+        watches, so a watch removed only just before it delays every sandbox's
+        teardown)."""
         with self._mu:
             w = self._watched.get(lineage)
         if w is None:
             return
         self._sample(w, decide_too=False)
+        w.standing = None  # nothing more is decided on it, and no touch reported
+        if w.wd is not None:
+            self.watch.unwatch(w.wd)
+            w.wd = None
+
+    def ended(self, lineage: str, outcome: str, exit_code: int | None) -> None:
+        """``lineage``'s worker ended: its profile (its samples' peak, the last taken
+        at :meth:`exited`) is queued for the sampler to journal with what it teaches."""
+        with self._mu:
+            w = self._watched.get(lineage)
+        if w is None:
+            return
         self.forget(lineage)
         profiled = WorkerProfiled(
             lineage=lineage,

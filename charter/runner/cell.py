@@ -590,6 +590,8 @@ class Cell:
         """Journal what the driver measured: the exit, the answer a worker that never
         used the door printed, the usage charged; then its children's kills (nobody
         waits for them now), and its end."""
+        if self.supervisor is not None:  # its last sample; its decoy's watch removed
+            self.supervisor.exited(w.lineage)
         usage = ran.usage
         exited = SandboxExited(
             sandbox_id=slot.sandbox_id, exit_code=ran.exit_code, how=ran.how, usage=usage
@@ -627,7 +629,7 @@ class Cell:
         if outcome != "killed" and ran.exit_code != 0 and ran.stderr:
             tail = ran.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
             reason = f"{reason}; stderr: {tail}" if reason else f"stderr: {tail}"
-        if self.supervisor is not None:  # its profile, before its cgroup goes
+        if self.supervisor is not None:  # its profile, with how it ended
             self.supervisor.ended(w.lineage, outcome, ran.exit_code)
         # The sandbox is destroyed before its slot is given back: never oversubscribed.
         self._driver().destroy(w.lineage)
