@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -88,18 +89,20 @@ def _through_cell(workers: int, state: Path, *, supervise: bool) -> float:
         return time.perf_counter() - start
 
 
-def cell_on_vs_off(workers: int, state: Path) -> dict[str, float]:
-    """bench/cell.py's workload with supervision off, then on, then off and on again
-    (the better of each pair, on a shared machine)."""
-    off = [_through_cell(workers, state, supervise=False)]
-    on = [_through_cell(workers, state, supervise=True)]
-    off.append(_through_cell(workers, state, supervise=False))
-    on.append(_through_cell(workers, state, supervise=True))
+def cell_on_vs_off(workers: int, state: Path, rounds: int = 3) -> dict[str, object]:
+    """bench/cell.py's workload with supervision off then on, ``rounds`` times
+    interleaved (the best of each, on a shared machine)."""
+    off: list[float] = []
+    on: list[float] = []
+    for _ in range(rounds):
+        off.append(_through_cell(workers, state, supervise=False))
+        on.append(_through_cell(workers, state, supervise=True))
     return {
         "workers": workers,
         "off_s": min(off),
         "on_s": min(on),
         "on_throughput_over_off": min(off) / min(on),
+        "on_over_off_each_round": [round(a / b, 3) for a, b in zip(off, on, strict=True)],
     }
 
 
@@ -157,7 +160,7 @@ def main() -> int:
         parser.error("name a section: --cell")
     state = Path(tempfile.mkdtemp(prefix="bench-state-"))
     state.chmod(0o755)
-    out = {
+    out: dict[str, Any] = {
         **cell_touch_to_verdict(args.touches, state),
         **cell_on_vs_off(args.workers, state),
         **cell_idle_per_core(state),
