@@ -50,7 +50,7 @@ from charter.core import (
     charter_home,
     describe_invalid,
 )
-from charter.ledger import Journal, JournalCreated, Location, resolve_location
+from charter.ledger import Journal, JournalCreated, Location, SnapshotFile, resolve_location
 from charter.projections import Projector
 from charter.sandbox import (
     EgressBroker,
@@ -248,7 +248,8 @@ class Charter:
         # The adaptive processing cap's inputs: the host's load unless a cell of this
         # process was told to ignore it (``cell_for(ignore_host_load=True)``).
         self.host_load: HostLoad = host_cap_inputs
-        self.views = Views()
+        # The views start from this home's snapshot of this journal, when it matches.
+        self.views = Views(SnapshotFile(keys.home / "views", journal, "views"))
         self._spawner = SpawnService(
             journal,
             keystore=keys,
@@ -368,7 +369,19 @@ class Charter:
         return record
 
     def close(self) -> None:
-        self.journal.close()
+        """Save the views (if they moved far enough: ``Views.save``), close the journal."""
+        try:
+            self.save_views()
+        finally:
+            self.journal.close()
+
+    def save_views(self) -> bool:
+        """Snapshot the views for the next process (a long-lived one may call it at
+        any time): True if saved. Never fails a command: a snapshot is a cache."""
+        try:
+            return self.views.save()
+        except (OSError, CharterError):
+            return False
 
     def __enter__(self) -> Charter:
         return self

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from charter.ledger._follow import Folds, JournalFold
 from charter.ledger._location import Location, resolve_location
+from charter.ledger._snapshot import Snapshot, SnapshotFile
 from charter.ledger._sqlite import ChainedSQLiteProcessRecorder, sqlite_uri
 from charter.ledger.errors import (
     AlreadyTrackedError,
@@ -34,6 +35,8 @@ __all__ = [
     "Entry",
     "Folds",
     "JournalFold",
+    "Snapshot",
+    "SnapshotFile",
     "Location",
     "resolve_location",
     "sqlite_uri",
