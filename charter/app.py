@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from charter.authority import GatePolicy, SpawnIntent
 from charter.budgets import CapInputs, FabricCeilings, ResourceClass
@@ -44,6 +44,7 @@ from charter.core import (
     BadInputError,
     Budget,
     CharterError,
+    CheckedModel,
     KeyStore,
     Lineage,
     StateError,
@@ -61,12 +62,30 @@ from charter.sandbox import (
     default_state_dir,
 )
 
-__all__ = ["JOURNAL_KEY", "CellSetup", "Charter", "Initialised", "Settings"]
+__all__ = [
+    "JOURNAL_KEY",
+    "CellSetup",
+    "Charter",
+    "Initialised",
+    "Settings",
+    # what the CLI needs of the journal itself (it reaches the ledger only here)
+    "Journal",
+    "Location",
+    "read_journal",
+    "resolve_location",
+]
 
 JOURNAL_KEY = "journal"
 
 
-class Settings(BaseModel):
+def read_journal(db: str | Location | None = None) -> Journal:
+    """The journal at ``db`` (``--db``, ``CHARTER_DB`` or the home's) only to read
+    (verify, show): nothing is written, and a file this user may not write is read
+    without side files (see :meth:`Journal.open`)."""
+    return Journal.open(db, read_only=True)
+
+
+class Settings(CheckedModel):
     """Configuration that is not in the journal: the fabric ceilings and this host's cell."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -124,7 +143,7 @@ class Settings(BaseModel):
             ) from e
 
 
-class CellSetup(BaseModel):
+class CellSetup(CheckedModel):
     """A cell's caps as an operator configures them (``init`` and ``cell configure``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -57,7 +57,8 @@ def main() -> None:
             outcome = str(getattr(e, "reason", type(e).__name__))
         started = charter.views.snapshot_position
         head = charter.journal.head()
-    print(json.dumps({"rows": rows, "outcome": outcome, "from": started, "head": head[0] if head else 0}))
+    seen = {"rows": rows, "outcome": outcome, "from": started, "head": head[0] if head else 0}
+    print(json.dumps(seen))
 
 
 if __name__ == "__main__":
