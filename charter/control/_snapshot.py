@@ -187,7 +187,7 @@ class _Decoder:
 
     def object(self, xs: list[Any]) -> object:
         cls = _OBJECTS[xs[0]]
-        obj = object.__new__(cls)
+        obj: object = object.__new__(cls)
         obj.__dict__.update(zip(self.layout[xs[0]], self.values(xs[1:]), strict=True))
         return obj
 
@@ -221,4 +221,4 @@ def _pairs(flat: list[Any]) -> dict[Any, Any]:
 def _vec(values: Any) -> tuple[int, int, int, int, int]:
     if len(values) != 5 or not all(type(x) is int and x >= 0 for x in values):
         raise SnapshotRefusedError("a budget that is not five counts >= 0")
-    return tuple(values)  # type: ignore[return-value]
+    return tuple(values)
