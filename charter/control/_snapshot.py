@@ -11,7 +11,9 @@ views fold from zero instead). Budgets are stored once each and shared (they are
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import os
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -31,7 +33,7 @@ from charter.ledger import JournalFold
 
 __all__ = ["FORMAT", "SnapshotRefusedError", "decode", "encode", "version"]
 
-FORMAT = 2
+FORMAT = 3
 
 # Classes rebuilt from their attributes, and the folds themselves (filled in place).
 _OBJECTS: dict[str, type] = {
@@ -41,6 +43,7 @@ _OBJECTS: dict[str, type] = {
 _ENUMS: dict[str, type[Enum]] = {"ResourceClass": ResourceClass}
 _FOLDS = (AuthorityView, ResourceView)
 _RAW = (int, str, bool, type(None))  # stored as themselves (exact types only)
+_RAW_TYPES = frozenset(_RAW)
 
 
 class SnapshotRefusedError(ValueError):
@@ -48,15 +51,22 @@ class SnapshotRefusedError(ValueError):
     snapshot and folds from zero; never shown to a user)."""
 
 
+@functools.cache
 def version() -> bytes:
-    """The snapshot version: the format and the source of the code that folds."""
+    """The snapshot version: the format and the source of the code that folds (read
+    once: the code this process runs is the code it imported)."""
     digest = hashlib.sha256(f"charter/views/{FORMAT}".encode())
     classes = (*_OBJECTS.values(), *_ENUMS.values(), *_FOLDS, Budget, Lineage, SealedGrant)
     modules = sorted({c.__module__ for c in classes} | {JournalFold.__module__, __name__})
     for name in modules:
         source = sys.modules[name].__file__
-        digest.update(name.encode() + b"\0")
-        digest.update(Path(source).read_bytes() if source else b"")
+        try:
+            code = Path(source).read_bytes() if source else None
+        except OSError:
+            code = None
+        if code is None:  # the code cannot be told apart from another's: never match
+            return b"unknown code " + os.urandom(16)
+        digest.update(name.encode() + b"\0" + code)
     return digest.digest()
 
 
@@ -107,18 +117,42 @@ class _Encoder:
     def attributes(self, obj: object) -> list[Any]:
         return [self.value(v) for v in vars(obj).values()]
 
+    def budget(self, value: Budget) -> int:
+        vec = vec_of(value)
+        index = self._index.get(vec)
+        if index is None:
+            index = self._index[vec] = len(self.budgets)
+            self.budgets.append(vec)
+        return index
+
+    def column(self, values: list[Any]) -> Any:
+        if values and all(type(v) is Budget for v in values):
+            return ["lB", *map(self.budget, values)]
+        return self.value(values)
+
+    def table(self, value: dict[Any, Any]) -> list[Any] | None:
+        """A mapping to objects of one allow-listed class, by column (one entry per
+        attribute, not per object): None if it is not one."""
+        first = next(iter(value.values()), None)
+        kind = type(first)
+        if _OBJECTS.get(kind.__name__) is not kind or len(value) < 2:
+            return None
+        if not all(type(v) is kind for v in value.values()):
+            return None
+        rows = [list(vars(v).values()) for v in value.values()]
+        columns = [self.column(list(c)) for c in zip(*rows, strict=True)]
+        return ["D", kind.__name__, self.value(list(value)), *columns]
+
     def value(self, value: Any) -> Any:  # noqa: PLR0911, PLR0912 (a branch per type)
         kind = type(value)
         if kind in _RAW:
             return value
         if kind is Budget:
-            vec = vec_of(value)
-            index = self._index.get(vec)
-            if index is None:
-                index = self._index[vec] = len(self.budgets)
-                self.budgets.append(vec)
-            return ["B", index]
+            return ["B", self.budget(value)]
         if kind is dict:
+            table = self.table(value)
+            if table is not None:
+                return table
             keys = "L" if all(type(k) is Lineage for k in value) else ""
             if keys or all(type(k) in _RAW for k in value):
                 if all(type(v) in _RAW for v in value.values()):
@@ -168,6 +202,8 @@ class _Decoder:
             "dL": lambda xs: _pairs(_lineage_keys([value(x) for x in xs])),
             "d": lambda xs: _pairs([value(x) for x in xs]),
             "B": lambda xs: self.budgets[xs[0]],
+            "lB": lambda xs: [self.budgets[i] for i in xs],
+            "D": self.table,
             "L": lambda xs: _lineage(xs[0]),
             "b": lambda xs: bytes.fromhex(xs[0]),
             "G": lambda xs: SealedGrant(body=bytes.fromhex(xs[0]), signature=bytes.fromhex(xs[1])),
@@ -185,6 +221,20 @@ class _Decoder:
     def values(self, values: list[Any]) -> list[Any]:
         return [self.value(v) for v in values]
 
+    def table(self, xs: list[Any]) -> dict[Any, object]:
+        cls, names = _OBJECTS[xs[0]], self.layout[xs[0]]
+        keys = self.value(xs[1])
+        columns = [self.value(c) for c in xs[2:]]
+        if len(columns) != len(names) or any(len(c) != len(keys) for c in columns):
+            raise SnapshotRefusedError(f"a table of {xs[0]} with other columns")
+        out: dict[Any, object] = {}
+        new = object.__new__
+        for key, *row in zip(keys, *columns, strict=True):
+            obj = new(cls)
+            obj.__dict__.update(zip(names, row, strict=True))
+            out[key] = obj
+        return out
+
     def object(self, xs: list[Any]) -> object:
         cls = _OBJECTS[xs[0]]
         obj: object = object.__new__(cls)
@@ -193,9 +243,8 @@ class _Decoder:
 
 
 def _raw(xs: list[Any]) -> list[Any]:
-    for x in xs:
-        if type(x) not in _RAW:
-            raise SnapshotRefusedError(f"a {type(x).__name__} where a plain value belongs")
+    if not all(map(_RAW_TYPES.__contains__, map(type, xs))):
+        raise SnapshotRefusedError("a container where a plain value belongs")
     return xs
 
 
