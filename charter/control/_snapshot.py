@@ -230,7 +230,7 @@ class _Decoder:
         out: dict[Any, object] = {}
         new = object.__new__
         for key, *row in zip(keys, *columns, strict=True):
-            obj = new(cls)
+            obj: object = new(cls)
             obj.__dict__.update(zip(names, row, strict=True))
             out[key] = obj
         return out
