@@ -92,7 +92,10 @@ class Views:
                 or position - self.snapshot_position < max(every, 1)
             ):
                 return False
-            body = _snapshot.encode((self.authority, self.resources))
+            try:
+                body = _snapshot.encode((self.authority, self.resources))
+            except _snapshot.SnapshotRefusedError:  # state it cannot encode: no snapshot
+                return False
             if not self._snapshot.save(_snapshot.version(), position, body):
                 return False
             self.snapshot_position = position
