@@ -29,7 +29,7 @@ from charter.control.directory import AgentRecord, AuthorityView
 from charter.control.resources import LivePopulation, ResourceView
 from charter.core import Budget, Lineage
 from charter.core.budget import budget_of, vec_of
-from charter.ledger import JournalFold
+from charter.ledger import JournalFold, cyclic_gc_paused
 
 __all__ = ["FORMAT", "SnapshotRefusedError", "decode", "encode", "version"]
 
@@ -88,21 +88,23 @@ def _by_name(classes: tuple[type, ...]) -> list[tuple[str, type]]:
 def encode(folds: tuple[AuthorityView, ResourceView]) -> bytes:
     """The folds' whole state (both at the same position) as bytes."""
     encoder = _Encoder()
-    states = [encoder.attributes(fold) for fold in folds]
-    return orjson.dumps([_layout(), encoder.budgets, states])
+    with cyclic_gc_paused():
+        states = [encoder.attributes(fold) for fold in folds]
+        return orjson.dumps([_layout(), encoder.budgets, states])
 
 
 def decode(body: bytes, folds: tuple[AuthorityView, ResourceView]) -> None:
     """Give ``folds`` the state in ``body`` (all of it, or none: SnapshotRefusedError)."""
     try:
-        layout, budgets, states = orjson.loads(body)
-        if layout != _layout() or len(states) != len(folds):
-            raise SnapshotRefusedError("a snapshot of other views")
-        decoder = _Decoder([budget_of(_vec(v)) for v in budgets])
-        decoded = [
-            dict(zip(layout[type(fold).__name__], decoder.values(state), strict=True))
-            for fold, state in zip(folds, states, strict=True)
-        ]
+        with cyclic_gc_paused():
+            layout, budgets, states = orjson.loads(body)
+            if layout != _layout() or len(states) != len(folds):
+                raise SnapshotRefusedError("a snapshot of other views")
+            decoder = _Decoder([budget_of(_vec(v)) for v in budgets])
+            decoded = [
+                dict(zip(layout[type(fold).__name__], decoder.values(state), strict=True))
+                for fold, state in zip(folds, states, strict=True)
+            ]
     except (TypeError, ValueError, KeyError, IndexError) as e:
         raise SnapshotRefusedError(f"snapshot body refused: {e}") from e
     for fold, state in zip(folds, decoded, strict=True):

@@ -8,7 +8,7 @@ lock), with the fold base that read models follow the journal with. It knows
 
 from typing import TYPE_CHECKING, Any
 
-from charter.ledger._follow import Folds, JournalFold
+from charter.ledger._follow import Folds, JournalFold, cyclic_gc_paused
 from charter.ledger._location import Location, resolve_location
 from charter.ledger._snapshot import Snapshot, SnapshotFile
 from charter.ledger._sqlite import ChainedSQLiteProcessRecorder, sqlite_uri
@@ -35,6 +35,7 @@ __all__ = [
     "Entry",
     "Folds",
     "JournalFold",
+    "cyclic_gc_paused",
     "Snapshot",
     "SnapshotFile",
     "Location",
