@@ -204,7 +204,12 @@ class BudgetService:
             self.shared.refresh(self.journal)
             return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
 
-    def record_usage(self, lineage: str, amount: Budget) -> UsageRecorded:
+    def record_usage(
+        self, lineage: str, amount: Budget, then: Also | None = None
+    ) -> UsageRecorded:
+        """Charge ``amount`` to ``lineage``'s lease; ``then`` adds the caller's events to
+        the same append, as for :meth:`release` (the model door settles a call and
+        charges its tokens in one commit)."""
         return self._decide_and_append(
             "usage",
             lineage,
@@ -214,6 +219,7 @@ class BudgetService:
                 now,
                 settled_ms=settled_for(self.journal, self.shared, lineage, now),
             ),
+            then,
         )
 
     def release(self, lineage: str, then: Also | None = None) -> LeaseReleased:

@@ -131,6 +131,8 @@ def render_bwrap(
         argv += ["--ro-bind", spec.egress_socket_src, spec.egress_socket_dest]
     if spec.key_socket_src is not None:
         argv += ["--ro-bind", spec.key_socket_src, spec.key_socket_dest]
+    if spec.model_socket_src is not None:
+        argv += ["--ro-bind", spec.model_socket_src, spec.model_socket_dest]
     argv += [
         "--chdir", spec.workspace_dest,
         # Without it the sandbox's root (a tmpfs bwrap made) is writable.
@@ -248,6 +250,11 @@ def render_oci(spec: SandboxSpec, command: list[str], *, rootfs: str = "rootfs")
         mounts.append(
             {"destination": spec.key_socket_dest, "type": "bind",
              "source": spec.key_socket_src, "options": ro}
+        )  # fmt: skip
+    if spec.model_socket_src is not None:
+        mounts.append(
+            {"destination": spec.model_socket_dest, "type": "bind",
+             "source": spec.model_socket_src, "options": ro}
         )  # fmt: skip
     return {
         "ociVersion": "1.0.2",
