@@ -407,8 +407,10 @@ def check_model_calls(
                         "tokens in its append"
                     )
                 if p["estimated"] == (p["how"] == "usage"):
-                    found.problems.append(f"{position}: call {call} estimated={p['estimated']} "
-                                          f"but settled by {p['how']}")
+                    found.problems.append(
+                        f"{position}: call {call} estimated={p['estimated']} "
+                        f"but settled by {p['how']}"
+                    )
                 if p["estimated"] and (
                     p["prompt_tokens"] != reserved["prompt_estimate"]
                     or p["completion_tokens"] > reserved["max_tokens"]

@@ -204,9 +204,7 @@ class BudgetService:
             self.shared.refresh(self.journal)
             return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
 
-    def record_usage(
-        self, lineage: str, amount: Budget, then: Also | None = None
-    ) -> UsageRecorded:
+    def record_usage(self, lineage: str, amount: Budget, then: Also | None = None) -> UsageRecorded:
         """Charge ``amount`` to ``lineage``'s lease; ``then`` adds the caller's events to
         the same append, as for :meth:`release` (the model door settles a call and
         charges its tokens in one commit)."""

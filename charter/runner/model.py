@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from charter.core import Budget, BadInputError, CharterError, Event, now_ms
+from charter.core import BadInputError, Budget, CharterError, Event, now_ms
 from charter.runner._journal_allowance import model_call_bytes
 from charter.runner.errors import (
     ModelCallSettledError,
@@ -378,7 +378,7 @@ class ModelMeter:
 _Holder = tuple[str, str]
 
 
-class _Gone(Exception):
+class _GoneError(Exception):
     """The worker's connection went away while its answer was being relayed."""
 
 
@@ -443,7 +443,7 @@ class ModelDoor:
         conn.settimeout(_IDLE_TIMEOUT)
         http = h11.Connection(h11.SERVER)
         try:
-            with contextlib.suppress(OSError, h11.ProtocolError, _Gone):
+            with contextlib.suppress(OSError, h11.ProtocolError, _GoneError):
                 while self._one_request(conn, http, uid, holder, upstreams):
                     http.start_next_cycle()
         finally:
@@ -458,43 +458,58 @@ class ModelDoor:
         holder: _Holder,
         upstreams: list[socket.socket],
     ) -> bool:
+        """Serve one request; False when the connection is to close."""
         request, body = _read_request(conn, http)
         if request is None:
             return False
-        if self._holder(uid) != holder:
-            _send(conn, http, 403, _error_body("not-a-worker", "the worker has ended"))
-            return False
-        path = request.target.decode("latin-1").split("?", 1)[0].rstrip("/")
-        if request.method != b"POST" or path not in ("/v1/chat/completions", "/chat/completions"):
-            _send(conn, http, 404, _error_body("not-found", "POST /v1/chat/completions only"))
-            return http.our_state is h11.DONE
-        if body is None:
-            _send(conn, http, 413, _error_body("too-large", f"a body is at most {MAX_BODY} B"))
-            return False
-        meter = self._meter()
-        lineage = holder[1]
         try:
-            chat = ChatRequest.parse(body)
-            if meter is None:
-                raise ModelNotConfiguredError("the model door is not attached to a cell")
-            if self.endpoint is None:
-                meter.refuse_unconfigured(lineage)
-            reserved = meter.reserve(lineage, chat)
-        except ModelRequestError as e:
-            _send(conn, http, 400, _error_body("invalid-request", str(e)))
-            return http.our_state is h11.DONE
-        except ModelTokensError as e:
-            _send(conn, http, 429, _error_body(e.reason, str(e), kind="insufficient_quota"))
-            return http.our_state is h11.DONE
-        except ModelNotConfiguredError as e:
-            _send(conn, http, 503, _error_body(e.reason, str(e)))
-            return http.our_state is h11.DONE
-        except CharterError as e:  # the journal allowance, a journal failure
-            _send(conn, http, 429, _error_body(getattr(e, "reason", "refused"), str(e)))
-            return http.our_state is h11.DONE
-        assert self.endpoint is not None
+            meter, chat, reserved = self._admit(request, body, uid, holder)
+        except _ReplyError as e:
+            _send(conn, http, e.status, e.body)
+            return e.keep and http.our_state is h11.DONE
+        assert self.endpoint is not None  # _admit refused the call otherwise
         _Call(self.endpoint, meter, reserved, chat, conn, http, upstreams).run()
         return http.our_state is h11.DONE
+
+    def _admit(
+        self, request: h11.Request, body: bytes | None, uid: int, holder: _Holder
+    ) -> tuple[ModelMeter, ChatRequest, ModelCallReserved]:
+        """The call parsed and reserved, or the reply that refuses it."""
+        if self._holder(uid) != holder:
+            raise _ReplyError(403, "not-a-worker", "the worker has ended", keep=False)
+        path = request.target.decode("latin-1").split("?", 1)[0].rstrip("/")
+        if request.method != b"POST" or path not in ("/v1/chat/completions", "/chat/completions"):
+            raise _ReplyError(404, "not-found", "POST /v1/chat/completions only")
+        if body is None:
+            raise _ReplyError(413, "too-large", f"a body is at most {MAX_BODY} B", keep=False)
+        meter = self._meter()
+        if meter is None:
+            reason = ModelNotConfiguredError.reason
+            raise _ReplyError(503, reason, "the model door is not attached to a cell")
+        try:
+            chat = ChatRequest.parse(body)
+            if self.endpoint is None:
+                meter.refuse_unconfigured(holder[1])  # journaled once, raises
+            return meter, chat, meter.reserve(holder[1], chat)
+        except ModelRequestError as e:
+            raise _ReplyError(400, "invalid-request", str(e)) from e
+        except ModelTokensError as e:
+            raise _ReplyError(429, e.reason, str(e), kind="insufficient_quota") from e
+        except ModelNotConfiguredError as e:
+            raise _ReplyError(503, e.reason, str(e)) from e
+        except CharterError as e:  # the journal allowance, a journal that failed
+            raise _ReplyError(429, getattr(e, "reason", "refused"), str(e)) from e
+
+
+class _ReplyError(Exception):
+    """A call refused before it is sent: the reply, and whether the connection goes on."""
+
+    def __init__(
+        self, status: int, code: str, message: str, *, kind: str = "charter_refused",
+        keep: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.body, self.keep = status, _error_body(code, message, kind=kind), keep
 
 
 class _Call:
@@ -618,7 +633,7 @@ class _Call:
             # The worker went away mid-stream (or its sandbox was hung up); a read of
             # the server that broke (the hang-up shuts it too) ends here as well.
             self._settle_stream(None, "client-gone")
-            raise _Gone from e
+            raise _GoneError from e
         except (http.client.HTTPException, ValueError):
             # The server's stream broke (or the door hung it up, the worker's sandbox
             # going): charged as counted.
@@ -627,7 +642,7 @@ class _Call:
                 conn.sendall(http_.send(h11.EndOfMessage()) or b"")
             except (OSError, h11.LocalProtocolError) as e:
                 self._settle_stream(None, "client-gone")
-                raise _Gone from e
+                raise _GoneError from e
         self._settle_stream(usage, how)
 
     def _settle_stream(self, usage: tuple[int, int] | None, how: SettleHow) -> None:

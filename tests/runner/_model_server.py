@@ -41,7 +41,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     behaviour: Behaviour
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         del format, args
 
     def do_POST(self) -> None:
@@ -106,7 +106,11 @@ class _Handler(BaseHTTPRequestHandler):
             if (body.get("stream_options") or {}).get("include_usage"):
                 with b.lock:
                     b.reported.append((prompt, n))
-                usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+                usage = {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": n,
+                    "total_tokens": prompt + n,
+                }
                 self._chunk({**base, "choices": [], "usage": usage})
             data = b"data: [DONE]\n\n"
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from charter.app import Charter
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
+from charter.budgets import LeaseReleased, UsageRecorded
 from charter.control import SpawnResult, WorkerSpec
 from charter.core import Budget
 from charter.runner.cell import Cell
@@ -25,7 +26,6 @@ from charter.runner.events import (
     WorkerResult,
 )
 from charter.runner.model import ModelEndpoint, configure_endpoint, load_endpoint
-from charter.budgets import LeaseReleased, UsageRecorded
 from tests.invariants import (
     check_history,
     check_journal_allowance,
@@ -164,8 +164,11 @@ def test_tokens_charged_are_the_servers_usage_streamed_and_not(
         out = results(charter)[worker]
         assert [o["status"] for o in out[:3]] == [200, 200, 200]
         assert out[0]["usage"] == {"prompt_tokens": 6, "completion_tokens": 5, "total_tokens": 11}
-        assert out[1]["content"] == 6 and out[1]["done"] and len(out[1]["usage"]) == 1
-        assert out[2]["content"] == 7 and out[2]["usage"] == []  # not asked: not relayed
+        assert out[1]["content"] == 6
+        assert out[1]["done"]
+        assert len(out[1]["usage"]) == 1
+        assert out[2]["content"] == 7
+        assert out[2]["usage"] == []
         assert out[3] == {"key_seen": False}  # the key is held by Charter, never inside
         assert server.auth == [f"Bearer {API_KEY}"] * 3
         # Each call's max_tokens was forwarded as reserved; streams were asked for usage.
@@ -219,7 +222,8 @@ def test_a_spent_lease_is_refused_and_a_stream_is_cut_at_the_cap(
         assert not [r for r in of_type(charter, ModelCallReserved) if r.lineage == spent]
         # The server streamed 40 tokens whatever it was told; the door relayed 5.
         (streamed,) = out[cutter][:1]
-        assert streamed["content"] == 5 and streamed["cut"] == ["model-tokens"]
+        assert streamed["content"] == 5
+        assert streamed["cut"] == ["model-tokens"]
         assert not streamed["done"]
         (settled,) = of_type(charter, ModelCallSettled)
         assert (settled.how, settled.estimated, settled.completion_tokens) == (
@@ -306,7 +310,8 @@ def test_sixteen_concurrent_calls_on_one_lease_never_overspend_it(
             hold.set()
         (statuses,) = (results(charter)[worker],)
         admitted = statuses.count(200)
-        assert statuses.count(429) >= 1 and admitted >= 6
+        assert statuses.count(429) >= 1
+        assert admitted >= 6
         assert admitted + statuses.count(429) == 16
         reserved = of_type(charter, ModelCallReserved)
         assert len(reserved) == admitted
@@ -314,7 +319,8 @@ def test_sixteen_concurrent_calls_on_one_lease_never_overspend_it(
         assert sum(u.amount.tokens for u in usage) <= tokens
         assert all(u.refused.tokens == 0 for u in usage)
         settled = of_type(charter, ModelCallSettled)
-        assert len(settled) == admitted and all(s.how == "usage" for s in settled)
+        assert len(settled) == admitted
+        assert all(s.how == "usage" for s in settled)
         clean(charter)  # no reservation ever held more than the lease had left
 
 
@@ -352,8 +358,7 @@ def test_a_disconnect_mid_stream_still_settles_an_estimate_before_the_lease_retu
         initialise(journal_url, tmp_path / "home") as charter,
     ):
         (worker,) = (
-            str(c.lineage)
-            for c in spawn_callers(charter, 10_000, python(DISCONNECT, "3")).children
+            str(c.lineage) for c in spawn_callers(charter, 10_000, python(DISCONNECT, "3")).children
         )
         try:
             with running(model_cell(charter, state_dir, ModelEndpoint(url))) as cell:
@@ -362,16 +367,20 @@ def test_a_disconnect_mid_stream_still_settles_an_estimate_before_the_lease_retu
             hold.set()
         assert results(charter)[worker] == 3
         entries = list(charter.journal.entries())
-        (settled,) = [(e.position, e.event) for e in entries if isinstance(e.event, ModelCallSettled)]
+        (settled,) = [
+            (e.position, e.event) for e in entries if isinstance(e.event, ModelCallSettled)
+        ]
         (reserved,) = of_type(charter, ModelCallReserved)
         position, event = settled
         assert (event.how, event.estimated) == ("client-gone", True)
         assert event.completion_tokens == 3
         assert event.prompt_tokens == reserved.prompt_estimate
         charge = entries[[e.position for e in entries].index(position) - 1].event
-        assert isinstance(charge, UsageRecorded) and charge.amount.tokens == 3 + reserved.prompt_estimate
+        assert isinstance(charge, UsageRecorded)
+        assert charge.amount.tokens == 3 + reserved.prompt_estimate
         (released,) = [
-            e.position for e in entries
+            e.position
+            for e in entries
             if isinstance(e.event, LeaseReleased) and e.event.lineage == worker
         ]
         assert position < released  # settled before its lease returned: never lost

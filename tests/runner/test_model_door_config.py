@@ -12,8 +12,21 @@ from pathlib import Path
 
 import pytest
 
+from charter.budgets import UsageRecorded
 from charter.core import BadInputError
-from charter.runner.model import ModelEndpoint, load_endpoint, prompt_estimate
+from charter.runner.errors import ModelRequestError
+from charter.runner.events import ModelCallSettled
+from charter.runner.model import (
+    ChatRequest,
+    ModelEndpoint,
+    ModelMeter,
+    load_endpoint,
+    prompt_estimate,
+)
+from tests.invariants import check_model_calls, journal_history
+from tests.runner.conftest import initialise
+from tests.runner.programs import python
+from tests.runner.test_model_door import model_cell, spawn_callers
 
 
 def charter_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -53,3 +66,37 @@ def test_an_endpoint_is_an_http_url_with_a_host() -> None:
 
 def test_the_prompt_estimate_is_the_body_bytes_over_four_rounded_up() -> None:
     assert [prompt_estimate(b"x" * n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_a_malformed_call_is_bad_input() -> None:
+    bodies = (
+        b"not json",
+        b"[]",
+        b'{"messages": "x"}',
+        b'{"messages": [], "max_tokens": 0}',
+        b'{"messages": [], "max_tokens": true}',
+        b'{"messages": [], "stream": 1}',
+    )
+    for body in bodies:
+        with pytest.raises(ModelRequestError):
+            ChatRequest.parse(body)
+
+
+def test_a_call_settles_once_and_a_second_settlement_charges_nothing(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    with initialise(journal_url, tmp_path / "home") as charter:
+        (worker,) = (str(c.lineage) for c in spawn_callers(charter, 5000, python("")).children)
+        meter = ModelMeter(model_cell(charter, state_dir, None))
+        reserved = meter.reserve(worker, ChatRequest.parse(b'{"messages": [], "max_tokens": 9}'))
+        assert meter.in_flight(worker) == reserved.reserved == 9 + 9  # 34 bytes / 4 + 9
+        first = meter.settle(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
+        again = meter.settle(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
+        assert first is not None
+        assert again is None
+        assert meter.in_flight(worker) == 0
+        entries = [e.event for e in charter.journal.entries()]
+        assert sum(isinstance(e, ModelCallSettled) for e in entries) == 1
+        usage = [e for e in entries if isinstance(e, UsageRecorded) and e.lineage == worker]
+        assert [u.amount.tokens for u in usage] == [7]
+        assert check_model_calls(journal_history(charter.journal)).problems == []
