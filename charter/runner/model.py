@@ -71,6 +71,7 @@ from charter.sandbox import Member, PeerServer, Refusal
 __all__ = [
     "BYTES_PER_TOKEN",
     "DEFAULT_MAX_TOKENS",
+    "JOURNAL_BLOCK",
     "MAX_BODY",
     "MAX_CONNECTIONS",
     "ModelDoor",
@@ -90,8 +91,11 @@ DEFAULT_MAX_TOKENS = 1024
 MAX_BODY = 4 * 1024 * 1024  # a request body (the prompt) the door reads
 MAX_RESPONSE = 16 * 1024 * 1024  # a non-streamed answer the door relays
 MAX_CONNECTIONS = 16  # per worker at a time (each holds a thread here)
+JOURNAL_BLOCK = 32 * 1024
+"""Journal bytes the model door charges a lease's allowance at a time (docs/door.md)."""
 _IDLE_TIMEOUT = 300.0  # a model may think for minutes before its first byte
 _DRAIN_S = 5.0
+_KEPT = 16  # idle connections kept to the model endpoint
 _ENDPOINT_FILE = "model-endpoint.json"
 _KEY_FILE = "model-api-key"
 
@@ -210,6 +214,7 @@ class ModelMeter:
         self._cell = cell
         self._inflight: dict[str, int] = {}  # lineage -> tokens reserved, not settled
         self._refused: set[tuple[str, str]] = set()  # (lineage, reason) journaled once
+        self._prepaid: dict[str, int] = {}  # journal bytes charged, not yet used
         self._guard = threading.Lock()
 
     def in_flight(self, lineage: str) -> int:
@@ -225,7 +230,8 @@ class ModelMeter:
         with allowance.held(lineage):  # one reservation of a lease at a time
             with cell.changed:
                 cell.refresh()
-                tokens = cell.resources.book.remaining(lineage, now_ms()).tokens
+                remaining = cell.resources.book.remaining(lineage, now_ms())
+            tokens = remaining.tokens
             left = tokens - self.in_flight(lineage)
             max_tokens = request.max_tokens
             if max_tokens is None:
@@ -254,7 +260,7 @@ class ModelMeter:
                 max_tokens=max_tokens,
                 reserved=need,
             )
-            allowance.charge(lineage, model_call_bytes(reserved))
+            self._charge_journal(lineage, model_call_bytes(reserved), remaining.egress_bytes)
             with self._guard:  # held before the append: never counted from one total twice
                 self._inflight[lineage] = self._inflight.get(lineage, 0) + need
             try:
@@ -264,6 +270,26 @@ class ModelMeter:
                 self._release(lineage, need)  # not journaled: nothing is sent
                 raise
         return reserved
+
+    def _charge_journal(self, lineage: str, nbytes: int, egress_left: int) -> None:
+        """Charge a call's journal bytes to the lease's journal allowance (hold its
+        lock): from what was prepaid, else prepaying :data:`JOURNAL_BLOCK` bytes at
+        once when the lease's egress covers it (past the floor that is one egress
+        charge for about twenty calls, not one each; at most a block is charged and
+        never journaled), else exactly ``nbytes`` (refused, and journaled, when the
+        allowance cannot pay even that)."""
+        with self._guard:
+            prepaid = self._prepaid.get(lineage, 0)
+        if prepaid < nbytes:
+            allowance = self._cell.journal_allowance
+            used, floor = allowance.used(lineage), allowance.floor
+            block = max(JOURNAL_BLOCK, nbytes)
+            over = max(0, used + block - floor) - max(0, used - floor)
+            charge = block if over <= egress_left else nbytes
+            allowance.charge(lineage, charge)
+            prepaid += charge
+        with self._guard:
+            self._prepaid[lineage] = prepaid - nbytes
 
     def refuse_unconfigured(self, lineage: str) -> None:
         self._refuse(
@@ -401,6 +427,7 @@ class ModelDoor:
         self._meter = meter
         self._conns: dict[socket.socket, tuple[_Holder, list[socket.socket]]] = {}
         self._lock = threading.Lock()
+        self._pool = _Pool(endpoint)
         self._server = PeerServer(
             path, name="model", max_per_uid=MAX_CONNECTIONS, backlog=64,
             member=member, handler=self._serve, refusal=_refused,
@@ -409,6 +436,7 @@ class ModelDoor:
     def close(self) -> None:
         self._server.close()
         self.hang_up(lambda _: True)
+        self._pool.close()
 
     def active(self, uid: int) -> int:
         return self._server.active(uid)
@@ -468,7 +496,7 @@ class ModelDoor:
             _send(conn, http, e.status, e.body)
             return e.keep and http.our_state is h11.DONE
         assert self.endpoint is not None  # _admit refused the call otherwise
-        _Call(self.endpoint, meter, reserved, chat, conn, http, upstreams).run()
+        _Call(self.endpoint, meter, reserved, chat, conn, http, upstreams, self._pool).run()
         return http.our_state is h11.DONE
 
     def _admit(
@@ -512,6 +540,44 @@ class _ReplyError(Exception):
         self.status, self.body, self.keep = status, _error_body(code, message, kind=kind), keep
 
 
+class _Pool:
+    """Kept-alive connections to the model endpoint (at most :data:`_KEPT`), so a call
+    does not pay a connection (and, to a hosted API, a TLS handshake) each time."""
+
+    def __init__(self, endpoint: ModelEndpoint | None) -> None:
+        self._url = urlsplit(endpoint.url) if endpoint is not None else None
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def tries(self) -> tuple[bool, ...]:
+        """A kept connection first (when one is idle), then a fresh one."""
+        with self._lock:
+            return (True, False) if self._idle else (False,)
+
+    def take(self) -> http.client.HTTPConnection | None:
+        with self._lock:
+            return self._idle.pop() if self._idle else None
+
+    def fresh(self) -> http.client.HTTPConnection:
+        url = self._url
+        assert url is not None
+        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        return kind(url.hostname or "", url.port, timeout=_IDLE_TIMEOUT)
+
+    def give(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < _KEPT:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
 class _Call:
     """One metered call: sent upstream, relayed, settled exactly once."""
 
@@ -524,13 +590,16 @@ class _Call:
         conn: socket.socket,
         http: h11.Connection,
         upstreams: list[socket.socket],
+        pool: _Pool,
     ) -> None:
         self.endpoint, self.meter, self.reserved, self.chat = endpoint, meter, reserved, chat
+        self.pool = pool
         self.conn, self.http, self.upstreams = conn, http, upstreams
         self.started = time.monotonic()
         self.first: float | None = None
         self.counted = 0  # completion tokens counted (one per content chunk)
         self.status = 0
+        self.whole = False  # the server's answer was read to its end
 
     def _ms(self, at: float | None = None) -> int:
         return int(((at if at is not None else time.monotonic()) - self.started) * 1000)
@@ -550,22 +619,35 @@ class _Call:
 
     def run(self) -> None:
         url = urlsplit(self.endpoint.url)
-        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-        upstream = kind(url.hostname or "", url.port, timeout=_IDLE_TIMEOUT)
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.endpoint.api_key:
             headers["Authorization"] = f"Bearer {self.endpoint.api_key}"
         body = self.chat.upstream_body(self.reserved.max_tokens)
-        try:
-            upstream.connect()
-            if upstream.sock is not None:
-                self.upstreams.append(upstream.sock)
-            upstream.request("POST", url.path.rstrip("/") + "/chat/completions", body, headers)
-            response = upstream.getresponse()
-        except (OSError, http.client.HTTPException) as e:
-            self._estimate("upstream-failed")
-            _send(self.conn, self.http, 502, _error_body("upstream-failed", str(e)[:200]))
-            return
+        path = url.path.rstrip("/") + "/chat/completions"
+        upstream, response = None, None
+        for reused in self.pool.tries():
+            upstream = self.pool.take() if reused else self.pool.fresh()
+            if upstream is None:
+                continue
+            try:
+                if upstream.sock is None:
+                    upstream.connect()
+                    with contextlib.suppress(OSError):  # each write at once: no Nagle stall
+                        upstream.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if upstream.sock is not None:
+                    self.upstreams.append(upstream.sock)
+                upstream.request("POST", path, body, headers)
+                response = upstream.getresponse()
+                break
+            except (OSError, http.client.HTTPException) as e:
+                self._forget(upstream)
+                upstream.close()
+                if not reused:  # a kept connection the server had closed: once more
+                    self._estimate("upstream-failed")
+                    _send(self.conn, self.http, 502, _error_body("upstream-failed", str(e)[:200]))
+                    return
+        assert upstream is not None
+        assert response is not None
         try:
             self.status = response.status
             if self.chat.stream and response.status == 200:
@@ -573,14 +655,21 @@ class _Call:
             else:
                 self._relay_whole(response)
         finally:
-            upstream.close()
-            with contextlib.suppress(ValueError):
-                if upstream.sock is not None:
-                    self.upstreams.remove(upstream.sock)
+            self._forget(upstream)
+            if response.isclosed() and not response.will_close and self.whole:
+                self.pool.give(upstream)  # read to its end: kept for the next call
+            else:
+                upstream.close()
+
+    def _forget(self, upstream: http.client.HTTPConnection) -> None:
+        with contextlib.suppress(ValueError):
+            if upstream.sock is not None:
+                self.upstreams.remove(upstream.sock)
 
     def _relay_whole(self, response: http.client.HTTPResponse) -> None:
         try:
             data = response.read(MAX_RESPONSE)
+            self.whole = response.isclosed()
         except (OSError, http.client.HTTPException):
             self._estimate("upstream-failed")
             _send(self.conn, self.http, 502, _error_body("upstream-failed", "the answer broke"))
@@ -628,6 +717,7 @@ class _Call:
                     conn.sendall(http_.send(h11.Data(data=event)) or b"")
             else:
                 how = "usage" if usage is not None else "no-usage"
+                self.whole = True
             conn.sendall(http_.send(h11.EndOfMessage()) or b"")
         except (OSError, h11.LocalProtocolError) as e:
             # The worker went away mid-stream (or its sandbox was hung up); a read of

@@ -39,6 +39,7 @@ def prompt_tokens(messages: list[dict[str, Any]]) -> int:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # each write goes at once (no delayed-ACK stalls)
     behaviour: Behaviour
 
     def log_message(self, format: str, *args: Any) -> None:
