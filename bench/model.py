@@ -21,7 +21,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -93,7 +92,7 @@ charter_door.Door().result(json.dumps({k: [round(x, 3) for x in v] for k, v in o
 def _direct(url: str, n: int) -> dict[str, list[float]]:
     parts = urlsplit(url)
     scope: dict[str, Any] = {}
-    exec(CLIENT.replace("PATH", repr(parts.path + "/chat/completions")), scope)  # noqa: S102
+    exec(CLIENT.replace("PATH", repr(parts.path + "/chat/completions")), scope)
 
     def connect() -> http.client.HTTPConnection:
         return http.client.HTTPConnection(parts.hostname or "", parts.port)

@@ -632,8 +632,7 @@ class _Call:
             try:
                 if upstream.sock is None:
                     upstream.connect()
-                    with contextlib.suppress(OSError):  # each write at once: no Nagle stall
-                        upstream.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    _no_delay(upstream.sock)
                 if upstream.sock is not None:
                     self.upstreams.append(upstream.sock)
                 upstream.request("POST", path, body, headers)
@@ -743,6 +742,13 @@ class _Call:
 
 
 # -- HTTP helpers ------------------------------------------------------------------------
+
+
+def _no_delay(sock: socket.socket | None) -> None:
+    """Each write of a request goes at once (no Nagle stall behind a delayed ACK)."""
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _read_request(
