@@ -311,6 +311,8 @@ def _journal_charges(kind: str, p: dict[str, Any]) -> list[tuple[str, int]]:
         case "WorkerScheduled":
             parent = p["lineage"].rpartition("/")[0]
             return [(parent, _canonical_size([p["argv"], p["inputs"]]))]
+        case "ModelCallReserved":  # its reservation, its settlement and its usage
+            return [(p["lineage"], _canonical_size(p) + 3 * JOURNAL_ENTRY_OVERHEAD)]
         case _:
             return []
 

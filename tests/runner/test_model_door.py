@@ -23,6 +23,7 @@ from charter.runner.events import (
     ModelCallRefused,
     ModelCallReserved,
     ModelCallSettled,
+    WorkerEnded,
     WorkerResult,
 )
 from charter.runner.model import ModelEndpoint, configure_endpoint, load_endpoint
@@ -385,4 +386,49 @@ def test_a_disconnect_mid_stream_still_settles_an_estimate_before_the_lease_retu
         ]
         assert position < released  # settled before its lease returned: never lost
         assert server.reported == []  # the server never reported usage
+        clean(charter)
+
+
+# Calls until refused; reports on stderr (its result would be refused too: the floor is
+# spent) how many calls were answered and the first refusal's code.
+FLOOD = (
+    PRELUDE
+    + """
+conn = charter_door.ModelConnection(timeout=60)
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                   "max_tokens": 1})
+ok, code = 0, None
+for _ in range(int(sys.argv[1])):
+    conn.request("POST", "/v1/chat/completions", body)
+    r = conn.getresponse()
+    answer = json.loads(r.read())
+    if r.status != 200:
+        code = [r.status, answer["error"]["code"]]
+        break
+    ok += 1
+sys.stderr.write(json.dumps({"ok": ok, "code": code}))
+sys.exit(3)
+"""
+)
+
+
+def test_model_calls_are_charged_to_the_journal_allowance(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    with (
+        model_server(Behaviour(length=1)) as (url, _server),
+        initialise(journal_url, tmp_path / "home") as charter,
+    ):
+        (worker,) = (
+            str(c.lineage) for c in spawn_callers(charter, 10**6, python(FLOOD, "400")).children
+        )
+        with running(model_cell(charter, state_dir, ModelEndpoint(url))) as cell:
+            until_idle(cell)
+        (end,) = [e for e in of_type(charter, WorkerEnded) if e.lineage == worker]
+        said = json.loads(end.reason.removeprefix("stderr: "))
+        # Each call journals three entries (about 1.5 KB charged); the lease has no
+        # egress, so its 128 KiB floor pays for some 80 calls, and then they are refused.
+        assert said["code"] == [429, "journal-allowance"]
+        assert 60 <= said["ok"] <= 100, said
+        assert len(of_type(charter, ModelCallSettled)) == said["ok"]
         clean(charter)
