@@ -99,6 +99,17 @@ def spawn_callers(charter: Charter, tokens: int, *workers: WorkerSpec) -> SpawnR
     )
 
 
+def one_caller(charter: Charter, tokens: int, source: str, *args: str) -> str:
+    """One worker running ``source`` under a lease of ``tokens``: its lineage."""
+    (child,) = spawn_callers(charter, tokens, python(source, *args)).children
+    return str(child.lineage)
+
+
+def run_to_idle(charter: Charter, state_dir: Path, endpoint: ModelEndpoint | None) -> None:
+    with running(model_cell(charter, state_dir, endpoint)) as cell:
+        until_idle(cell)
+
+
 def model_cell(charter: Charter, state_dir: Path, endpoint: ModelEndpoint | None) -> Cell:
     tag = uuid.uuid4().hex[:8]
     door = Door(
@@ -156,12 +167,8 @@ def test_tokens_charged_are_the_servers_usage_streamed_and_not(
     ):
         configure_endpoint(tmp_path / "home", url, _key_file(tmp_path))
         endpoint = load_endpoint(tmp_path / "home")
-        (worker,) = (
-            str(c.lineage)
-            for c in spawn_callers(charter, 10_000, python(CALLER, json.dumps(calls))).children
-        )
-        with running(model_cell(charter, state_dir, endpoint)) as cell:
-            until_idle(cell)
+        worker = one_caller(charter, 10_000, CALLER, json.dumps(calls))
+        run_to_idle(charter, state_dir, endpoint)
         out = results(charter)[worker]
         assert [o["status"] for o in out[:3]] == [200, 200, 200]
         assert out[0]["usage"] == {"prompt_tokens": 6, "completion_tokens": 5, "total_tokens": 11}
@@ -241,12 +248,8 @@ def test_an_unconfigured_door_refuses_and_a_malformed_call_is_bad_input(
 ) -> None:
     calls = [{"content": "hello"}, {"content": "again"}]
     with initialise(journal_url, tmp_path / "home") as charter:
-        (worker,) = (
-            str(c.lineage)
-            for c in spawn_callers(charter, 10_000, python(CALLER, json.dumps(calls))).children
-        )
-        with running(model_cell(charter, state_dir, None)) as cell:
-            until_idle(cell)
+        worker = one_caller(charter, 10_000, CALLER, json.dumps(calls))
+        run_to_idle(charter, state_dir, None)
         out = results(charter)[worker]
         assert [(o["status"], o["code"]) for o in out[:2]] == [(503, "model-not-configured")] * 2
         refused = of_type(charter, ModelCallRefused)
@@ -297,10 +300,7 @@ def test_sixteen_concurrent_calls_on_one_lease_never_overspend_it(
         ).encode()  # fmt: skip
         per_call = -(-len(body) // 4) + 20
         tokens = 6 * per_call + per_call // 2
-        (worker,) = (
-            str(c.lineage)
-            for c in spawn_callers(charter, tokens, python(CONCURRENT, "16")).children
-        )
+        worker = one_caller(charter, tokens, CONCURRENT, "16")
         try:
             with running(model_cell(charter, state_dir, ModelEndpoint(url))) as cell:
                 wait_for(lambda: len(server.seen) >= 6, "six calls reached the server")
@@ -358,9 +358,7 @@ def test_a_disconnect_mid_stream_still_settles_an_estimate_before_the_lease_retu
         model_server(Behaviour(length=30, hold=hold, hold_after=3)) as (url, server),
         initialise(journal_url, tmp_path / "home") as charter,
     ):
-        (worker,) = (
-            str(c.lineage) for c in spawn_callers(charter, 10_000, python(DISCONNECT, "3")).children
-        )
+        worker = one_caller(charter, 10_000, DISCONNECT, "3")
         try:
             with running(model_cell(charter, state_dir, ModelEndpoint(url))) as cell:
                 until_idle(cell)
@@ -419,11 +417,8 @@ def test_model_calls_are_charged_to_the_journal_allowance(
         model_server(Behaviour(length=1)) as (url, _server),
         initialise(journal_url, tmp_path / "home") as charter,
     ):
-        (worker,) = (
-            str(c.lineage) for c in spawn_callers(charter, 10**6, python(FLOOD, "400")).children
-        )
-        with running(model_cell(charter, state_dir, ModelEndpoint(url))) as cell:
-            until_idle(cell)
+        worker = one_caller(charter, 10**6, FLOOD, "400")
+        run_to_idle(charter, state_dir, ModelEndpoint(url))
         (end,) = [e for e in of_type(charter, WorkerEnded) if e.lineage == worker]
         said = json.loads(end.reason.removeprefix("stderr: "))
         # Each call journals three entries (about 1.5 KB charged); the lease has no

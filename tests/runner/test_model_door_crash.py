@@ -6,10 +6,7 @@ never settled twice."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -27,19 +24,10 @@ from tests.invariants import (
 )
 from tests.runner._model_server import Behaviour, model_server
 from tests.runner.conftest import initialise
-from tests.runner.programs import python
-from tests.runner.test_model_door import CALLER, spawn_callers, wait_for
+from tests.runner.test_crash import _cell
+from tests.runner.test_model_door import CALLER, one_caller, wait_for
 
 WT = Path(__file__).resolve().parents[2]
-
-
-def _cell(url: str, home: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "CHARTER_HOME": str(home), "PYTHONPATH": str(WT)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "charter", "--db", url, "--quiet", "cell", "run", "--once",
-         "--ignore-host-load"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
 
 
 def _reserved(url: str, home: Path) -> list[ModelCallReserved]:
@@ -60,12 +48,7 @@ def test_a_call_in_flight_when_the_cell_dies_is_settled_by_the_next_one(
     with model_server(Behaviour(length=40, hold=hold, hold_after=2)) as (url, server):
         try:
             with initialise(journal_url, home) as charter:
-                (worker,) = (
-                    str(c.lineage)
-                    for c in spawn_callers(
-                        charter, 10_000, python(CALLER, json.dumps(calls))
-                    ).children
-                )
+                worker = one_caller(charter, 10_000, CALLER, json.dumps(calls))
             configure_endpoint(home, url, None)
             first = _cell(journal_url, home)
             wait_for(lambda: len(server.seen) == 1, "the call reached the server", 120)
