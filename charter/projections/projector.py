@@ -25,7 +25,7 @@ from charter.projections._answers import (
     TreeReport,
     _status,
 )
-from charter.projections._fold import L_LINEAGE, W_STATUS, Fold, at_ms_of_state
+from charter.projections._fold import L_LINEAGE, L_SPENT, W_STATUS, Fold, at_ms_of_state
 from charter.projections._store import NEWEST_TABLE, ProjectionStore
 from charter.projections.errors import PositionBeyondHeadError, ProjectionConflictError
 
@@ -225,6 +225,7 @@ class Projector:
         at_ms = self._when(p, as_of)
         status = {row[L_LINEAGE]: _status(row, at_ms) for row in ledgers}
         worker = {str(row[0]): str(row[W_STATUS]) for row in workers}
+        tokens = {row[L_LINEAGE]: int(row[L_SPENT]) for row in ledgers}  # tokens: axis 0
         out = [
             TreeNode(
                 lineage=lin,
@@ -235,6 +236,7 @@ class Projector:
                 fanout=fanout,
                 status=status.get(lin, "no-ledger"),
                 worker=worker.get(lin),
+                tokens_spent=tokens.get(lin),
             )
             for lin, parent, depth, kind, pos, fanout in nodes
         ]

@@ -197,6 +197,8 @@ def test_tokens_charged_are_the_servers_usage_streamed_and_not(
         with charter.projector() as projector:
             projector.catch_up()
             assert projector.budgets().get(worker).spent.tokens == tokens
+            (node,) = [n for n in projector.tree().nodes if n.lineage == worker]  # `charter tree`
+        assert node.tokens_spent == tokens
         clean(charter)
 
 
