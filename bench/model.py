@@ -19,8 +19,10 @@ import argparse
 import http.client
 import json
 import os
+import sqlite3
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -133,6 +135,25 @@ def _through_door(url: str, n: int, state: Path) -> dict[str, list[float]]:
     return said
 
 
+def _raw_commits(n: int) -> list[float]:
+    """The raw library's floor: one row committed by sqlite3 (WAL, synchronous=FULL, as
+    the journal), per commit (ms). The door commits twice per call."""
+    with tempfile.TemporaryDirectory() as tmp:
+        conn = sqlite3.connect(Path(tmp) / "raw.db", isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE t (x BLOB)")
+        took = []
+        for _ in range(n):
+            start = time.perf_counter()
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO t VALUES (?)", (b"x" * 400,))
+            conn.execute("COMMIT")
+            took.append((time.perf_counter() - start) * 1000)
+        conn.close()
+    return took
+
+
 def _figures(samples: list[float]) -> dict[str, float]:
     return {"p50": round(percentile(samples, 0.5), 3), "p90": round(percentile(samples, 0.9), 3)}
 
@@ -146,7 +167,8 @@ def main() -> int:
     with model_server(Behaviour(length=8)) as (url, _):
         direct = _direct(url, args.calls)
         door = _through_door(url, args.calls, state)
-    report: dict[str, Any] = {"calls": args.calls}
+    commit = _figures(_raw_commits(args.calls))
+    report: dict[str, Any] = {"calls": args.calls, "raw_sqlite_commit_ms": commit}
     for kind in ("whole", "first_token"):
         d, m = _figures(direct[kind]), _figures(door[kind])
         report[kind] = {
