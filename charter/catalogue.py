@@ -5,5 +5,5 @@ entry, whichever package wrote it."""
 from __future__ import annotations
 
 # Imported for their registrations only.
-from charter import audit, authority, budgets, control, ledger, sandbox  # noqa: F401
+from charter import audit, authority, budgets, control, ledger, sandbox, supervision  # noqa: F401
 from charter.runner import events as _runner_events  # noqa: F401

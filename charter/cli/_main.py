@@ -28,6 +28,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "revoke": ("agents", "revoke", "Revoke a worker and its subtree; the cell kills what runs."),
     "lease": ("leases", "lease_group", "Record usage against a lease, release or renew it."),
     "cell": ("cells", "cell_group", "Run a cell, or configure its slot caps."),
+    "logs": ("logs", "logs", "A worker's live stdout and stderr tail (-f to follow)."),
     "budgets": ("projections", "budgets", "Budget ledgers and leases (a projection)."),
     "tree": ("projections", "tree", "The lineage tree (a projection)."),
     "slots": ("projections", "slots", "Slot occupancy per cell (a projection)."),

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from charter.app import CellSetup, Charter
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
 from charter.core import Budget, StateError
+from charter.core.text import shown
 from charter.runner import cell_for, run_cell
 from charter.runner.status import cell_status, latest_incarnation
 
@@ -46,16 +47,42 @@ def _cap(name: str, text: str) -> Callable[[FC], FC]:
     is_flag=True,
     help="Leave the load average out of the adaptive processing cap (a busy shared host).",
 )
+@click.option(
+    "--claim",
+    "claim_s",
+    type=click.FloatRange(0.3, 3600),
+    default=15.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long the cell's claim holds; renewed every third of it while it runs.",
+)
+@click.option(
+    "--take-over",
+    is_flag=True,
+    help="Fence the cell's running incarnation at once instead of waiting for its claim to lapse.",
+)
 @click.pass_obj
-def run(ctx: Ctx, cell: str | None, once: bool, slot_budget: str, ignore_host_load: bool) -> None:
+def run(
+    ctx: Ctx,
+    cell: str | None,
+    once: bool,
+    slot_budget: str,
+    ignore_host_load: bool,
+    claim_s: float,
+    take_over: bool,
+) -> None:
     """Run a cell: follow the journal and run the workers scheduled on it (SIGTERM or
-    Ctrl-C stops it; the workers still running are killed, journaled first)."""
+    Ctrl-C stops it; the workers still running are killed, journaled first). It holds
+    the cell by a claim it renews: while another incarnation's claim holds, it waits
+    for it to lapse (or fences it at once with --take-over)."""
     with Charter.open(ctx.db) as charter:
         runner = cell_for(
             charter,
             cell=cell,
             slot_budget=Budget.parse(slot_budget),
             ignore_host_load=ignore_host_load,
+            claim_s=claim_s,
+            take_over=take_over,
         )
         ctx.status(f"cell {runner.cell}: following the journal")
         run_cell(runner, once=once)
@@ -105,12 +132,17 @@ def status(ctx: Ctx, cell: str | None) -> None:
 
     def text() -> None:
         click.echo(f"cell {report.cell} at position {report.position}")
+        if report.incarnation:
+            click.echo(f"  incarnation {report.incarnation}: {report.state}")
         for name, cap in report.caps.items():
             held = report.holders.get(name, [])
             click.echo(f"  {name}: {len(held)} of {cap}")
         click.echo(f"  queued: {len(report.queued)}")
+        if report.waits:
+            click.echo(f"  waiting because {report.waits}")
         for row in report.workers:
-            click.echo(f"{row.lineage}  {row.status}  {row.burn}")
+            why = f"  ({row.why})" if row.why and row.status == "admitted" else ""
+            click.echo(f"{shown(row.lineage)}  {row.status}  {row.burn}{why}")
 
     ctx.emit(report.to_json(), text)
 

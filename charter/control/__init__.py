@@ -11,6 +11,7 @@ from charter.control.directory import (
     custody_key_name,
     register_root,
 )
+from charter.control.errors import CellSupersededError
 from charter.control.handler import RETRIES, Folded, Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
 from charter.control.resources import (
@@ -30,8 +31,14 @@ from charter.control.spawn import (
 )
 from charter.control.views import Views
 from charter.control.workers import (
+    LIVE_STATUSES,
+    Outcome,
+    WorkerKilled,
+    WorkerLifecycle,
     WorkerScheduled,
     WorkerSpec,
+    WorkerStatus,
+    end_outcome,
     inputs_digest,
     worker_stream,
 )
@@ -63,7 +70,14 @@ __all__ = [
     "append_pinned",
     "queue_admissions",
     "revoke",
+    "CellSupersededError",
+    "LIVE_STATUSES",
+    "Outcome",
+    "end_outcome",
+    "WorkerKilled",
+    "WorkerLifecycle",
     "WorkerScheduled",
+    "WorkerStatus",
     "WorkerSpec",
     "inputs_digest",
     "worker_stream",

@@ -30,12 +30,14 @@ decision's streams, so the bound is reached only under sustained contention."""
 class Pinned:
     """A decision to append: its events, the stream versions it was decided on (the
     append is pinned to exactly these), the earliest instant it stops being true (the
-    journal refuses a commit at or after it), if any, and its batch id, if it has one."""
+    journal refuses a commit at or after it), if any, its batch id, if it has one, and a
+    follower's tracking position, committed with the effect it records."""
 
     events: Sequence[Event]
     expect: Mapping[str, int] = field(default_factory=dict)
     deadline_ms: int | None = None
     batch: str | None = None
+    tracking: tuple[str, int] | None = None  # a follower's position, committed with it
 
 
 class Folded(Protocol):
@@ -77,6 +79,7 @@ def append_pinned(
                     expect=decision.expect,
                     deadline_ms=decision.deadline_ms,
                     batch=decision.batch,
+                    tracking=decision.tracking,
                 )
             except retry_on:
                 continue

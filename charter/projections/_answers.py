@@ -32,7 +32,16 @@ from charter.projections._fold import (
     L_SPENT,
 )
 
-__all__ = ["BudgetLine", "BudgetReport", "CellSlots", "SlotsReport", "TreeNode", "TreeReport"]
+__all__ = [
+    "BudgetLine",
+    "BudgetReport",
+    "CellSlots",
+    "SlotsReport",
+    "TreeNode",
+    "TreeReport",
+    "gone_cells",
+    "worker_shown",
+]
 
 
 def _vec(row: Sequence[Any], start: int) -> Vec:
@@ -166,8 +175,9 @@ class TreeNode:
     position: int  # where it first appeared
     fanout: str | None
     status: str  # active | released | expired | no-ledger (its lease)
-    # A scheduled worker's own status: scheduled | queued | running | exited | failed |
-    # killed (None: nothing was scheduled for it, such as an operator's spawn).
+    # A scheduled worker's own status (charter.control.WorkerStatus): queued | admitted
+    # | running | waiting | exited | failed | killed (None: nothing was scheduled for it,
+    # such as an operator's spawn).
     worker: str | None = None
     # Tokens charged to its lease so far (the model door's calls; None: no ledger).
     tokens_spent: int | None = None
@@ -205,6 +215,10 @@ class CellSlots:
     holders: dict[str, tuple[str, ...]]  # resource class → lineages, sorted
     # resource class → lineages waiting for a slot, first come first served
     queued: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # live | gone (its newest incarnation's claim lapsed, at the answer's time) | never-run
+    state: str = "never-run"
+    incarnation: int = 0
+    claim_until_ms: int | None = None
 
     def occupancy(self, resource: str) -> int:
         return len(self.holders.get(resource, ()))
@@ -216,6 +230,9 @@ class CellSlots:
             "cores": self.cores,
             "failover_reserve": self.failover_reserve,
             "since": self.since,
+            "state": self.state,
+            "incarnation": self.incarnation,
+            "claim_until_ms": self.claim_until_ms,
             "slots": {
                 r: {
                     "cap": self.caps.get(r),
@@ -243,7 +260,11 @@ class SlotsReport:
         slots: Iterable[Sequence[Any]],
         as_of: int,
         queue: Iterable[Sequence[Any]] = (),
+        claims: Iterable[Sequence[Any]] = (),
+        at_ms: int = 0,
     ) -> SlotsReport:
+        claimed = {str(r[0]): (int(r[3]), r[4]) for r in claims}
+        gone = gone_cells(claims, at_ms)
         holders: dict[str, dict[str, list[str]]] = {}
         for cell, resource, lineage, _, _ in slots:
             holders.setdefault(cell, {}).setdefault(resource, []).append(lineage)
@@ -263,6 +284,26 @@ class SlotsReport:
                     since=int(valid_from),
                     holders={r: tuple(sorted(ls)) for r, ls in sorted(held.items())},
                     queued={r: tuple(ls) for r, ls in sorted(waiting.get(cell, {}).items())},
+                    state=(
+                        "never-run" if cell not in claimed else "gone" if cell in gone else "live"
+                    ),
+                    incarnation=claimed.get(cell, (0, None))[0],
+                    claim_until_ms=claimed.get(cell, (0, None))[1],
                 )
             )
         return cls(as_of, tuple(out))
+
+
+def gone_cells(claims: Iterable[Sequence[Any]], at_ms: int) -> set[str]:
+    """The cells whose newest incarnation's claim (rows of cell, valid_from, valid_to,
+    incarnation, until_ms) has lapsed at ``at_ms``: gone by time, as any reader derives
+    it (a claim with no bound never lapses)."""
+    return {str(r[0]) for r in claims if r[4] is not None and at_ms >= int(r[4])}
+
+
+def worker_shown(row: Sequence[Any], gone: set[str]) -> str:
+    """A worker row's status (lineage, valid_from, valid_to, cell, status) as shown at the
+    answer's time: a started worker of a cell gone by time is ``lost`` (the next
+    incarnation journals it so)."""
+    status = str(row[4])
+    return "lost" if status in ("running", "waiting") and str(row[3]) in gone else status

@@ -51,9 +51,13 @@ LEDGER_COLUMNS = (
 CELL_COLUMNS = ("cell", "valid_from", "valid_to", "caps", "cores", "failover_reserve")
 SLOT_COLUMNS = ("cell", "resource", "lineage", "valid_from", "valid_to")
 NODE_COLUMNS = ("lineage", "parent", "depth", "kind", "position", "fanout")
-# A scheduled worker's status: scheduled | queued | running | exited | failed | killed.
+# A scheduled worker's status, in the vocabulary of charter.control.WorkerStatus:
+# queued | admitted | running | waiting | exited | failed | killed.
 WORKER_COLUMNS = ("lineage", "valid_from", "valid_to", "cell", "status")
 W_STATUS = 4
+# A cell's newest incarnation and when its claim lapses (None: no bound): a reader
+# derives from it, at its reading time, whether the cell is gone.
+CLAIM_COLUMNS = ("cell", "valid_from", "valid_to", "incarnation", "until_ms")
 # A lineage waiting for a slot; ``seq`` orders lineages queued by one event.
 QUEUE_COLUMNS = ("cell", "resource", "lineage", "valid_from", "valid_to", "seq")
 _PROCESSING = "processing"
@@ -89,6 +93,8 @@ class Changes:
     worker_closes: list[tuple[int, str]] = field(default_factory=list)
     queue_inserts: list[tuple[Any, ...]] = field(default_factory=list)
     queue_closes: list[tuple[int, str, str, str]] = field(default_factory=list)
+    claim_inserts: list[tuple[Any, ...]] = field(default_factory=list)
+    claim_closes: list[tuple[int, str]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -103,12 +109,14 @@ class Fold:
         self.slots: dict[tuple[str, str, str], int] = {}  # open slot → valid_from
         self.workers: dict[str, list[Any]] = {}
         self.queue: dict[tuple[str, str, str], tuple[int, int]] = {}  # → valid_from, seq
+        self.claims: dict[str, list[Any]] = {}
         # Current rows that are already in the database (closing them is an UPDATE).
         self.persisted_ledgers: set[str] = set()
         self.persisted_cells: set[str] = set()
         self.persisted_slots: set[tuple[str, str, str]] = set()
         self.persisted_workers: set[str] = set()
         self.persisted_queue: set[tuple[str, str, str]] = set()
+        self.persisted_claims: set[str] = set()
         self.changes = Changes()
 
     # -- loading the current rows of an existing projection --------------------------
@@ -120,6 +128,7 @@ class Fold:
         slots: Iterable[Sequence[Any]],
         workers: Iterable[Sequence[Any]] = (),
         queue: Iterable[Sequence[Any]] = (),
+        claims: Iterable[Sequence[Any]] = (),
     ) -> None:
         for row in ledgers:
             lineage = row[L_LINEAGE]
@@ -140,6 +149,9 @@ class Fold:
         for cell, resource, lineage, valid_from, _, seq in queue:
             self.queue[cell, resource, lineage] = (valid_from, seq)
             self.persisted_queue.add((cell, resource, lineage))
+        for row in claims:
+            self.claims[row[0]] = list(row)
+            self.persisted_claims.add(row[0])
 
     # -- versioning ----------------------------------------------------------------
 
@@ -293,8 +305,11 @@ class Fold:
         if key in self.queue:
             self._close_queued(key, position)
         worker = self.workers.get(p["lineage"])
-        if p["resource"] == _PROCESSING and worker is not None and worker[W_STATUS] == "queued":
-            self._worker_status(p["lineage"], "scheduled", position)
+        if p["resource"] == _PROCESSING and worker is not None:
+            # Out of the queue; a waiting coordinator holding processing again runs.
+            after = {"queued": "admitted", "waiting": "running"}.get(str(worker[W_STATUS]))
+            if after is not None:
+                self._worker_status(p["lineage"], after, position)
 
     def _slot_queued(self, position: int, p: dict[str, Any], at: str) -> None:
         del at
@@ -306,7 +321,7 @@ class Fold:
             if (
                 p["resource"] == _PROCESSING
                 and worker is not None
-                and worker[W_STATUS] == "scheduled"
+                and worker[W_STATUS] == "admitted"
             ):
                 self._worker_status(lineage, "queued", position)
 
@@ -314,7 +329,7 @@ class Fold:
         del at
         lineage, cell = p["lineage"], p["cell"]
         queued = (cell, _PROCESSING, lineage) in self.queue
-        row = [lineage, position, None, cell, "queued" if queued else "scheduled"]
+        row = [lineage, position, None, cell, "queued" if queued else "admitted"]
         if lineage in self.workers:  # never twice on one stream; replace, do not fork
             self._worker_status(lineage, str(row[W_STATUS]), position)
         else:
@@ -324,6 +339,33 @@ class Fold:
         del at
         if p["lineage"] in self.workers:
             self._worker_status(p["lineage"], "running", position)
+
+    def _worker_waiting(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        if p["lineage"] in self.workers:
+            self._worker_status(p["lineage"], "waiting", position)
+
+    def _claim(self, cell: str, incarnation: int, until: int | None, position: int) -> None:
+        """A new version of ``cell``'s claim row."""
+        old = self.claims.get(cell)
+        if old is not None:
+            if cell in self.persisted_claims:
+                self.persisted_claims.discard(cell)
+                self.changes.claim_closes.append((position, cell))
+            else:
+                old[2] = position
+                self.changes.claim_inserts.append(tuple(old))
+        self.claims[cell] = [cell, position, None, incarnation, until]
+
+    def _cell_started(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        self._claim(p["cell"], int(p["incarnation"]), p.get("claim_until_ms"), position)
+
+    def _claim_renewed(self, position: int, p: dict[str, Any], at: str) -> None:
+        del at
+        current = self.claims.get(p["cell"])
+        if current is not None and current[3] == p["incarnation"]:
+            self._claim(p["cell"], int(p["incarnation"]), int(p["until_ms"]), position)
 
     def _worker_ended(self, position: int, p: dict[str, Any], at: str) -> None:
         del at
@@ -354,27 +396,35 @@ class Fold:
         changes = self.changes
         self.changes = Changes()
         if final:
-            for lineage, row in self.ledgers.items():
-                if lineage not in self.persisted_ledgers:
-                    changes.ledger_inserts.append(tuple(row))
-                    self.persisted_ledgers.add(lineage)
-            for cell, row in self.cells.items():
-                if cell not in self.persisted_cells:
-                    changes.cell_inserts.append(tuple(row))
-                    self.persisted_cells.add(cell)
-            for key, valid_from in self.slots.items():
-                if key not in self.persisted_slots:
-                    changes.slot_inserts.append((*key, valid_from, None))
-                    self.persisted_slots.add(key)
-            for lineage, row in self.workers.items():
-                if lineage not in self.persisted_workers:
-                    changes.worker_inserts.append(tuple(row))
-                    self.persisted_workers.add(lineage)
-            for key, (valid_from, seq) in self.queue.items():
-                if key not in self.persisted_queue:
-                    changes.queue_inserts.append((*key, valid_from, None, seq))
-                    self.persisted_queue.add(key)
+            self._persist_all(changes)
         return changes
+
+    def _persist_all(self, changes: Changes) -> None:
+        """Add to ``changes`` every current row not yet in the database."""
+        for lineage, row in self.ledgers.items():
+            if lineage not in self.persisted_ledgers:
+                changes.ledger_inserts.append(tuple(row))
+                self.persisted_ledgers.add(lineage)
+        for cell, row in self.cells.items():
+            if cell not in self.persisted_cells:
+                changes.cell_inserts.append(tuple(row))
+                self.persisted_cells.add(cell)
+        for key, valid_from in self.slots.items():
+            if key not in self.persisted_slots:
+                changes.slot_inserts.append((*key, valid_from, None))
+                self.persisted_slots.add(key)
+        for lineage, row in self.workers.items():
+            if lineage not in self.persisted_workers:
+                changes.worker_inserts.append(tuple(row))
+                self.persisted_workers.add(lineage)
+        for key, (valid_from, seq) in self.queue.items():
+            if key not in self.persisted_queue:
+                changes.queue_inserts.append((*key, valid_from, None, seq))
+                self.persisted_queue.add(key)
+        for cell, row in self.claims.items():
+            if cell not in self.persisted_claims:
+                changes.claim_inserts.append(tuple(row))
+                self.persisted_claims.add(cell)
 
 
 # A GrantMinted entry is canonical JSON with sorted keys: {"at":…,"payload":{"body":
@@ -408,6 +458,9 @@ _HANDLERS: dict[str, _Handler] = {
     "SlotQueued": Fold._slot_queued,
     "WorkerScheduled": Fold._worker_scheduled,
     "WorkerStarted": Fold._worker_started,
+    "WorkerWaiting": Fold._worker_waiting,
+    "CellStarted": Fold._cell_started,
+    "CellClaimRenewed": Fold._claim_renewed,
     "WorkerEnded": Fold._worker_ended,
     "AgentRegistered": Fold._agent_registered,
     "GrantMinted": Fold._grant_minted,

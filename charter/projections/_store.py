@@ -21,6 +21,7 @@ from charter.core.errors import BadInputError
 from charter.projections._fold import (
     AXES,
     CELL_COLUMNS,
+    CLAIM_COLUMNS,
     LEDGER_COLUMNS,
     NODE_COLUMNS,
     QUEUE_COLUMNS,
@@ -70,11 +71,16 @@ _DDL = [
     "CHECK (valid_to IS NULL OR valid_to > valid_from))",
     "CREATE UNIQUE INDEX IF NOT EXISTS {p}_queue_current ON {p}_queue "
     "(cell, resource, lineage) WHERE valid_to IS NULL",
+    "CREATE TABLE IF NOT EXISTS {p}_claims (cell TEXT NOT NULL, valid_from BIGINT NOT NULL, "
+    "valid_to BIGINT, incarnation BIGINT NOT NULL, until_ms BIGINT, "
+    "PRIMARY KEY (cell, valid_from), CHECK (valid_to IS NULL OR valid_to > valid_from))",
+    "CREATE UNIQUE INDEX IF NOT EXISTS {p}_claims_current ON {p}_claims (cell) "
+    "WHERE valid_to IS NULL",
 ]
 
-_TABLES = ("ledgers", "cells", "slots", "nodes", "counts", "workers", "queue")
+_TABLES = ("ledgers", "cells", "slots", "nodes", "counts", "workers", "queue", "claims")
 # The table added last: a projection made before it existed is rebuilt once on open.
-NEWEST_TABLE = "queue"
+NEWEST_TABLE = "claims"
 
 _AS_OF = "valid_from <= ? AND (valid_to IS NULL OR valid_to > ?)"
 # Lineage paths below L sort between "L/" and "L0" ('0' follows '/'): no LIKE escaping.
@@ -134,6 +140,12 @@ _STATEMENTS = {
     + " FROM {p}_queue WHERE valid_to IS NULL",
     "workers_as_of": "SELECT " + ", ".join(WORKER_COLUMNS) + " FROM {p}_workers WHERE " + _AS_OF,
     "queue_as_of": "SELECT " + ", ".join(QUEUE_COLUMNS) + " FROM {p}_queue WHERE " + _AS_OF,
+    "claim_insert": _insert("claims", CLAIM_COLUMNS),
+    "claim_close": "UPDATE {p}_claims SET valid_to = ? WHERE cell = ? AND valid_to IS NULL",
+    "current_claims": "SELECT "
+    + ", ".join(CLAIM_COLUMNS)
+    + " FROM {p}_claims WHERE valid_to IS NULL",
+    "claims_as_of": "SELECT " + ", ".join(CLAIM_COLUMNS) + " FROM {p}_claims WHERE " + _AS_OF,
 }
 
 
@@ -232,7 +244,7 @@ class ProjectionStore(ABC):
         )
 
     def current(self, cur: Any) -> tuple[list[Any], ...]:
-        """The current rows of ledgers, cells, slots, workers and the queue (the order
+        """The current rows of ledgers, cells, slots, workers, the queue and the claims (the order
         :meth:`Fold.load` takes them in)."""
         out = []
         for key in (
@@ -241,6 +253,7 @@ class ProjectionStore(ABC):
             "current_slots",
             "current_workers",
             "current_queue",
+            "current_claims",
         ):
             cur.execute(self._q(self.sql[key]))
             out.append(cur.fetchall())
@@ -256,12 +269,14 @@ class ProjectionStore(ABC):
             ("slot_close", changes.slot_closes),
             ("worker_close", changes.worker_closes),
             ("queue_close", changes.queue_closes),
+            ("claim_close", changes.claim_closes),
             ("ledger_insert", changes.ledger_inserts),
             ("cell_insert", changes.cell_inserts),
             ("slot_insert", changes.slot_inserts),
             ("node_insert", changes.node_inserts),
             ("worker_insert", changes.worker_inserts),
             ("queue_insert", changes.queue_inserts),
+            ("claim_insert", changes.claim_inserts),
             ("count", list(changes.counts.items())),
         ):
             if rows:

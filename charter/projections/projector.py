@@ -24,8 +24,10 @@ from charter.projections._answers import (
     TreeNode,
     TreeReport,
     _status,
+    gone_cells,
+    worker_shown,
 )
-from charter.projections._fold import L_LINEAGE, L_SPENT, W_STATUS, Fold, at_ms_of_state
+from charter.projections._fold import L_LINEAGE, L_SPENT, Fold, at_ms_of_state
 from charter.projections._store import NEWEST_TABLE, ProjectionStore
 from charter.projections.errors import PositionBeyondHeadError, ProjectionConflictError
 
@@ -222,9 +224,11 @@ class Projector:
             nodes = list(self.store.select(cur, "nodes_as_of", (p, *params), where))
             ledgers = list(self.store.select(cur, "ledgers_as_of", (p, p, *params), where))
             workers = list(self.store.select(cur, "workers_as_of", (p, p, *params), where))
+            claims = list(self.store.select(cur, "claims_as_of", (p, p)))
         at_ms = self._when(p, as_of)
         status = {row[L_LINEAGE]: _status(row, at_ms) for row in ledgers}
-        worker = {str(row[0]): str(row[W_STATUS]) for row in workers}
+        gone = gone_cells(claims, at_ms)
+        worker = {str(row[0]): worker_shown(row, gone) for row in workers}
         tokens = {row[L_LINEAGE]: int(row[L_SPENT]) for row in ledgers}  # tokens: axis 0
         out = [
             TreeNode(
@@ -248,7 +252,8 @@ class Projector:
             cells = list(self.store.select(cur, "cells_as_of", (p, p)))
             slots = list(self.store.select(cur, "slots_as_of", (p, p)))
             queue = list(self.store.select(cur, "queue_as_of", (p, p)))
-        return SlotsReport.from_rows(cells, slots, p, queue)
+            claims = list(self.store.select(cur, "claims_as_of", (p, p)))
+        return SlotsReport.from_rows(cells, slots, p, queue, claims, self._when(p, as_of))
 
     def counts(self) -> dict[str, int]:
         """Entries projected so far, by event type (every entry is counted once)."""

@@ -1,6 +1,7 @@
 """charter.runner: the cell (follows the journal, runs the workers scheduled on it,
 recovers after a crash) and the worker door."""
 
+from charter.runner._logs import LOG_CAP, STREAMS, log_dir
 from charter.runner.cell import Cell, kill_uid
 from charter.runner.door import Door
 from charter.runner.errors import (
@@ -23,6 +24,9 @@ from charter.runner.events import (
 from charter.runner.host import DEFAULT_SLOT_BUDGET, cell_for, run_cell, steady_load
 
 __all__ = [
+    "LOG_CAP",
+    "STREAMS",
+    "log_dir",
     "Cell",
     "Door",
     "kill_uid",

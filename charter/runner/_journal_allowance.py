@@ -118,8 +118,6 @@ class _Cell(Protocol):
 
     def refresh(self) -> None: ...
 
-    def applied(self, committed: tuple[Committed, ...]) -> None: ...
-
 
 class JournalAllowance:
     """The journal bytes each lease of one cell has caused, and the charge for more."""
@@ -128,13 +126,13 @@ class JournalAllowance:
         self,
         cell: _Cell,
         remaining_egress: Callable[[str, int], int],
-        append: Callable[[list[Event]], tuple[Committed, ...]],
+        record: Callable[[list[Event]], tuple[Committed, ...]],
         *,
         floor: int = FLOOR,
     ) -> None:
         self._cell = cell
         self._remaining_egress = remaining_egress  # (lineage, at_ms) -> bytes (hold lock)
-        self._append = append
+        self._record = record  # appends (fenced, for a cell) and folds what committed
         self.floor = floor
         self._used: dict[str, int] = {}  # bytes charged so far (floor and egress)
         self._egress: dict[str, int] = {}  # of which charged to egress
@@ -211,7 +209,7 @@ class JournalAllowance:
                 message=message,
             )
             with self._cell.changed:
-                self._cell.applied(self._append([refusal]))
+                self._record([refusal])
         raise error
 
     def journal_result(
@@ -233,7 +231,7 @@ class JournalAllowance:
             self.charge(lineage, result_bytes(event))
             with self._cell.changed:  # checked and journaled together
                 self._check_not_given(lineage, given)
-                self._cell.applied(self._append([event]))
+                self._record([event])
         return digest
 
     def _check_not_given(self, lineage: str, given: Callable[[str], WorkerResult | None]) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from charter.authority import GrantMinted, LineageRevoked, SealedGrant
-from charter.control import WorkerScheduled
+from charter.control import Outcome, WorkerScheduled, end_outcome
 from charter.core.events import Event
 from charter.ledger import JournalFold
 from charter.runner.events import (
+    CellClaimRenewed,
     CellStarted,
     WorkerEnded,
     WorkerKilled,
@@ -30,6 +31,8 @@ class WorkerRecord:
     sandbox_id: str | None = None
     host_uid: int | None = None
     exit_code: int | None = None  # its sandbox's command ended (SandboxExited)
+    how: str = ""  # how it ended, as the sandbox measured it (SandboxExited)
+    oom_kills: int = 0
     waiting: tuple[str, ...] = ()
     killed: str | None = None
     result: WorkerResult | None = None
@@ -43,6 +46,15 @@ class WorkerRecord:
     @property
     def live(self) -> bool:
         return self.ended is None
+
+    def exit_outcome(self) -> tuple[Outcome, int | None]:
+        """How it ended, from its journaled exit (hold it only once it exited)."""
+        return end_outcome(
+            how=self.how,
+            exit_code=self.exit_code or 0,
+            oom_kills=self.oom_kills,
+            killed=self.killed is not None,
+        )
 
 
 class WorkersView(JournalFold):
@@ -58,6 +70,7 @@ class WorkersView(JournalFold):
         SandboxLeased.type_name,
         SandboxExited.type_name,
         CellStarted.type_name,
+        CellClaimRenewed.type_name,
         GrantMinted.type_name,
         LineageRevoked.type_name,
     )
@@ -68,6 +81,9 @@ class WorkersView(JournalFold):
         self.uids: dict[str, int] = {}  # sandbox id -> host uid (from its lease)
         self.running: dict[str, str] = {}  # sandbox id -> the worker it runs
         self.incarnations: dict[str, int] = {}
+        # Each cell's newest incarnation's claim: when it lapses (None: no bound).
+        self.claims: dict[str, int | None] = {}
+        self.started: dict[str, CellStarted] = {}  # each cell's newest incarnation
         self.grants: dict[str, GrantMinted] = {}
         # Scheduled workers not ended yet, per cell: a following cell asks whether it is
         # idle after every step, and scanning every worker ever scheduled made each
@@ -81,6 +97,9 @@ class WorkersView(JournalFold):
         del at_ms
         if isinstance(event, LineageRevoked):
             self._revocations.append(str(event.lineage))
+        elif isinstance(event, CellClaimRenewed):
+            if self.incarnations.get(event.cell) == event.incarnation:
+                self.claims[event.cell] = event.until_ms
         elif isinstance(event, WorkerScheduled | GrantMinted | SandboxLeased | CellStarted):
             self._apply_fact(event, position)
         else:
@@ -103,6 +122,8 @@ class WorkersView(JournalFold):
                 self.uids[event.sandbox_id] = event.host_uid
             case CellStarted():
                 self.incarnations[event.cell] = event.incarnation
+                self.claims[event.cell] = event.claim_until_ms
+                self.started[event.cell] = event
             case _:
                 pass
 
@@ -115,7 +136,9 @@ class WorkersView(JournalFold):
             case SandboxExited():
                 lineage = self.running.get(event.sandbox_id)
                 if lineage is not None:
-                    self.workers[lineage].exit_code = event.exit_code
+                    w = self.workers[lineage]
+                    w.exit_code, w.how = event.exit_code, event.how
+                    w.oom_kills = event.usage.oom_kills
             case WorkerWaiting():
                 self.workers[event.lineage].waiting = event.children
             case WorkerResult():
@@ -140,6 +163,16 @@ class WorkersView(JournalFold):
         """The lineages whose ``WorkerKilled`` was folded since the last call."""
         taken, self._kills = self._kills, []
         return taken
+
+    def claim(self, cell: str) -> tuple[int, int | None]:
+        """``cell``'s newest incarnation (0: none) and when its claim lapses."""
+        return self.incarnations.get(cell, 0), self.claims.get(cell)
+
+    def gone(self, cell: str, at_ms: int) -> bool:
+        """Whether ``cell``'s newest incarnation is gone by time at ``at_ms``: it has
+        not renewed its claim, which lapsed (one with no bound is never gone by time)."""
+        until = self.claims.get(cell)
+        return cell in self.incarnations and until is not None and at_ms >= until
 
     def on_cell(self, cell: str) -> list[WorkerRecord]:
         return [w for w in self.workers.values() if w.scheduled.cell == cell]

@@ -1,9 +1,14 @@
 """The cell: turns committed events into running workers, and nothing else.
 
-It follows the journal from its tracked position (the process recorder's tracking row,
-committed in the same transaction as the start it records) and acts only on committed
-entries: record, commit, then act. For each worker scheduled on it, when the worker
-holds a processing slot (``SlotAdmitted``), in order:
+It is three parts by role. Its **follower** (:mod:`charter.runner._follow`) reads the
+committed entries from its tracked position and decides on each (``policy(entry) →
+decision``): a ``SlotAdmitted`` for a worker scheduled on it is a start, a kill or a
+revocation folded from the journal (whoever wrote it) is a kill to carry out. Its
+**handlers** (:class:`charter.control.WorkerLifecycle`, over ``append_pinned``, and the
+budget and admission services) journal each decision; the tracking position commits
+with the start it records. Its **driver** (:mod:`charter.runner._driver`) then acts on
+what committed (exec, wait, measure, kill) and journals nothing itself. In order, for
+each worker that holds a processing slot:
 
 1. lease a warm-pool slot, narrowed to the worker's own lease and grant (caps, wall
    clock up to its expiry, egress allow-list at the cell's egress broker);
@@ -25,32 +30,39 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Literal
 
 from charter.app import Charter
-from charter.authority import SealedGrant
-from charter.budgets import CapInputs, ResourceClass, SlotAdmitted
-from charter.control import worker_stream
-from charter.core import Budget, CharterError, Event, Lineage, now_ms
+from charter.authority import SealedGrant, SpawnIntent
+from charter.budgets import CapInputs, ResourceClass
+from charter.control import (
+    Caller,
+    SpawnResult,
+    WorkerLifecycle,
+    WorkerSpec,
+    end_outcome,
+)
+from charter.control import Outcome as End
+from charter.core import Budget, CharterError, Event, now_ms
 from charter.ledger import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
     Committed,
-    OutcomeUnknownError,
 )
 from charter.runner._caps import WorkerCaps, worker_caps
+from charter.runner._claim import DEFAULT_CLAIM_S, Claimant
 from charter.runner._custody import Custody, custody_seed
+from charter.runner._driver import Driver
 from charter.runner._filler import PoolFiller
+from charter.runner._follow import Follower, Settle, kill_policy, revocation_kills, start_policy
 from charter.runner._journal_allowance import JournalAllowance
-from charter.runner._kill import kill_uid, kill_uids
-from charter.runner._sink import BrokerEvents
+from charter.runner._kill import kill_uid
+from charter.runner._logs import WorkerLogs
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.errors import (
     CellSupersededError,
@@ -58,41 +70,62 @@ from charter.runner.errors import (
     NotAWorkerError,
 )
 from charter.runner.events import (
-    RESULT_CAP,
     CellStarted,
-    WorkerEnded,
     WorkerKilled,
     WorkerResult,
     WorkerStarted,
+    WorkerWaiting,
 )
 from charter.sandbox import (
     EgressBroker,
+    HostCannotIsolateError,
     KeyBroker,
+    Outcome,
+    PoolExhaustedError,
     SandboxBudgetError,
     SandboxDiscarded,
     SandboxExited,
     SandboxStarted,
+    SandboxUnavailableError,
     Slot,
+    UidPoolExhaustedError,
     WarmPool,
     default_state_dir,
     hold_uid,
 )
-from charter.sandbox.launcher import leased_event
 
-__all__ = ["Cell", "kill_uid"]
+__all__ = ["DEFAULT_CLAIM_S", "Cell", "kill_uid"]
 
 _STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
 _SETTLE_TRIES = 5  # a failed driver's settlement, each on a fresh read of the journal
 _SETTLE_PAUSE_S = 0.2
 _DESCENDANTS_WAIT_S = 10.0  # a parent's end waits this long for its killed children
-Outcome = Literal["exited", "killed", "failed"]
+# What refuses a worker's start (it ends failed_to_start, the cell goes on): its lease
+# spent or too small for a sandbox; or no sandbox: every host uid held, a build bwrap
+# refused, no room in the pool, a host that stopped isolating.
+_NOT_STARTED = (
+    LeaseSpentError,
+    SandboxBudgetError,
+    UidPoolExhaustedError,
+    SandboxUnavailableError,
+    PoolExhaustedError,
+    HostCannotIsolateError,
+)
+_REASONS: dict[str, str] = {
+    # The deadline was journaled with the lease (SandboxLeased.wall_ms).
+    "timed_out": "its lease's wall clock or expiry ran out: killed by the sandbox",
+    "oom_killed": "its memory cap was reached: killed by its cgroup's OOM killer",
+}
 
 
 class Cell:
     """One cell process: ``open`` (journals the incarnation, recovers), then ``step`` or
-    ``run``; ``close`` at the end. The Python API for workers' requests (``spawn``,
-    ``wait``, ``result``, ``sign``) is what the door calls, with the caller resolved
-    from the sandbox's host uid."""
+    ``run``; ``close`` at the end. What a worker asks through the door
+    (:class:`~charter.runner.requests.WorkerRequests`) reaches the cell only through its
+    narrow worker-facing methods (``chain``, ``spawn``, ``workers``, ``kill``,
+    ``wait_on_children``, ``resume_processing``, ``holds_processing``,
+    ``journal_result``, ``custody_seed``, ``sign``; ``changed`` to wait on), with the
+    caller resolved from the sandbox's host uid."""
 
     def __init__(
         self,
@@ -105,6 +138,9 @@ class Cell:
         key_broker: KeyBroker | None = None,
         egress_broker: EgressBroker | None = None,
         pool_capacity: int | None = None,
+        claim_s: float = DEFAULT_CLAIM_S,
+        take_over: bool = False,
+        claim_wait_s: float | None = None,
     ) -> None:
         # The cell receives the composition root's services and views; it builds none.
         self.app = app
@@ -117,21 +153,23 @@ class Cell:
         self.key_broker = key_broker or KeyBroker()
         self.egress_broker = egress_broker
         self.pool_capacity = pool_capacity
-        self.tracking = f"charter.cell.{cell}"
         self.view = WorkersView()
         app.views.watch(self.view)  # one read of the journal keeps every view current
         self.resources = app.views.resources
         self.budgets = app.budgets()
         self.admission = app.admission()
+        self.lifecycle = WorkerLifecycle(app.journal, app.views, self.budgets, self.admission, cell)
+        self.claim_s = claim_s  # how long each claim holds; renewed every third of it
+        self.take_over = take_over  # fence a live incarnation at once instead of waiting
+        self.claim_wait_s = claim_wait_s  # how long to wait for a held claim (None: ever)
+        self.fenced: CellSupersededError | None = None  # set once this one is fenced
+        self.claimant = Claimant(self.lifecycle, self.view, cell)
+        self.follower = Follower(cell, app.journal, self.view)
+        self.tracking = self.follower.tracking
         self.incarnation = 0
-        self.pool: WarmPool | None = None
-        self._filler: PoolFiller | None = None
+        self.driver: Driver | None = None
         self._lock = app.views.lock  # the folds and the process's decisions and appends
-        self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
-        self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
         self.custody = Custody(self.keys, self.key_broker)
-        self._threads: list[threading.Thread] = []
-        self._scanned = 0  # admissions read up to here by this process
         self.draining = False  # start nothing more; stop once what runs has finished
         self._parked_base = 1  # idle sandboxes parked ahead: the processing cap (open)
         self.changed = threading.Condition(self._lock)
@@ -140,8 +178,12 @@ class Cell:
         self.before_recovered_end: Callable[[str], object] = lambda _lineage: None
         self.journal_allowance = JournalAllowance(
             self, lambda lin, at: self.resources.book.remaining(lin, at).egress_bytes,
-            self.journal.append,
+            self.lifecycle.record,
         )  # fmt: skip
+
+    @property
+    def pool(self) -> WarmPool | None:
+        return None if self.driver is None else self.driver.pool
 
     def host_load(self, cores: int, reserve: int) -> CapInputs:
         """The adaptive cap's inputs, as the composition root takes them."""
@@ -154,22 +196,31 @@ class Cell:
     def applied(self, committed: tuple[Committed, ...]) -> None:
         self.app.views.applied(committed)
 
+    def _driver(self) -> Driver:
+        if self.driver is None:
+            raise CharterError("open the cell before following the journal")
+        return self.driver
+
+    def _notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
+
     # -- life ------------------------------------------------------------------------
 
     def open(self) -> CellStarted:
-        """Journal this incarnation, recover from the last one, build the pool."""
+        """Journal this incarnation (once the last one's claim lapsed, or at once with
+        ``take_over``), recover from the last one, build the pool, start renewing."""
         template = self.template or self._own_template()
+        started = self.claimant.take(
+            claim_s=self.claim_s,
+            take_over=self.take_over,
+            wait_s=self.claim_wait_s,
+            stop=lambda: self.draining,
+        )
+        self.incarnation = started.incarnation
         with self._lock:
             self.refresh()
             state = self.resources.cells.get(self.cell)
-            self.incarnation = self.view.incarnations.get(self.cell, 0) + 1
-            started = CellStarted(
-                cell=self.cell,
-                incarnation=self.incarnation,
-                pid=os.getpid(),
-                host=socket.gethostname(),
-            )
-            self.journal.append([started], expect={f"cellrun:{self.cell}": self.incarnation - 1})
             self._recover()
         capacity = self.pool_capacity or (
             state.caps.get(ResourceClass.PROCESSING, 0)
@@ -184,20 +235,33 @@ class Cell:
         # workers queued for a slot (see _park_for_demand), never the whole capacity
         # while idle (a waiting coordinator's room is built when it is needed).
         self._parked_base = max(1, min(state.caps.get(ResourceClass.PROCESSING, 0), capacity))
-        self.pool = WarmPool(
+        pool = WarmPool(
             template,
             self.budget,
             max(1, capacity),
             parked=self._parked_base,
-            sink=BrokerEvents(self.journal),
+            # The pool journals only its brokers' events (and the host probe's refusal):
+            # each sandbox's lifecycle is the cell's to journal, pinned to its worker.
+            sink=self.journal,
+            lifecycle=False,
             egress=self.egress_broker,
             keys=self.key_broker,
             state_dir=self.state_dir,
             name=self.cell,
         )
-        self._filler = PoolFiller(self.pool)
-        self._filler.start()
+        filler = PoolFiller(pool)
+        self.driver = Driver(pool, filler, self.custody, self._lock, WorkerLogs(base))
+        filler.start()
+        self.claimant.renew_every_third(self.claim_s, self._fence)
         return started
+
+    def _fence(self, fenced: CellSupersededError) -> None:
+        """This incarnation is fenced: start nothing more, kill what it holds."""
+        if self.fenced is None:
+            self.fenced = fenced
+        if self.driver is not None:
+            self.driver.kill_all()
+        self._notify()
 
     def _own_template(self) -> Path:
         """The workspace every worker starts from: empty but for the door's client
@@ -216,8 +280,10 @@ class Cell:
         """Kill every live worker of this cell, then stop: the kills are journaled in
         one append and carried out in one pass, and nothing is rebuilt for them (the
         filler stops first)."""
-        if self._filler is not None:
-            self._filler.stop_building()
+        driver = self.driver
+        if driver is not None:
+            driver.filler.stop_building()
+        self.claimant.stop()
         with self._lock:
             self.refresh()
             reason = "the cell is shutting down"
@@ -226,21 +292,26 @@ class Cell:
                 for w in self.view.on_cell(self.cell)
                 if w.live and w.sandbox_id and w.killed is None and w.exit_code is None
             ]
-            if kills:
-                self.applied(self.journal.append(kills))
+            if kills and self.fenced is None:
+                try:
+                    self.lifecycle.record(kills)
+                except CellSupersededError as fenced:  # the new holder fails them
+                    self.fenced = fenced
             # Every sandbox still held here dies with the cell: those just journaled,
             # and those another writer killed or ended (a newer incarnation failed
             # them) whose kill this cell had not carried out yet.
-            held = {slot.host_uid for slot in self._slots.values()}
-            if held:
-                kill_uids(held)
-        self._carry_out_kills()
-        for thread in list(self._threads):
-            thread.join(timeout=30)
-        if self.pool is not None:
-            self.pool.close()
-        if self._filler is not None:
-            self._filler.stop()
+            if driver is not None:
+                driver.kill_all()
+        if self.fenced is None:
+            with contextlib.suppress(CellSupersededError):
+                self._carry_out_kills()
+        if driver is not None:
+            driver.join()
+            driver.pool.close()
+            driver.filler.stop()
+            driver.logs.close()
+        if self.fenced is None:  # its claim ends with it: the next one takes it at once
+            self.claimant.give_up()
         self.key_broker.close()
         if self.egress_broker is not None:
             self.egress_broker.close()
@@ -263,9 +334,12 @@ class Cell:
         for w in self.view.on_cell(self.cell):
             if not (w.live and w.sandbox_id is not None):
                 continue
-            reason = f"driver died: cell {self.cell} restarted (incarnation {self.incarnation})"
+            reason = (
+                f"lost with its cell: incarnation {self.incarnation} of cell {self.cell} "
+                "took over from the one that started it"
+            )
             if w.killed is None:  # the kill is journaled before it is done
-                self.applied(self.journal.append([WorkerKilled(lineage=w.lineage, reason=reason)]))
+                self.lifecycle.record([WorkerKilled(lineage=w.lineage, reason=reason)])
             if w.host_uid is not None:
                 held = hold_uid(state, w.host_uid)
                 if held is not None:
@@ -273,12 +347,13 @@ class Cell:
                         kill_uid(w.host_uid)
             self.before_recovered_end(w.lineage)
             if w.exit_code is None:
-                self._end(w, "failed", None, reason, discard=True)
+                self._end(w, "lost", None, reason, discard=True)
             else:  # it had exited; only its teardown was cut short
-                self._end(w, "exited", w.exit_code, reason, discard=True)
+                outcome, signal = w.exit_outcome()
+                self._end(w, outcome, w.exit_code, reason, discard=True, signal=signal)
             failed.append(w.lineage)
         for lineage in failed:  # nobody waits for their children any more
-            self._kill_descendants(lineage, f"parent {lineage} failed: its driver died")
+            self._kill_descendants(lineage, f"parent {lineage} was lost with its cell")
 
     # -- following -------------------------------------------------------------------
 
@@ -290,40 +365,24 @@ class Cell:
         self._check_not_superseded()
         self._admit_room()
         with self._lock:
-            tracked = self.journal.tracked_position(self.tracking)
             self.refresh()
             self._check_not_superseded()
-            start, stop = max(tracked, self._scanned) + 1, self.view.position
-            admitted = (
-                [
-                    (e.position, e.event)
-                    for e in self.journal.entries(start, stop, types=("SlotAdmitted",))
-                ]
-                if start <= stop
-                else []
-            )
-            self._scanned = max(self._scanned, stop)
+            admitted = self.follower.admitted()
         self._carry_out_kills()  # whoever committed them
         self._park_for_demand()
         if self.draining:
             return 0  # nothing more is started; what runs finishes
         for position, event in admitted:
-            if not isinstance(event, SlotAdmitted) or event.cell != self.cell:
-                continue
-            if event.resource is not ResourceClass.PROCESSING:
-                continue
             with self._lock:
-                w = self.view.workers.get(event.lineage)
-            if w is None or w.scheduled.cell != self.cell or w.sandbox_id is not None:
-                continue  # not a worker of ours, or one resuming after a wait
-            if w.killed is not None and w.live:
-                continue  # killed before it started: ended by the kill, never started
-            if not w.live:
-                self._settle(w.lineage, ())
+                decision = start_policy(self.cell, event, position, self.view)
+            if decision is None:
                 continue
-            outcome = self._start(w, position)
+            if isinstance(decision, Settle):
+                self._settle(decision.lineage, ())
+                continue
+            outcome = self._start(decision.record, decision.position)
             if outcome is None:  # the journal did not take the start: read it again
-                self._scanned = position - 1
+                self.follower.reread_from(position)
                 break
             started += outcome
         return started
@@ -332,19 +391,23 @@ class Cell:
         """Park ahead for the workers queued here: the processing cap, plus one for each
         worker waiting for a slot, up to the pool's capacity (an idle cell parks only
         the processing cap)."""
-        if self.pool is None or self._filler is None:
+        if self.driver is None:
             return
+        pool = self.driver.pool
         with self._lock:
             state = self.resources.cells.cells().get(self.cell)
             queued = len(state.queued[ResourceClass.PROCESSING]) if state is not None else 0
-        want = min(self.pool.capacity, self._parked_base + queued)
-        if want != self.pool.parked_target:
-            self.pool.parked_target = want
-            self._filler.wake()
+        want = min(pool.capacity, self._parked_base + queued)
+        if want != pool.parked_target:
+            pool.parked_target = want
+            self.driver.filler.wake()
 
     def _check_not_superseded(self) -> None:
-        """Raise :class:`CellSupersededError` once a newer incarnation of this cell has
-        started (its ``CellStarted`` is in the view): only the newest one acts."""
+        """Raise :class:`CellSupersededError` once this incarnation is fenced, or a
+        newer one has started (its ``CellStarted`` is in the view): only the newest one
+        acts, and only while its claim holds."""
+        if self.fenced is not None:
+            raise self.fenced
         newest = self.view.incarnations.get(self.cell, 0)
         if self.incarnation and newest > self.incarnation:
             raise CellSupersededError(
@@ -356,7 +419,7 @@ class Cell:
         """Admit queued workers when the cell has room no release will announce (a
         fan-out queued while the host was loaded, or before the cell was configured)."""
         with self._lock:
-            if self.admission.admit_room(self.cell, self.live):
+            if self.lifecycle.admit_room(self.live):
                 self.changed.notify_all()
 
     def run(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.01) -> None:
@@ -370,8 +433,7 @@ class Cell:
 
     def running(self) -> int:
         """How many workers this cell runs now (their sandboxes held here)."""
-        with self._lock:
-            return len(self._slots)
+        return 0 if self.driver is None else self.driver.running()
 
     def idle(self) -> bool:
         """Nothing of this cell's is running or waiting to run."""
@@ -382,49 +444,35 @@ class Cell:
     # -- one worker --------------------------------------------------------------------
 
     def _start(self, w: WorkerRecord, position: int) -> int | None:
-        if self.pool is None:
-            raise CharterError("open the cell before following the journal")
+        driver = self._driver()
         command = w.scheduled.command
         # The worker's lineage and every ancestor's: a revocation of any of them lands
         # on that stream, and the start is pinned to them all, so a worker is never
         # started after a revocation above it committed.
-        lineage = Lineage(w.lineage)
-        chain = [str(lineage), *(str(a) for a in lineage.ancestors())]
-        with self._lock:
-            pins = {stream: self.journal.stream_version(stream) for stream in chain}
-            self.refresh()
-            revoked = self.app.views.authority.revoked_above(lineage)
-        if revoked is not None:
+        chain = self.lifecycle.chain_versions(w.lineage)
+        if self.lifecycle.revoked_above(w.lineage):
             self._carry_out_kills()  # the revocation ends it, journaled, never started
             return 0
         try:  # fail closed: nothing left on its lease, no start; the worker ends
             grant = self._grant(w.lineage)
             caps = self._caps(w.lineage, grant)
-            slot = self.pool.lease(
-                caps.egress,
-                timeout=60.0,
-                lineage=w.lineage,
-                grant_digest=w.scheduled.grant_digest,
-                budget=caps.budget,
-            )
-        except (LeaseSpentError, SandboxBudgetError) as error:
-            self._end(w, "failed", None, f"not started: {error}", discard=False)
+            slot = driver.lease(w.lineage, caps.egress, w.scheduled.grant_digest, caps.budget)
+        except _NOT_STARTED as error:  # refused for this worker, never the cell's end
+            why = f"not started: {error}"
+            if not isinstance(error, LeaseSpentError | SandboxBudgetError):
+                why = f"not started: no sandbox ({type(error).__name__}): {error}"
+            self._end(w, "failed_to_start", None, why, discard=False)
             return 0
         try:
             self.custody.issue(w.lineage, grant, slot.sandbox_id)
         except CharterError as error:  # fail closed: no key, no start; the worker ends
-            self._give_back(slot)
-            self._end(w, "failed", None, f"no custody key: {error}", discard=False)
+            driver.give_back(slot)
+            self._end(w, "failed_to_start", None, f"no custody key: {error}", discard=False)
             return 0
+        if slot.leased is None:  # the pool made it when it leased the slot
+            raise CharterError(f"slot {slot.sandbox_id} was leased without its record")
         events: list[Event] = [
-            leased_event(
-                slot.spec,
-                slot.budget,
-                self.pool.name,
-                caps.egress,
-                lineage=w.lineage,
-                grant_digest=w.scheduled.grant_digest,
-            ),
+            slot.leased,
             WorkerStarted(
                 lineage=w.lineage,
                 cell=self.cell,
@@ -439,34 +487,29 @@ class Cell:
         ]
         try:
             with self._lock:
-                committed = self.journal.append(
-                    events,
-                    # the schedule and nothing since; no revocation above it since
-                    # ... and this incarnation still the newest: a superseded one
-                    # never starts anything
-                    expect={
-                        worker_stream(w.lineage): 1,
-                        f"cellrun:{self.cell}": self.incarnation,
-                        **pins,
-                    },
-                    tracking=(self.tracking, position),
+                # the schedule and nothing since; no revocation above it since; this
+                # incarnation still the newest (a superseded one never starts anything)
+                took = self.lifecycle.start(
+                    w.lineage, events, chain=chain, tracking=(self.tracking, position)
                 )
-                self.applied(committed)
-                self._slots[w.lineage] = slot
-                self._by_uid[slot.host_uid] = w.lineage
+                if took:
+                    driver.hold(w.lineage, slot)
+        except CellSupersededError as fenced:  # nothing starts; the caller stops
+            driver.unstarted(w.lineage, slot)
+            self._fence(fenced)
+            raise
         except (AppendConflictError, AlreadyTrackedError, AppendFailedError) as error:
             # A stream it was decided on moved (killed, revoked, or only a sibling's
             # fan-out: decided again from this position), already started by another
             # incarnation, or the journal refused the record (tried again): no record,
             # no start.
-            self.custody.release(w.lineage)
-            self._give_back(slot)
+            driver.unstarted(w.lineage, slot)
             return 0 if isinstance(error, AlreadyTrackedError) else None
-        thread = threading.Thread(
-            target=self._drive, args=(w, slot, command), name=f"worker-{slot.sandbox_id}"
-        )
-        self._threads.append(thread)
-        thread.start()
+        if not took:  # revoked meanwhile: the revocation ends it, never started
+            driver.unstarted(w.lineage, slot)
+            self._carry_out_kills()
+            return 0
+        driver.drive(f"worker-{slot.sandbox_id}", lambda: self._drive(w, slot, command))
         return 1
 
     def _drive(self, w: WorkerRecord, slot: Slot, command: tuple[str, ...]) -> None:
@@ -475,7 +518,11 @@ class Cell:
         caught and the worker settled: a driver never leaves a slot held or the queue
         stuck."""
         try:
-            self._run_worker(w, slot, command)
+            ran = self._driver().run(w.lineage, slot, command)
+            self._report(w, slot, ran)
+        except CellSupersededError as fenced:  # its end is the new holder's to journal
+            self._driver().destroy(w.lineage)
+            self._fence(fenced)
         except Exception as error:  # noqa: BLE001 - every failure is settled, below
             self._settle_failed_driver(w, error)
 
@@ -485,7 +532,7 @@ class Cell:
         is settled on the journal as it is read afresh (an append whose outcome was
         unknown may have committed). Tried a few times; what still cannot be settled is
         reported on stderr with the worker named, and the cell goes on."""
-        self._destroy(w.lineage)
+        self._driver().destroy(w.lineage)
         why = f"its driver failed: {type(error).__name__}: {error}"
         last: Exception = error
         for _ in range(_SETTLE_TRIES):
@@ -499,7 +546,14 @@ class Cell:
                     self._settle(w.lineage, ())
                     return
                 code = record.exit_code
-                self._end(record, "failed" if code is None else "exited", code, why, discard=True)
+                if code is None:  # it is not known how it ended: lost with its driver
+                    self._end(record, "lost", None, why, discard=True)
+                else:
+                    outcome, signal = record.exit_outcome()
+                    self._end(record, outcome, code, why, discard=True, signal=signal)
+            except CellSupersededError as fenced:
+                self._fence(fenced)
+                return
             except Exception as again:  # noqa: BLE001 - tried again on a fresh read
                 last = again
                 time.sleep(_SETTLE_PAUSE_S)
@@ -511,26 +565,21 @@ class Cell:
             file=sys.stderr,
         )
 
-    def _run_worker(self, w: WorkerRecord, slot: Slot, command: tuple[str, ...]) -> None:
-        """Exec (its start is committed), wait, tear down."""
-        outcome = slot.run(list(command), capture=True, max_output_bytes=RESULT_CAP)
-        usage = outcome.usage
+    def _report(self, w: WorkerRecord, slot: Slot, ran: Outcome) -> None:
+        """Journal what the driver measured: the exit, the answer a worker that never
+        used the door printed, the usage charged; then its children's kills (nobody
+        waits for them now), and its end."""
+        usage = ran.usage
+        exited = SandboxExited(
+            sandbox_id=slot.sandbox_id, exit_code=ran.exit_code, how=ran.how, usage=usage
+        )
         with self._lock:
-            self.journal.append(
-                [
-                    SandboxExited(
-                        sandbox_id=slot.sandbox_id,
-                        exit_code=outcome.exit_code,
-                        how=outcome.how,
-                        usage=usage,
-                    )
-                ]
-            )
+            self.lifecycle.record([exited])
             self.refresh()
             record = self.view.workers[w.lineage]
-        if record.result is None and outcome.stdout:
+        if record.result is None and ran.stdout:
             # A worker that never used the door answers with what it printed.
-            self.journal_result(w.lineage, outcome.stdout)
+            self.journal_result(w.lineage, ran.stdout)
         spent = Budget(
             tokens=0,
             wall_ms=usage.wall_ms,
@@ -540,117 +589,83 @@ class Cell:
         )
         with contextlib.suppress(CharterError):  # the lease ended first (refusal journaled)
             self.budgets.record_usage(w.lineage, spent)
-        outcome_kind: Outcome = "killed" if record.killed is not None else "exited"
+        outcome, signal = end_outcome(
+            how=ran.how,
+            exit_code=ran.exit_code,
+            oom_kills=usage.oom_kills,
+            killed=record.killed is not None,
+        )
         # Its children die with its interest in them (each kill journaled first), and
         # end before it does: its lease's return ends theirs, and what they used must
         # be charged while their leases are live.
         self._kill_descendants(w.lineage, f"parent {w.lineage} ended")
         self._wait_for_descendants(w.lineage)
-        reason = record.killed or ""
-        if not reason and outcome.how == "wall_clock":
-            # The deadline was journaled with the lease (SandboxLeased.wall_ms).
-            reason = "its lease's wall clock or expiry ran out: killed by the sandbox"
-        if not reason and outcome.exit_code != 0 and outcome.stderr:
-            reason = "stderr: " + outcome.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
+        reason = record.killed or _REASONS.get(outcome, "")
+        if signal is not None and outcome == "signalled":
+            reason = f"it died of signal {signal}"
+        if outcome != "killed" and ran.exit_code != 0 and ran.stderr:
+            tail = ran.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
+            reason = f"{reason}; stderr: {tail}" if reason else f"stderr: {tail}"
         # The sandbox is destroyed before its slot is given back: never oversubscribed.
-        self._destroy(w.lineage)
-        self._end(record, outcome_kind, outcome.exit_code, reason, discard=True)
+        self._driver().destroy(w.lineage)
+        self._end(record, outcome, ran.exit_code, reason, discard=True, signal=signal)
 
     def _wait_for_descendants(self, lineage: str) -> None:
         """Until no descendant of ``lineage`` that this cell runs is left unended (their
         drivers charge and journal them), at most ``_DESCENDANTS_WAIT_S``."""
+        driver = self._driver()
         deadline = time.monotonic() + _DESCENDANTS_WAIT_S
         with self.changed:
             while True:
                 self.refresh()
                 running = [
-                    d for d in self.view.live_descendants(lineage) if d.lineage in self._slots
+                    d for d in self.view.live_descendants(lineage) if driver.holds(d.lineage)
                 ]
                 left = deadline - time.monotonic()
                 if not running or left <= 0:
                     return
                 self.changed.wait(min(left, 0.05))
 
-    def _give_back(self, slot: Slot) -> None:
-        """Discard a leased slot (never re-parked: a sandbox runs one worker) and have
-        the filler build its replacement off the follower's path."""
-        if self.pool is not None:
-            self.pool.release(slot, refill=False)
-        if self._filler is not None:
-            self._filler.wake()
-
-    def _destroy(self, lineage: str) -> None:
-        with self._lock:
-            slot = self._slots.pop(lineage, None)
-            if slot is not None:
-                self._by_uid.pop(slot.host_uid, None)
-        self.custody.release(lineage)
-        if slot is not None:
-            self._give_back(slot)
-
     def _end(
         self,
         w: WorkerRecord,
-        outcome: Outcome,
+        outcome: End,
         exit_code: int | None,
         reason: str,
         *,
         discard: bool,
+        signal: int | None = None,
     ) -> None:
-        """Journal the end, return the unspent lease, release whichever slot it holds
-        and admit whoever queued next, all in one append pinned to the lease's stream
-        and the cell's (one commit less per worker than returning the lease on its own).
-        A lease that had ended already is refused (the refusal journaled) and the rest
-        is appended without it; one that could not be returned in that append (its
-        streams kept moving, or the journal refused it) is returned on its own first,
-        as before."""
-        with self._lock:
-            self.refresh()
-            current = self.view.workers.get(w.lineage)
-        if current is not None and current.ended is not None:
-            # Ended already (a newer incarnation failed it, or an end whose outcome was
-            # unknown did commit): never a second end; free what this cell still holds.
-            self._settle(w.lineage, ())
-            return
-        ended = WorkerEnded(
+        """Journal ``w``'s end with its lease's return and its settlement, in one append
+        (:meth:`WorkerLifecycle.end`); never a second end."""
+        self.lifecycle.end(
             lineage=w.lineage,
+            sandbox_id=w.sandbox_id,
             outcome=outcome,
             exit_code=exit_code,
-            sandbox_id=w.sandbox_id,
             reason=reason,
+            signal=signal,
+            discarded=(
+                SandboxDiscarded(sandbox_id=w.sandbox_id)
+                if discard and w.sandbox_id is not None
+                else None
+            ),
+            live=self.live,
+            ended=self._ended,
         )
-        extra: list[Event] = [ended]
-        if discard and w.sandbox_id is not None:
-            extra.append(SandboxDiscarded(sandbox_id=w.sandbox_id))
-        settle = tuple(extra)
-        with self._lock:  # the settlement's pin on the cell's stream holds until it commits
-            try:
-                self.budgets.release(w.lineage, then=lambda: self._settlement(w.lineage, settle))
-            except (AppendConflictError, AppendFailedError):  # nothing written: two appends
-                with contextlib.suppress(CharterError):
-                    self.budgets.release(w.lineage)
-            except OutcomeUnknownError:
-                raise  # it may have committed: not decided again
-            except CharterError:
-                pass  # already ended (expired, or an ancestor's): refused, and journaled so
-            else:
-                self.changed.notify_all()
-                return
-        self._settle(w.lineage, settle)
+        self._notify()
+
+    def _ended(self, lineage: str) -> bool:
+        """Whether ``lineage``'s end is in the view (hold the lock)."""
+        w = self.view.workers.get(lineage)
+        return w is not None and w.ended is not None
 
     def _settle(self, lineage: str, extra: tuple[Event, ...]) -> None:
         """The settlement of ``lineage`` (its slots back, the queue's head admitted),
         appended pinned to the cell's stream."""
-        with self._lock:
-            if self.admission.settle(self.cell, lineage, extra, self.live):
-                self.changed.notify_all()
-
-    def _settlement(
-        self, lineage: str, extra: tuple[Event, ...]
-    ) -> tuple[list[Event], dict[str, int]]:
-        """The settlement's events and pins, for the same append as the lease's return
-        (hold the lock until it commits)."""
-        return self.admission.settlement(self.cell, lineage, extra, self.live)
+        del extra
+        self.lifecycle.settle(lineage, self.live)
+        self._notify()
 
     def live(self, lineage: str) -> bool:
         """Whether ``lineage`` is not known to have ended (hold the lock)."""
@@ -680,7 +695,7 @@ class Cell:
             w = self.view.workers.get(lineage)
             if w is None or not w.live or w.killed is not None or w.exit_code is not None:
                 return  # gone, being killed, or already exited by itself
-            self.applied(self.journal.append([WorkerKilled(lineage=lineage, reason=reason)]))
+            self.lifecycle.record([WorkerKilled(lineage=lineage, reason=reason)])
         self._carry_out_kills()
 
     def _carry_out_kills(self) -> None:
@@ -694,53 +709,71 @@ class Cell:
         a worker never started is ended at once and never starts. A sandbox is killed
         only while this cell holds its slot (so its host uid is still that sandbox's),
         under the lock that gives slots back."""
-        never_started: list[WorkerRecord] = []
         with self._lock:
-            self._journal_revocation_kills()
-            uids: set[int] = set()
-            for lineage in self.view.take_kills():
-                w = self.view.workers.get(lineage)
-                if w is None or w.scheduled.cell != self.cell or w.ended is not None:
-                    continue
-                slot = self._slots.get(lineage)
-                if slot is not None:
-                    uids.add(slot.host_uid)
-                elif w.sandbox_id is None:
-                    never_started.append(w)
-            if uids:
-                kill_uids(uids)
+            implied = revocation_kills(self.cell, self.view)
+            if implied:
+                self.lifecycle.record(implied)
+            sandboxes, never_started = kill_policy(self.cell, self.view)
+            if sandboxes and self.driver is not None:
+                self.driver.kill(sandboxes)
         for w in never_started:
             self._end(w, "killed", None, w.killed or "killed", discard=False)
 
-    def _journal_revocation_kills(self) -> None:
-        """For each revocation folded since the last look: one ``WorkerKilled`` for each
-        live worker of this cell at or below the revoked lineage (hold the lock)."""
-        kills: list[Event] = []
-        for lineage in self.view.take_revocations():
-            top = self.view.workers.get(lineage)
-            subtree = ([top] if top is not None else []) + self.view.live_descendants(lineage)
-            reason = f"{lineage} was revoked"
-            kills.extend(
-                WorkerKilled(lineage=w.lineage, reason=reason)
-                for w in subtree
-                if w.live and w.killed is None and w.scheduled.cell == self.cell
-            )
-        if kills:
-            self.applied(self.journal.append(kills))
-
-    # -- the workers' requests (the door calls these) ---------------------------------
+    # -- what the door asks for its workers ---------------------------------------------
 
     def knows_uid(self, host_uid: int) -> bool:
         """Whether ``host_uid`` is the sandbox of a live worker of this cell (called on
         the door's accepting thread: it must not block)."""
-        return host_uid in self._by_uid
+        return self.driver is not None and self.driver.knows_uid(host_uid)
 
     def lineage_of(self, host_uid: int) -> str:
-        with self._lock:
-            lineage = self._by_uid.get(host_uid)
+        lineage = None if self.driver is None else self.driver.lineage_of(host_uid)
         if lineage is None:
             raise NotAWorkerError("no live worker of this cell runs as this peer")
         return lineage
+
+    def chain(self, lineage: str) -> tuple[SealedGrant, ...]:
+        """``lineage``'s journaled grants, from the root down."""
+        with self._lock:
+            self.refresh()
+            return self.view.chain(lineage)
+
+    def spawn(
+        self, caller: Caller, intent: SpawnIntent, workers: tuple[WorkerSpec, ...]
+    ) -> SpawnResult:
+        """A worker's fan-out, through the process's one spawn pipeline (the operator's
+        ceilings and gate hold exactly as for ``charter spawn``)."""
+        result = self.app.spawn(caller, intent, workers=workers)
+        self._notify()
+        return result
+
+    def workers(self, lineages: Iterable[str]) -> dict[str, WorkerRecord | None]:
+        """Each of ``lineages``' records as the journal stands now (None: nothing
+        scheduled for it), read in one refresh."""
+        with self._lock:
+            self.refresh()
+            return {x: self.view.workers.get(x) for x in lineages}
+
+    def wait_on_children(self, lineage: str, waiting: WorkerWaiting) -> None:
+        """Journal ``waiting`` with the swap of ``lineage``'s processing slot for a
+        coordination slot (refused, journaled, when the coordination class is full)."""
+        with self._lock:
+            self.admission.wait_on_children(self.cell, lineage, waiting, self.live)
+        self._notify()
+
+    def resume_processing(self, lineage: str) -> None:
+        """Give back ``lineage``'s coordination slot and take (or queue for) a
+        processing one."""
+        with self._lock:
+            self.admission.resume_processing(self.cell, lineage)
+        self._notify()
+
+    def holds_processing(self, lineage: str) -> bool:
+        """Whether ``lineage`` holds a processing slot, as the journal stands now."""
+        with self._lock:
+            self.refresh()
+            holders = self.resources.cells.get(self.cell).holders[ResourceClass.PROCESSING]
+            return lineage in holders
 
     def journal_result(self, lineage: str, data: bytes) -> str:
         """Journal ``lineage``'s answer: one per worker, charged to its journal allowance
@@ -753,8 +786,7 @@ class Cell:
 
     def sign(self, lineage: str, tag: str, message: bytes) -> bytes:
         """Sign for ``lineage`` with the key issued to its sandbox (and only that one)."""
-        with self._lock:
-            slot = self._slots.get(lineage)
+        slot = None if self.driver is None else self.driver.slot(lineage)
         if slot is None:
             raise NotAWorkerError(f"{lineage} holds no key here")
         return self.custody.sign(lineage, tag, message, slot.sandbox_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from charter.control.errors import CellSupersededError
 from charter.core.errors import BadInputError, RefusedError, StateError
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "ModelNotConfiguredError",
     "ModelRequestError",
     "ModelCallSettledError",
+    "CellClaimHeldError",
     "CellSupersededError",
     "WorkerRunningError",
     "DemoFailedError",
@@ -124,9 +126,10 @@ class WorkerRunningError(RefusedError):
     reason = "worker-running"
 
 
-class CellSupersededError(StateError):
-    """A newer incarnation of this cell started: this one stops starting work, kills
-    the sandboxes it still holds and ends (the newer one has failed their workers)."""
+class CellClaimHeldError(StateError):
+    """Another incarnation of the cell holds its claim (it renews it while it runs): a
+    new ``cell run`` waits for it to lapse, and says so when it stops waiting (take the
+    cell over at once with ``--take-over``)."""
 
 
 class DemoFailedError(StateError):

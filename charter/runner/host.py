@@ -11,7 +11,7 @@ from pathlib import Path
 from charter.app import Charter
 from charter.control import steady_load
 from charter.core import Budget
-from charter.runner.cell import Cell
+from charter.runner.cell import DEFAULT_CLAIM_S, Cell
 from charter.runner.door import Door
 from charter.runner.model import load_endpoint
 from charter.sandbox import default_state_dir
@@ -31,11 +31,15 @@ def cell_for(
     state_dir: Path | None = None,
     template: Path | None = None,
     ignore_host_load: bool = False,
+    claim_s: float = DEFAULT_CLAIM_S,
+    take_over: bool = False,
 ) -> Cell:
     """A cell (not opened yet) on ``charter``'s services, with its door. The cell and
     its door decide through ``charter`` (its one spawn pipeline, budgets and views);
     ``ignore_host_load`` makes every decision of this process ignore the load average
-    (:func:`~charter.control.steady_load`)."""
+    (:func:`~charter.control.steady_load`). The cell holds its id by a claim of
+    ``claim_s`` seconds it renews; ``take_over`` fences a live incarnation at once
+    instead of waiting for its claim to lapse."""
     name = cell or charter.settings.cell
     base = state_dir or default_state_dir()
     if ignore_host_load:
@@ -52,6 +56,8 @@ def cell_for(
         template=template,
         state_dir=base,
         key_broker=door,
+        claim_s=claim_s,
+        take_over=take_over,
     )
     door.cell = runner
     return runner

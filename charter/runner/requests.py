@@ -13,7 +13,6 @@ from contextlib import AbstractContextManager, nullcontext
 from nacl.signing import SigningKey
 
 from charter.authority import SpawnIntent
-from charter.budgets import ResourceClass
 from charter.control import Caller, SpawnResult, WorkerSpec
 from charter.core import Lineage
 from charter.runner._journal_allowance import spawn_bytes, wait_bytes
@@ -26,7 +25,11 @@ __all__ = ["WorkerRequests"]
 
 
 class WorkerRequests:
-    """``spawn``, ``wait`` and ``result`` for the workers of ``cell``."""
+    """``spawn``, ``wait`` and ``result`` for the workers of ``cell``, through the
+    cell's worker-facing methods only (``chain``, ``spawn``, ``workers``, ``kill``,
+    ``wait_on_children``, ``resume_processing``, ``holds_processing``,
+    ``journal_result``, ``custody_seed``, ``journal_allowance``) and its ``changed``
+    condition to wait on."""
 
     def __init__(
         self, cell: Cell, uncharged: Callable[[], AbstractContextManager[object]] = nullcontext
@@ -35,16 +38,12 @@ class WorkerRequests:
         end, for a processing slot): the door leaves that out of the CPU it charges
         the worker (its polling is bounded by the wait's timeout, not by the worker)."""
         self.cell = cell
-        self.name = cell.cell
         self.uncharged = uncharged
 
     def caller(self, lineage: str) -> Caller:
         """The worker as a caller: its journaled chain and its custody key, derived from
         the root's custody key along the committed grants."""
-        with self.cell.changed:
-            self.cell.refresh()
-            chain = self.cell.view.chain(lineage)
-        return Caller(chain, self._signing_key(lineage))
+        return Caller(self.cell.chain(lineage), self._signing_key(lineage))
 
     def spawn(
         self, lineage: str, intent: SpawnIntent, workers: tuple[WorkerSpec, ...]
@@ -55,10 +54,7 @@ class WorkerRequests:
         allowance = self.cell.journal_allowance
         with allowance.held(lineage):
             allowance.charge(lineage, spawn_bytes(intent.width, workers))
-            result = self.cell.app.spawn(self.caller(lineage), intent, workers=workers)
-        with self.cell.changed:
-            self.cell.changed.notify_all()
-        return result
+            return self.cell.spawn(self.caller(lineage), intent, workers)
 
     def wait(self, lineage: str, children: tuple[str, ...], timeout_s: float) -> dict[str, object]:
         """Wait on ``children`` (each must be a child of ``lineage``): the processing
@@ -66,24 +62,19 @@ class WorkerRequests:
         worker queues for processing again and the answer comes once it holds it. On
         timeout every child still live is killed (journaled first)."""
         children = tuple(dict.fromkeys(children))  # each named once
-        with self.cell.changed:
-            self.cell.refresh()
-            for child in children:
-                # Only children it spawned (so a wait's journaled size is bounded by its
-                # fan-out), never a name of one it did not.
-                if Lineage(child).parent != Lineage(lineage) or child not in self.cell.view.workers:
-                    raise WaitRefusedError(f"{child} is not a child {lineage} spawned")
+        known = self.cell.workers(children)
+        for child in children:
+            # Only children it spawned (so a wait's journaled size is bounded by its
+            # fan-out), never a name of one it did not.
+            if Lineage(child).parent != Lineage(lineage) or known[child] is None:
+                raise WaitRefusedError(f"{child} is not a child {lineage} spawned")
         self._swap_for_coordination(lineage, children, timeout_s)
         deadline = time.monotonic() + timeout_s
         timed_out = False
         with self.uncharged(), self.cell.changed:
             while True:
-                self.cell.refresh()
-                live = [
-                    c
-                    for c in children
-                    if c in self.cell.view.workers and self.cell.view.workers[c].live
-                ]
+                records = self.cell.workers(children).values()
+                live = [w for w in records if w is not None and w.live]
                 if not live:
                     break
                 left = deadline - time.monotonic()
@@ -95,11 +86,8 @@ class WorkerRequests:
             for child in children:
                 self.cell.kill(child, f"{lineage} stopped waiting (timed out)")
         self._back_to_processing(lineage)
-        with self.cell.changed:
-            self.cell.refresh()
-            return {c: self._answer(self.cell.view.workers.get(c)) for c in children} | {
-                "timed_out": timed_out
-            }
+        ended = self.cell.workers(children)
+        return {c: self._answer(w) for c, w in ended.items()} | {"timed_out": timed_out}
 
     @staticmethod
     def _answer(w: WorkerRecord | None) -> object:
@@ -124,22 +112,14 @@ class WorkerRequests:
         allowance = self.cell.journal_allowance
         with allowance.held(lineage):  # charged, then journaled
             allowance.charge(lineage, wait_bytes(waiting))
-            with self.cell.changed:
-                self.cell.admission.wait_on_children(self.name, lineage, waiting, self.cell.live)
-                self.cell.changed.notify_all()
+            self.cell.wait_on_children(lineage, waiting)
 
     def _back_to_processing(self, lineage: str) -> None:
         """Give back the coordination slot and take (or queue for) a processing one;
         return once it is held."""
-        with self.cell.changed:
-            self.cell.admission.resume_processing(self.name, lineage)
-            self.cell.changed.notify_all()
+        self.cell.resume_processing(lineage)
         with self.uncharged(), self.cell.changed:
-            while True:
-                self.cell.refresh()
-                holders = self.cell.resources.cells.get(self.name).holders[ResourceClass.PROCESSING]
-                if lineage in holders:
-                    return
+            while not self.cell.holds_processing(lineage):
                 self.cell.changed.wait(0.05)
 
     def result(self, lineage: str, data: bytes) -> str:

@@ -1,8 +1,11 @@
 """charter.sandbox: the pure spec compiler and renderers, the bubblewrap launcher, the
 warm pool, the egress and key brokers, and the fail-closed host probe."""
 
+from charter.sandbox._canary_watch import OVERFLOW, CanaryWatch, Decoy, DecoyTouch, plant_decoy
+from charter.sandbox._freezer import FREEZE_TIMEOUT, SandboxControl
 from charter.sandbox._host import UidLease, default_state_dir, hold_uid
 from charter.sandbox._peer import Member, PeerServer, Refusal, peer_uid
+from charter.sandbox._signals import SandboxSignals, sample_signals, sandbox_pid, workspace_bytes
 from charter.sandbox.egress import EgressBroker, EgressGrant
 from charter.sandbox.errors import (
     HostCannotIsolateError,
@@ -64,6 +67,18 @@ __all__ = [
     "Slot",
     "WarmPool",
     "reap_host",
+    # supervision levers and signals
+    "FREEZE_TIMEOUT",
+    "SandboxControl",
+    "SandboxSignals",
+    "sample_signals",
+    "sandbox_pid",
+    "workspace_bytes",
+    "CanaryWatch",
+    "Decoy",
+    "DecoyTouch",
+    "OVERFLOW",
+    "plant_decoy",
     # brokers
     "EgressBroker",
     "EgressGrant",

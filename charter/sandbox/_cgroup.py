@@ -24,13 +24,20 @@ __all__ = [
     "Cgroup",
     "CgroupUsage",
     "cgroup_dirs",
+    "controller_dir",
+    "freeze_dirs",
+    "read_int",
+    "read_text",
     "home_fds",
+    "missing_hierarchies",
     "reap_cgroups",
     "reap_stale",
     "settle",
 ]
 
-_V1_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
+# freezer: every sandbox is in its own freezer cgroup from its first instruction, so a
+# pause verdict freezes every process it has, forks included (_freezer.py).
+_V1_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct", "freezer")
 _PARENT = "charter"
 
 
@@ -65,6 +72,18 @@ def _join_file(mode: CgroupMode) -> str:
             return "cgroup.procs"
 
 
+def missing_hierarchies(mounts: str | None = None) -> list[str]:
+    """The v1 controllers a sandbox needs whose hierarchy is not mounted (from the text
+    of ``/proc/self/mounts``; this process's own when None)."""
+    text = mounts if mounts is not None else Path("/proc/self/mounts").read_text()
+    mounted: set[str] = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup":
+            mounted.update(o for o in fields[3].split(",") if o in _V1_CONTROLLERS)
+    return [c for c in _V1_CONTROLLERS if c not in mounted]
+
+
 _made_parents: set[str] = set()
 _home_lock = threading.Lock()
 _home: dict[str, int] = {}
@@ -91,6 +110,51 @@ def _read(path: Path) -> str:
         return os.read(fd, 65536).decode()
     finally:
         os.close(fd)
+
+
+def read_text(path: Path) -> str:
+    """One read of a small kernel file (raises OSError)."""
+    return _read(path)
+
+
+def read_int(path: Path, key: str | None = None) -> int:
+    """The first number of a kernel file, or the value of ``key`` in a flat keyed file
+    (``name value`` lines); 0 when it is missing or unreadable."""
+    return _read_int(path, key)
+
+
+def controller_dir(mode: CgroupMode, dirs: tuple[str, ...] | list[Path], controller: str) -> Path:
+    """The directory of ``controller`` among a sandbox's cgroup ``dirs`` (as
+    :func:`cgroup_dirs` names them); on v2, the one directory."""
+    match mode:
+        case CgroupMode.V1:
+            return Path(dirs[_V1_CONTROLLERS.index(controller)])
+        case CgroupMode.V2:
+            return Path(dirs[0])
+
+
+def freeze_dirs(mode: CgroupMode, dirs: tuple[str, ...] | list[Path], frozen: bool) -> None:
+    """Ask the kernel to freeze (or thaw) a sandbox's cgroup (raises OSError; a v1
+    freeze is done once ``freezer.state`` reads ``FROZEN``, see _freezer.py)."""
+    match mode:
+        case CgroupMode.V1:
+            path, value = (
+                controller_dir(mode, dirs, "freezer") / "freezer.state",
+                (b"FROZEN" if frozen else b"THAWED"),
+            )
+        case CgroupMode.V2:
+            path, value = Path(dirs[0]) / "cgroup.freeze", b"1" if frozen else b"0"
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value)
+    finally:
+        os.close(fd)
+
+
+def _thaw_for_kill(mode: CgroupMode, dirs: tuple[str, ...] | list[Path]) -> None:
+    """After SIGKILLs: a frozen task dies only once thawed (a missing cgroup is gone)."""
+    with contextlib.suppress(OSError):
+        freeze_dirs(mode, dirs, frozen=False)
 
 
 def _read_int(path: Path, key: str | None = None) -> int:
@@ -135,9 +199,16 @@ class Cgroup:
                 self.remove()
             # Without its cgroup caps a sandbox cannot run: the host cannot isolate now
             # (whatever a remembered probe pass said), a refusal like the probe's.
+            missing = missing_hierarchies() if self.mode is CgroupMode.V1 else []
+            lacks = (
+                f"; the host lacks the cgroup v1 hierarchies {', '.join(missing)} (mount "
+                f"each: mount -t cgroup -o NAME cgroup {CGROUP_ROOT}/NAME)"
+                if missing
+                else ""
+            )
             raise HostCannotIsolateError(
                 f"this host cannot isolate sandboxes now: the sandbox cgroup cannot be set "
-                f"up ({e}); run `charter sandbox probe` once the cgroups are usable again"
+                f"up ({e}){lacks}; run `charter sandbox probe` once the cgroups are usable again"
             ) from e
 
     def write_limits(self, spec: SandboxSpec) -> None:
@@ -172,7 +243,7 @@ class Cgroup:
     def usage(self) -> CgroupUsage:
         match self.mode:
             case CgroupMode.V1:
-                pids, memory, _, cpuacct = self.dirs
+                pids, memory, _, cpuacct, _ = self.dirs
                 return CgroupUsage(
                     cpu_ms=_read_int(cpuacct / "cpuacct.usage") // 1_000_000,
                     memory_peak_bytes=_read_int(memory / "memory.max_usage_in_bytes"),
@@ -222,6 +293,7 @@ class Cgroup:
             for pid in members:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            _thaw_for_kill(self.mode, self.dirs)  # a paused sandbox dies too
             time.sleep(0.001)  # killed tasks leave the cgroup once the kernel reaps them
         return not self.pids()
 
@@ -278,6 +350,11 @@ def reap_cgroups(dirs: tuple[str, ...], timeout: float = _REAP_TIMEOUT) -> bool:
         for pid in members:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for d in paths:  # a sandbox left frozen dies only once thawed (v1 or v2)
+            for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                with contextlib.suppress(OSError):
+                    if (d / name).exists():
+                        (d / name).write_text(value)
         time.sleep(0.002)  # killed tasks leave the cgroup once they are reaped
     for d in reversed(paths):
         with contextlib.suppress(OSError):  # EBUSY a moment longer: reap_stale retries

@@ -16,6 +16,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 
@@ -46,6 +47,8 @@ from charter.sandbox.errors import (
 from charter.sandbox.events import (
     SandboxDiscarded,
     SandboxExited,
+    SandboxLeased,
+    SandboxProbeRefused,
     SandboxQuarantined,
     SandboxStarted,
     SandboxUsage,
@@ -84,6 +87,7 @@ class Slot:
         self.sandbox_id = new_sandbox_id()
         self.state = SlotState.PARKED
         self.grant: EgressGrant | None = None
+        self.leased: SandboxLeased | None = None  # what its lease journals (or its caller)
         self.proc: SandboxProcess | None = None
         self._args_w = self._out = self._err = -1
         self._made_dir = False
@@ -178,7 +182,8 @@ class Slot:
             # The start is committed before the command can run: the stub is still
             # parked (reading its argv). If the append fails the stub is killed, never fed.
             try:
-                pool.journal(started)
+                if pool.lifecycle:
+                    pool.journal(started)
             except BaseException:
                 self._destroy()
                 raise
@@ -194,10 +199,8 @@ class Slot:
         attempts = pool.egress.attempts(self.spec.host_uid) if pool.egress else []
         used = pool.egress.used(self.spec.host_uid) if pool.egress else 0
         usage = SandboxUsage(wall_ms=wall_ms, egress_bytes=used, **cg.model_dump())
-        pool.journal(
-            *attempts,
-            SandboxExited(sandbox_id=self.sandbox_id, exit_code=code, how=how, usage=usage),
-        )
+        exited = SandboxExited(sandbox_id=self.sandbox_id, exit_code=code, how=how, usage=usage)
+        pool.journal(*attempts, *((exited,) if pool.lifecycle else ()))
         if how == "interrupted":
             raise KeyboardInterrupt  # its end is on record; the caller releases the slot
         no: tuple[None, bool] = (None, False)
@@ -207,6 +210,17 @@ class Slot:
             sandbox_id=self.sandbox_id, exit_code=code, how=how, usage=usage, stdout=out,
             stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut,
         )  # fmt: skip
+
+    def output(self, stream: str, offset: int, limit: int) -> bytes:
+        """Up to ``limit`` bytes of what the command wrote to ``stream`` (``stdout`` or
+        ``stderr``) from ``offset`` on, read while it runs (b"" once the slot is gone)."""
+        fd = self._out if stream == "stdout" else self._err
+        if fd < 0:
+            return b""
+        try:
+            return os.pread(fd, limit, offset)
+        except OSError:
+            return b""  # destroyed meanwhile
 
     def _destroy(self) -> None:
         """Kill the slot's processes; its mount namespace (and overlay upper) dies with them."""
@@ -229,6 +243,18 @@ class Slot:
         if self._uid is not None:
             self._uid.release()
             self._uid = None
+
+
+class _ProbeRefusals:
+    """``sink`` for the isolation probe of a pool that journals no lifecycle: only the
+    probe's refusal (:class:`SandboxProbeRefused`) reaches it."""
+
+    def __init__(self, sink: EventSink) -> None:
+        self.sink = sink
+
+    def append(self, events: Sequence[Event]) -> object:
+        refused = [e for e in events if isinstance(e, SandboxProbeRefused)]
+        return self.sink.append(refused) if refused else None
 
 
 def _wait_readable(fd: int, timeout: float) -> bool:
@@ -264,6 +290,7 @@ class WarmPool:
         name: str = "default",
         bwrap: str | None = None,
         parked: int | None = None,
+        lifecycle: bool = True,
     ) -> None:
         if capacity < 1:
             raise PoolCapacityError("a warm pool needs a capacity of at least 1")
@@ -278,11 +305,18 @@ class WarmPool:
         # demand): each parked slot holds a host uid and processes while it waits.
         self.parked_target = capacity if parked is None else min(parked, capacity)
         self.sink = sink
+        # Whether the pool journals each slot's lifecycle (leased, started, exited,
+        # discarded) through ``sink``; without it the caller journals it (the cell, pinned
+        # to its worker's stream) and ``sink`` hears only the brokers and the probe.
+        self.lifecycle = lifecycle
         self.egress = egress
         self.keys = keys
         self.state_dir = state_dir or default_state_dir()
         self.name = name
-        ensure_isolation(sink, state_dir=self.state_dir, bwrap=bwrap)  # fail closed, first
+        # Fail closed, first. Without the lifecycle, the probe's canary (the pool's own
+        # check, not a sandbox the caller runs) is not journaled; a refusal still is.
+        probe_sink = sink if lifecycle or sink is None else _ProbeRefusals(sink)
+        ensure_isolation(probe_sink, state_dir=self.state_dir, bwrap=bwrap)
         self.bwrap = bwrap or find_bwrap()
         self.mode = cgroup_mode()
         self.host_cpus = os.cpu_count() or 1
@@ -297,7 +331,7 @@ class WarmPool:
         self.discarded = 0
 
     def journal(self, *events: Event) -> None:
-        if self.sink is not None:
+        if self.sink is not None and events:
             self.sink.append(list(events))
 
     @property
@@ -425,7 +459,9 @@ class WarmPool:
             leased = leased_event(
                 slot.spec, slot.budget, self.name, grant, lineage=lineage, grant_digest=grant_digest
             )
-            self.journal(leased)
+            slot.leased = leased
+            if self.lifecycle:
+                self.journal(leased)
         except BaseException:
             self._drop(slot, quarantine=None)
             raise
@@ -471,7 +507,9 @@ class WarmPool:
             slot._destroy()
         finally:
             try:
-                if quarantine is None:
+                if not self.lifecycle:
+                    pass  # the caller journals the discard
+                elif quarantine is None:
                     self.journal(SandboxDiscarded(sandbox_id=slot.sandbox_id))
                 else:
                     self.journal(SandboxQuarantined(sandbox_id=slot.sandbox_id, reason=quarantine))

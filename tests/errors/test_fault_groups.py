@@ -165,6 +165,7 @@ PACKAGES = [
     "charter.authority",
     "charter.budgets",
     "charter.sandbox",
+    "charter.supervision",
     "charter.projections",
     "charter.audit",
 ]

@@ -19,6 +19,18 @@ from charter.runner.door import Door
 from tests.runner.conftest import SLOT_BUDGET, steady
 
 COST = Budget.parse("tokens=200k,wall=10m,cpu=10m,mem=1GiB,egress=0MB")
+ROOT_DIR = Path(__file__).resolve().parents[2]
+
+
+def cli_env(home: Path, state_dir: Path) -> dict[str, str]:
+    """The environment of a ``python -m charter`` run by a test: this checkout, the
+    test's home and sandbox state, no journal from the caller's environment."""
+    return {
+        **{k: v for k, v in os.environ.items() if k != "CHARTER_DB"},
+        "CHARTER_HOME": str(home),
+        "PYTHONPATH": str(ROOT_DIR),
+        "CHARTER_SANDBOX_STATE": str(state_dir),
+    }
 
 
 def fan_out(charter: Charter, width: int, *workers: WorkerSpec, **grant: object) -> SpawnResult:

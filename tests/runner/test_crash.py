@@ -106,7 +106,7 @@ def _trial(url: str, home: Path, rng: random.Random) -> None:
         ended = {
             e.event.lineage: e.event.outcome for e in entries if isinstance(e.event, WorkerEnded)
         }
-        assert set(ended.values()) <= {"exited", "failed", "killed"}
+        assert set(ended.values()) <= {"exited", "failed", "lost", "killed"}
         history = journal_history(charter.journal)
         assert check_history(history).problems == []
         assert check_workers(history).problems == []

@@ -186,7 +186,7 @@ def test_a_worker_whose_lease_cannot_run_a_sandbox_is_never_started(
         f = facts(charter)
         for lineage, why in ((tiny, "below the sandbox minimum"), (brief, "no time left")):
             assert "leased" not in f[lineage]  # no sandbox was started for it
-            assert f[lineage]["ended"].outcome == "failed"
+            assert f[lineage]["ended"].outcome == "failed_to_start"
             assert "not started" in f[lineage]["ended"].reason
             assert why in f[lineage]["ended"].reason
         # Control: a lease that can run a sandbox runs it.

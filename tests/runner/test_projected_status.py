@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from charter.budgets import Cells, ResourceClass
+from charter.budgets import Cells, ResourceClass, SlotAdmitted
 from charter.control import WorkerScheduled
 from charter.ledger import Journal
 from charter.projections import Projector
-from charter.runner.events import WorkerEnded, WorkerStarted
+from charter.runner.events import WorkerEnded, WorkerStarted, WorkerWaiting
 from tests.runner._support import fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
 from tests.runner.programs import python
@@ -35,7 +35,13 @@ def _expected(journal: Journal) -> dict[int, tuple[dict[str, str], dict[str, lis
         cells.apply(event)
         match event:
             case WorkerScheduled():
-                status[event.lineage] = "scheduled"
+                status[event.lineage] = "admitted"
+            case WorkerWaiting():
+                status[event.lineage] = "waiting"
+            case SlotAdmitted(resource=ResourceClass.PROCESSING) if (
+                status.get(event.lineage) == "waiting"
+            ):
+                status[event.lineage] = "running"
             case WorkerStarted():
                 status[event.lineage] = "running"
             case WorkerEnded():
@@ -48,7 +54,7 @@ def _expected(journal: Journal) -> dict[int, tuple[dict[str, str], dict[str, lis
         }
         waiting = {lin for q in queues.values() for lin in q}
         shown = {
-            lin: ("queued" if s == "scheduled" and lin in waiting else s)
+            lin: ("queued" if s == "admitted" and lin in waiting else s)
             for lin, s in status.items()
         }
         out[entry.position] = (shown, {c: q for c, q in queues.items() if q})
@@ -88,7 +94,7 @@ def test_tree_and_slots_show_worker_status_and_the_queue(
         # Before any cell runs: one admitted, two queued behind it, in order.
         tree = _cli(journal_url, home, "tree")
         shown = {n["lineage"]: n["worker"] for n in tree["nodes"]}
-        assert [shown[lin] for lin in lineages] == ["scheduled", "queued", "queued"]
+        assert [shown[lin] for lin in lineages] == ["admitted", "queued", "queued"]
         assert shown["agent:estate"] is None  # a durable agent is no scheduled worker
         slots = _cli(journal_url, home, "slots")
         (cell,) = slots["cells"]
@@ -126,7 +132,7 @@ def test_tree_and_slots_show_worker_status_and_the_queue(
             # once when opened, so its answers are whole, not only from then on.
             head = max(want)
             with incremental.store.write() as cur:
-                for table in ("workers", "queue"):
+                for table in ("workers", "queue", "claims"):
                     cur.execute(f"DROP TABLE inc_{table}")
             incremental.close()
             incremental = Projector(charter.journal, "inc")

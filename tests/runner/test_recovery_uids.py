@@ -103,7 +103,7 @@ def test_recovery_never_kills_a_process_whose_uid_another_holder_took(
                     if isinstance(e.event, WorkerEnded) and e.event.lineage == lineage
                 )
                 assert kill < end.position  # journaled before it was done
-                assert end.event.outcome == "failed"  # type: ignore[attr-defined]
+                assert end.event.outcome == "lost"  # type: ignore[attr-defined]
             finally:
                 recovering.close()
             history = journal_history(charter.journal)

@@ -1,0 +1,139 @@
+"""The cell's driver: the sandboxes it holds, and each worker's exec, wait and
+measurement. It journals nothing: the cell journals what it decided before the driver
+acts (the start, each kill) and what the driver measured after (the exit, the end).
+
+A sandbox is held from the moment its worker's start committed until it is destroyed;
+its host uid is that sandbox's for as long as it is held, so a kill by uid is sent only
+to sandboxes held here, under the lock that gives them back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+from charter.core import Budget
+from charter.runner._custody import Custody
+from charter.runner._filler import PoolFiller
+from charter.runner._kill import kill_uids
+from charter.runner._logs import WorkerLogs
+from charter.runner.events import RESULT_CAP
+from charter.sandbox import EgressGrant, Outcome, Slot, WarmPool
+
+__all__ = ["Driver"]
+
+
+class Driver:
+    """The sandboxes of one cell process, by lineage and by host uid."""
+
+    def __init__(
+        self,
+        pool: WarmPool,
+        filler: PoolFiller,
+        custody: Custody,
+        lock: threading.RLock,
+        logs: WorkerLogs,
+    ) -> None:
+        self.pool = pool
+        self.filler = filler
+        self.custody = custody
+        self.logs = logs
+        self.lock = lock  # the views' lock: a kill and a give-back never interleave
+        self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
+        self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
+        self._threads: list[threading.Thread] = []
+
+    # -- sandboxes -------------------------------------------------------------------
+
+    def lease(self, lineage: str, egress: EgressGrant, grant_digest: str, budget: Budget) -> Slot:
+        """A warm sandbox for ``lineage``, narrowed to ``budget`` and ``egress``."""
+        return self.pool.lease(
+            egress, timeout=60.0, lineage=lineage, grant_digest=grant_digest, budget=budget
+        )
+
+    def hold(self, lineage: str, slot: Slot) -> None:
+        """``lineage``'s start committed: its sandbox is held here until destroyed."""
+        with self.lock:
+            self._slots[lineage] = slot
+            self._by_uid[slot.host_uid] = lineage
+        self.logs.track(lineage, slot)
+
+    def holds(self, lineage: str) -> bool:
+        with self.lock:
+            return lineage in self._slots
+
+    def slot(self, lineage: str) -> Slot | None:
+        with self.lock:
+            return self._slots.get(lineage)
+
+    def knows_uid(self, host_uid: int) -> bool:
+        """Whether ``host_uid`` is a sandbox held here (lock-free: the door's accepting
+        thread must not block)."""
+        return host_uid in self._by_uid
+
+    def lineage_of(self, host_uid: int) -> str | None:
+        with self.lock:
+            return self._by_uid.get(host_uid)
+
+    def running(self) -> int:
+        with self.lock:
+            return len(self._slots)
+
+    def give_back(self, slot: Slot) -> None:
+        """Discard a leased slot (never re-parked: a sandbox runs one worker) and have
+        the filler build its replacement off the follower's path."""
+        self.pool.release(slot, refill=False)
+        self.filler.wake()
+
+    def unstarted(self, lineage: str, slot: Slot) -> None:
+        """A slot leased for a start that did not commit: its key and the slot go back."""
+        self.custody.release(lineage)
+        self.give_back(slot)
+
+    def destroy(self, lineage: str) -> None:
+        """Stop holding ``lineage``'s sandbox and destroy it (a no-op when not held)."""
+        with self.lock:
+            slot = self._slots.pop(lineage, None)
+            if slot is not None:
+                self._by_uid.pop(slot.host_uid, None)
+        self.custody.release(lineage)
+        if slot is not None:
+            self.give_back(slot)
+
+    # -- kills -----------------------------------------------------------------------
+
+    def kill(self, lineages: Iterable[str]) -> None:
+        """SIGKILL the held sandboxes of ``lineages`` in one pass (their drivers then
+        measure and report); a lineage not held here is not touched."""
+        with self.lock:
+            uids = {self._slots[x].host_uid for x in lineages if x in self._slots}
+            if uids:
+                kill_uids(uids)
+
+    def kill_all(self) -> None:
+        """SIGKILL every sandbox held here, in one pass."""
+        with self.lock:
+            uids = {slot.host_uid for slot in self._slots.values()}
+            if uids:
+                kill_uids(uids)
+
+    # -- exec ------------------------------------------------------------------------
+
+    def drive(self, name: str, target: Callable[[], None]) -> None:
+        """Run ``target`` (a worker's exec, wait and report) on a thread of its own."""
+        thread = threading.Thread(target=target, name=name)
+        self._threads.append(thread)
+        thread.start()
+
+    def run(self, lineage: str, slot: Slot, command: tuple[str, ...]) -> Outcome:
+        """Exec ``command`` in ``slot`` (its start is committed), wait, and measure: the
+        exit, how it ended, cgroup usage and the captured output (its live tail copied
+        to ``lineage``'s log files meanwhile)."""
+        try:
+            return slot.run(list(command), capture=True, max_output_bytes=RESULT_CAP)
+        finally:
+            self.logs.finish(lineage)
+
+    def join(self, timeout_s: float = 30.0) -> None:
+        for thread in list(self._threads):
+            thread.join(timeout=timeout_s)
