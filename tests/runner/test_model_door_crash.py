@@ -83,7 +83,7 @@ def test_a_call_in_flight_when_the_cell_dies_is_settled_by_the_next_one(
         assert released
         assert index < released[0]
         (end,) = [e.event for e in entries if isinstance(e.event, WorkerEnded)]
-        assert end.outcome == "failed"
+        assert end.outcome == "lost"  # failed by the next incarnation
         history = journal_history_of(journal_url, home)
         for check in (check_history, check_workers, check_settled, check_model_calls):
             assert check(history).problems == [], check.__name__
