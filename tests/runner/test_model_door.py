@@ -182,11 +182,14 @@ def test_tokens_charged_are_the_servers_usage_streamed_and_not(
         # Each call's max_tokens was forwarded as reserved; streams were asked for usage.
         assert [s["max_tokens"] for s in server.seen] == [5, 6, 1024]
         assert all(s["stream_options"]["include_usage"] for s in server.seen[1:])
-        settled = of_type(charter, ModelCallSettled)
+        reserved = of_type(charter, ModelCallReserved)
+        # In the calls' order (a call settles after its answer is relayed, so the next
+        # one, on another connection, may settle first).
+        by_call = {s.call: s for s in of_type(charter, ModelCallSettled)}
+        settled = [by_call[r.call] for r in reserved]
         assert [(s.prompt_tokens, s.completion_tokens) for s in settled] == server.reported
         assert all(not s.estimated and s.how == "usage" for s in settled)
         assert all(s.first_token_ms is not None for s in settled[1:])
-        reserved = of_type(charter, ModelCallReserved)
         assert [r.model for r in reserved] == ["test-model"] * 3
         assert [r.stream_response for r in reserved] == [False, True, True]
         tokens = sum(
