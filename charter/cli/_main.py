@@ -35,6 +35,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "project": ("projections", "project", "Bring the projections up to date, or rebuild them."),
     "journal": ("journal", "journal", "Inspect and verify the journal."),
     "sandbox": ("sandbox", "sandbox_group", "Probe the host, run or render a sandbox."),
+    "model": ("model", "model_group", "The model endpoint workers reach through their door."),
     "demo": ("demo", "demo", "Run the main job: a real two-level fan-out, verified."),
     "checkpoint": ("audit", "checkpoint", "A signed checkpoint of the journal's Merkle tree."),
     "witness": ("audit", "witness", "Cosign consistent checkpoints of a log; refuse forks."),

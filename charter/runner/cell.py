@@ -173,6 +173,9 @@ class Cell:
         self.draining = False  # start nothing more; stop once what runs has finished
         self._parked_base = 1  # idle sandboxes parked ahead: the processing cap (open)
         self.changed = threading.Condition(self._lock)
+        # Run for each worker recovery fails, before its lease returns (the door settles
+        # the model calls a dead incarnation left unsettled: docs/model-door.md).
+        self.before_recovered_end: Callable[[str], object] = lambda _lineage: None
         self.journal_allowance = JournalAllowance(
             self, lambda lin, at: self.resources.book.remaining(lin, at).egress_bytes,
             self.lifecycle.record,
@@ -342,6 +345,7 @@ class Cell:
                 if held is not None:
                     with held:
                         kill_uid(w.host_uid)
+            self.before_recovered_end(w.lineage)
             if w.exit_code is None:
                 self._end(w, "lost", None, reason, discard=True)
             else:  # it had exited; only its teardown was cut short

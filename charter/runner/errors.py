@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from charter.control.errors import CellSupersededError
-from charter.core.errors import RefusedError, StateError
+from charter.core.errors import BadInputError, RefusedError, StateError
 
 __all__ = [
     "DoorRefusedError",
@@ -18,6 +18,10 @@ __all__ = [
     "ControlPlaneCpuError",
     "WorkerGoneError",
     "WaitRefusedError",
+    "ModelTokensError",
+    "ModelNotConfiguredError",
+    "ModelRequestError",
+    "ModelCallSettledError",
     "CellClaimHeldError",
     "CellSupersededError",
     "WorkerRunningError",
@@ -79,6 +83,32 @@ class WorkerGoneError(DoorRefusedError):
     its requests was being served: the request is abandoned, its thread ends."""
 
     reason = "worker-gone"
+
+
+class ModelTokensError(DoorRefusedError):
+    """A model call's reservation (its prompt's estimate plus ``max_tokens``) is more
+    than the worker's lease has left of its tokens, net of its calls in flight: it is
+    not sent (docs/model-door.md). HTTP 429 to the worker."""
+
+    reason = "model-tokens"
+
+
+class ModelNotConfiguredError(DoorRefusedError):
+    """The operator has configured no model endpoint (``charter model configure``):
+    nothing is sent. HTTP 503 to the worker."""
+
+    reason = "model-not-configured"
+
+
+class ModelRequestError(BadInputError):
+    """A model call that is not a chat completion the door can meter: not JSON, no
+    ``messages``, a ``max_tokens`` that is not a positive integer, an oversized body.
+    HTTP 400 to the worker; nothing is sent or journaled."""
+
+
+class ModelCallSettledError(StateError):
+    """A model call's settlement found the call settled already (a later incarnation of
+    the cell recovered it at its reservation): nothing more is charged for it."""
 
 
 class LeaseSpentError(RefusedError):
