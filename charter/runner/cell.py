@@ -63,6 +63,7 @@ from charter.runner._follow import Follower, Settle, kill_policy, revocation_kil
 from charter.runner._journal_allowance import JournalAllowance
 from charter.runner._kill import kill_uid
 from charter.runner._logs import WorkerLogs
+from charter.runner._verdicts import VerdictActs
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.errors import (
     CellSupersededError,
@@ -83,7 +84,6 @@ from charter.sandbox import (
     Outcome,
     PoolExhaustedError,
     SandboxBudgetError,
-    SandboxDiscarded,
     SandboxExited,
     SandboxStarted,
     SandboxUnavailableError,
@@ -173,6 +173,10 @@ class Cell:
         self.draining = False  # start nothing more; stop once what runs has finished
         self._parked_base = 1  # idle sandboxes parked ahead: the processing cap (open)
         self.changed = threading.Condition(self._lock)
+        self.verdicts = VerdictActs(
+            cell, app.journal, app.views, self.view, self.lifecycle,
+            lambda: self.driver, self._kill_one, self._carry_out_kills,
+        )  # fmt: skip
         self.journal_allowance = JournalAllowance(
             self, lambda lin, at: self.resources.book.remaining(lin, at).egress_bytes,
             self.lifecycle.record,
@@ -365,6 +369,7 @@ class Cell:
             self._check_not_superseded()
             admitted = self.follower.admitted()
         self._carry_out_kills()  # whoever committed them
+        self.verdicts.carry_out()  # likewise every committed verdict
         self._park_for_demand()
         if self.draining:
             return 0  # nothing more is started; what runs finishes
@@ -642,7 +647,7 @@ class Cell:
             reason=reason,
             signal=signal,
             discarded=(
-                SandboxDiscarded(sandbox_id=w.sandbox_id)
+                self.verdicts.sandbox_end(w.sandbox_id, w.lineage)
                 if discard and w.sandbox_id is not None
                 else None
             ),
