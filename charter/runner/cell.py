@@ -122,7 +122,7 @@ class Cell:
     """One cell process: ``open`` (journals the incarnation, recovers), then ``step`` or
     ``run``; ``close`` at the end. What a worker asks through the door
     (:class:`~charter.runner.requests.WorkerRequests`) reaches the cell only through its
-    narrow worker-facing methods (``chain``, ``spawn``, ``workers``, ``kill``,
+    narrow worker-facing methods (``chain``, ``spawn``, ``workers``, ``kill``, ``revoke``,
     ``wait_on_children``, ``resume_processing``, ``holds_processing``,
     ``journal_result``, ``custody_seed``, ``sign``; ``changed`` to wait on), with the
     caller resolved from the sandbox's host uid."""
@@ -747,6 +747,13 @@ class Cell:
         result = self.app.spawn(caller, intent, workers=workers)
         self._notify()
         return result
+
+    def revoke(self, lineage: str, reason: str) -> int | None:
+        """Revoke ``lineage``'s subtree (a worker's, for its descendant: the caller
+        checked that), through the process's one revocation; the follower kills it."""
+        position = self.app.revoke(lineage, reason)
+        self._notify()
+        return position
 
     def workers(self, lineages: Iterable[str]) -> dict[str, WorkerRecord | None]:
         """Each of ``lineages``' records as the journal stands now (None: nothing
