@@ -151,8 +151,13 @@ def plain_kill(n: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--cascade", type=int, metavar="N", default=None,
-                        help="cascade revoke of N live sandboxed workers (vs plain kill)")
+    parser.add_argument(
+        "--cascade",
+        type=int,
+        metavar="N",
+        default=None,
+        help="cascade revoke of N live sandboxed workers (vs plain kill)",
+    )
     args = parser.parse_args()
     out: dict[str, object] = {}
     if args.cascade is not None:

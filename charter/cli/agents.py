@@ -259,9 +259,7 @@ def spawn_schema() -> None:
 
 @click.command("verdict")
 @click.argument("lineage")
-@click.argument(
-    "action", type=click.Choice(["throttle", "pause", "resume", "kill", "quarantine"])
-)
+@click.argument("action", type=click.Choice(["throttle", "pause", "resume", "kill", "quarantine"]))
 @click.option("--reason", default="", help="Why (journaled as the verdict's evidence).")
 @click.option(
     "--quota",

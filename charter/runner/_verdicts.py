@@ -97,7 +97,9 @@ def why(verdict: Verdict) -> str:
     parts = []
     for e in verdict.evidence:
         if e.signal == "operator":
-            parts.append(f"by {e.operator or 'an operator'}" + (f": {e.reason}" if e.reason else ""))
+            parts.append(
+                f"by {e.operator or 'an operator'}" + (f": {e.reason}" if e.reason else "")
+            )
         elif e.signal == "canary":
             parts.append(f"touched canary {e.canary}")
         else:

@@ -48,9 +48,7 @@ def digest_workspace(spec: SandboxSpec) -> WorkspaceDigest:
     if pid is None:
         raise SandboxUnavailableError(f"sandbox {spec.sandbox_id} has no process left")
     try:
-        root = os.open(
-            f"/proc/{pid}/root/workspace", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-        )
+        root = os.open(f"/proc/{pid}/root/workspace", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise SandboxUnavailableError(f"sandbox {spec.sandbox_id}: no workspace: {e}") from e
     h = hashlib.sha256()

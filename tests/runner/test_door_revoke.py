@@ -16,8 +16,8 @@ from charter.runner.errors import RevokeRefusedError
 from charter.runner.events import WorkerEnded, WorkerResult
 from tests.invariants import check_history, check_settled, check_workers, journal_history
 from tests.runner._support import fan_out, make_cell, running, until_idle
-from tests.runner.programs import COST, PRELUDE, PY, python
 from tests.runner.conftest import initialise
+from tests.runner.programs import COST, PRELUDE, PY, python
 
 # argv[1]: its sibling's lineage. Spawns one sleeping child, tries to revoke what is not
 # below it, then revokes the child (once it runs) and waits for its end.
@@ -25,6 +25,7 @@ REVOKER = (
     PRELUDE
     + f"""
 import time
+SLEEP = ["{PY}", "-I", "-c", "import time; time.sleep(600)"]
 sibling = sys.argv[1]
 door = charter_door.Door()
 me = door.whoami()["lineage"]
@@ -36,7 +37,7 @@ def code(f):
         return [e.code, (e.data or {{}}).get("reason")]
 (child,) = door.spawn({{"width": 1, "objective": "one sleeping child to revoke",
                        "estimated_cost": {{"tokens": 10_000, **{COST!r}}}}},
-                      [{{"argv": ["{PY}", "-I", "-c", "import time; time.sleep(600)"]}}])["children"]
+                      [{{"argv": SLEEP}}])["children"]
 out = {{"child": child}}
 for name, target in [("sibling", sibling), ("self", me), ("root", me.split("/")[0]),
                      ("nephew", sibling + "/sa-1"), ("garbage", "../" + child)]:

@@ -74,7 +74,10 @@ def _started(charter: Charter, lineage: str) -> bool:
 
 
 def _slot_spec(cell: Cell, lineage: str):  # type: ignore[no-untyped-def]
-    _until(f"{lineage}'s sandbox held", lambda: cell.driver is not None and cell.driver.slot(lineage) is not None)
+    _until(
+        f"{lineage}'s sandbox held",
+        lambda: cell.driver is not None and cell.driver.slot(lineage) is not None,
+    )
     assert cell.driver is not None
     slot = cell.driver.slot(lineage)
     assert slot is not None
@@ -192,7 +195,8 @@ def test_a_kill_verdict_from_another_process_kills_a_worker_that_would_complete(
         assert verdict.position < killed.position < exited.position  # committed, then done
         assert late > ended_position(entries)
         assert ended.outcome == "killed"
-        assert ended.reason.startswith("kill verdict (by ") and "stop it" in ended.reason
+        assert ended.reason.startswith("kill verdict (by ")
+        assert "stop it" in ended.reason
         _clean(charter)
 
 
@@ -209,9 +213,7 @@ def test_a_kill_verdict_is_the_control_for_the_worker_that_completes(
         fan_out(charter, 1, python("import time; time.sleep(2)"))
         with running(make_cell(charter, None, state_dir)) as cell:
             until_idle(cell, 60)
-        (ended,) = [
-            e.event for e in charter.journal.entries() if isinstance(e.event, WorkerEnded)
-        ]
+        (ended,) = [e.event for e in charter.journal.entries() if isinstance(e.event, WorkerEnded)]
         assert ended.outcome == "exited"
 
 
@@ -250,7 +252,8 @@ def test_a_quarantine_from_another_process_digests_kills_and_revokes_the_subtree
         (verdict,) = [e for e in entries if isinstance(e.event, QuarantineVerdict)]
         assert verdict.position == at
         (digested,) = [e for e in entries if isinstance(e.event, WorkspaceDigested)]
-        assert digested.event.digest is not None and digested.event.files >= 2
+        assert digested.event.digest is not None
+        assert digested.event.files >= 2
         (revoked,) = [e for e in entries if isinstance(e.event, LineageRevoked)]
         assert str(revoked.event.lineage) == lineage
         kills = {e.event.lineage: e.position for e in entries if isinstance(e.event, WorkerKilled)}
