@@ -285,3 +285,37 @@ def test_a_quarantine_from_another_process_digests_kills_and_revokes_the_subtree
             charter.spawn(root.child(top), intent, policy=FixedPolicy(GateVerdict.POSITIVE))
         charter.spawn("agent:estate", intent, policy=FixedPolicy(GateVerdict.POSITIVE))
         _clean(charter)
+        # The auditor's semantic checks agree (a quarantined sandbox's end included).
+        audit = subprocess.run(
+            [sys.executable, "-m", "charter", "--db", journal_url, "--json", "audit"],
+            env=cli_env(home, state_dir), capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert audit.returncode == 0, audit.stdout[-3000:]
+
+
+@pytest.mark.sandbox
+def test_a_paused_worker_is_killed_at_once_by_a_kill_verdict(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    """A frozen sandbox dies only once thawed: the freeze-then-kill thaws after its
+    SIGKILLs, so a paused worker's kill is as quick as any (no process of it is left)."""
+    home = tmp_path / "home"
+    with initialise(journal_url, home, processing=1) as charter:
+        (child,) = fan_out(charter, 1, python(COUNT)).children
+        lineage = str(child.lineage)
+        with running(make_cell(charter, None, state_dir)) as cell:
+            spec = _slot_spec(cell, lineage)
+            _verdict(home, state_dir, journal_url, lineage, "pause")
+            _until("the pause", SandboxControl(spec).frozen)
+            began = time.monotonic()
+            _verdict(home, state_dir, journal_url, lineage, "kill", "--reason", "paused, then")
+            until_idle(cell, 30)
+            took = time.monotonic() - began
+        assert took < 5  # not the 60 s wall clock; not a kill that spins on frozen tasks
+        entries = list(charter.journal.entries())
+        (ended,) = [e.event for e in entries if isinstance(e.event, WorkerEnded)]
+        assert ended.outcome == "killed"
+        assert ended.reason.startswith("kill verdict")
+        uids = {e.event.host_uid for e in entries if isinstance(e.event, SandboxLeased)}
+        assert alive_under(uids) == []
+        _clean(charter)
