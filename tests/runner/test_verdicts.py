@@ -20,7 +20,7 @@ import pytest
 from charter.app import Charter
 from charter.authority import FixedPolicy, LineageRevoked, LineageRevokedError, SpawnIntent
 from charter.authority import Verdict as GateVerdict
-from charter.core import Budget
+from charter.core import Budget, KeyStore
 from charter.runner import Cell
 from charter.runner.events import WorkerEnded, WorkerKilled, WorkerStarted
 from charter.sandbox import (
@@ -319,3 +319,48 @@ def test_a_paused_worker_is_killed_at_once_by_a_kill_verdict(
         uids = {e.event.host_uid for e in entries if isinstance(e.event, SandboxLeased)}
         assert alive_under(uids) == []
         _clean(charter)
+
+
+@pytest.mark.sandbox
+def test_a_paused_workers_wall_clock_still_runs_in_the_cell(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    """Paused at once, a worker whose wall clock is 4 s still ends at its wall clock
+    (timed_out), frozen all the while: a pause never stretches its lease."""
+    home = tmp_path / "home"
+    short = Budget.parse("tokens=0,wall=4s,cpu=60s,mem=256MiB,egress=0MB")
+    with initialise(journal_url, home, processing=1) as charter:
+        (child,) = fan_out(charter, 1, python(COUNT)).children
+        lineage = str(child.lineage)
+        with running(make_cell(charter, None, state_dir, budget=short)) as cell:
+            spec = _slot_spec(cell, lineage)
+            _verdict(home, state_dir, journal_url, lineage, "pause")
+            _until("the pause", SandboxControl(spec).frozen)
+            until_idle(cell, 30)
+        (ended,) = [e.event for e in charter.journal.entries() if isinstance(e.event, WorkerEnded)]
+        assert ended.outcome == "timed_out"
+        _clean(charter)
+
+
+def test_a_verdict_on_a_worker_that_never_started_is_refused_and_journals_nothing(
+    sqlite_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    home = tmp_path / "home"
+    with initialise(sqlite_url, home, processing=1) as charter:
+        (child,) = fan_out(charter, 1, python(SPIN)).children
+        head = charter.journal.head()
+    done = subprocess.run(
+        [sys.executable, "-m", "charter", "--db", sqlite_url, "verdict", str(child.lineage),
+         "pause"],
+        env=cli_env(home, state_dir), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "no started worker" in done.stderr
+    with Charter.open(sqlite_url, keys=KeyStore(home)) as again:
+        assert again.journal.head() == head  # nothing appended
+    quota = subprocess.run(
+        [sys.executable, "-m", "charter", "--db", sqlite_url, "verdict", str(child.lineage),
+         "pause", "--quota", "5"],
+        env=cli_env(home, state_dir), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert quota.returncode == 2  # --quota is for throttle only
