@@ -17,19 +17,39 @@ root, as a cell or a service holds it) grows its journal with 1000-wide fan-outs
 another root to each length, and at each length times width-5 spawns by the operator
 and by a worker (a depth-1 ``Caller``: the door's decision path, without the socket).
 Prints p50/p99 per length and the ratio of the longest to the shortest; exits 1 if a
-p50 ratio exceeds ``--history-ratio``.
+p50 ratio exceeds ``--history-ratio``. At each length it also times one-shot spawns: a
+fresh process (``python3 bench/spawn.py --one-shot URL HOME``) that opens the journal,
+spawns width 5 as the operator and closes, starting from the views' snapshot the
+long-lived process saved at that length (and once without it: the fold from zero).
+
+    python3 bench/spawn.py --settled 5,1000 [--backend sqlite|postgres|both] [--runs 30]
+        [--settled-ratio 1.2] [--pg URL]
+
+What settled time costs a fan-out: the root fans out children whose leases end before
+its next fan-out, so each fan-out finds children that expired after the last commit it
+read (not final yet: ``LeaseBook.remaining(…, settled_ms)``). With ample budget that
+costs only the book's bookkeeping; with one fan-out's budget, each needs them final and
+settles the journal first (a ``BudgetSettled`` commit, then a refresh: the worst case).
+Alternated in the same run with the same fan-out with the rule switched off (bench
+side: ``tests/budgets/_slow.settled_time_off``, every expiry final at once, as before).
+Prints p50/p90 of each and the ratio; exits 1 if an ample-budget p50 ratio exceeds
+``--settled-ratio`` (the worst case is printed beside it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from uuid import UUID
 
+import psycopg
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate
 
@@ -40,6 +60,7 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import (
     CostBenefitPolicy,
     FanoutCommand,
+    FixedPolicy,
     ParentState,
     RequestedGrant,
     SpawnIntent,
@@ -50,6 +71,7 @@ from charter.budgets import FabricCeilings
 from charter.control import Ceiling, SpawnService, register_root
 from charter.core import Budget, KeyStore
 from charter.ledger import Journal
+from tests.budgets._slow import settled_time_off
 
 # The benches start tens of thousands of workers that never end: past the default
 # population ceiling, which every spawn meets.
@@ -177,10 +199,77 @@ def _grow(charter: Charter, target: int) -> None:
         charter.spawn("agent:filler", intent)
 
 
+ONE_SHOT_INTENT = SpawnIntent(
+    width=5,
+    objective="review each module of the package for risky calls",
+    estimated_cost=Budget.parse("tokens=100k,wall=10m,cpu=10m,mem=1GB,egress=0"),
+)
+
+
+def one_shot_main(url: str, home: Path) -> int:
+    """One operator spawn in this (fresh) process: open, spawn, close; prints the ms
+    from before the open to after the close, and where the views started from."""
+    start = time.perf_counter()
+    with Charter.open(
+        url, keys=KeyStore(home), settings=Settings(ceilings=UNBOUNDED_POPULATION)
+    ) as c:
+        c.spawn("agent:bench", ONE_SHOT_INTENT)
+        started = c.views.snapshot_position
+    ms = (time.perf_counter() - start) * 1000
+    print(json.dumps({"ms": ms, "from": started}))
+    return 0
+
+
+def _one_shot(url: str, home: Path) -> dict[str, float]:
+    script = Path(__file__).resolve()
+    done = subprocess.run(
+        [sys.executable, str(script), "--one-shot", url, str(home)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(done.stdout))
+
+
+def bench_one_shots(url: str, home: Path, samples: int) -> dict[str, list[float]]:
+    """One-shot spawn latencies (ms) from the snapshot just saved, and one without a
+    snapshot (the home copied without it: the fold from zero)."""
+    times: list[float] = []
+    for _ in range(samples):
+        run = _one_shot(url, home)
+        if run["from"] == 0:
+            raise SystemExit("a one-shot spawn did not start from the snapshot")
+        times.append(run["ms"])
+    bare = home.with_name(home.name + "-bare")
+    shutil.rmtree(bare, ignore_errors=True)
+    shutil.copytree(home, bare, ignore=shutil.ignore_patterns("views"))
+    run = _one_shot(url, bare)
+    shutil.rmtree(bare)
+    return {"one-shot": times, "one-shot, no snapshot": [run["ms"]]}
+
+
+def _settle(url: str) -> None:
+    """PostgreSQL after a bulk load: vacuum and analyze the journal's tables now, so
+    autovacuum does not do it in the background while the samples are taken (the
+    benchmark's own bulk growth, not something a spawn does)."""
+    if not url.startswith("postgresql"):
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE) charter_events")
+        conn.execute("VACUUM (ANALYZE) charter_batches")
+
+
 def bench_history(
-    url: str, home: Path, lengths: list[int], samples: int
+    url: str,
+    home: Path,
+    lengths: list[int],
+    samples: int,
+    one_shots: int = 5,
+    *,
+    settle: bool = True,
 ) -> dict[int, dict[str, list[float]]]:
-    """Width-5 spawn latencies (ms) at each journal length, operator and worker."""
+    """Width-5 spawn latencies (ms) at each journal length: operator and worker in the
+    long-lived process, then one-shot spawns in fresh processes."""
     settings = Settings(ceilings=UNBOUNDED_POPULATION)
     charter, _ = Charter.initialise(
         url,
@@ -208,6 +297,8 @@ def bench_history(
         )
         for length in lengths:
             _grow(charter, length)
+            if settle:
+                _settle(url)
             times: dict[str, list[float]] = {"operator": [], "worker": []}
             for i in range(samples + 2):
                 for name, caller in (("operator", root), ("worker", worker)):
@@ -215,6 +306,9 @@ def bench_history(
                     charter.spawn(caller, intent)
                     if i >= 2:  # two warm-ups
                         times[name].append((time.perf_counter() - start) * 1000)
+            if one_shots:
+                charter.save_views()  # what a long-lived process leaves for the next
+                times |= bench_one_shots(url, home, one_shots)
             out[length] = times
             head = charter.journal.head()
             print(f"  ... {length} entries (head {head[0] if head else 0}) measured", flush=True)
@@ -230,11 +324,16 @@ def history_main(args: argparse.Namespace) -> int:
             tmp = Path(d)
             if backend == "sqlite":
                 result = bench_history(
-                    f"sqlite:///{tmp / 'j.db'}", tmp / "home", lengths, args.samples
+                    f"sqlite:///{tmp / 'j.db'}",
+                    tmp / "home",
+                    lengths,
+                    args.samples,
+                    args.one_shots,
+                    settle=not args.no_settle,
                 )
             else:
                 with scratch_database(args.pg) as url:
-                    result = bench_history(url, tmp / "home", lengths, args.samples)
+                    result = bench_history(url, tmp / "home", lengths, args.samples, args.one_shots)
         print(f"width-5 spawn latency by journal length on {backend} ({args.samples} samples):")
         for length, times in result.items():
             cells = "   ".join(
@@ -243,7 +342,7 @@ def history_main(args: argparse.Namespace) -> int:
             )
             print(f"  {length:>9} entries   {cells}")
         first, last = result[lengths[0]], result[lengths[-1]]
-        for name in first:
+        for name in ("operator", "worker"):
             ratio50 = statistics.median(last[name]) / statistics.median(first[name])
             ratio99 = percentile(last[name], 0.99) / percentile(first[name], 0.99)
             met = ratio50 <= args.history_ratio
@@ -253,6 +352,96 @@ def history_main(args: argparse.Namespace) -> int:
                 f"p99 {ratio99:.2f}x (target p50 <= {args.history_ratio}x): "
                 f"{'met' if met else 'MISSED'}"
             )
+    return 0 if ok else 1
+
+
+SETTLED_LEASE_MS = 300  # each fan-out's children live this long: past it, the next one
+
+
+def bench_settled(
+    url: str, home: Path, width: int, runs: int, *, tight: bool
+) -> tuple[list[float], list[float], int]:
+    """Fan-outs of ``width`` by the root, each after the last one's children expired,
+    with settled time and without it, alternated (ABBA); and how many times the runs
+    with it settled the journal (a ``BudgetSettled`` commit). ``tight``: the root holds
+    one fan-out's tokens, so each needs the last one's expiries final (a settle each
+    time, the worst case); else it holds plenty (the rule's bookkeeping alone)."""
+    journal = Journal.create(url)
+    keystore = KeyStore(home)
+    tokens = 20_000 * width
+    budget = HUGE.model_copy(update={"tokens": tokens}) if tight else HUGE
+    register_root(journal, keystore, "settle", Ceiling(budget=budget, fanout=10**6, depth=4))
+    # A fixed gate: the cost-benefit one refuses a bet of over half the ceiling (tight).
+    service = SpawnService(
+        journal,
+        keystore=keystore,
+        policy=FixedPolicy(Verdict.POSITIVE),
+        ceilings=UNBOUNDED_POPULATION,
+    )
+    root = service.durable_caller("settle")
+    intent = SpawnIntent(
+        width=width,
+        objective="summarise each document of the corpus in one page",
+        estimated_cost=Budget.parse(
+            f"tokens={tokens},wall={SETTLED_LEASE_MS * width}ms,cpu=1h,mem=1GB,egress=0"
+        ),
+    )
+    with_ms: list[float] = []
+    without_ms: list[float] = []
+    try:
+        ends = 0
+        for i in range(2 * runs + 4):  # two warm-ups of each
+            rule = i % 4 in (0, 3)
+            while service.clock() <= ends:  # the last fan-out's children have expired
+                time.sleep(0.005)
+            start = time.perf_counter()
+            if rule:
+                result = service.spawn(root, intent)
+            else:
+                with settled_time_off():
+                    result = service.spawn(root, intent)
+            elapsed = (time.perf_counter() - start) * 1000
+            ends = result.children[0].grant.terms.expires_at_ms
+            if i >= 4:
+                (with_ms if rule else without_ms).append(elapsed)
+        settles = sum(1 for _ in journal.entries(types=("BudgetSettled",)))
+    finally:
+        journal.close()
+    if tight and settles < runs:
+        raise SystemExit(f"{settles} settles in {runs} tight runs: the worst case was not measured")
+    return with_ms, without_ms, settles
+
+
+def settled_main(args: argparse.Namespace) -> int:
+    widths = [int(x) for x in args.settled.split(",")]
+    backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
+    ok = True
+    for backend in backends:
+        for width in widths:
+            for tight in (False, True):
+                with tempfile.TemporaryDirectory() as d:
+                    tmp = Path(d)
+                    if backend == "sqlite":
+                        url = f"sqlite:///{tmp / 'j.db'}"
+                        result = bench_settled(url, tmp / "home", width, args.runs, tight=tight)
+                    else:
+                        with scratch_database(args.pg) as url:
+                            result = bench_settled(url, tmp / "home", width, args.runs, tight=tight)
+                with_ms, without_ms, settles = result
+                ratio = statistics.median(with_ms) / statistics.median(without_ms)
+                met = ratio <= args.settled_ratio
+                ok = ok and (met or tight)  # the worst case is reported, not held to it
+                room = "one fan-out's budget (settles each time)" if tight else "ample budget"
+                print(
+                    f"fan-out of {width} on {backend} after its last children expired, "
+                    f"{room} ({args.runs} runs each, alternated; {settles} settles):\n"
+                    f"  with settled time: p50 {statistics.median(with_ms):.1f} ms, "
+                    f"p90 {percentile(with_ms, 0.9):.1f} ms\n"
+                    f"  without (every expiry final): p50 {statistics.median(without_ms):.1f}"
+                    f" ms, p90 {percentile(without_ms, 0.9):.1f} ms\n"
+                    f"  ratio with / without: {ratio:.2f}x (target <= {args.settled_ratio}x): "
+                    f"{'met' if met else 'MISSED'}"
+                )
     return 0 if ok else 1
 
 
@@ -267,9 +456,20 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--target-ms", type=float, default=150.0)
     parser.add_argument("--depth-ratio", type=float, default=1.2)
+    parser.add_argument("--settled", default=None, help="fan-out widths, e.g. 5,1000")
+    parser.add_argument("--settled-ratio", type=float, default=1.2)
+    parser.add_argument("--one-shot", nargs=2, metavar=("URL", "HOME"), default=None)
+    parser.add_argument("--one-shots", type=int, default=5, help="fresh processes per length")
+    parser.add_argument(
+        "--no-settle", action="store_true", help="PostgreSQL: no VACUUM ANALYZE after growth"
+    )
     args = parser.parse_args()
+    if args.one_shot:
+        return one_shot_main(args.one_shot[0], Path(args.one_shot[1]))
     if args.history:
         return history_main(args)
+    if args.settled:
+        return settled_main(args)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         totals, decides, body_len = bench_spawn(tmp, args.width, args.runs)

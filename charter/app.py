@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from charter.authority import GatePolicy, SpawnIntent
 from charter.budgets import CapInputs, FabricCeilings, ResourceClass
@@ -46,13 +46,14 @@ from charter.core import (
     BadInputError,
     Budget,
     CharterError,
+    CheckedModel,
     KeyStore,
     Lineage,
     StateError,
     charter_home,
     describe_invalid,
 )
-from charter.ledger import Journal, JournalCreated, Location, resolve_location
+from charter.ledger import Journal, JournalCreated, Location, SnapshotFile, resolve_location
 from charter.projections import Projector
 from charter.sandbox import (
     EgressBroker,
@@ -63,12 +64,30 @@ from charter.sandbox import (
     default_state_dir,
 )
 
-__all__ = ["JOURNAL_KEY", "CellSetup", "Charter", "Initialised", "Settings"]
+__all__ = [
+    "JOURNAL_KEY",
+    "CellSetup",
+    "Charter",
+    "Initialised",
+    "Settings",
+    # what the CLI needs of the journal itself (it reaches the ledger only here)
+    "Journal",
+    "Location",
+    "read_journal",
+    "resolve_location",
+]
 
 JOURNAL_KEY = "journal"
 
 
-class Settings(BaseModel):
+def read_journal(db: str | Location | None = None) -> Journal:
+    """The journal at ``db`` (``--db``, ``CHARTER_DB`` or the home's) only to read
+    (verify, show): nothing is written, and a file this user may not write is read
+    without side files (see :meth:`Journal.open`)."""
+    return Journal.open(db, read_only=True)
+
+
+class Settings(CheckedModel):
     """Configuration that is not in the journal: the fabric ceilings and this host's cell."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -126,7 +145,7 @@ class Settings(BaseModel):
             ) from e
 
 
-class CellSetup(BaseModel):
+class CellSetup(CheckedModel):
     """A cell's caps as an operator configures them (``init`` and ``cell configure``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -250,7 +269,8 @@ class Charter:
         # The adaptive processing cap's inputs: the host's load unless a cell of this
         # process was told to ignore it (``cell_for(ignore_host_load=True)``).
         self.host_load: HostLoad = host_cap_inputs
-        self.views = Views()
+        # The views start from this home's snapshot of this journal, when it matches.
+        self.views = Views(SnapshotFile(keys.home / "views", journal, "views"))
         self._spawner = SpawnService(
             journal,
             keystore=keys,
@@ -370,7 +390,19 @@ class Charter:
         return record
 
     def close(self) -> None:
-        self.journal.close()
+        """Save the views (if they moved far enough: ``Views.save``), close the journal."""
+        try:
+            self.save_views()
+        finally:
+            self.journal.close()
+
+    def save_views(self) -> bool:
+        """Snapshot the views for the next process (a long-lived one may call it at
+        any time): True if saved. Never fails a command: a snapshot is a cache."""
+        try:
+            return self.views.save()
+        except (OSError, CharterError):
+            return False
 
     def __enter__(self) -> Charter:
         return self

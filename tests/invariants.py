@@ -12,15 +12,23 @@ The rules, for every ledger ``x`` at the commit time ``t`` of every position:
   allocation and an ended one what its subtree spent, capped at its allocation;
 - no usage after the end: a usage commits only while its lease and every ancestor's
   are live (not released at or before ``t``, ``t`` before the expiry);
+- no lease granted or renewed after the end: a fan-out's leases commit only while
+  their parent's lease and every ancestor's are live, a renewal only while its own are;
+- leases bounded by their grants: a lease (as granted, and after every renewal) never
+  ends after its sealed grant's expiry (read from the ``GrantMinted`` body), nor after
+  its parent's lease;
 - commit times never decrease with position.
 
 Expiry only lowers charges, so the conservation check runs, at each entry, on the
 ledgers whose sums that entry can raise: a lease grant's parent, and a usage's or a
-renewal's whole ancestor chain.
+renewal's whole ancestor chain. Each ledger keeps its children's charges as running
+sums (advanced over the expiries passed), so a long history folds in linear time;
+``check_history(…, walk=True)`` computes the same rule child by child.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -50,12 +58,33 @@ class _Ledger:
     expires: int | None
     released: int | None = None
     spent: list[int] = field(default_factory=lambda: [0] * 5)
+    subtree: list[int] = field(default_factory=lambda: [0] * 5)  # own spend + descendants'
     children: list[str] = field(default_factory=list)
+    # In its parent's sums: ``open`` (charged its allocation) until it is known to have
+    # ended, then what its subtree spent, capped (``charged``).
+    open: bool = True
+    charged: list[int] = field(default_factory=lambda: [0] * 5)
+    # Its children's sums, and their expiries (a heap; stale entries are skipped).
+    open_alloc: list[int] = field(default_factory=lambda: [0] * 5)
+    ended: list[int] = field(default_factory=lambda: [0] * 5)
+    expiries: list[tuple[int, str]] = field(default_factory=list)
 
     def live(self, t: int) -> bool:
         if self.released is not None and self.released <= t:
             return False
         return self.expires is None or t < self.expires
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    return [x + y for x, y in zip(a, b, strict=True)]
+
+
+def _sub(a: list[int], b: list[int]) -> list[int]:
+    return [x - y for x, y in zip(a, b, strict=True)]
+
+
+def _cap(spent: list[int], allocation: list[int]) -> list[int]:
+    return [min(s, a) for s, a in zip(spent, allocation, strict=True)]
 
 
 @dataclass
@@ -65,23 +94,76 @@ class Findings:
 
 
 class _Books:
+    """The ledgers, with each one's children's charges kept as two sums (the open
+    children's allocations, the ended ones' capped spend), so a check at time ``t``
+    costs the expiries passed since the last one, not a walk of every child.
+    :meth:`overspent_by_walk` is the same rule computed child by child (the reference
+    the sums are tested against, and the rule used if commit times ever go back)."""
+
     def __init__(self) -> None:
         self.ledgers: dict[str, _Ledger] = {}
+        self.latest = 0  # the latest commit time folded (the sums hold from it on)
+
+    def open(self, ledger: _Ledger) -> None:
+        self.ledgers[ledger.lineage] = ledger
+        if ledger.parent is not None:
+            parent = self.ledgers[ledger.parent]
+            parent.children.append(ledger.lineage)
+            parent.open_alloc = _add(parent.open_alloc, ledger.allocation)
+            if ledger.expires is not None:
+                heapq.heappush(parent.expiries, (ledger.expires, ledger.lineage))
+
+    def close(self, child: _Ledger) -> None:
+        """``child`` has ended: its parent is charged what its subtree spent."""
+        if child.parent is None or not child.open:
+            return
+        parent = self.ledgers[child.parent]
+        child.open, child.charged = False, _cap(child.subtree, child.allocation)
+        parent.open_alloc = _sub(parent.open_alloc, child.allocation)
+        parent.ended = _add(parent.ended, child.charged)
+
+    def reopen(self, child: _Ledger) -> None:
+        """A renewal moved an expired child's end later: it is charged in full again."""
+        parent = self.ledgers[child.parent] if child.parent is not None else None
+        if parent is None or child.open:
+            return
+        child.open = True
+        parent.ended = _sub(parent.ended, child.charged)
+        parent.open_alloc = _add(parent.open_alloc, child.allocation)
+
+    def spend(self, lineage: str, amount: list[int]) -> None:
+        node: _Ledger | None = self.ledgers[lineage]
+        node.spent = _add(node.spent, amount)  # type: ignore[union-attr]
+        while node is not None:
+            node.subtree = _add(node.subtree, amount)
+            parent = self.ledgers[node.parent] if node.parent is not None else None
+            if parent is not None and not node.open:  # an ended child's charge follows
+                charged = _cap(node.subtree, node.allocation)
+                parent.ended = _add(_sub(parent.ended, node.charged), charged)
+                node.charged = charged
+            node = parent
+
+    def advance(self, x: _Ledger, t: int) -> None:
+        heap = x.expiries
+        while heap and heap[0][0] <= t:
+            expires, lineage = heapq.heappop(heap)
+            child = self.ledgers[lineage]
+            if child.expires == expires:
+                self.close(child)
 
     def subtree_spent(self, lineage: str) -> list[int]:
         total = [0] * 5
         stack = [lineage]
         while stack:
             node = self.ledgers[stack.pop()]
-            total = [a + b for a, b in zip(total, node.spent, strict=True)]
+            total = _add(total, node.spent)
             stack.extend(node.children)
         return total
 
     def charge(self, child: _Ledger, t: int) -> list[int]:
         if child.live(t):
             return child.allocation
-        spent = self.subtree_spent(child.lineage)
-        return [min(s, a) for s, a in zip(spent, child.allocation, strict=True)]
+        return _cap(self.subtree_spent(child.lineage), child.allocation)
 
     def ancestors(self, lineage: str) -> list[_Ledger]:
         out = []
@@ -91,23 +173,44 @@ class _Books:
             out.append(node)
         return out
 
+    def _report(self, x: _Ledger, used: list[int]) -> str | None:
+        over = [a for a, u, cap in zip(AXES, used, x.allocation, strict=True) if u > cap]
+        if over:
+            return f"{x.lineage} uses {used} of {x.allocation} ({', '.join(over)})"
+        return None
+
     def overspent(self, lineage: str, t: int) -> str | None:
+        x = self.ledgers[lineage]
+        if not x.live(t):
+            return None
+        if t < self.latest:  # commit times went back (reported): the exact walk
+            return self.overspent_by_walk(lineage, t)
+        self.advance(x, t)
+        return self._report(x, _add(x.spent, _add(x.open_alloc, x.ended)))
+
+    def overspent_by_walk(self, lineage: str, t: int) -> str | None:
         x = self.ledgers[lineage]
         if not x.live(t):
             return None
         used = list(x.spent)
         for c in x.children:
-            used = [u + v for u, v in zip(used, self.charge(self.ledgers[c], t), strict=True)]
-        over = [a for a, u, cap in zip(AXES, used, x.allocation, strict=True) if u > cap]
-        if over:
-            return f"{lineage} uses {used} of {x.allocation} ({', '.join(over)})"
-        return None
+            used = _add(used, self.charge(self.ledgers[c], t))
+        return self._report(x, used)
 
 
-def check_history(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) -> Findings:
-    """Fold ``(position, type name, payload, recorded_at)`` in position order."""
+def _grant_expiry(body: str) -> int:
+    """A sealed grant's expiry, read from its stored canonical JSON."""
+    return int(json.loads(body)["terms"]["expires_at_ms"])
+
+
+def check_history(
+    entries: Iterable[tuple[int, str, dict[str, Any], datetime]], *, walk: bool = False
+) -> Findings:
+    """Fold ``(position, type name, payload, recorded_at)`` in position order.
+    ``walk`` checks conservation child by child (the slow reference for the sums)."""
     books = _Books()
     found = Findings()
+    grant_end: dict[str, int] = {}  # lineage -> its sealed grant's expiry
     last_at: datetime | None = None
     for position, kind, p, at in entries:
         t = _ms(at)
@@ -115,18 +218,26 @@ def check_history(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) 
             found.problems.append(f"{position}: commit time {at} is before {last_at}")
         last_at = at
         touched: list[str] = []
+        bounds: list[str] = []
         match kind:
+            case "GrantMinted":
+                grant_end[p["lineage"]] = _grant_expiry(p["body"])
+                continue
             case "BudgetLedgerOpened":
-                books.ledgers[p["lineage"]] = _Ledger(
-                    p["lineage"], None, _vec(p["allocation"]), None
-                )
+                books.open(_Ledger(p["lineage"], None, _vec(p["allocation"]), None))
             case "LeaseGranted":
                 parent = books.ledgers[p["parent"]]
-                for lineage in p["lineages"]:
-                    books.ledgers[lineage] = _Ledger(
-                        lineage, p["parent"], _vec(p["allocation"]), int(p["expires_at_ms"])
+                dead = [n.lineage for n in (parent, *books.ancestors(parent.lineage))]
+                dead = [x for x in dead if not books.ledgers[x].live(t)]
+                if dead:
+                    found.problems.append(
+                        f"{position}: lease granted by {parent.lineage} after the end of "
+                        f"{dead[0]}'s lease"
                     )
-                    parent.children.append(lineage)
+                expires = int(p["expires_at_ms"])
+                for lineage in p["lineages"]:
+                    books.open(_Ledger(lineage, p["parent"], _vec(p["allocation"]), expires))
+                    bounds.append(lineage)
                 touched = [p["parent"]]
             case "UsageRecorded":
                 x = books.ledgers[p["lineage"]]
@@ -135,7 +246,7 @@ def check_history(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) 
                     found.problems.append(
                         f"{position}: usage of {x.lineage} after the end of {dead[0]}'s lease"
                     )
-                x.spent = [a + b for a, b in zip(x.spent, _vec(p["amount"]), strict=True)]
+                books.spend(x.lineage, _vec(p["amount"]))
                 touched = [x.lineage, *(n.lineage for n in books.ancestors(x.lineage))]
             case "LeaseReleased":
                 stack = [p["lineage"]]
@@ -143,16 +254,42 @@ def check_history(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) 
                     node = books.ledgers[stack.pop()]
                     if node.released is None:
                         node.released = t
+                        books.close(node)
                     stack.extend(node.children)
             case "LeaseRenewed":
-                books.ledgers[p["lineage"]].expires = int(p["expires_at_ms"])
+                x = books.ledgers[p["lineage"]]
+                dead = [n.lineage for n in (x, *books.ancestors(x.lineage)) if not n.live(t)]
+                if dead:
+                    found.problems.append(
+                        f"{position}: renewal of {x.lineage} after the end of {dead[0]}'s lease"
+                    )
+                x.expires = int(p["expires_at_ms"])
+                if x.released is None:
+                    books.reopen(x)
+                    heapq.heappush(books.ledgers[p["parent"]].expiries, (x.expires, x.lineage))
+                bounds.append(x.lineage)
                 touched = [p["parent"], *(n.lineage for n in books.ancestors(p["parent"]))]
             case _:
                 continue
+        for lineage in bounds:  # a lease never ends after its grant or its parent's lease
+            x = books.ledgers[lineage]
+            parent = books.ledgers[x.parent] if x.parent is not None else None
+            if x.expires is not None and lineage in grant_end and x.expires > grant_end[lineage]:
+                found.problems.append(
+                    f"{position}: {lineage}'s lease ends at {x.expires}, after its grant's "
+                    f"expiry {grant_end[lineage]}"
+                )
+            above = parent.expires if parent is not None else None
+            if x.expires is not None and above is not None and x.expires > above:
+                found.problems.append(
+                    f"{position}: {lineage}'s lease ends at {x.expires}, after its parent's {above}"
+                )
+        check = books.overspent_by_walk if walk else books.overspent
         for lineage in touched:
-            problem = books.overspent(lineage, t)
+            problem = check(lineage, t)
             if problem is not None:
                 found.problems.append(f"{position}: {problem}")
+        books.latest = max(books.latest, t)
         found.checked += 1
     return found
 

@@ -13,7 +13,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from charter.budgets.formula import charge, is_active
+from charter.budgets.formula import charge
 from charter.core.budget import VEC_ZERO, Vec, vec_add, vec_sub
 
 __all__ = ["Books", "Ledger"]
@@ -35,9 +35,16 @@ class Ledger:
     counted_charge: Vec = VEC_ZERO  # what its parent counts for it once ended
     # children's expiries: (expires, sequence, lineages), one entry per grant of a group
     expiries: list[tuple[int, int, tuple[str, ...]]] = field(default_factory=list)
+    # it and its ancestors, up to the root (a ledger's parent never changes)
+    path: tuple[Ledger, ...] = ()
 
     def live(self, t: int) -> bool:
-        return is_active(self.released, self.expires, t)
+        """:func:`charter.budgets.formula.is_active`, inlined: the audit's hot path."""
+        released = self.released
+        if released is not None and released <= t:
+            return False
+        expires = self.expires
+        return expires is None or t < expires
 
 
 class Books:
@@ -51,14 +58,16 @@ class Books:
         return self.ledgers.get(lineage)
 
     def open_root(self, lineage: str, allocation: Vec) -> None:
-        self.ledgers[lineage] = Ledger(lineage, None, allocation, None)
+        root = self.ledgers[lineage] = Ledger(lineage, None, allocation, None)
+        root.path = (root,)
 
     def grant(
         self, parent: Ledger, lineages: tuple[str, ...], allocation: Vec, expires: int
     ) -> None:
         """Leases of one fan-out: the same allocation and expiry for each lineage."""
         for lineage in lineages:
-            self.ledgers[lineage] = Ledger(lineage, parent.lineage, allocation, expires)
+            child = self.ledgers[lineage] = Ledger(lineage, parent.lineage, allocation, expires)
+            child.path = (child, *parent.path)
             parent.children.append(lineage)
             parent.live_alloc = vec_add(parent.live_alloc, allocation)
         self._push(parent, expires, lineages)
@@ -85,17 +94,12 @@ class Books:
                 if child.expires == expires and not child.live(t):
                     self._end(ledger, child)
 
-    def ancestors(self, ledger: Ledger) -> list[Ledger]:
-        out = []
-        node = ledger
-        while node.parent is not None:
-            node = self.ledgers[node.parent]
-            out.append(node)
-        return out
+    def ancestors(self, ledger: Ledger) -> tuple[Ledger, ...]:
+        return ledger.path[1:]
 
     def use(self, ledger: Ledger, amount: Vec) -> None:
         ledger.spent = vec_add(ledger.spent, amount)
-        path = [ledger, *self.ancestors(ledger)]
+        path = ledger.path
         for node in path:
             node.subtree = vec_add(node.subtree, amount)
         for child, parent in itertools.pairwise(path):
@@ -132,5 +136,13 @@ class Books:
 
     def used(self, ledger: Ledger, t: int) -> Vec:
         """Own spend + Σ charge(children) at ``t``."""
-        self.settle(ledger, t)
-        return vec_add(ledger.spent, vec_add(ledger.live_alloc, ledger.ended_charge))
+        if ledger.expiries and ledger.expiries[0][0] <= t:
+            self.settle(ledger, t)
+        s, live, ended = ledger.spent, ledger.live_alloc, ledger.ended_charge
+        return (
+            s[0] + live[0] + ended[0],
+            s[1] + live[1] + ended[1],
+            s[2] + live[2] + ended[2],
+            s[3] + live[3] + ended[3],
+            s[4] + live[4] + ended[4],
+        )

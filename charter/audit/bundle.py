@@ -1,30 +1,24 @@
-"""Export bundles, and their offline verification (pure: no journal, no database).
+"""Export bundles, written and verified as a stream (pure: no journal, no database).
 
-A bundle is one canonical JSON document (sorted keys, no spaces, UTF-8)::
+A bundle (``charter/bundle@v3``) is a file of JSON lines, each the canonical JSON of one
+object (:func:`charter.core.events.canonical_json`, docs/VERIFYING.md §1) and a ``\\n``:
 
-    {"format": "charter/bundle@v1",
-     "selection": {"lineage": str|null, "from": int|null, "to": int|null},
-     "keys": [{"after_leaf": int, "key": <verifier key text>}, ...],
-     "checkpoint": <signed checkpoint note text, with any cosignatures>,
-     "entries": [{"position", "originator" (hex), "version", "topic", "state" (base64),
-                  "prev_hash" (hex), "chain_hash" (hex), "leaf", "path": [hex, ...],
-                  "context": bool}, ...],
-     "manifest": {"<part>": <hex sha256 of the part's canonical JSON>, ...},
-     "seal": <base64 Ed25519 signature over seal_signing_input(manifest)>}
+1. the header: ``{"checkpoint", "format", "keys", "kind": "header", "selection"}``;
+2. one line per leaf run of the checkpoint's tree, in leaf order: an entry
+   ``{"chain_hash", "context", "kind": "entry", "leaf", "originator", "position",
+   "prev_hash", "state", "topic", "version"}`` (its exact stored bytes), or a gap
+   ``{"end", "hashes", "kind": "gap", "start"}`` giving the perfect subtrees
+   (:func:`charter.audit.merkle.decompose`) of leaves the bundle omits;
+3. the trailer ``{"context", "entries", "gaps", "kind": "seal", "seal"}``: the journal
+   key's signature over the SHA-256 of every byte before it.
 
-The parts of the manifest are ``selection``, ``keys``, ``checkpoint`` and
-``entry/<position>``. Every entry carries its exact stored bytes and its RFC 6962
-inclusion proof in the checkpoint's tree; ``context`` entries were added because the
-grant chains of the selected lineages need them. :func:`verify_bundle` checks, in this
-order, and names the first part that fails: the format, the manifest, the keys, the
-checkpoint's signature, every entry (bytes → chain hash, links between adjacent leaves,
-inclusion), the grant chains, the seal, then the semantic audit of the entries.
-
-The seal is the exporter's signature, by the journal key that signs the checkpoint, over
-the manifest: it covers the selection, the keys, the checkpoint and the list of entries,
-and it is the exporter's claim that the bundle's (non-context) entries are every entry
-of the checkpoint's tree that the selection selects. Dropping an entry with its manifest
-line, or relabelling the selection, breaks it.
+Entries and gaps together cover the leaves ``0 … size−1`` of the checkpoint's tree, so
+the verifier rebuilds its root in O(log n) memory (:class:`charter.audit.merkle.
+CompactRange`) instead of reading a proof per entry; a bundle of the whole journal has
+no gap. The seal covers the header (selection, keys, checkpoint), every entry and gap
+and their order: removing, reordering or relabelling anything fails. :class:`BundleWriter`
+writes one; :func:`verify_bundle` reads one line at a time and names the first part that
+fails. Bundles of the earlier formats (one JSON document) are refused.
 """
 
 from __future__ import annotations
@@ -32,10 +26,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+import io
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import IO, Any, NamedTuple
 
+import orjson
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -50,48 +45,202 @@ from charter.audit.note import (
     verify_checkpoint,
     verify_cosignature,
 )
-from charter.audit.semantic import Finding, audit_history
+from charter.audit.semantic import Auditor, Finding
 from charter.authority import SealedGrant, verify_grant_chain
 from charter.core.errors import CharterError
+from charter.core.events import canonical_json
 from charter.core.framing import entry_frame, merkle_leaf_hash
 
 __all__ = [
     "BUNDLE_FORMAT",
-    "Bundle",
     "BundleEntry",
     "BundleReport",
-    "canonical",
+    "BundleWriter",
+    "LeafStream",
+    "CONTEXT_TYPES",
+    "MAX_LINE",
+    "Progress",
+    "entry_line",
+    "lineages_in",
+    "mentions",
     "seal_signing_input",
     "verify_bundle",
 ]
 
-BUNDLE_FORMAT = "charter/bundle@v2"  # v1 had no seal
-_SEAL_CONTEXT = b"charter/bundle-seal/v1\x00"
+BUNDLE_FORMAT = "charter/bundle@v3"  # v1 had no seal; v2 was one document, signed by parts
+_SEAL_CONTEXT = b"charter/bundle-seal/v2\x00"
+MAX_LINE = 64 << 20  # a line longer than this is refused (bounded memory)
+_MAX_HEADER = 1 << 20
+# What a partial bundle adds, beside its selection, so its grant chains and key history
+# verify (docs/VERIFYING.md §8).
+CONTEXT_TYPES = ("GrantMinted", "AgentRegistered", "JournalKeyRotated")
+_ROTATION = "JournalKeyRotated"
+_SELECTION_KEYS = ("from", "lineage", "to")
+_ENTRY_SIZE = 10
+Progress = Callable[[int, int], None]  # (leaves done, tree size)
+_PROGRESS_EVERY = 20_000
 
 
-def canonical(value: Any) -> bytes:
-    """Canonical JSON: sorted keys, no spaces, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
-def digest(value: Any) -> str:
-    return hashlib.sha256(canonical(value)).hexdigest()
+def mentions(payload: Any, lineage: str) -> bool:
+    """Whether a payload names ``lineage`` or a lineage below it: a string value,
+    at any depth, equal to ``lineage`` or starting with ``lineage + "/"``."""
+    below = lineage + "/"
+    return any(s == lineage or s.startswith(below) for s in _strings(payload))
 
 
-def _manifest(parts: Mapping[str, Any]) -> dict[str, str]:
-    """The digest of each part, by name."""
-    return {name: digest(part) for name, part in parts.items()}
+def lineages_in(payload: Any) -> set[str]:
+    """The lineage paths a payload names: its string values, at any depth, that start
+    with ``agent:`` and hold no space."""
+    return {s for s in _strings(payload) if s.startswith("agent:") and " " not in s}
 
 
-def seal_signing_input(manifest: Mapping[str, str]) -> bytes:
-    """``"charter/bundle-seal/v1" ‖ 0x00 ‖ SHA-256(canonical JSON of the manifest)``."""
-    return _SEAL_CONTEXT + hashlib.sha256(canonical(dict(manifest))).digest()
+def seal_signing_input(digest: bytes) -> bytes:
+    """``"charter/bundle-seal/v2" ‖ 0x00 ‖ SHA-256(every byte before the trailer)``."""
+    return _SEAL_CONTEXT + digest
 
 
-class BundleEntry(BaseModel):
-    """One journal entry as stored, with its inclusion proof."""
+def entry_line(
+    *,
+    position: int,
+    originator: bytes,
+    version: int,
+    topic: str,
+    state: bytes,
+    prev_hash: bytes,
+    chain_hash: bytes,
+    leaf: int,
+    context: bool,
+) -> bytes:
+    """One entry's line. orjson with sorted keys is byte-identical to the canonical
+    encoder for these values (ASCII hex and base64, integers, a boolean, the topic),
+    ten times faster (tests/audit/test_bundle_stream.py checks the two agree)."""
+    return orjson.dumps(
+        {
+            "chain_hash": chain_hash.hex(),
+            "context": context,
+            "kind": "entry",
+            "leaf": leaf,
+            "originator": originator.hex(),
+            "position": position,
+            "prev_hash": prev_hash.hex(),
+            "state": base64.b64encode(state).decode(),
+            "topic": topic,
+            "version": version,
+        },
+        option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE,
+    )
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+
+class BundleWriter:
+    """Writes a bundle to ``out`` line by line, hashing what it writes for the seal."""
+
+    def __init__(
+        self,
+        out: IO[bytes],
+        *,
+        selection: Mapping[str, Any],
+        keys: Sequence[Mapping[str, Any]],
+        checkpoint: str,
+    ) -> None:
+        self._out = out
+        self._hash = hashlib.sha256()
+        self.entries = self.context = self.gaps = 0
+        self.bytes = 0
+        header = {
+            "checkpoint": checkpoint,
+            "format": BUNDLE_FORMAT,
+            "keys": [dict(k) for k in keys],
+            "kind": "header",
+            "selection": {k: selection.get(k) for k in _SELECTION_KEYS},
+        }
+        self._write(canonical_json(header) + b"\n")
+
+    def _write(self, line: bytes) -> None:
+        self._hash.update(line)
+        self._out.write(line)
+        self.bytes += len(line)
+
+    def entry(self, line: bytes, *, context: bool) -> None:
+        """An entry's line (:func:`entry_line`)."""
+        self._write(line)
+        if context:
+            self.context += 1
+        else:
+            self.entries += 1
+
+    def gap(self, start: int, end: int, hashes: Sequence[bytes]) -> None:
+        line = {"end": end, "hashes": [h.hex() for h in hashes], "kind": "gap", "start": start}
+        self._write(canonical_json(line) + b"\n")
+        self.gaps += 1
+
+    def seal(self, key: SigningKey) -> None:
+        """The trailer: ``key`` (the journal key that signs the checkpoint) signs the
+        hash of every line written."""
+        signature = key.sign(seal_signing_input(self._hash.digest())).signature
+        trailer = {
+            "context": self.context,
+            "entries": self.entries,
+            "gaps": self.gaps,
+            "kind": "seal",
+            "seal": base64.b64encode(signature).decode(),
+        }
+        line = canonical_json(trailer) + b"\n"
+        self._out.write(line)
+        self.bytes += len(line)
+
+
+class LeafStream:
+    """The leaves of a checkpoint's tree fed in order to a :class:`BundleWriter`: each
+    either written (a selected or a context entry) or omitted (hashed into the run of
+    omitted leaves it belongs to, written as a gap when the run ends). ``root()`` is the
+    tree rebuilt from what was fed, which the exporter checks against its checkpoint."""
+
+    def __init__(self, writer: BundleWriter) -> None:
+        self.writer = writer
+        self.tree = merkle.CompactRange()
+        self.leaf = 0
+        self._gap: merkle.GapHasher | None = None
+
+    def omit(self, frame: bytes) -> None:
+        if self._gap is None:
+            self._gap = merkle.GapHasher(self.leaf)
+        self._gap.push(merkle_leaf_hash(frame))
+        self.leaf += 1
+
+    def write(self, frame: bytes, line: bytes, *, context: bool) -> None:
+        self._flush()
+        self.tree.push(0, merkle_leaf_hash(frame))
+        self.writer.entry(line, context=context)
+        self.leaf += 1
+
+    def _flush(self) -> None:
+        gap = self._gap
+        if gap is None:
+            return
+        hashes = gap.hashes()
+        for (level, _), digest in zip(merkle.decompose(gap.start, gap.end), hashes, strict=True):
+            self.tree.push(level, digest)
+        self.writer.gap(gap.start, gap.end, hashes)
+        self._gap = None
+
+    def root(self) -> bytes:
+        self._flush()
+        return self.tree.root()
+
+
+class BundleEntry(NamedTuple):
+    """One entry of a bundle, as read from its line (its stored bytes, decoded)."""
 
     position: int
     originator: bytes
@@ -99,10 +248,9 @@ class BundleEntry(BaseModel):
     topic: str
     state: bytes
     prev_hash: bytes
-    chain_hash: bytes
+    chain_hash: str  # hex, as in the line: compared with the frame's hexdigest
     leaf: int
-    path: tuple[bytes, ...]
-    context: bool = False
+    context: bool
 
     def frame(self) -> bytes:
         return entry_frame(
@@ -114,127 +262,13 @@ class BundleEntry(BaseModel):
             self.state,
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "position": self.position,
-            "originator": self.originator.hex(),
-            "version": self.version,
-            "topic": self.topic,
-            "state": base64.b64encode(self.state).decode(),
-            "prev_hash": self.prev_hash.hex(),
-            "chain_hash": self.chain_hash.hex(),
-            "leaf": self.leaf,
-            "path": [p.hex() for p in self.path],
-            "context": self.context,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> BundleEntry:
-        return cls(
-            position=data["position"],
-            originator=bytes.fromhex(data["originator"]),
-            version=data["version"],
-            topic=data["topic"],
-            state=base64.b64decode(data["state"], validate=True),
-            prev_hash=bytes.fromhex(data["prev_hash"]),
-            chain_hash=bytes.fromhex(data["chain_hash"]),
-            leaf=data["leaf"],
-            path=tuple(bytes.fromhex(p) for p in data["path"]),
-            context=data["context"],
-        )
-
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> Any:
         """The event's payload, read from the stored canonical JSON."""
-        data = json.loads(self.state)
-        payload: dict[str, Any] = data["payload"]
-        return payload
+        return orjson.loads(self.state)["payload"]
 
     @property
     def type_name(self) -> str:
         return self.topic.partition("/")[0]
-
-
-class Bundle(BaseModel):
-    """A parsed bundle (its parts, before any of them is trusted)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    selection: dict[str, Any]
-    keys: tuple[dict[str, Any], ...]
-    checkpoint: str
-    entries: tuple[BundleEntry, ...]
-    seal: bytes = b""
-
-    def sealed(self, key: SigningKey) -> Bundle:
-        """This bundle with its seal: ``key`` (the journal key that signs its
-        checkpoint) signs its manifest."""
-        signature = key.sign(seal_signing_input(self.manifest())).signature
-        return self.model_copy(update={"seal": signature})
-
-    def parts(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "selection": self.selection,
-            "keys": list(self.keys),
-            "checkpoint": self.checkpoint,
-        }
-        for entry in self.entries:
-            out[f"entry/{entry.position}"] = entry.to_json()
-        return out
-
-    def manifest(self) -> dict[str, str]:
-        return _manifest(self.parts())
-
-    def to_bytes(self) -> bytes:
-        parts = self.parts()  # each entry's JSON built once, for the manifest and the file
-        return canonical(
-            {
-                "format": BUNDLE_FORMAT,
-                "selection": self.selection,
-                "keys": list(self.keys),
-                "checkpoint": self.checkpoint,
-                "entries": [parts[f"entry/{e.position}"] for e in self.entries],
-                "manifest": _manifest(parts),
-                "seal": base64.b64encode(self.seal).decode(),
-            }
-        )
-
-    @classmethod
-    def parse(cls, data: bytes) -> tuple[Bundle, dict[str, str]]:
-        """The bundle and the manifest it carries (checked by :func:`verify_bundle`)."""
-        bundle, manifest, _ = _parse(cls, data)
-        return bundle, manifest
-
-
-def _parse(cls: type[Bundle], data: bytes) -> tuple[Bundle, dict[str, str], dict[str, str]]:
-    """The bundle, the manifest it carries, and the digest of each part as it stands in
-    the file (each entry's JSON object as read, not re-encoded: a part is what was
-    digested, byte for byte after canonical encoding)."""
-    try:
-        doc = json.loads(data)
-        fmt = doc.get("format")
-    except (ValueError, AttributeError) as e:
-        raise BundleError("format", f"the bundle is not a JSON object: {e}") from e
-    if fmt != BUNDLE_FORMAT:
-        raise BundleError("format", f"not a {BUNDLE_FORMAT} bundle")
-    try:
-        bundle = cls(
-            selection=doc["selection"],
-            keys=tuple(doc["keys"]),
-            checkpoint=doc["checkpoint"],
-            entries=tuple(BundleEntry.from_json(e) for e in doc["entries"]),
-            seal=base64.b64decode(doc["seal"], validate=True),
-        )
-        manifest = {str(k): str(v) for k, v in doc["manifest"].items()}
-        parts = {
-            "selection": doc["selection"],
-            "keys": doc["keys"],
-            "checkpoint": doc["checkpoint"],
-        }
-        for entry, raw in zip(bundle.entries, doc["entries"], strict=True):
-            parts[f"entry/{entry.position}"] = raw
-    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as e:
-        raise BundleError("format", f"the bundle does not parse: {e}") from e
-    return bundle, manifest, _manifest(parts)
 
 
 class BundleReport(BaseModel):
@@ -245,6 +279,7 @@ class BundleReport(BaseModel):
     ok: bool
     entries: int
     context: int
+    gaps: int
     checkpoint_size: int
     cosignatures: int
     grant_chains: int
@@ -255,159 +290,439 @@ class BundleReport(BaseModel):
         return self.model_dump(mode="json")
 
 
-def verify_bundle(
-    data: bytes,
-    journal_key: NoteKey,
-    *,
-    witness_keys: Sequence[NoteKey] = (),
-) -> BundleReport:
-    """Verify a bundle offline; raise :class:`BundleError` naming the first bad part.
-
-    A bundle of the whole journal (no lineage, no range) is also audited semantically
-    (:mod:`charter.audit.semantic`); its findings make the report not ok. A partial
-    bundle lacks the history the budget and lifecycle rules need, so it is not."""
-    bundle, manifest, digests = _parse(Bundle, data)
-    _check_manifest(digests, manifest)
-    history = _check_keys(bundle, journal_key)
-    checkpoint = _check_checkpoint(bundle, history, witness_keys)
-    _check_entries(bundle, checkpoint)
-    chains = _check_grant_chains(bundle)
-    _check_seal(bundle, manifest, history.note_key_for(checkpoint.size))
-    whole = all(bundle.selection.get(k) is None for k in ("lineage", "from", "to"))
-    findings: tuple[Finding, ...] = ()
-    if whole:
-        rows = [(e.position, e.topic, e.state) for e in bundle.entries]
-        findings = audit_history([rows]).findings
-    return BundleReport(
-        ok=not findings,
-        entries=sum(not e.context for e in bundle.entries),
-        context=sum(e.context for e in bundle.entries),
-        checkpoint_size=checkpoint.size,
-        cosignatures=len(witness_keys),
-        grant_chains=chains,
-        audited=whole,
-        findings=findings,
-    )
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_manifest(expected: Mapping[str, str], manifest: Mapping[str, str]) -> None:
-    for name in sorted(expected.keys() | manifest.keys()):
-        if manifest.get(name) != expected.get(name):
-            raise BundleError(
-                f"manifest/{name}",
-                "the manifest's digest does not match the part (the part or the manifest "
-                "was changed, or a part was added or removed)",
-            )
+def _hex(value: Any, size: int | None = None) -> bytes:
+    """Lower-case hex of ``size`` bytes (any size if None), nothing else."""
+    raw = bytes.fromhex(value)
+    if (size is not None and len(raw) != size) or raw.hex() != value:
+        raise ValueError(f"not {size or 'some'} bytes as lower-case hex")
+    return raw
 
 
-def _check_seal(bundle: Bundle, manifest: Mapping[str, str], key: NoteKey) -> None:
-    """The manifest (checked against the parts already) is signed by ``key``, the
-    journal key that signs the checkpoint."""
+def _parse_line(line: bytes, where: str, *, canonical: bool = True) -> dict[str, Any]:
+    """A line's object; with ``canonical``, refused unless the line is exactly its
+    canonical encoding. Entry and gap lines skip that re-encoding (the hot path): every
+    byte of them is sealed, so a line the exporter did not write fails at the seal
+    whatever a parser reads in it."""
     try:
-        VerifyKey(key.public_key).verify(seal_signing_input(manifest), bundle.seal)
-    except (BadSignatureError, ValueError) as e:
-        raise BundleError(
-            "seal",
-            "the manifest is not signed by the journal's key (an entry was dropped with "
-            "its manifest line, the selection relabelled, or the bundle is unsealed)",
-        ) from e
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        raise BundleError(where, f"the line is not JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise BundleError(where, "the line is not a JSON object")
+    if canonical and canonical_json(obj) + b"\n" != line:
+        raise BundleError(where, "the line is not the canonical JSON of its object")
+    return obj
 
 
-def _check_keys(bundle: Bundle, anchor: NoteKey) -> KeyHistory:
-    """The key history the bundle claims, from ``anchor`` through each rotation entry
-    it carries (whose bytes and proof ``_check_entries`` verifies)."""
-    by_leaf = {e.leaf: e for e in bundle.entries}
-    history = KeyHistory.start(anchor.name, anchor.public_key)
-    claimed = list(bundle.keys)
-    first = claimed[0] if claimed else {}
-    if first.get("key") != anchor.text() or first.get("after_leaf") != -1:
+def _entry(obj: dict[str, Any], expect_leaf: int) -> BundleEntry:
+    """An entry line's object as an entry: exactly its ten fields, of their types; hex
+    in lower case (the hashes are compared as text, :meth:`_Verifier.entry`)."""
+    get = obj.get
+    position, leaf, version = get("position"), get("leaf"), get("version")
+    topic, context, originator = get("topic"), get("context"), get("originator")
+    chain_hash, prev_hash, state = get("chain_hash"), get("prev_hash"), get("state")
+    if not (
+        len(obj) == _ENTRY_SIZE
+        and type(position) is int
+        and type(leaf) is int
+        and type(version) is int
+        and type(context) is bool
+        and type(topic) is str
+        and type(originator) is str
+        and type(chain_hash) is str
+        and type(prev_hash) is str
+        and type(state) is str
+        and len(chain_hash) == 64
+        and len(prev_hash) == 64
+    ):
         raise BundleError(
-            "keys", f"the bundle's key history does not start at the key given ({anchor.text()})"
+            f"entry/{position}" if _int(position) else f"leaf/{expect_leaf}",
+            "an entry line has exactly its ten fields, of their types",
         )
-    for item in claimed[1:]:
-        leaf = item.get("after_leaf")
-        entry = by_leaf.get(leaf) if isinstance(leaf, int) else None
-        if entry is None or entry.type_name != "JournalKeyRotated":
-            raise BundleError("keys", f"no rotation entry in the bundle at leaf {leaf}")
-        try:
-            history = history.rotated(entry.leaf, entry.payload())
-        except (CharterError, ValueError) as e:
-            raise BundleError("keys", f"the rotation at leaf {leaf} does not verify: {e}") from e
-        if history.note_key_for(entry.leaf + 1).text() != item.get("key"):
-            raise BundleError("keys", f"the key after leaf {leaf} is not the one rotated to")
-    return history
-
-
-def _check_checkpoint(
-    bundle: Bundle, history: KeyHistory, witness_keys: Sequence[NoteKey]
-) -> Checkpoint:
     try:
-        note = SignedNote.parse(bundle.checkpoint)
-        key = history.note_key_for(Checkpoint.parse(note.text).size)
-        checkpoint = verify_checkpoint(note, key)
-        for witness in witness_keys:
-            verify_cosignature(note, witness)
-    except CharterError as e:
-        raise BundleError("checkpoint", str(e)) from e
-    return checkpoint
+        raw = bytes.fromhex(originator)
+        entry = BundleEntry(
+            position,
+            raw,
+            version,
+            topic,
+            base64.b64decode(state, validate=True),
+            bytes.fromhex(prev_hash),
+            chain_hash,
+            leaf,
+            context,
+        )
+    except (ValueError, binascii.Error) as e:
+        raise BundleError(f"entry/{position}", f"the entry does not parse: {e}") from e
+    if raw.hex() != originator:
+        raise BundleError(f"entry/{position}", "its originator is not lower-case hex")
+    return entry
 
 
-def _check_entries(bundle: Bundle, checkpoint: Checkpoint) -> None:
-    by_leaf = {e.leaf: e for e in bundle.entries}
-    for entry in bundle.entries:
-        where = f"entry/{entry.position}"
-        frame = entry.frame()
-        if hashlib.sha256(frame).digest() != entry.chain_hash:
-            raise BundleError(where, "its stored bytes do not match its chain hash")
-        before = by_leaf.get(entry.leaf - 1)
-        if before is not None and before.chain_hash != entry.prev_hash:
-            raise BundleError(where, "it does not link to the entry before it in the bundle")
-        if before is not None and before.position >= entry.position:
-            raise BundleError(where, "its position is not after the entry before it")
-        try:
-            merkle.verify_inclusion(
-                merkle_leaf_hash(frame), entry.leaf, checkpoint.size, entry.path, checkpoint.root
+class _Keys:
+    """The key history the header claims, checked against the rotation entries as they
+    arrive (their bytes are proven by the chain, the tree and the seal)."""
+
+    def __init__(self, claimed: Any, anchor: NoteKey) -> None:
+        if not isinstance(claimed, list) or not claimed or not isinstance(claimed[0], dict):
+            raise BundleError("keys", "the header's keys are not a list of key objects")
+        first = claimed[0]
+        if first != {"after_leaf": -1, "key": anchor.text()}:
+            raise BundleError(
+                "keys",
+                f"the bundle's key history does not start at the key given ({anchor.text()})",
             )
-        except CharterError as e:
-            raise BundleError(f"{where}/proof", str(e)) from e
+        self.claims: list[tuple[int, NoteKey]] = []
+        last = -1
+        for item in claimed[1:]:
+            if not isinstance(item, dict) or set(item) != {"after_leaf", "key"}:
+                raise BundleError("keys", "a key object is not {after_leaf, key}")
+            leaf = item["after_leaf"]
+            if not _int(leaf) or leaf <= last:
+                raise BundleError("keys", "the rotations' leaves must increase")
+            try:
+                key = NoteKey.parse(str(item["key"]))
+            except CharterError as e:
+                raise BundleError("keys", f"the key after leaf {leaf} does not parse: {e}") from e
+            self.claims.append((leaf, key))
+            last = leaf
+        self.history = KeyHistory.start(anchor.name, anchor.public_key)
+        self.anchor = anchor
+        self._next = 0  # the next claim a rotation entry must justify
+
+    def claimed_for(self, size: int) -> NoteKey:
+        """The key the header claims signed a checkpoint of ``size`` leaves."""
+        key = self.anchor
+        for leaf, claimed in self.claims:
+            if leaf < size:
+                key = claimed
+        return key
+
+    def rotation(self, entry: BundleEntry) -> None:
+        if self._next >= len(self.claims) or self.claims[self._next][0] != entry.leaf:
+            # not a valid rotation by the header's account: it must not be one
+            try:
+                self.history.rotated(entry.leaf, entry.payload())
+            except (CharterError, ValueError, KeyError, TypeError):
+                return
+            raise BundleError("keys", f"the rotation at leaf {entry.leaf} is not in the keys")
+        leaf, claimed = self.claims[self._next]
+        try:
+            self.history = self.history.rotated(leaf, entry.payload())
+        except (CharterError, ValueError, KeyError, TypeError) as e:
+            raise BundleError("keys", f"the rotation at leaf {leaf} does not verify: {e}") from e
+        if self.history.note_key_for(leaf + 1).text() != claimed.text():
+            raise BundleError("keys", f"the key after leaf {leaf} is not the one rotated to")
+        self._next += 1
+
+    def finish(self) -> None:
+        if self._next < len(self.claims):
+            leaf = self.claims[self._next][0]
+            raise BundleError("keys", f"no rotation entry in the bundle at leaf {leaf}")
 
 
-def _check_grant_chains(bundle: Bundle) -> int:
-    """Every lineage with a minted grant in the bundle: its chain, root to it, verifies
-    to the root's trust root (from the root's AgentRegistered entry in the bundle)."""
-    grants: dict[str, tuple[BundleEntry, SealedGrant]] = {}
-    roots: dict[str, bytes] = {}
-    for entry in bundle.entries:
+class _Grants:
+    """Every grant chain of the bundle, checked as its entries arrive (an issuer's
+    grant is minted before its children's, so it is always met first)."""
+
+    def __init__(self) -> None:
+        self.roots: dict[str, bytes] = {}
+        self.chains: dict[str, tuple[SealedGrant, ...]] = {}
+        self.checked = 0
+
+    def add(self, entry: BundleEntry) -> None:
         where = f"entry/{entry.position}"
         try:
             payload = entry.payload()
-            if entry.type_name == "GrantMinted":
-                sealed = SealedGrant.from_record(
-                    {"body": payload["body"], "signature": payload["signature"]}
-                )
-                grants[str(payload["lineage"])] = (entry, sealed)
-            elif entry.type_name == "AgentRegistered":
-                roots[str(payload["lineage"])] = bytes.fromhex(payload["trust_root"])
+            lineage = str(payload["lineage"])
+            if entry.type_name == "AgentRegistered":
+                self.roots.setdefault(lineage, bytes.fromhex(payload["trust_root"]))
+                return
+            sealed = SealedGrant.from_record(
+                {"body": payload["body"], "signature": payload["signature"]}
+            )
         except (ValueError, KeyError, TypeError, ValidationError, CharterError) as e:
             raise BundleError(where, f"its payload does not decode: {e}") from e
-    for lineage in sorted(grants):
-        chain: list[SealedGrant] = []
-        node: str | None = lineage
-        while node is not None:
-            found = grants.get(node)
-            if found is None:
+        issuer = str(sealed.grant.issuer)
+        if issuer == lineage:
+            chain: tuple[SealedGrant, ...] = (sealed,)
+        else:
+            above = self.chains.get(issuer)
+            if above is None:
                 raise BundleError(
-                    f"grants/{lineage}", f"the grant of {node} (an ancestor) is not in the bundle"
+                    f"grants/{lineage}",
+                    f"the grant of {issuer} (an ancestor) is not in the bundle before it",
                 )
-            chain.append(found[1])
-            node = node.rpartition("/")[0] if "/" in node else None
-        chain.reverse()
-        root = chain[0].grant.lineage
-        trust_root = roots.get(str(root))
+            chain = (*above, sealed)
+        root = str(chain[0].grant.lineage)
+        trust_root = self.roots.get(root)
         if trust_root is None:
             raise BundleError(f"grants/{lineage}", f"the root {root}'s registration is missing")
         try:
             verify_grant_chain(chain, trust_root)
         except CharterError as e:
             raise BundleError(f"grants/{lineage}", str(e)) from e
-    return len(grants)
+        self.chains.setdefault(lineage, chain)
+        self.checked += 1
+
+
+def _header(stream: IO[bytes]) -> tuple[dict[str, Any], bytes]:
+    line = stream.readline(_MAX_HEADER)
+    if not line.endswith(b"\n"):
+        legacy = line.startswith(b"{") and b'"format":"charter/bundle@v' in line
+        raise BundleError(
+            "format",
+            f"not a {BUNDLE_FORMAT} bundle: its first line is not a header"
+            + (
+                " (an earlier bundle format, one JSON document: export it again with this Charter)"
+                if legacy or not line
+                else ""
+            ),
+        )
+    header = _parse_line(line, "format")
+    if header.get("format") != BUNDLE_FORMAT or header.get("kind") != "header":
+        raise BundleError("format", f"not a {BUNDLE_FORMAT} bundle header")
+    if set(header) != {"checkpoint", "format", "keys", "kind", "selection"}:
+        raise BundleError("format", "the header must have exactly its five fields")
+    return header, line
+
+
+def _selection(value: Any) -> tuple[str | None, int | None, int | None]:
+    if not isinstance(value, dict) or set(value) != set(_SELECTION_KEYS):
+        raise BundleError("selection", "the selection must be {from, lineage, to}")
+    lineage, start, stop = value["lineage"], value["from"], value["to"]
+    if lineage is not None and (not isinstance(lineage, str) or not lineage):
+        raise BundleError("selection", "its lineage must be a non-empty string or null")
+    for bound in (start, stop):
+        if bound is not None and (not _int(bound) or bound < 1):
+            raise BundleError("selection", "from and to must be positive integers or null")
+    if start is not None and stop is not None and start > stop:
+        raise BundleError("selection", "its from is after its to")
+    return lineage, start, stop
+
+
+def verify_bundle(
+    source: IO[bytes] | bytes,
+    journal_key: NoteKey,
+    *,
+    witness_keys: Sequence[NoteKey] = (),
+    progress: Progress | None = None,
+) -> BundleReport:
+    """Verify a bundle offline, reading one line at a time; raise :class:`BundleError`
+    naming the first part that does not verify.
+
+    A bundle of the whole journal (a selection of nulls) holds every leaf and is also
+    audited semantically (:mod:`charter.audit.semantic`), entry by entry; its findings
+    make the report not ok. A partial bundle lacks the history the budget and lifecycle
+    rules need, so it is not."""
+    stream = io.BytesIO(source) if isinstance(source, bytes) else source
+    header, first = _header(stream)
+    check = _Verifier(header, journal_key, witness_keys)
+    check.sealed.update(first)
+    trailer: dict[str, Any] | None = None
+    next_report = _PROGRESS_EVERY
+    while line := stream.readline(MAX_LINE):
+        where = f"leaf/{check.tree.size}"
+        if not line.endswith(b"\n"):
+            raise BundleError(where, "a line is cut short or too long")
+        obj = _parse_line(line, where, canonical=False)
+        kind = obj.get("kind")
+        if kind == "seal":
+            trailer = obj
+            if stream.read(1):
+                raise BundleError("seal", "there is more after the trailer")
+            break
+        check.sealed.update(line)
+        if kind == "gap":
+            check.gap(obj)
+        elif kind == "entry":
+            check.entry(_entry(obj, check.tree.size), obj)
+        else:
+            raise BundleError(where, "a line that is neither an entry nor a gap")
+        if progress is not None and check.tree.size >= next_report:
+            progress(check.tree.size, check.size)
+            next_report += _PROGRESS_EVERY
+    report = check.finish(trailer, len(witness_keys))
+    if progress is not None:
+        progress(check.size, check.size)
+    return report
+
+
+class _Verifier:
+    """The state of one bundle's verification: O(log n) hashes for the tree, the seal's
+    running hash, the grant chains, and the audit's books for a whole bundle."""
+
+    def __init__(
+        self, header: dict[str, Any], journal_key: NoteKey, witness_keys: Sequence[NoteKey]
+    ) -> None:
+        self.lineage, self.start, self.stop = _selection(header["selection"])
+        self.whole = self.lineage is None and self.start is None and self.stop is None
+        self.keys = _Keys(header["keys"], journal_key)
+        self.checkpoint = _checkpoint(header["checkpoint"], self.keys, witness_keys)
+        self.size = self.checkpoint.size
+        self.sealed = hashlib.sha256()
+        self.tree = merkle.CompactRange()
+        self.grants = _Grants()
+        self.auditor = Auditor() if self.whole else None
+        self.counts = {"entries": 0, "context": 0, "gaps": 0}
+        self.last: BundleEntry | None = None  # the entry at the leaf before, if any
+        self.last_position = 0
+        self.last_chain = ""
+        self.gap_before = False
+
+    def gap(self, obj: dict[str, Any]) -> None:
+        if self.whole:
+            raise BundleError(
+                "selection",
+                f"a bundle of the whole journal holds every leaf, but leaves "
+                f"{obj.get('start')}… are omitted",
+            )
+        _gap(obj, self.tree, self.size, self.gap_before)
+        self.counts["gaps"] += 1
+        self.last, self.gap_before = None, True
+
+    def entry(self, entry: BundleEntry, raw: dict[str, Any]) -> None:
+        where = f"entry/{entry.position}"
+        if entry.leaf != self.tree.size or entry.leaf >= self.size:
+            raise BundleError(
+                where,
+                f"it is at leaf {entry.leaf}, but the next leaf of the tree of {self.size} "
+                f"is {self.tree.size} (an entry was dropped, added or moved)",
+            )
+        frame = entry.frame()
+        if hashlib.sha256(frame).hexdigest() != entry.chain_hash:  # lower-case hex too
+            raise BundleError(where, "its stored bytes do not match its chain hash")
+        if self.last is not None:
+            if raw["prev_hash"] != self.last_chain:
+                raise BundleError(where, "it does not link to the entry before it in the bundle")
+        elif entry.prev_hash.hex() != raw["prev_hash"]:
+            raise BundleError(where, "its prev_hash is not lower-case hex")
+        if entry.position <= self.last_position:
+            raise BundleError(where, "its position is not after the entry before it")
+        self.tree.push(0, merkle_leaf_hash(frame))
+        if not self.whole:
+            _selected(entry, self.lineage, self.start, self.stop)
+        elif entry.context:
+            raise BundleError(where, "a bundle of the whole journal has no context entries")
+        type_name = entry.type_name
+        if type_name == _ROTATION:
+            self.keys.rotation(entry)
+        elif type_name in ("GrantMinted", "AgentRegistered"):
+            self.grants.add(entry)
+        if self.auditor is not None:
+            self.auditor.apply(entry.position, entry.topic, entry.state)
+        self.counts["context" if entry.context else "entries"] += 1
+        self.last, self.last_position, self.gap_before = entry, entry.position, False
+        self.last_chain = entry.chain_hash
+
+    def finish(self, trailer: dict[str, Any] | None, cosignatures: int) -> BundleReport:
+        if self.tree.size != self.size:
+            raise BundleError(
+                "tree", f"the bundle covers {self.tree.size} leaves of the checkpoint's {self.size}"
+            )
+        if self.tree.root() != self.checkpoint.root:
+            raise BundleError(
+                "tree",
+                "its entries and gaps do not rebuild the checkpoint's root (an entry's "
+                "bytes or a gap's hashes were changed)",
+            )
+        self.keys.finish()
+        _check_seal(
+            trailer, self.sealed.digest(), self.counts, self.keys.history.note_key_for(self.size)
+        )
+        findings = self.auditor.finish().findings if self.auditor is not None else ()
+        return BundleReport(
+            ok=not findings,
+            entries=self.counts["entries"],
+            context=self.counts["context"],
+            gaps=self.counts["gaps"],
+            checkpoint_size=self.size,
+            cosignatures=cosignatures,
+            grant_chains=self.grants.checked,
+            audited=self.whole,
+            findings=findings,
+        )
+
+
+def _checkpoint(text: Any, keys: _Keys, witness_keys: Sequence[NoteKey]) -> Checkpoint:
+    try:
+        if not isinstance(text, str):
+            raise BundleError("checkpoint", "the checkpoint is not a string")
+        note = SignedNote.parse(text)
+        checkpoint = verify_checkpoint(note, keys.claimed_for(Checkpoint.parse(note.text).size))
+        for witness in witness_keys:
+            verify_cosignature(note, witness)
+    except CharterError as e:
+        if isinstance(e, BundleError):
+            raise
+        raise BundleError("checkpoint", str(e)) from e
+    return checkpoint
+
+
+def _gap(obj: dict[str, Any], tree: merkle.CompactRange, size: int, gap_before: bool) -> None:
+    begin, end, hashes = obj.get("start"), obj.get("end"), obj.get("hashes")
+    where = f"gap/{begin}"
+    if set(obj) != {"end", "hashes", "kind", "start"} or not (
+        isinstance(begin, int) and isinstance(end, int) and _int(begin) and _int(end)
+    ):
+        raise BundleError(where, "a gap line must be {end, hashes, kind, start}")
+    if gap_before:
+        raise BundleError(where, "two gaps in a row (a gap must be as long as it can be)")
+    if begin != tree.size or not begin < end <= size:
+        raise BundleError(where, f"the next leaf is {tree.size}, and a gap ends by {size}")
+    keys = merkle.decompose(begin, end)
+    if not isinstance(hashes, list) or len(hashes) != len(keys):
+        raise BundleError(where, f"a gap of leaves [{begin}, {end}) has {len(keys)} hashes")
+    try:
+        for (level, _), digest in zip(keys, hashes, strict=True):
+            tree.push(level, _hex(digest, 32))
+    except ValueError as e:
+        raise BundleError(where, f"a hash does not parse: {e}") from e
+
+
+def _selected(entry: BundleEntry, lineage: str | None, start: int | None, stop: int | None) -> None:
+    """A selected entry is one the selection selects; a context entry is of a context
+    type (the selection's own claim, that no other entry is selected, is the seal's)."""
+    where = f"entry/{entry.position}"
+    if entry.context:
+        if entry.type_name not in CONTEXT_TYPES:
+            raise BundleError(where, f"a context entry of type {entry.type_name}")
+        return
+    if (start is not None and entry.position < start) or (
+        stop is not None and entry.position > stop
+    ):
+        raise BundleError("selection", f"entry {entry.position} is outside the selection")
+    if lineage is not None:
+        try:
+            payload = entry.payload()
+        except (ValueError, KeyError, TypeError) as e:
+            raise BundleError(where, f"its state does not decode: {e}") from e
+        if not mentions(payload, lineage):
+            raise BundleError("selection", f"entry {entry.position} does not name {lineage}")
+
+
+def _check_seal(
+    trailer: dict[str, Any] | None, digest: bytes, counts: Mapping[str, int], key: NoteKey
+) -> None:
+    """The trailer is last, counts what came before it, and its seal is ``key``'s (the
+    journal key that signs the checkpoint) signature over the hash of every line before
+    it."""
+    if trailer is None:
+        raise BundleError("seal", "the bundle has no trailer (it was cut short)")
+    if set(trailer) != {"context", "entries", "gaps", "kind", "seal"}:
+        raise BundleError("seal", "the trailer must be {context, entries, gaps, kind, seal}")
+    if any(trailer[k] != v for k, v in counts.items()):
+        raise BundleError("seal", f"the trailer counts {trailer}, the bundle holds {counts}")
+    try:
+        signature = base64.b64decode(str(trailer["seal"]), validate=True)
+        VerifyKey(key.public_key).verify(seal_signing_input(digest), signature)
+    except (BadSignatureError, ValueError, binascii.Error) as e:
+        raise BundleError(
+            "seal",
+            "the bundle is not signed by the journal's key (a line was dropped, added, "
+            "reordered or changed, or the bundle is unsealed)",
+        ) from e

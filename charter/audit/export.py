@@ -3,51 +3,39 @@
 The selection is a position range and/or a lineage (the entries whose payload names it
 or a lineage below it). Context entries are added so the bundle verifies on its own:
 the minted grants of every lineage the selection names and of all their ancestors, the
-registrations of their roots (trust roots), and the journal key's rotations. Every entry
-carries its inclusion proof in the tree of the bundle's checkpoint; nothing else of the
-journal is revealed.
+registrations of their roots (trust roots), and the journal key's rotations. The bundle
+is written as a stream, in leaf order, one journal batch at a time: each entry's line,
+or, for a run of entries it omits, the run's perfect subtree hashes (recomputed from
+the entries' bytes as they are read). Nothing else of the journal is revealed.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
 
-from charter.audit.bundle import Bundle, BundleEntry
-from charter.audit.errors import NotInTreeError
+import orjson
+
+from charter.audit.bundle import (
+    BundleWriter,
+    LeafStream,
+    Progress,
+    entry_line,
+    lineages_in,
+    mentions,
+)
+from charter.audit.errors import NotInTreeError, TreeFollowError
 from charter.audit.keys import ROTATION_TOPIC
 from charter.audit.note import Checkpoint, SignedNote, verify_checkpoint
 from charter.audit.siem import flat_record
-from charter.audit.tree import InclusionProof, MerkleLog, Signers
+from charter.audit.tree import MerkleLog, Signers
 from charter.core.errors import BadInputError, StateError
+from charter.core.framing import entry_frame
 from charter.ledger import Journal
 
-__all__ = ["export_bundle", "export_jsonl", "lineages_in", "mentions"]
+__all__ = ["ExportReport", "export_bundle", "export_jsonl", "lineages_in", "mentions"]
 
 _CONTEXT_TYPES = ("GrantMinted/", "AgentRegistered/")
-
-
-def _strings(value: Any) -> Iterable[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
-
-
-def mentions(payload: dict[str, Any], lineage: str) -> bool:
-    """Whether a payload names ``lineage`` or a lineage below it."""
-    below = lineage + "/"
-    return any(s == lineage or s.startswith(below) for s in _strings(payload))
-
-
-def lineages_in(payload: dict[str, Any]) -> set[str]:
-    """The lineage paths (``agent:…``) a payload names."""
-    return {s for s in _strings(payload) if s.startswith("agent:") and " " not in s}
 
 
 def _ancestors(lineage: str) -> Iterable[str]:
@@ -59,60 +47,108 @@ def _ancestors(lineage: str) -> Iterable[str]:
         node = node.rpartition("/")[0]
 
 
+class ExportReport:
+    """What an export wrote."""
+
+    def __init__(self, entries: int, context: int, gaps: int, size: int, written: int) -> None:
+        self.entries, self.context, self.gaps = entries, context, gaps
+        self.checkpoint_size, self.bytes = size, written
+
+
+def _context_positions(
+    journal: Journal,
+    last: int,
+    selects: Callable[[int, Any], bool],
+) -> set[int]:
+    """The first pass of a partial export: the positions of the context entries (the
+    grants and registrations of every lineage a selected entry names, and of their
+    ancestors)."""
+    named: set[str] = set()
+    by_lineage: dict[str, list[int]] = {}
+    for batch in journal.payloads(None, last):
+        for position, topic, state in batch:
+            payload = orjson.loads(state)["payload"]
+            if topic.startswith(_CONTEXT_TYPES):
+                by_lineage.setdefault(str(payload["lineage"]), []).append(position)
+            if selects(position, payload):
+                named.update(a for n in lineages_in(payload) for a in _ancestors(n))
+    return {p for name in named for p in by_lineage.get(name, ())}
+
+
 def export_bundle(
     journal: Journal,
     key: Signers | None,
+    out: IO[bytes],
     *,
     lineage: str | None = None,
     start: int | None = None,
     stop: int | None = None,
     checkpoint: SignedNote | None = None,
-) -> Bundle:
-    """A bundle of the selected entries, proved against ``checkpoint`` (a saved, perhaps
-    cosigned, checkpoint of the journal) or a new one signed with ``key``, and sealed
-    with ``key`` (the journal key that signs the checkpoint's size)."""
+    progress: Progress | None = None,
+) -> ExportReport:
+    """Write a bundle of the selected entries to ``out``, proved against ``checkpoint``
+    (a saved, perhaps cosigned, checkpoint of the journal) or a new one signed with
+    ``key``, and sealed with ``key`` (the journal key that signs the checkpoint's size).
+    Memory: one batch of entries and O(log n) hashes (and, for a partial bundle, the
+    positions of the grants it names)."""
     if start is not None and stop is not None and start > stop:
         raise BadInputError(f"--from {start} is after --to {stop}")
     if key is None:
         raise BadInputError("a bundle is sealed with the journal's key: give it")
     log = MerkleLog(journal)
     note, cp = _checkpoint(log, key, checkpoint)
-    selected: list[Any] = []
-    context: dict[str, list[Any]] = {}
-    rotations: list[Any] = []  # the key history's entries: every bundle carries them
-    for batch in journal.batches(None, log.position_of_leaf(cp.size - 1) if cp.size else 0):
-        for row in batch:
-            position, _, _, topic, state = row[:5]
-            payload = json.loads(state)["payload"]
-            if topic.startswith(_CONTEXT_TYPES):
-                context.setdefault(str(payload["lineage"]), []).append(row)
-            elif topic.startswith(ROTATION_TOPIC):
-                rotations.append(row)
-            in_range = (start is None or position >= start) and (stop is None or position <= stop)
-            if in_range and (lineage is None or mentions(payload, lineage)):
-                selected.append((row, payload))
-    if not selected:
-        raise NotInTreeError("the selection has no entries in the checkpoint's tree")
-    rows = {row[0]: (row, False) for row, _ in selected}
-    if lineage is not None or start is not None or stop is not None:
-        # A part of the journal: add the grant chains of every lineage it names (a
-        # whole journal's selection holds them already).
-        named = {a for _, payload in selected for n in lineages_in(payload) for a in _ancestors(n)}
-        for name in named:
-            for row in context.get(name, ()):
-                rows.setdefault(row[0], (row, True))
-    for row in rotations:
-        rows.setdefault(row[0], (row, True))
-    ordered = sorted(rows.items())
-    proofs = log.inclusions([p for p, _ in ordered], cp.size)
-    entries = tuple(
-        _entry(journal, row, proof, is_context)
-        for (_, (row, is_context)), proof in zip(ordered, proofs, strict=True)
+    signer = log.signer_for(key, cp.size)
+    last = log.position_of_leaf(cp.size - 1) if cp.size else 0
+    whole = lineage is None and start is None and stop is None
+
+    def selects(position: int, payload: Any) -> bool:
+        in_range = (start is None or position >= start) and (stop is None or position <= stop)
+        return in_range and (lineage is None or mentions(payload, lineage))
+
+    context = set() if whole or not cp.size else _context_positions(journal, last or 0, selects)
+    writer = BundleWriter(
+        out,
+        selection={"lineage": lineage, "from": start, "to": stop},
+        keys=log.history().up_to(cp.size).to_json(),
+        checkpoint=note.render(),
     )
-    selection = {"lineage": lineage, "from": start, "to": stop}
-    keys = tuple(log.history().up_to(cp.size).to_json())
-    bundle = Bundle(selection=selection, keys=keys, checkpoint=note.render(), entries=entries)
-    return bundle.sealed(log.signer_for(key, cp.size))
+    stream = LeafStream(writer)
+    conv = journal.originator_bytes
+    for batch in journal.batches(None, last) if cp.size else ():
+        for position, oid, version, topic, stored, link, chained in batch:
+            state = bytes(stored)
+            originator = conv(oid)
+            prev = bytes(link)
+            frame = entry_frame(prev, position, originator, version, topic.encode(), state)
+            is_context = False
+            if not whole:
+                is_context = not selects(position, orjson.loads(state)["payload"])
+                if is_context and position not in context and not topic.startswith(ROTATION_TOPIC):
+                    stream.omit(frame)
+                    continue
+            line = entry_line(
+                position=position,
+                originator=originator,
+                version=version,
+                topic=topic,
+                state=state,
+                prev_hash=prev,
+                chain_hash=bytes(chained),
+                leaf=stream.leaf,
+                context=is_context,
+            )
+            stream.write(frame, line, context=is_context)
+        if progress is not None:
+            progress(stream.leaf, cp.size)
+    if stream.leaf != cp.size or stream.root() != cp.root:
+        raise TreeFollowError(
+            f"the journal's first {stream.leaf} entries do not rebuild the checkpoint's "
+            f"tree of {cp.size} (run `charter journal verify`)"
+        )
+    if not writer.entries:
+        raise NotInTreeError("the selection has no entries in the checkpoint's tree")
+    writer.seal(signer)
+    return ExportReport(writer.entries, writer.context, writer.gaps, cp.size, writer.bytes)
 
 
 def _checkpoint(
@@ -132,22 +168,6 @@ def _checkpoint(
     return note, Checkpoint.parse(note.text)
 
 
-def _entry(journal: Journal, row: Any, proof: InclusionProof, context: bool) -> BundleEntry:
-    position, oid, version, topic, state, prev, chain = row
-    return BundleEntry(
-        position=position,
-        originator=journal.originator_bytes(oid),
-        version=version,
-        topic=topic,
-        state=bytes(state),
-        prev_hash=bytes(prev),
-        chain_hash=bytes(chain),
-        leaf=proof.leaf,
-        path=proof.path,
-        context=context,
-    )
-
-
 def export_jsonl(
     journal: Journal,
     *,
@@ -161,6 +181,6 @@ def export_jsonl(
     conv = journal.originator_bytes
     for batch in journal.batches(start, stop):
         for row in batch:
-            if lineage is not None and not mentions(json.loads(row[4])["payload"], lineage):
+            if lineage is not None and not mentions(orjson.loads(row[4])["payload"], lineage):
                 continue
             yield flat_record(row, conv(row[1]))

@@ -27,6 +27,9 @@ from charter.core.framing import HASH_SIZE, merkle_leaf_hash, merkle_node_hash
 
 __all__ = [
     "EMPTY_ROOT",
+    "CompactRange",
+    "GapHasher",
+    "decompose",
     "NodeKey",
     "append_leaves",
     "consistency_proof",
@@ -302,3 +305,79 @@ def _trivially_consistent(
 def leaf_hash(leaf_input: bytes) -> bytes:
     """The leaf hash of one entry frame (RFC 6962 ``sha256(0x00 ‖ input)``)."""
     return merkle_leaf_hash(leaf_input)
+
+
+def decompose(start: int, end: int) -> list[NodeKey]:
+    """The leaves ``[start, end)`` as the fewest perfect subtrees, left to right: from
+    ``s = start``, the largest ``2**level`` with ``s`` a multiple of it and
+    ``s + 2**level <= end`` (the compact range of RFC 9162 §2.1.5's verifiers)."""
+    out: list[NodeKey] = []
+    s = start
+    while s < end:
+        level = (s & -s).bit_length() - 1 if s else (end - s).bit_length() - 1
+        while s + (1 << level) > end:
+            level -= 1
+        out.append((level, s >> level))
+        s += 1 << level
+    return out
+
+
+class CompactRange:
+    """The tree of the leaves ``[0, size)`` as its O(log n) perfect subtrees (one per
+    bit of ``size``), grown left to right one leaf or one aligned subtree at a time:
+    what a streaming verifier keeps to rebuild the root of a whole tree."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._stack: list[tuple[int, bytes]] = []  # (level, hash), levels decreasing
+
+    def push(self, level: int, digest: bytes) -> None:
+        """Append the perfect subtree of ``2**level`` leaves starting at ``size``
+        (``size`` must be a multiple of ``2**level``)."""
+        size = self.size
+        if size & ((1 << level) - 1):
+            raise BadInputError(f"a subtree of 2**{level} leaves cannot start at {size}")
+        stack = self._stack
+        self.size = size + (1 << level)
+        # the trailing one bits of size >> level are the subtrees it completes
+        carry = (size >> level) ^ ((size >> level) + 1)
+        while carry > 1:
+            digest = merkle_node_hash(stack.pop()[1], digest)
+            level += 1
+            carry >>= 1
+        stack.append((level, digest))
+
+    def root(self) -> bytes:
+        """MTH of the leaves pushed so far."""
+        if not self._stack:
+            return EMPTY_ROOT
+        digest = self._stack[-1][1]
+        for _, left in reversed(self._stack[:-1]):
+            digest = merkle_node_hash(left, digest)
+        return digest
+
+
+class GapHasher:
+    """The perfect subtrees of a run of leaves ``[start, …)`` pushed one at a time:
+    siblings are merged as soon as both are in, so at the run's end it holds exactly
+    :func:`decompose`'s subtrees of the run (what a bundle gives for leaves it omits)."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.end = start
+        self._stack: list[tuple[int, int, bytes]] = []  # (level, index, hash)
+
+    def push(self, leaf_hash: bytes) -> None:
+        stack = self._stack
+        stack.append((0, self.end, leaf_hash))
+        self.end += 1
+        while len(stack) > 1:
+            level, index, right = stack[-1]
+            left_level, left_index, left = stack[-2]
+            if left_level != level or left_index % 2 or left_index + 1 != index:
+                break
+            del stack[-2:]
+            stack.append((level + 1, index >> 1, merkle_node_hash(left, right)))
+
+    def hashes(self) -> list[bytes]:
+        return [digest for _, _, digest in self._stack]

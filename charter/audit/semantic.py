@@ -52,14 +52,22 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from charter.audit._books import Books
+from charter.audit._books import Books, Ledger
 from charter.audit.errors import KeyRotationError
 from charter.audit.keys import KeyHistory, journal_origin
 from charter.authority import SealedGrant, verify_grant_chain
 from charter.core.budget import Vec
 from charter.core.errors import CharterError
 
-__all__ = ["AuditReport", "Finding", "audit_history", "CHECKS", "KNOWN_TOPICS", "RULES"]
+__all__ = [
+    "AuditReport",
+    "Auditor",
+    "Finding",
+    "audit_history",
+    "CHECKS",
+    "KNOWN_TOPICS",
+    "RULES",
+]
 
 CHECKS = (
     "entry-format",
@@ -115,6 +123,7 @@ KNOWN_TOPICS = frozenset(
         "BaselineChanged",
         "BudgetLedgerOpened",
         "BudgetRefused",
+        "BudgetSettled",
         "CanariesPlanted",
         "CeilingCheckFailedOpen",
         "CellClaimRenewed",
@@ -229,8 +238,9 @@ class _Worker:
 
 
 class _Auditor:
-    def __init__(self) -> None:
+    def __init__(self, on_finding: Callable[[Finding], None] | None = None) -> None:
         self.findings: list[Finding] = []
+        self._on_finding = on_finding
         self.books = Books()
         self.trust_roots: dict[str, bytes] = {}
         self.chains: dict[str, tuple[SealedGrant, ...]] = {}
@@ -249,31 +259,41 @@ class _Auditor:
         self._handlers = self._make_handlers()
         self.last_at = 0
         self.position = 0
+        self.checked = 0
+        self._at_text: object = None
+        self._at_ms = 0
 
     def find(self, check: str, lineage: str | None, detail: str) -> None:
-        self.findings.append(
-            Finding(check=check, position=self.position, lineage=lineage, detail=detail)
-        )
+        self.report(Finding(check=check, position=self.position, lineage=lineage, detail=detail))
+
+    def report(self, finding: Finding) -> None:
+        self.findings.append(finding)
+        if self._on_finding is not None:
+            self._on_finding(finding)
 
     # -- budgets -----------------------------------------------------------------------
 
     def _check_conserved(self, lineage: str, t: int) -> None:
         node = self.books.get(lineage)
-        while node is not None:
-            if node.live(t):
-                used = self.books.used(node, t)
-                over = [
-                    a for a, u, cap in zip(_AXES, used, node.allocation, strict=True) if u > cap
-                ]
-                if over:
-                    self.find(
-                        "conservation",
-                        node.lineage,
-                        f"{node.lineage} uses {dict(zip(_AXES, used, strict=True))} of its "
-                        f"allocation {dict(zip(_AXES, node.allocation, strict=True))} "
-                        f"({', '.join(over)})",
-                    )
-            node = self.books.get(node.parent) if node.parent is not None else None
+        if node is not None:
+            self._check_path(node.path, t)
+
+    def _check_path(self, path: tuple[Ledger, ...], t: int) -> None:
+        """Each live ledger of ``path`` (a ledger and its ancestors) within its
+        allocation on every axis (the hot path: one usage checks its whole chain)."""
+        used_of = self.books.used
+        for node in path:
+            if not node.live(t):
+                continue
+            u, cap = used_of(node, t), node.allocation
+            if u[0] > cap[0] or u[1] > cap[1] or u[2] > cap[2] or u[3] > cap[3] or u[4] > cap[4]:
+                over = [a for a, x, c in zip(_AXES, u, cap, strict=True) if x > c]
+                self.find(
+                    "conservation",
+                    node.lineage,
+                    f"{node.lineage} uses {dict(zip(_AXES, u, strict=True))} of its "
+                    f"allocation {dict(zip(_AXES, cap, strict=True))} ({', '.join(over)})",
+                )
 
     def ledger_opened(self, p: dict[str, Any]) -> None:
         lineage = str(p["lineage"])
@@ -347,7 +367,8 @@ class _Auditor:
                 "usage-after-end", lineage, f"usage charged to {lineage}, which has no ledger"
             )
             return
-        for node in (ledger, *self.books.ancestors(ledger)):
+        path = ledger.path
+        for node in path:
             if not node.live(t):
                 self.find(
                     "usage-after-end",
@@ -356,7 +377,7 @@ class _Auditor:
                 )
                 break
         self.books.use(ledger, _vec(p["amount"]))
-        self._check_conserved(lineage, t)
+        self._check_path(path, t)
 
     def released_lease(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
@@ -564,7 +585,7 @@ class _Auditor:
                 continue
             if s.lease is None:
                 if s.lineage is None and t > s.started_at + s.wall_ms:
-                    self.findings.append(
+                    self.report(
                         Finding(
                             check="lifecycle",
                             position=s.started,
@@ -576,7 +597,7 @@ class _Auditor:
                 continue
             ledger = self.books.get(s.lease)
             if ledger is None or not ledger.live(t):
-                self.findings.append(
+                self.report(
                     Finding(
                         check="lifecycle",
                         position=s.started,
@@ -591,7 +612,7 @@ class _Auditor:
                 continue
             ledger = self.books.get(lineage)
             if ledger is None or not ledger.live(t):
-                self.findings.append(
+                self.report(
                     Finding(
                         check="worker-lifecycle",
                         position=w.position,
@@ -687,9 +708,13 @@ class _Auditor:
 
     def apply(self, position: int, topic: str, state: bytes) -> None:
         self.position = position
+        self.checked += 1
         try:
             doc = orjson.loads(state)
-            t = _ms(doc["at"])
+            at = doc["at"]
+            if at != self._at_text:  # a batch's entries share one commit time
+                self._at_ms, self._at_text = _ms(at), at
+            t = self._at_ms
             p: dict[str, Any] = doc["payload"]
         except (ValueError, KeyError, TypeError) as e:
             self.find("entry-format", None, f"the entry does not decode: {e}")
@@ -705,16 +730,13 @@ class _Auditor:
         if topic not in KNOWN_TOPICS:
             self.find("entry-type", None, f"an entry of type {topic!r}, which Charter never writes")
             return
+        handler = self._handlers.get(kind)  # types no rule reads pass through
+        if handler is None:
+            return
         try:
-            self._dispatch(kind, p, t)
+            handler(p, t)
         except (KeyError, TypeError, ValueError) as e:
             self.find("entry-format", None, f"a {kind} entry lacks what it must say: {e}")
-
-    def _dispatch(self, kind: str, p: dict[str, Any], t: int) -> None:
-        """The entry's rule, by its type (types no rule reads pass through)."""
-        handler = self._handlers.get(kind)
-        if handler is not None:
-            handler(p, t)
 
     def _make_handlers(self) -> dict[str, Callable[[dict[str, Any], int], None]]:
         return {
@@ -763,15 +785,32 @@ class _Auditor:
         self.trust_roots[lineage] = trust_root
 
 
-def audit_history(rows: Iterable[Iterable[tuple[int, str, bytes]]]) -> AuditReport:
+class Auditor:
+    """The audit as a stream: :meth:`apply` each entry in position order (each finding
+    goes to ``on_finding`` as it is found), then :meth:`finish` (the findings that only
+    the end can show: what never ended). Its memory is the books it keeps (ledgers,
+    grants, sandboxes, workers, cells, gates: one record per name), never the entries."""
+
+    def __init__(self, on_finding: Callable[[Finding], None] | None = None) -> None:
+        self._auditor = _Auditor(on_finding)
+        self.apply: Callable[[int, str, bytes], None] = self._auditor.apply  # the hot path
+
+    def finish(self) -> AuditReport:
+        auditor = self._auditor
+        auditor.lifecycle(auditor.last_at)
+        findings = tuple(sorted(auditor.findings, key=lambda f: (f.position, f.check)))
+        return AuditReport(ok=not findings, checked=auditor.checked, findings=findings)
+
+
+def audit_history(
+    rows: Iterable[Iterable[tuple[int, str, bytes]]],
+    on_finding: Callable[[Finding], None] | None = None,
+) -> AuditReport:
     """Audit batches of ``(position, topic, state)`` in position order (what
-    ``Journal.payloads`` yields, or a bundle's entries as one batch)."""
-    auditor = _Auditor()
-    checked = 0
+    ``Journal.payloads`` yields), one batch at a time."""
+    auditor = Auditor(on_finding)
+    apply = auditor.apply
     for batch in rows:
         for position, topic, state in batch:
-            auditor.apply(position, topic, bytes(state))
-            checked += 1
-    auditor.lifecycle(auditor.last_at)
-    findings = tuple(sorted(auditor.findings, key=lambda f: (f.position, f.check)))
-    return AuditReport(ok=not findings, checked=checked, findings=findings)
+            apply(position, topic, state)
+    return auditor.finish()

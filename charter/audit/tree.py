@@ -7,6 +7,14 @@ and the tracking position in one transaction. Proofs are then built from O(log n
 stored nodes. :func:`verify_extension` proves that the journal as it stands now extends
 a checkpoint saved earlier, recomputing every leaf from the stored bytes (it trusts
 neither the stored tree nor the chain columns).
+
+Why this follower is not a ``JournalFold`` (``charter/ledger/_follow.py``): that base
+reads the three columns a read model needs and decodes the events of chosen types into
+an in-process fold; the tree needs all seven stored columns of every entry, raw (its
+leaf is the entry's frame, re-chained as it is read: an event decoded and re-encoded is
+not the stored bytes), and commits its leaves, nodes and tracked position together in
+the tree's own tables (``_tree_store.py``), surviving a SIGKILL mid-step. The two share
+the journal's batch reads (``Journal.batches`` / ``Journal.payloads``), not a fold.
 """
 
 from __future__ import annotations

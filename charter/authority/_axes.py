@@ -152,9 +152,15 @@ def egress_within(child: frozenset[str], parent: frozenset[str]) -> bool:
 
 
 def minimal(entries: Iterable[str]) -> frozenset[str]:
-    """Drop entries covered by another entry, so each host is admitted by one rule."""
+    """Drop entries covered by another entry, so each host is admitted by one rule. Of
+    two spellings of the same destination (each covers the other: ``10.0.0.7`` and
+    ``10.0.0.7/32``) the first by code point stays: dropping both would lose authority."""
     pool = set(entries)
-    return frozenset(e for e in pool if not any(o != e and covers(o, e) for o in pool))
+
+    def dropped(e: str) -> bool:
+        return any(o != e and covers(o, e) and (o < e or not covers(e, o)) for o in pool)
+
+    return frozenset(e for e in pool if not dropped(e))
 
 
 def egress_meet(requested: frozenset[str], parent: frozenset[str]) -> frozenset[str]:

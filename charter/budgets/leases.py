@@ -54,6 +54,7 @@ __all__ = [
     "LeaseReleased",
     "LeaseRenewed",
     "BudgetRefused",
+    "BudgetSettled",
     "LEASE_EVENTS",
     "LeaseBook",
     "LedgerState",
@@ -165,6 +166,16 @@ class BudgetRefused(Event):
     operation: str
     reason: str
     message: str
+
+
+class BudgetSettled(Event):
+    """Journal time moved on, for a decision about ``lineage``'s budget: its children's
+    expiries up to this entry's commit time are final, since no entry after it commits
+    earlier (commit times never decrease with position). Appended only when recent
+    expiries would otherwise hold back budget the decision needs on a quiet journal."""
+
+    type_name = "BudgetSettled"
+    lineage: str
 
 
 LEASE_EVENTS = (BudgetLedgerOpened, LeaseGranted, UsageRecorded, LeaseReleased, LeaseRenewed)
@@ -398,7 +409,7 @@ class LeaseBook:
     def unsettled(self, lineage: str, at_ms: int, settled_ms: int) -> bool:
         """Whether what ``lineage`` holds at ``at_ms`` counts a child as live only
         because it expired after ``settled_ms`` (a decision can settle the journal
-        first: every entry stamped before a later time has committed by then)."""
+        first: commit an entry, whose commit time floors every later one)."""
         ledger = self.get(lineage)
         if settled_ms >= at_ms or not ledger.active(at_ms):
             return False

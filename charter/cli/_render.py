@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +25,7 @@ if TYPE_CHECKING:  # imported when a rendering runs: `charter tree --help` loads
 
 __all__ = [
     "brief_payload",
+    "progress_bar",
     "decode_nested",
     "natural_key",
     "printable",
@@ -287,3 +290,24 @@ def brief_payload(payload: Mapping[str, Any]) -> str:
     text = " ".join(f"{k}={_brief(v, 1)}" for k, v in sorted(decoded.items()))
     text = text if len(text) <= _LINE else text[: _LINE - 1] + "…"
     return printable(text)
+
+
+@contextmanager
+def progress_bar(quiet: bool, label: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr, fed ``(done, total)``; None when ``quiet`` (--quiet or
+    --json) or stderr is not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as progress:
+        task = progress.add_task(label, total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
+import os
 from pathlib import Path
 
 import click
 from nacl.signing import SigningKey
 
-from charter.app import JOURNAL_KEY, Charter
 from charter.audit.bundle import verify_bundle
 from charter.audit.errors import NotInTreeError
 from charter.audit.export import export_bundle, export_jsonl
@@ -35,9 +34,14 @@ from charter.audit.tree import (
 )
 from charter.audit.witness import Witness
 from charter.cli._common import AsciiIntRange, Ctx
+from charter.cli._render import printable, progress_bar
 from charter.core import KeyStore, charter_home
 from charter.core.errors import BadInputError, CharterError, StateError
-from charter.ledger import Journal
+
+# The journal is reached through charter.app (ctx.open_charter: to write, or to sign)
+# or the CLI's read-only opener (ctx.open_journal), never charter.ledger directly: a
+# command that only reads (checkpoint key, proof verify, audit) loads neither the app
+# nor a database driver it does not use (bench/audit.py measures it).
 
 __all__ = ["audit_cmd", "checkpoint", "export", "proof", "witness"]
 
@@ -69,7 +73,7 @@ def checkpoint(click_ctx: click.Context, out: str | None) -> None:
     if click_ctx.invoked_subcommand is not None:
         return
     ctx: Ctx = click_ctx.obj
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         log = MerkleLog(charter.journal)
         note = log.checkpoint(_journal_keys(charter.keys))
         log.publish(note)
@@ -84,6 +88,10 @@ def checkpoint(click_ctx: click.Context, out: str | None) -> None:
 
 def _journal_key_names(keys: KeyStore) -> list[str]:
     """``journal``, then each rotated one (``journal.1``, ``journal.2``, …)."""
+    # Called only once ctx.open_charter has loaded the app: imported here, not at the
+    # top, so the read-only commands of this module do not load it.
+    from charter.app import JOURNAL_KEY
+
     names = [JOURNAL_KEY]
     while keys.exists(f"{JOURNAL_KEY}.{len(names)}"):
         names.append(f"{JOURNAL_KEY}.{len(names)}")
@@ -116,7 +124,7 @@ def _summary(note: SignedNote) -> tuple[int, str]:
 def checkpoint_follow(ctx: Ctx, interval: float) -> None:
     """Follow the journal: keep the Merkle tree current and publish a signed checkpoint
     whenever it grew, at most every --interval seconds, until Ctrl-C."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         log = MerkleLog(charter.journal)
         ctx.status(f"following {charter.journal.location.display}; Ctrl-C to stop")
         with contextlib.suppress(KeyboardInterrupt):
@@ -140,7 +148,7 @@ def checkpoint_follow(ctx: Ctx, interval: float) -> None:
 def checkpoint_key(ctx: Ctx, current: bool, history_out: str | None) -> None:
     """Print the journal's first verifier key (the trust anchor its key history starts
     from), or with --current the one that signs checkpoints now."""
-    with Journal.open(ctx.db) as journal:  # read only: it runs on an auditor's copy
+    with ctx.open_journal() as journal:  # read only: it runs on an auditor's copy
         anchor = anchor_key(journal)
         key = anchor
         if current or history_out is not None:
@@ -168,7 +176,7 @@ def checkpoint_rotate(ctx: Ctx) -> None:
     """Rotate the journal's signing key: a new key (``journal.N`` in the home) and a
     JournalKeyRotated entry signed by the current and the new key; checkpoints past it
     are signed by the new key, and verify from the first key through the rotation."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         journal = charter.journal
         version = journal.stream_version(KEY_STREAM)  # pinned: one rotation at a time
         log = MerkleLog(journal)
@@ -187,7 +195,7 @@ def checkpoint_rotate(ctx: Ctx) -> None:
         # The old key's last checkpoint: the tree up to the rotation, published, so what
         # it signed stays provable once it is destroyed.
         log.publish(log.checkpoint(current, catch_up=False))
-        name = f"{JOURNAL_KEY}.{len(history.keys)}"
+        name = f"{names[0]}.{len(history.keys)}"
         new = charter.keys.create(name)
         try:
             journal.append([rotation(log.origin, current, new)], expect={KEY_STREAM: version})
@@ -205,8 +213,8 @@ def extends_checkpoint(ctx: Ctx, file: str, vkey: str | None) -> ExtensionReport
     and ``journal verify --checkpoint``); raises ConsistencyProofError if it does not."""
     note = SignedNote.parse(_read(file))
     key = NoteKey.given(vkey) if vkey else None
-    with Journal.open(ctx.db) as journal:
-        return verify_extension(journal, note, key)
+    with ctx.open_charter() as charter:
+        return verify_extension(charter.journal, note, key)
 
 
 @checkpoint.command("verify")
@@ -297,8 +305,8 @@ def witness_cosign(
             )
         path = given.path
     elif old_size is not None and 0 < old_size < new_size:
-        with Journal.open(ctx.db) as journal:
-            path = MerkleLog(journal).consistency(old_size, new_size).path
+        with ctx.open_charter() as charter:
+            path = MerkleLog(charter.journal).consistency(old_size, new_size).path
     cosigned = w.cosign(note, key, path)
     text = cosigned.render()
     _write(out, text)
@@ -320,7 +328,7 @@ def proof() -> None:
 def proof_inclusion(ctx: Ctx, position: int, size: int | None) -> None:
     """A C2SP tlog-proof that the entry at POSITION is in the tree, with the entry's
     frame and a signed checkpoint of that tree."""
-    with Charter.open(ctx.db) as charter:
+    with ctx.open_charter() as charter:
         log = MerkleLog(charter.journal)
         made = log.tlog_proof(position, _journal_keys(charter.keys), size)
         detail = log.inclusion(position, size)
@@ -336,8 +344,8 @@ def proof_consistency(ctx: Ctx, old: int, new: int) -> None:
     """The RFC 6962 consistency proof from tree size OLD to NEW."""
     if old > new:
         raise NotInTreeError(f"OLD ({old}) is larger than NEW ({new})")
-    with Journal.open(ctx.db) as journal:
-        log = MerkleLog(journal)
+    with ctx.open_charter() as charter:
+        log = MerkleLog(charter.journal)
         log.catch_up()
         made = log.consistency(old, new)
     text = ConsistencyText(old=old, new=new, path=made.path).render()
@@ -414,27 +422,48 @@ def export_write(
     checkpoint_file: str | None,
     fmt: str,
 ) -> None:
-    """Write one bundle file: the selected entries' stored bytes, their inclusion proofs,
-    the checkpoint, the keys, the grant chains' entries and a manifest. With
-    --format jsonl, one flat decoded record per entry instead (for a SIEM)."""
+    """Write one bundle file, streamed in leaf order: the header (selection, key
+    history, checkpoint), each selected entry's stored bytes, the grant chains' and
+    key rotations' entries, the hashes of the runs of leaves it omits, and the journal
+    key's seal over all of it. With --format jsonl, one flat decoded record per entry
+    instead (for a SIEM)."""
     if fmt == "jsonl":
         _export_jsonl(ctx, out, lineage, start, stop)
         return
     given = SignedNote.parse(_read(checkpoint_file)) if checkpoint_file else None
-    with Charter.open(ctx.db) as charter:
-        key = _journal_keys(charter.keys)  # signs the checkpoint (unless given) and the seal
-        bundle = export_bundle(
-            charter.journal, key, lineage=lineage, start=start, stop=stop, checkpoint=given
-        )
-    data = bundle.to_bytes()
+    target = Path(out)
+    partial = target.with_name(f".{target.name}.partial")
     try:
-        Path(out).write_bytes(data)
+        with (
+            ctx.open_charter() as charter,
+            progress_bar(ctx.quiet or ctx.as_json, "exporting") as progress,
+            partial.open("wb") as f,
+        ):
+            key = _journal_keys(charter.keys)  # signs the checkpoint (unless given), the seal
+            made = export_bundle(
+                charter.journal,
+                key,
+                f,
+                lineage=lineage,
+                start=start,
+                stop=stop,
+                checkpoint=given,
+                progress=progress,
+            )
+        os.replace(partial, target)  # a bundle appears whole, or not at all
     except OSError as e:
         raise BadInputError(f"cannot write {out}: {e}") from e
-    count = sum(not e.context for e in bundle.entries)
+    finally:
+        partial.unlink(missing_ok=True)
     ctx.emit(
-        {"out": out, "entries": count, "context": len(bundle.entries) - count, "bytes": len(data)},
-        f"wrote {out}: {count} entries (+{len(bundle.entries) - count} for grant chains)",
+        {
+            "out": out,
+            "entries": made.entries,
+            "context": made.context,
+            "gaps": made.gaps,
+            "bytes": made.bytes,
+        },
+        f"wrote {out}: {made.entries} entries (+{made.context} for grant chains and keys)",
     )
 
 
@@ -442,7 +471,7 @@ def _export_jsonl(
     ctx: Ctx, out: str, lineage: str | None, start: int | None, stop: int | None
 ) -> None:
     count = 0
-    with Journal.open(ctx.db) as journal:
+    with ctx.open_journal() as journal:
         records = export_jsonl(journal, lineage=lineage, start=start, stop=stop)
         try:
             with Path(out).open("wb") as f:
@@ -471,30 +500,37 @@ def export_verify(ctx: Ctx, bundle: str, vkey: str, witness_keys: tuple[str, ...
     key = NoteKey.given(vkey)
     witnesses = [NoteKey.given(k, "--witness-key") for k in witness_keys]
     try:
-        data = Path(bundle).read_bytes()
+        with (
+            Path(bundle).open("rb") as f,
+            progress_bar(ctx.quiet or ctx.as_json, "verifying") as progress,
+        ):
+            report = verify_bundle(f, key, witness_keys=witnesses, progress=progress)
     except OSError as e:
         raise BadInputError(f"cannot read {bundle}: {e}") from e
-    report = verify_bundle(data, key, witness_keys=witnesses)
     if not report.ok:
-        _findings(ctx, report.to_json(), report.findings)
+        if not ctx.as_json:
+            for finding in report.findings:
+                _print_finding(finding)
+        _fail(ctx, report.to_json(), len(report.findings))
     ctx.emit(
         report.to_json(),
         f"ok: {report.entries} entries (+{report.context} for {report.grant_chains} grant "
-        f"chains) verify against the checkpoint of {report.checkpoint_size} entries",
+        f"chains and keys) verify against the checkpoint of {report.checkpoint_size} entries",
     )
 
 
 # -- audit -----------------------------------------------------------------------------
 
 
-def _findings(ctx: Ctx, doc: dict[str, object], findings: Sequence[Finding]) -> None:
-    """Print the findings (stdout: the JSON document, or one line each) and exit 3."""
+def _print_finding(f: Finding) -> None:
+    click.echo(printable(f"{f.position:>8}  {f.check:<16} {f.lineage or '-'}  {f.detail}"))
+
+
+def _fail(ctx: Ctx, doc: dict[str, object], count: int) -> None:
+    """The JSON document (with --json), the count on stderr, and exit 3."""
     if ctx.as_json:
         click.echo(json.dumps(doc, sort_keys=True))
-    else:
-        for f in findings:
-            click.echo(f"{f.position:>8}  {f.check:<16} {f.lineage or '-'}  {f.detail}")
-    click.echo(f"charter: error: {len(findings)} audit finding(s)", err=True)
+    click.echo(f"charter: error: {count} audit finding(s)", err=True)
     raise click.exceptions.Exit(3)
 
 
@@ -505,9 +541,11 @@ def audit_cmd(ctx: Ctx, as_of: int | None) -> None:
     """Semantic checks over the journal (write-once trust anchors, budget conservation,
     grant chains, the gate and its width, admission caps and queue order, sandbox
     leases, workers and lifecycles, revoked subtrees, unknown entry types); exit 3 with
-    the positions of any finding (docs/VERIFYING.md §9 lists every check)."""
-    with Journal.open(ctx.db) as journal:
-        report = audit_history(journal.payloads(None, as_of))
+    the positions of any finding (docs/VERIFYING.md §9 lists every check). Findings are
+    printed as they are found, one line each (with --json, one document at the end)."""
+    on_finding = None if ctx.as_json else _print_finding
+    with ctx.open_journal() as journal:
+        report = audit_history(journal.payloads(None, as_of), on_finding)
     if not report.ok:
-        _findings(ctx, report.to_json(), report.findings)
+        _fail(ctx, report.to_json(), len(report.findings))
     ctx.emit(report.to_json(), f"ok: {report.checked} entries audited, no findings")

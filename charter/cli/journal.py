@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import click
 from pydantic import ValidationError
@@ -15,7 +13,7 @@ from charter.audit import ChainBrokenError, parse_head
 from charter.audit.export import mentions
 from charter.audit.journal import audit_journal
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
-from charter.cli._render import brief_payload, decode_nested, printable
+from charter.cli._render import brief_payload, decode_nested, printable, progress_bar
 from charter.cli.agents import grant_options
 from charter.cli.audit import extends_checkpoint
 from charter.control import Ceiling
@@ -58,26 +56,6 @@ def init(ctx: Ctx, root: str, cores: int | None, reserve: int, ceiling: Ceiling)
     )
 
 
-@contextmanager
-def _progress(ctx: Ctx) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on stderr; None when quiet, --json, or stderr is not a terminal."""
-    if ctx.quiet or ctx.as_json:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    with Progress(
-        TextColumn("verifying"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    ) as progress:
-        task = progress.add_task("verify", total=None)
-        yield lambda done, total: progress.update(task, completed=done, total=total)
-
-
 @click.group()
 def journal() -> None:
     """Inspect and verify the journal."""
@@ -114,7 +92,7 @@ def verify(
 ) -> None:
     """Recompute every hash from the stored bytes; exit 3 at the first bad entry."""
     expected = parse_head(expect_head) if expect_head else None
-    with ctx.open_journal() as j, _progress(ctx) as progress:
+    with ctx.open_journal() as j, progress_bar(ctx.quiet or ctx.as_json, "verifying") as progress:
         report = audit_journal(j, start=start, stop=stop, expect_head=expected, progress=progress)
     payload = report.to_json()
     also_checkpoint = ""

@@ -13,10 +13,9 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
-from charter.app import Charter
+from charter.app import Charter, Journal
 from charter.cli._common import Ctx, describe_invalid
 from charter.core import Budget, StateError
-from charter.ledger import Journal
 from charter.sandbox import (
     FIRST_SANDBOX_UID,
     BwrapFds,

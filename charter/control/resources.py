@@ -21,9 +21,11 @@ from charter.budgets import (
     LEASE_EVENTS,
     AdmissionRefusedError,
     BudgetRefused,
+    BudgetSettled,
     CapInputs,
     CellConfigured,
     Cells,
+    InsufficientBudgetError,
     LeaseBook,
     LeaseEndedError,
     LeaseGranted,
@@ -55,7 +57,8 @@ __all__ = [
     "LivePopulation",
     "ResourceView",
     "Shared",
-    "settled_for",
+    "settle",
+    "settled",
 ]
 
 # How long a slot's release keeps deciding again while it loses races: the journal's
@@ -151,21 +154,39 @@ class Shared(Folded, Protocol):
     resources: ResourceView
 
 
-def settled_for(journal: Journal, shared: Shared, lineage: str, at_ms: int) -> int:
-    """The settled time a decision about ``lineage`` at ``at_ms`` can rely on: the
-    views' own (the commit time of the last entry they read), or, when a child of
-    ``lineage`` expired after it, a fresh one: the journal's write lock is taken and
-    given back (whoever held it has committed: see ``Journal.barrier_ms``) and the
-    views read what was committed before it. Without this, a child's expiry on a quiet
-    journal would keep counting as live until something else committed. Hold the
-    lock; the decision's pins still guard what it read."""
+def settle(journal: Journal, shared: Shared, lineage: str, at_ms: int) -> bool:
+    """Make ``lineage``'s children's recent expiries final, when some hold back budget
+    at ``at_ms`` only because they came after the last commit the views read (a quiet
+    journal: LeaseBook.remaining's ``settled_ms``). A :class:`BudgetSettled` entry is
+    committed (under the write lock: whoever held it has committed), and the views read
+    up to it: its commit time is the views' settled time, and no entry after it commits
+    earlier, whatever any writer's clock says. Returns whether it was needed.
+
+    Journal time, not a clock's reading: a time this host read under the lock and never
+    committed bounds nothing another host (or this clock, stepped back) stamps later,
+    so a usage stamped before the child's end could still commit after the decision
+    read (tests/budgets/test_clock_skew.py). Hold the views' lock; the decision's pins
+    still guard what it read."""
     view = shared.resources
     if lineage not in view.book or not view.book.unsettled(lineage, at_ms, view.settled_ms):
-        return view.settled_ms
-    barrier = journal.barrier_ms()
+        return False
+    journal.append([BudgetSettled(lineage=lineage)])
     shared.refresh(journal)
-    view.settled_ms = max(view.settled_ms, barrier)
-    return view.settled_ms
+    return True
+
+
+def settled(
+    journal: Journal, shared: Shared, lineage: str, at_ms: int, decide: Callable[[int], T]
+) -> T:
+    """``decide(settled_ms)``, on the views' settled time; if it is refused for want of
+    budget that recent expiries of ``lineage``'s children hold back, :func:`settle`
+    and decide again. Only then: a decision that fits without them needs nothing."""
+    try:
+        return decide(shared.resources.settled_ms)
+    except InsufficientBudgetError:
+        if not settle(journal, shared, lineage, at_ms):
+            raise
+        return decide(shared.resources.settled_ms)
 
 
 class _Own:
@@ -205,16 +226,14 @@ class BudgetService:
             return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
 
     def record_usage(self, lineage: str, amount: Budget) -> UsageRecorded:
-        return self._decide_and_append(
-            "usage",
-            lineage,
-            lambda now: self.view.book.decide_usage(
-                lineage,
-                amount,
-                now,
-                settled_ms=settled_for(self.journal, self.shared, lineage, now),
-            ),
-        )
+        def decide(now: int) -> UsageRecorded:
+            book = self.view.book
+            if not amount.fits_within(book.remaining(lineage, now, self.view.settled_ms)):
+                # Clamped otherwise: recent expiries of its children may hold some back.
+                settle(self.journal, self.shared, lineage, now)
+            return book.decide_usage(lineage, amount, now, settled_ms=self.view.settled_ms)
+
+        return self._decide_and_append("usage", lineage, decide)
 
     def release(self, lineage: str, then: Also | None = None) -> LeaseReleased:
         """Return ``lineage``'s lease. ``then`` adds the caller's own events to the same

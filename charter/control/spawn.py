@@ -61,7 +61,7 @@ from charter.budgets import (
 from charter.control.directory import AgentRecord, custody_key_name
 from charter.control.handler import Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
-from charter.control.resources import settled_for
+from charter.control.resources import settled
 from charter.control.views import Views
 from charter.control.workers import WorkerScheduled, WorkerSpec
 from charter.core import (
@@ -411,12 +411,14 @@ class SpawnService:
         try:
             # Children whose expiry the views cannot know to be final yet count as live
             # (a usage stamped before their end may still commit: LeaseBook.remaining).
-            leases = self.resources.book.decide_leases(
+            leases = settled(
+                self.journal,
+                self.views,
                 str(decision.parent),
-                children,
                 now,
-                decision.fanout_id,
-                settled_ms=settled_for(self.journal, self.views, str(decision.parent), now),
+                lambda settled_ms: self.resources.book.decide_leases(
+                    str(decision.parent), children, now, decision.fanout_id, settled_ms
+                ),
             )
         except RefusedError as error:
             return decision.refused(error, str(decision.parent), intent)

@@ -9,14 +9,12 @@ all of a step or none of it, and a restart resumes exactly after the last commit
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import TracebackType
 
 from charter.core import InternalError, now_ms
-from charter.ledger import Journal
+from charter.ledger import Journal, cyclic_gc_paused
 from charter.projections import _postgres, _sqlite
 from charter.projections._answers import (
     BudgetReport,
@@ -47,20 +45,6 @@ def _store_for(journal: Journal, prefix: str) -> ProjectionStore:
             return _sqlite.SQLiteProjectionStore.scratch(prefix, tracking)
         return _sqlite.SQLiteProjectionStore(location.path, prefix, tracking)
     return _postgres.PostgresProjectionStore(location.conninfo or {}, prefix, tracking)
-
-
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """The fold makes no reference cycles, but on a long range the cyclic collector
-    keeps re-scanning the fold's many live rows (about 5% of a rebuild) and frees
-    nothing; reference counting still frees everything as usual."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class Projector:
@@ -132,7 +116,7 @@ class Projector:
             self._fold = fold
 
     def _fold_range(self, cur: object, fold: Fold, start: int, stop: int) -> None:
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             for batch in self.journal.payloads(start, stop):
                 fold.apply_rows(batch)
                 self.store.apply(cur, fold.take(final=False))

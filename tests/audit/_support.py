@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
+from typing import Any
 
 from nacl.signing import SigningKey
 
+from charter.core.events import canonical_json
 from charter.core.framing import entry_hash
 from charter.ledger import Journal
 from tests.journal._support import Counter, Ping
 from tests.journal.test_contract import _Raw
 
-__all__ = ["Counter", "Ping", "_Raw", "fill", "fill_real", "make_journal", "rehash_from"]
+__all__ = [
+    "Counter",
+    "Ping",
+    "_Raw",
+    "bundle_lines",
+    "fill",
+    "fill_real",
+    "flip_b64",
+    "join_lines",
+    "make_journal",
+    "rechain_lines",
+    "rehash_from",
+]
 
 
 def make_journal(url: str) -> tuple[Journal, SigningKey]:
@@ -105,3 +121,45 @@ def real_history(url: str, home: Path) -> tuple[str, list[str]]:
         lineages = [str(c.lineage) for c in (*first.children, *second.children)]
         vkey = MerkleLog(charter.journal).anchor_key().text()
     return vkey, lineages
+
+
+# -- an attacker's tools for bundles (charter/bundle@v3 lines), without the journal key --
+
+
+def bundle_lines(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def join_lines(lines: list[dict[str, Any]]) -> bytes:
+    """An attacker's bundle: each line re-encoded canonically (the seal is kept)."""
+    return b"".join(canonical_json(line) + b"\n" for line in lines)
+
+
+def flip_b64(text: str) -> str:
+    """One bit flipped in the middle of a base64 text."""
+    raw = bytearray(base64.b64decode(text))
+    raw[len(raw) // 2] ^= 1
+    return base64.b64encode(bytes(raw)).decode()
+
+
+def rechain_lines(lines: list[dict[str, Any]], i: int, state: bytes) -> list[dict[str, Any]]:
+    """The consistent re-hash inside a bundle: line ``i`` gets ``state``, and it and
+    every entry line after it are chained again."""
+    out = [dict(line) for line in lines]
+    prev = bytes.fromhex(out[i]["prev_hash"])
+    for j, line in enumerate(out[i:], start=i):
+        if line["kind"] != "entry":
+            continue
+        if j == i:
+            line["state"] = base64.b64encode(state).decode()
+        new = entry_hash(
+            prev,
+            line["position"],
+            bytes.fromhex(line["originator"]),
+            line["version"],
+            line["topic"].encode(),
+            base64.b64decode(line["state"]),
+        )
+        line["prev_hash"], line["chain_hash"] = prev.hex(), new.hex()
+        prev = new
+    return out

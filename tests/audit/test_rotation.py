@@ -5,13 +5,16 @@ nothing, is a finding, and a checkpoint by its key is refused."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
 from pathlib import Path
 
 import pytest
 from nacl.signing import SigningKey
 
-from charter.audit.bundle import verify_bundle
+from charter.audit.bundle import seal_signing_input, verify_bundle
 from charter.audit.errors import KeyRotationError, NoteSignatureError
 from charter.audit.export import export_bundle
 from charter.audit.keys import KeyHistory, rotation
@@ -23,7 +26,7 @@ from charter.core.errors import CharterError
 from charter.ledger import Journal
 from tests.audit._support import fill_real
 from tests.audit.test_cli_audit import charter, ok
-from tests.audit.test_export import _fails_at, _remanifest
+from tests.audit.test_export import _entries, _fails_at, _join, _lines
 
 
 def test_a_rotation_needs_both_signatures_and_the_current_key() -> None:
@@ -80,18 +83,36 @@ def test_checkpoints_verify_across_a_rotation(journal_url: str, tmp_path: Path) 
     # a bundle across the rotation verifies from the first key; it carries the rotation
     with Journal.open(journal_url) as j:
         keys = KeyStore(home)
-        bundle = export_bundle(j, keys.load("journal.1"), start=5)
-        assert any(e.type_name == "JournalKeyRotated" for e in bundle.entries)
-        assert len(bundle.keys) == 2
-        report = verify_bundle(bundle.to_bytes(), NoteKey.parse(anchor))
-        assert report.checkpoint_size > 0
-    doc = json.loads(bundle.to_bytes())
+        out = io.BytesIO()
+        export_bundle(j, keys.load("journal.1"), out, start=5)
+    lines = _lines(out.getvalue())
+    assert any(e.type_name == "JournalKeyRotated" for e in _entries(lines))
+    assert len(lines[0]["keys"]) == 2
+    report = verify_bundle(out.getvalue(), NoteKey.parse(anchor))
+    assert report.checkpoint_size > 0
+    header = lines[0]
     # the key history cut back to the first key: the new key's checkpoint is refused
-    _fails_at(_remanifest({**doc, "keys": doc["keys"][:1]}), NoteKey.parse(anchor), "checkpoint")
-    # a history naming another key than the rotation's: refused at the keys
-    other = NoteKey.make(NoteKey.parse(anchor).name, b"\x01", bytes(range(32))).text()
-    keys = [doc["keys"][0], {**doc["keys"][1], "key": other}]
-    _fails_at(_remanifest({**doc, "keys": keys}), NoteKey.parse(anchor), "keys")
+    cut = {**header, "keys": header["keys"][:1]}
+    _fails_at(_join([cut, *lines[1:]]), NoteKey.parse(anchor), "checkpoint")
+    # a history naming an attacker's key, which signs the checkpoint and the seal: the
+    # rotation entry, signed by the first key, names another key: refused at the keys
+    attacker = SigningKey.generate()
+    name = NoteKey.parse(anchor).name
+    fake = NoteKey.make(name, b"\x01", bytes(attacker.verify_key)).text()
+    text = SignedNote.parse(header["checkpoint"]).text
+    note = sign_checkpoint(Checkpoint.parse(text), name, attacker).render()
+    forged = [
+        {
+            **header,
+            "keys": [header["keys"][0], {**header["keys"][1], "key": fake}],
+            "checkpoint": note,
+        },
+        *lines[1:-1],
+    ]
+    body = _join(forged)
+    seal = attacker.sign(seal_signing_input(hashlib.sha256(body).digest())).signature
+    trailer = {**lines[-1], "seal": base64.b64encode(seal).decode()}
+    _fails_at(body + _join([trailer]), NoteKey.parse(anchor), "keys")
     assert ok(charter("audit", home=home, db=journal_url)).startswith("ok:")
 
 

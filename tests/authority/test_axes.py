@@ -71,6 +71,18 @@ def test_egress_meet_examples() -> None:
     }
 
 
+def test_two_spellings_of_one_network_keep_one_of_them() -> None:
+    """``10.0.0.7`` and ``10.0.0.7/32`` cover each other: minimal form keeps the first by
+    code point (it once dropped both, and a child granted the host lost it)."""
+    both = frozenset({"10.0.0.7", "10.0.0.7/32"})
+    assert egress_meet(both, frozenset({"10.0.0.0/8"})) == {"10.0.0.7"}
+    assert egress_meet(frozenset({"10.0.0.0/8"}), both) == {"10.0.0.7"}
+    # Control: a strictly wider entry still drops the narrower one.
+    assert egress_meet(frozenset({"10.0.0.0/8", "10.0.0.7"}), frozenset({"10.0.0.0/8"})) == {
+        "10.0.0.0/8"
+    }
+
+
 @settings(max_examples=2000, deadline=None)
 @given(egress_sets, egress_sets)
 def test_egress_meet_is_within_both_and_admits_exactly_the_common_hosts(

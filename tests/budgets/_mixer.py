@@ -6,11 +6,17 @@ Refusals and lost races (every ``CharterError``) are expected outcomes and are c
 anything else crashes the process. Prints one JSON line of counts at the end.
 
 Run as ``python -m tests.budgets._mixer URL HOME SECONDS SEED`` from the repository root.
+With ``CHARTER_HOLD_KINDS`` set, the journal's recorder holds some commits open after
+their stamp (tests/budgets/_slow.py: the commit window, injected). For bench/mixed.py:
+``CHARTER_MIXER_UNPACED=1`` drops the pause between operations (as fast as it goes), and
+``CHARTER_MIXER_NO_SETTLED_TIME=1`` takes every expiry as final at once (the settled-time
+rule switched off, test-side, to measure what it costs).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -18,9 +24,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from charter.budgets import LeaseBook
 from charter.control import BudgetService, Caller
 from charter.core import Budget, CharterError, KeyStore, RefusedError, now_ms
 from charter.ledger import Journal
+from tests.budgets import _slow
 from tests.budgets._support import intent, service
 
 LIFETIME_MS = (1_000, 4_000)  # a lease's wall-clock allocation is its lifetime
@@ -174,13 +182,21 @@ class Mixer:
 
 def run(url: str, home: str, seconds: float, seed: int) -> dict[str, object]:
     rng = random.Random(seed)
-    with Journal.open(url) as journal:
+    paced = os.environ.get("CHARTER_MIXER_UNPACED") != "1"
+    if os.environ.get("CHARTER_MIXER_NO_SETTLED_TIME") == "1":
+        LeaseBook._unsettled = _slow.nothing_unsettled  # type: ignore[method-assign]
+    env = None
+    if os.environ.get("CHARTER_HOLD_KINDS"):
+        _slow.configure_from_environ()
+        env = _slow.env(url)
+    with Journal.open(url, env=env) as journal:
         mixer = Mixer(journal, Path(home), rng)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             period_ends = time.monotonic() + rng.uniform(*PERIOD_S)
             mixer.step()
-            time.sleep(max(rng.uniform(*PAUSE_S), period_ends - time.monotonic()))
+            if paced:
+                time.sleep(max(rng.uniform(*PAUSE_S), period_ends - time.monotonic()))
     return {**mixer.tally, "errors": dict(sorted(mixer.errors.items()))}
 
 

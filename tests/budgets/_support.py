@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from charter.authority import (
     Clearance,
@@ -47,6 +49,28 @@ def intent(width: int, cost: Budget, *, fanout: int = 50) -> SpawnIntent:
     )
 
 
+@dataclass
+class Brief:
+    """A root on a fresh journal, its spawn service, and one child it leased."""
+
+    journal: Journal
+    svc: SpawnService
+    root: Caller
+    child: str
+    expires_ms: int  # the child's lease's end
+
+
+def a_root_and_a_child(url: str, home: Path, root: Budget, child: Budget) -> Brief:
+    keys = KeyStore(home)
+    journal = Journal.create(url)
+    register_root(journal, keys, "root", ceiling(root))
+    svc = service(journal, keys)
+    caller = svc.durable_caller("root")
+    lineage = str(svc.spawn(caller, intent(1, child)).children[0].lineage)
+    expires = svc.resources.book.get(lineage).expires_at_ms or 0
+    return Brief(journal, svc, caller, lineage, expires)
+
+
 def check_every_position(journal: Journal) -> int:
     """Fold the lease events in order; after each, check the book's invariant at that
     entry's commit time. Returns how many positions were checked."""
@@ -72,7 +96,7 @@ def hold_a_lease(url: str, home: str, cost: str) -> None:
     from charter.control import BudgetService
 
     with Journal.open(url) as journal:
-        svc = service(journal, KeyStore(__import__("pathlib").Path(home)))
+        svc = service(journal, KeyStore(Path(home)))
         result = svc.spawn(svc.durable_caller("root"), intent(1, Budget.parse(cost)))
         child = str(result.children[0].lineage)
         spend = Budget.parse("tokens=1k,wall=1s,cpu=1s,mem=0,egress=0")
@@ -86,4 +110,13 @@ if __name__ == "__main__":
     hold_a_lease(sys.argv[1], sys.argv[2], sys.argv[3])
 
 
-__all__ = ["Caller", "ceiling", "check_every_position", "intent", "register_root", "service"]
+__all__ = [
+    "Brief",
+    "Caller",
+    "a_root_and_a_child",
+    "ceiling",
+    "check_every_position",
+    "intent",
+    "register_root",
+    "service",
+]

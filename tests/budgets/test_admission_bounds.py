@@ -25,6 +25,7 @@ from charter.budgets import (
 from charter.control import AdmissionService
 from charter.core import BadInputError, StateError
 from charter.ledger import Journal
+from charter.runner._journal_allowance import JournalAllowance
 from charter.runner.requests import WorkerRequests
 
 P, C, E = ResourceClass.PROCESSING, ResourceClass.COORDINATION, ResourceClass.EGRESS
@@ -236,6 +237,8 @@ class _Cell:
         self.cell = "c"
         self.admission = AdmissionService(journal)
         self.changed = threading.Condition()
+        # The real allowance; a wait's few bytes stay within its floor (no egress used).
+        self.journal_allowance = JournalAllowance(self, lambda lineage, at: 0, journal.append)  # type: ignore[arg-type]
 
     def live(self, lineage: str) -> bool:
         del lineage
