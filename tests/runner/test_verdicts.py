@@ -8,11 +8,14 @@ descendant never starts and a mint under it is refused). The independent fold af
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,13 +31,14 @@ from charter.sandbox import (
     SandboxExited,
     SandboxLeased,
     SandboxQuarantined,
+    SandboxSpec,
     sample_signals,
     sandbox_pid,
 )
 from charter.supervision import KillVerdict, QuarantineVerdict, WorkspaceDigested
 from tests.invariants import check_history, check_settled, check_workers, journal_history
 from tests.runner._support import alive_under, cli_env, fan_out, make_cell, running, until_idle
-from tests.runner.conftest import initialise
+from tests.runner.conftest import SLOT_BUDGET, initialise
 from tests.runner.programs import PRELUDE, PY, python
 
 SPIN = "while True:\n    pass\n"
@@ -117,56 +121,71 @@ def _clean(charter: Charter) -> None:
     assert check_settled(history).problems == []
 
 
+@dataclass
+class _Run:
+    """One worker running in a cell, and a way to append verdicts on it from a CLI."""
+
+    charter: Charter
+    cell: Cell
+    lineage: str
+    spec: SandboxSpec
+    say: Callable[..., int]
+
+
+@contextmanager
+def _one_worker(
+    url: str, tmp_path: Path, state_dir: Path, source: str, budget: Budget = SLOT_BUDGET
+) -> Iterator[_Run]:
+    """``source`` as the one worker of a fan-out, started by a cell; the independent
+    fold is checked on the journal once the block ends."""
+    home = tmp_path / "home"
+    with initialise(url, home, processing=1) as charter:
+        (child,) = fan_out(charter, 1, python(source)).children
+        lineage = str(child.lineage)
+        with running(make_cell(charter, None, state_dir, budget=budget)) as cell:
+            spec = _slot_spec(cell, lineage)
+            say = functools.partial(_verdict, home, state_dir, url, lineage)
+            yield _Run(charter, cell, lineage, spec, say)
+        _clean(charter)
+
+
 @pytest.mark.sandbox
 def test_a_throttle_from_another_process_lowers_the_cpu_rate_and_resume_restores_it(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    home = tmp_path / "home"
-    with initialise(journal_url, home, processing=1) as charter:
-        (child,) = fan_out(charter, 1, python(SPIN)).children
-        lineage = str(child.lineage)
-        with running(make_cell(charter, None, state_dir)) as cell:
-            spec = _slot_spec(cell, lineage)
-            control = SandboxControl(spec)
-            # On a shared host one second may get little CPU: the best of a few.
-            before = _best_rate(spec, above=0.25)
-            assert before > 0.25  # the control: unthrottled, it runs well above the quota
-            _verdict(home, state_dir, journal_url, lineage, "throttle", "--quota", "100",
-                     "--reason", "a hog")  # fmt: skip
-            _until("the throttle", lambda: control.cpu_quota_us() < spec.cpu_quota_us)
-            assert control.cpu_quota_us() == spec.cpu_period_us // 10
-            throttled = max(_cpu_rate(spec) for _ in range(3))
-            assert throttled < 0.15  # a tenth of a core, and a little scheduling slack
-            _verdict(home, state_dir, journal_url, lineage, "resume")
-            _until("the restore", lambda: control.cpu_quota_us() == spec.cpu_quota_us)
-            assert _best_rate(spec, above=0.25) > 0.25
-        _clean(charter)
+    with _one_worker(journal_url, tmp_path, state_dir, SPIN) as run:
+        spec, control = run.spec, SandboxControl(run.spec)
+        # On a shared host one second may get little CPU: the best of a few.
+        before = _best_rate(spec, above=0.25)
+        assert before > 0.25  # the control: unthrottled, it runs well above the quota
+        run.say("throttle", "--quota", "100", "--reason", "a hog")
+        _until("the throttle", lambda: control.cpu_quota_us() < spec.cpu_quota_us)
+        assert control.cpu_quota_us() == spec.cpu_period_us // 10
+        throttled = max(_cpu_rate(spec) for _ in range(3))
+        assert throttled < 0.15  # a tenth of a core, and a little scheduling slack
+        run.say("resume")
+        _until("the restore", lambda: control.cpu_quota_us() == spec.cpu_quota_us)
+        assert _best_rate(spec, above=0.25) > 0.25
 
 
 @pytest.mark.sandbox
 def test_a_pause_from_another_process_stops_the_counter_and_resume_lets_it_count_on(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    home = tmp_path / "home"
-    with initialise(journal_url, home, processing=1) as charter:
-        (child,) = fan_out(charter, 1, python(COUNT)).children
-        lineage = str(child.lineage)
-        with running(make_cell(charter, None, state_dir)) as cell:
-            spec = _slot_spec(cell, lineage)
-            control = SandboxControl(spec)
-            _until("the counter counting", lambda: _count(spec) > 5)
-            first = _count(spec)
-            time.sleep(0.3)
-            assert _count(spec) > first  # the control: it counts while not paused
-            _verdict(home, state_dir, journal_url, lineage, "pause", "--reason", "hold on")
-            _until("the pause", control.frozen)
-            stopped = _count(spec)
-            time.sleep(0.5)
-            assert _count(spec) == stopped  # frozen: not one more count
-            _verdict(home, state_dir, journal_url, lineage, "resume")
-            _until("the thaw", lambda: not control.frozen())
-            _until("the counter counting on", lambda: _count(spec) > stopped + 5, 10)
-        _clean(charter)
+    with _one_worker(journal_url, tmp_path, state_dir, COUNT) as run:
+        spec, control = run.spec, SandboxControl(run.spec)
+        _until("the counter counting", lambda: _count(spec) > 5)
+        first = _count(spec)
+        time.sleep(0.3)
+        assert _count(spec) > first  # the control: it counts while not paused
+        run.say("pause", "--reason", "hold on")
+        _until("the pause", control.frozen)
+        stopped = _count(spec)
+        time.sleep(0.5)
+        assert _count(spec) == stopped  # frozen: not one more count
+        run.say("resume")
+        _until("the thaw", lambda: not control.frozen())
+        _until("the counter counting on", lambda: _count(spec) > stopped + 5, 10)
 
 
 @pytest.mark.sandbox
@@ -299,26 +318,20 @@ def test_a_paused_worker_is_killed_at_once_by_a_kill_verdict(
 ) -> None:
     """A frozen sandbox dies only once thawed: the freeze-then-kill thaws after its
     SIGKILLs, so a paused worker's kill is as quick as any (no process of it is left)."""
-    home = tmp_path / "home"
-    with initialise(journal_url, home, processing=1) as charter:
-        (child,) = fan_out(charter, 1, python(COUNT)).children
-        lineage = str(child.lineage)
-        with running(make_cell(charter, None, state_dir)) as cell:
-            spec = _slot_spec(cell, lineage)
-            _verdict(home, state_dir, journal_url, lineage, "pause")
-            _until("the pause", SandboxControl(spec).frozen)
-            began = time.monotonic()
-            _verdict(home, state_dir, journal_url, lineage, "kill", "--reason", "paused, then")
-            until_idle(cell, 30)
-            took = time.monotonic() - began
-        assert took < 5  # not the 60 s wall clock; not a kill that spins on frozen tasks
-        entries = list(charter.journal.entries())
-        (ended,) = [e.event for e in entries if isinstance(e.event, WorkerEnded)]
-        assert ended.outcome == "killed"
-        assert ended.reason.startswith("kill verdict")
-        uids = {e.event.host_uid for e in entries if isinstance(e.event, SandboxLeased)}
-        assert alive_under(uids) == []
-        _clean(charter)
+    with _one_worker(journal_url, tmp_path, state_dir, COUNT) as run:
+        run.say("pause")
+        _until("the pause", SandboxControl(run.spec).frozen)
+        began = time.monotonic()
+        run.say("kill", "--reason", "paused, then")
+        until_idle(run.cell, 30)
+        took = time.monotonic() - began
+        entries = list(run.charter.journal.entries())
+    assert took < 5  # not the 60 s wall clock; not a kill that spins on frozen tasks
+    (ended,) = [e.event for e in entries if isinstance(e.event, WorkerEnded)]
+    assert ended.outcome == "killed"
+    assert ended.reason.startswith("kill verdict")
+    uids = {e.event.host_uid for e in entries if isinstance(e.event, SandboxLeased)}
+    assert alive_under(uids) == []
 
 
 @pytest.mark.sandbox
@@ -327,19 +340,14 @@ def test_a_paused_workers_wall_clock_still_runs_in_the_cell(
 ) -> None:
     """Paused at once, a worker whose wall clock is 4 s still ends at its wall clock
     (timed_out), frozen all the while: a pause never stretches its lease."""
-    home = tmp_path / "home"
     short = Budget.parse("tokens=0,wall=4s,cpu=60s,mem=256MiB,egress=0MB")
-    with initialise(journal_url, home, processing=1) as charter:
-        (child,) = fan_out(charter, 1, python(COUNT)).children
-        lineage = str(child.lineage)
-        with running(make_cell(charter, None, state_dir, budget=short)) as cell:
-            spec = _slot_spec(cell, lineage)
-            _verdict(home, state_dir, journal_url, lineage, "pause")
-            _until("the pause", SandboxControl(spec).frozen)
-            until_idle(cell, 30)
-        (ended,) = [e.event for e in charter.journal.entries() if isinstance(e.event, WorkerEnded)]
-        assert ended.outcome == "timed_out"
-        _clean(charter)
+    with _one_worker(journal_url, tmp_path, state_dir, COUNT, budget=short) as run:
+        run.say("pause")
+        _until("the pause", SandboxControl(run.spec).frozen)
+        until_idle(run.cell, 30)
+        entries = list(run.charter.journal.entries())
+    (ended,) = [e.event for e in entries if isinstance(e.event, WorkerEnded)]
+    assert ended.outcome == "timed_out"
 
 
 def test_a_verdict_on_a_worker_that_never_started_is_refused_and_journals_nothing(
