@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from charter.app import Charter
-from charter.authority import FixedPolicy, LineageRevoked, LineageRevokedError, SpawnIntent
-from charter.authority import Verdict as GateVerdict
+from charter.authority import LineageRevoked
 from charter.core import Budget, KeyStore
 from charter.runner import Cell
 from charter.runner.events import WorkerEnded, WorkerKilled, WorkerStarted
@@ -37,7 +36,15 @@ from charter.sandbox import (
 )
 from charter.supervision import KillVerdict, QuarantineVerdict, WorkspaceDigested
 from tests.invariants import check_history, check_settled, check_workers, journal_history
-from tests.runner._support import alive_under, cli_env, fan_out, make_cell, running, until_idle
+from tests.runner._support import (
+    alive_under,
+    cli_env,
+    fan_out,
+    make_cell,
+    mint_below_is_refused,
+    running,
+    until_idle,
+)
 from tests.runner.conftest import SLOT_BUDGET, initialise
 from tests.runner.programs import PRELUDE, PY, python
 
@@ -293,16 +300,7 @@ def test_a_quarantine_from_another_process_digests_kills_and_revokes_the_subtree
         assert [q.sandbox_id for q in quarantined] == [ends[lineage].sandbox_id]
         uids = {e.event.host_uid for e in entries if isinstance(e.event, SandboxLeased)}
         assert alive_under(uids) == []
-        # A mint under the quarantined worker is refused; the control above it works.
-        intent = SpawnIntent(
-            width=1,
-            objective="spawn below a quarantined worker of the estate",
-            estimated_cost=Budget.parse("tokens=10k,wall=1m,cpu=1m,mem=256MiB,egress=0"),
-        )
-        root = charter.spawn_service().durable_caller("estate")
-        with pytest.raises(LineageRevokedError):
-            charter.spawn(root.child(top), intent, policy=FixedPolicy(GateVerdict.POSITIVE))
-        charter.spawn("agent:estate", intent, policy=FixedPolicy(GateVerdict.POSITIVE))
+        mint_below_is_refused(charter, top)  # a mint under it loses; beside it, made
         _clean(charter)
         # The auditor's semantic checks agree (a quarantined sandbox's end included).
         audit = subprocess.run(
