@@ -43,7 +43,8 @@ WORKER_COST = {"tokens": 5000, "wall_ms": 700_000, "cpu_ms": 10_000, "mem_bytes"
 
 
 def _alive(uids: set[int]) -> int:
-    """Live (not zombie) processes running as any of ``uids``."""
+    """Live (not zombie) processes running as any of ``uids``: counted here on purpose,
+    not by the cell's own kill pass (``runner/_kill.py``), so the bench checks it."""
     found = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
