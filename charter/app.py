@@ -33,10 +33,12 @@ from charter.control import (
     HostLoad,
     SpawnResult,
     SpawnService,
+    VerdictAction,
     Views,
     WorkerSpec,
     custody_key_name,
     host_cap_inputs,
+    operator_verdict,
     register_root,
     revoke,
 )
@@ -472,6 +474,24 @@ class Charter:
         target = lineage if isinstance(lineage, Lineage) else Lineage(lineage)
         committed = revoke(self.journal, self.views, target, reason or "revoked by the operator")
         return None if committed is None else committed.position
+
+    def verdict(
+        self,
+        lineage: str | Lineage,
+        action: VerdictAction,
+        *,
+        reason: str = "",
+        quota_permille: int | None = None,
+        operator: str = "operator",
+    ) -> int:
+        """Append an operator's verdict on a started worker (its position): the cell
+        that runs it carries it out (docs/supervision.md, "Verdicts and what each does")."""
+        target = lineage if isinstance(lineage, Lineage) else Lineage(lineage)
+        committed = operator_verdict(
+            self.journal, target, action, operator=operator, reason=reason,
+            quota_permille=quota_permille,
+        )  # fmt: skip
+        return committed.position
 
     def processing_cap(self, cell: str | None = None) -> int:
         """The cell's committed processing cap (what ``cell configure``/``init`` journaled)."""

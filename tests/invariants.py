@@ -395,7 +395,7 @@ def check_settled(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) 
                 holders.setdefault((p["cell"], p["resource"]), set()).discard(p["lineage"])
             case "SandboxStarted":
                 started.add(p["sandbox_id"])
-            case "SandboxDiscarded":
+            case "SandboxDiscarded" | "SandboxQuarantined":  # either ends the sandbox
                 discarded.add(p["sandbox_id"])
             case _:
                 pass

@@ -165,6 +165,7 @@ KNOWN_TOPICS = frozenset(
         "WorkerScheduled",
         "WorkerStarted",
         "WorkerWaiting",
+        "WorkspaceDigested",
     )
 )
 _AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")

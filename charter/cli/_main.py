@@ -26,6 +26,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "spawn": ("agents", "spawn", "Fan out workers under a durable agent."),
     "spawn-schema": ("agents", "spawn_schema", "Print the JSON Schema of the spawn intent."),
     "revoke": ("agents", "revoke", "Revoke a worker and its subtree; the cell kills what runs."),
+    "verdict": ("agents", "verdict", "Throttle, pause, resume, kill or quarantine a worker."),
     "lease": ("leases", "lease_group", "Record usage against a lease, release or renew it."),
     "cell": ("cells", "cell_group", "Run a cell, or configure its slot caps."),
     "logs": ("logs", "logs", "A worker's live stdout and stderr tail (-f to follow)."),

@@ -63,6 +63,7 @@ from charter.runner._follow import Follower, Settle, kill_policy, revocation_kil
 from charter.runner._journal_allowance import JournalAllowance
 from charter.runner._kill import kill_uid
 from charter.runner._logs import WorkerLogs
+from charter.runner._verdicts import VerdictActs
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.errors import (
     CellSupersededError,
@@ -83,7 +84,6 @@ from charter.sandbox import (
     Outcome,
     PoolExhaustedError,
     SandboxBudgetError,
-    SandboxDiscarded,
     SandboxExited,
     SandboxStarted,
     SandboxUnavailableError,
@@ -122,7 +122,7 @@ class Cell:
     """One cell process: ``open`` (journals the incarnation, recovers), then ``step`` or
     ``run``; ``close`` at the end. What a worker asks through the door
     (:class:`~charter.runner.requests.WorkerRequests`) reaches the cell only through its
-    narrow worker-facing methods (``chain``, ``spawn``, ``workers``, ``kill``,
+    narrow worker-facing methods (``chain``, ``spawn``, ``workers``, ``kill``, ``revoke``,
     ``wait_on_children``, ``resume_processing``, ``holds_processing``,
     ``journal_result``, ``custody_seed``, ``sign``; ``changed`` to wait on), with the
     caller resolved from the sandbox's host uid."""
@@ -176,6 +176,10 @@ class Cell:
         # Run for each worker recovery fails, before its lease returns (the door settles
         # the model calls a dead incarnation left unsettled: docs/model-door.md).
         self.before_recovered_end: Callable[[str], object] = lambda _lineage: None
+        self.verdicts = VerdictActs(
+            cell, app.journal, app.views, self.view, self.lifecycle,
+            lambda: self.driver, self._kill_one, self._carry_out_kills,
+        )  # fmt: skip
         self.journal_allowance = JournalAllowance(
             self, lambda lin, at: self.resources.book.remaining(lin, at).egress_bytes,
             self.lifecycle.record,
@@ -369,6 +373,7 @@ class Cell:
             self._check_not_superseded()
             admitted = self.follower.admitted()
         self._carry_out_kills()  # whoever committed them
+        self.verdicts.carry_out()  # likewise every committed verdict
         self._park_for_demand()
         if self.draining:
             return 0  # nothing more is started; what runs finishes
@@ -646,7 +651,7 @@ class Cell:
             reason=reason,
             signal=signal,
             discarded=(
-                SandboxDiscarded(sandbox_id=w.sandbox_id)
+                self.verdicts.sandbox_end(w.sandbox_id, w.lineage)
                 if discard and w.sandbox_id is not None
                 else None
             ),
@@ -746,6 +751,13 @@ class Cell:
         result = self.app.spawn(caller, intent, workers=workers)
         self._notify()
         return result
+
+    def revoke(self, lineage: str, reason: str) -> int | None:
+        """Revoke ``lineage``'s subtree (a worker's, for its descendant: the caller
+        checked that), through the process's one revocation; the follower kills it."""
+        position = self.app.revoke(lineage, reason)
+        self._notify()
+        return position
 
     def workers(self, lineages: Iterable[str]) -> dict[str, WorkerRecord | None]:
         """Each of ``lineages``' records as the journal stands now (None: nothing

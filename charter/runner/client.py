@@ -87,6 +87,10 @@ class Door:
         reply = self.call("sign", {"tag": tag, "message_hex": message.hex()})
         return bytes.fromhex(reply["signature_hex"])
 
+    def revoke(self, lineage: str, reason: str = "") -> Any:
+        """Revoke ``lineage``, one of this worker's own descendants, and its subtree."""
+        return self.call("revoke", {"lineage": lineage, "reason": reason})
+
     def whoami(self) -> Any:
         return self.call("whoami")
 

@@ -122,6 +122,11 @@ class SignParams(_Params):
     message_hex: str = Field(max_length=2 * RESULT_CAP)
 
 
+class RevokeParams(_Params):
+    lineage: str = Field(min_length=1, max_length=4096)
+    reason: str = Field(default="", max_length=1024)
+
+
 class NoParams(_Params):
     pass
 
@@ -131,6 +136,7 @@ _METHODS: dict[str, type[_Params]] = {
     "wait": WaitParams,
     "result": ResultParams,
     "sign": SignParams,
+    "revoke": RevokeParams,
     "whoami": NoParams,
 }
 
@@ -588,6 +594,9 @@ class Door(KeyBroker):
                 return {"children": requests.wait(lineage, params.children, params.timeout_s)}
             case ResultParams():
                 return {"digest": requests.result(lineage, params.text.encode())}
+            case RevokeParams():
+                position = requests.revoke(lineage, params.lineage, params.reason)
+                return {"lineage": params.lineage, "revoked": True, "position": position}
             case SignParams():
                 try:
                     message = bytes.fromhex(params.message_hex)

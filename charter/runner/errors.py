@@ -17,6 +17,7 @@ __all__ = [
     "JournalAllowanceError",
     "ControlPlaneCpuError",
     "WorkerGoneError",
+    "RevokeRefusedError",
     "WaitRefusedError",
     "ModelTokensError",
     "ModelNotConfiguredError",
@@ -45,6 +46,13 @@ class WaitRefusedError(DoorRefusedError):
     """A worker asked to wait on a lineage that is not one of its children."""
 
     reason = "not-a-child"
+
+
+class RevokeRefusedError(DoorRefusedError):
+    """A worker asked to revoke a lineage that is not one of its own descendants (a
+    worker may revoke only below itself: never itself, a sibling or an ancestor)."""
+
+    reason = "not-a-descendant"
 
 
 class ResultTooLargeError(DoorRefusedError):

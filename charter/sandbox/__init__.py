@@ -2,6 +2,7 @@
 warm pool, the egress and key brokers, and the fail-closed host probe."""
 
 from charter.sandbox._canary_watch import OVERFLOW, CanaryWatch, Decoy, DecoyTouch, plant_decoy
+from charter.sandbox._digest import WorkspaceDigest, digest_workspace
 from charter.sandbox._freezer import FREEZE_TIMEOUT, SandboxControl
 from charter.sandbox._host import UidLease, default_state_dir, hold_uid
 from charter.sandbox._peer import Member, PeerServer, Refusal, peer_uid
@@ -70,6 +71,8 @@ __all__ = [
     # supervision levers and signals
     "FREEZE_TIMEOUT",
     "SandboxControl",
+    "WorkspaceDigest",
+    "digest_workspace",
     "SandboxSignals",
     "sample_signals",
     "sandbox_pid",
