@@ -27,6 +27,7 @@ from pydantic import AfterValidator
 
 from charter.core.destination import Destination, check_destination, covers
 from charter.core.errors import AxisValueError
+from charter.core.secrets import SecretName, check_secret  # one rule: the grant, the store
 
 __all__ = [
     "Clearance",
@@ -94,7 +95,6 @@ _CLEARANCE_RANK = {level: i for i, level in enumerate(Clearance)}
 _MODE_RANK = {mode: i for i, mode in enumerate(PermissionMode)}
 
 _TOOL = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,127}")
-_SECRET = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}")
 
 
 def check_tool(name: str) -> str:
@@ -103,16 +103,6 @@ def check_tool(name: str) -> str:
         raise AxisValueError(
             f"tool name {name[:80]!r}: start with a letter, then letters, digits, '_', "
             "'.', ':' or '-' (at most 128 characters)"
-        )
-    return name
-
-
-def check_secret(name: str) -> str:
-    """A secret's name (never its value): a letter, then letters, digits, ``_ . -``."""
-    if not _SECRET.fullmatch(name):
-        raise AxisValueError(
-            f"secret name {name[:80]!r}: start with a letter, then letters, digits, '_', "
-            "'.' or '-' (at most 128 characters)"
         )
     return name
 
@@ -128,7 +118,6 @@ def _after(check: Callable[[str], str]) -> AfterValidator:
 
 
 ToolName = Annotated[str, _after(check_tool)]
-SecretName = Annotated[str, _after(check_secret)]
 
 
 # Sets (tools, secrets): narrower is subset, meet is intersection.
