@@ -21,11 +21,12 @@ import hashlib
 import os
 import ssl
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import h11
 
 from charter.core.identity import IdentityKey, audience
-from charter.core.secrets import HeldSecret
+from charter.core.secrets import HeldSecret, SecretStore
 
 __all__ = ["Conflict", "Credentials", "rewrite_head"]
 
@@ -51,6 +52,15 @@ class Credentials:
         self._secrets = dict(secrets)
         self._identity = identity
         self._contexts: dict[tuple[str, bytes], ssl.SSLContext] = {}
+
+    @classmethod
+    def from_home(cls, home: Path, names: Iterable[str] | None = None) -> Credentials:
+        """The held secrets of ``home`` (every one, or ``names``, each of which must be
+        held), with the identity key when one of them needs it."""
+        store = SecretStore(home)
+        held = store.load_many(store.names() if names is None else names)
+        needs_key = any(s.kind == "identity" for s in held.values())
+        return cls(held, IdentityKey.load_or_create(home) if needs_key else None)
 
     def names(self) -> frozenset[str]:
         return frozenset(self._secrets)
