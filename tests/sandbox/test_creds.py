@@ -25,10 +25,11 @@ from charter.sandbox import (
     EgressOpened,
     Launcher,
     MemorySink,
+    WarmPool,
 )
 
 from ._creds_support import FETCH, PKI, Server, resolver
-from ._support import out, sandboxed
+from ._support import PY, out, sandboxed
 
 pytestmark = pytest.mark.sandbox
 
@@ -191,3 +192,22 @@ def test_a_test_run_withholds_every_credential_and_journals_it(world: World) -> 
     answers = world.fetch(world.grant("api-token", "client", "ident"), *targets)
     assert [a.split()[0] for a in answers] == ["200"] * 3
     assert (world.api.accepted, world.mtls.accepted, world.ident.accepted) == (1, 1, 1)
+
+
+def test_a_warm_slot_gets_the_same_injection_and_withholding(
+    world: World, state_dir: Path, scratch: Path
+) -> None:
+    url = f"http://api.test:{world.api.port}/"
+    code = [PY, "-I", "-c", FETCH, url]
+    with WarmPool(scratch, B, capacity=1, sink=world.sink, state_dir=state_dir,
+                  egress=world.broker) as pool:  # fmt: skip
+        slot = pool.lease(world.grant("api-token"))
+        assert out(slot.run(code)).splitlines() == ["200 ok with-authorization client=None"]
+        pool.release(slot)
+        slot = pool.lease(world.grant("api-token", dry=True))
+        assert out(slot.run(code)).splitlines() == ["403 credentials withheld (test run)"]
+        pool.release(slot, refill=False)
+    assert [s.headers["authorization"] for s in world.api.seen] == [f"Bearer {TOKEN}"]
+    kinds = (CredentialInjected, CredentialWithheld)
+    journaled = [type(e) for e in world.sink.events if isinstance(e, kinds)]
+    assert journaled == [CredentialInjected, CredentialWithheld]
