@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from charter.core import KeyPermissionsError, TamperedError
+from charter.authority import Clearance, GrantTerms, PermissionMode
+from charter.core import Budget, KeyPermissionsError, TamperedError
 from charter.core.errors import (
     SecretExistsError,
     SecretNotFoundError,
@@ -19,6 +20,7 @@ from charter.core.errors import (
     SecretSourceError,
 )
 from charter.core.secrets import HeldSecret, SecretStore, client_cert_from_pem
+from charter.runner._caps import worker_caps
 
 from ._creds_support import PKI
 
@@ -116,3 +118,20 @@ def test_a_client_certificate_file_must_hold_its_own_key(tmp_path: Path) -> None
         client_cert_from_pem(cert)
     with pytest.raises(SecretSourceError, match="no PEM certificate"):
         client_cert_from_pem(key)
+
+
+def test_a_workers_egress_grant_names_its_grants_secrets() -> None:
+    """The cell's path: a worker's sandbox is registered with its grant's secret names
+    (names only), so the cell's broker presents exactly those."""
+    now = 1_000_000
+    terms = GrantTerms(
+        tools=frozenset(), egress=frozenset({"api.example.com"}),
+        secrets=frozenset({"b-token", "a-cert"}), clearance=Clearance.INTERNAL,
+        mode=PermissionMode.DEFAULT, depth=0, fanout=0,
+        budget=Budget.parse("tokens=5,wall=1h,cpu=1h,mem=64MiB,egress=1MB"),
+        expires_at_ms=now + 60_000,
+    )  # fmt: skip
+    slot = Budget.parse("tokens=0,wall=60s,cpu=60s,mem=256MiB,egress=10MB")
+    caps = worker_caps(slot, terms.budget, None, terms, now)
+    assert caps.egress.secrets == ("a-cert", "b-token")
+    assert caps.egress.withhold_credentials is False
