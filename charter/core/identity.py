@@ -39,8 +39,10 @@ def b64url(data: bytes) -> str:
 
 
 def audience(host: str, port: int) -> str:
-    """The audience of a token for a dial of ``host:port``: ``https://host:port``."""
-    shown = f"[{host}]" if ":" in host else host
+    """The audience of a token for a dial of ``host:port``: ``https://host:port``, the
+    name as the grant matches it (lower case, no trailing dot)."""
+    name = host.lower().rstrip(".")
+    shown = f"[{name}]" if ":" in name else name
     return f"https://{shown}:{port}"
 
 

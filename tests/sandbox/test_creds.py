@@ -211,3 +211,27 @@ def test_a_warm_slot_gets_the_same_injection_and_withholding(
     kinds = (CredentialInjected, CredentialWithheld)
     journaled = [type(e) for e in world.sink.events if isinstance(e, kinds)]
     assert journaled == [CredentialInjected, CredentialWithheld]
+
+
+def test_a_destination_that_cannot_prove_its_name_never_sees_a_credential(
+    world: World, tmp_path: Path, state_dir: Path, sink: MemorySink
+) -> None:
+    """The name resolves to an impostor whose certificate is for that name but from
+    another CA: the broker's TLS refuses it before a byte of the request is sent."""
+    impostor = Server(PKI("impostor CA"), "api.test")
+    store = SecretStore(tmp_path / "home2")
+    store.add(HeldSecret("tok", "bearer", (f"api.test:{impostor.port}",),
+                         value=TOKEN.encode(), ca=world.pki.pem))  # fmt: skip
+    with EgressBroker(state_dir / f"egress-imp-{secrets.token_hex(4)}.sock", resolver=resolver,
+                      credentials=Credentials.from_home(tmp_path / "home2")) as broker:  # fmt: skip
+        launcher = Launcher(sink, state_dir=state_dir, egress=broker)
+        grant = EgressGrant(
+            destinations=(f"api.test:{impostor.port}", f"127.0.0.1:{impostor.port}"),
+            secrets=("tok",),
+        )
+        outcome = sandboxed(launcher, B, FETCH, f"http://api.test:{impostor.port}/", grant=grant)
+    impostor.close()
+    assert out(outcome).splitlines() == ["502 tls to the destination failed"]
+    assert impostor.accepted == 1  # it was dialed...
+    assert impostor.refused_handshakes == 1  # ...and its handshake failed on our side
+    assert impostor.seen == []  # no request, so no token, ever reached it
