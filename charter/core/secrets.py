@@ -29,8 +29,8 @@ from __future__ import annotations
 import base64
 import os
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -101,7 +101,8 @@ class HeldSecret:
     """One held secret, opened. ``value`` is the header value (bearer, header) or the
     client certificate chain's PEM; ``key`` the client certificate's private key PEM;
     ``ca`` an optional PEM bundle the broker trusts for the bound destinations instead
-    of the system's store; ``ttl_s`` an identity token's lifetime."""
+    of the system's store; ``ttl_s`` an identity token's lifetime. A frozen dataclass,
+    not a pydantic model: it is never dumped, only sealed, and its repr hides the value."""
 
     name: str
     kind: SecretKind
@@ -113,7 +114,9 @@ class HeldSecret:
     issuer: str = ""
     ttl_s: int = 300
     created_ms: int = 0
-    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self)  # a constructed secret is one the broker can present as it is
 
     def __repr__(self) -> str:  # never the value
         return f"HeldSecret(name={self.name!r}, kind={self.kind!r}, bound_to={self.bound_to!r})"
@@ -242,7 +245,6 @@ class SecretStore:
     # writing -----------------------------------------------------------------------
     def add(self, secret: HeldSecret) -> None:
         """Seal and store ``secret``; refuses an existing name (remove it first)."""
-        _check(secret)
         box = self._box(create=True)
         path = self._path(secret.name)
         sealed = bytes(box.encrypt(secret._record()))

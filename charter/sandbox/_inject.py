@@ -25,6 +25,7 @@ from pathlib import Path
 
 import h11
 
+from charter.core.errors import InternalError
 from charter.core.identity import IdentityKey, audience
 from charter.core.secrets import HeldSecret, SecretStore
 
@@ -48,7 +49,7 @@ class Credentials:
         self, secrets: Mapping[str, HeldSecret], identity: IdentityKey | None = None
     ) -> None:
         if any(s.kind == "identity" for s in secrets.values()) and identity is None:
-            raise ValueError("an identity secret needs the home's identity key")
+            raise InternalError("an identity secret needs the home's identity key")
         self._secrets = dict(secrets)
         self._identity = identity
         self._contexts: dict[tuple[str, bytes], ssl.SSLContext] = {}
