@@ -19,13 +19,11 @@ ordered axes (clearance, permission mode) and the pattern axis (egress) wrong.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AfterValidator
-
-from charter.core.destination import Destination, check_destination, covers
+from charter.core.destination import Destination, axis_validator, check_destination, covers
 from charter.core.errors import AxisValueError
 from charter.core.secrets import SecretName, check_secret  # one rule: the grant, the store
 
@@ -107,17 +105,7 @@ def check_tool(name: str) -> str:
     return name
 
 
-def _after(check: Callable[[str], str]) -> AfterValidator:
-    def run(value: str) -> str:
-        try:
-            return check(value)
-        except AxisValueError as e:
-            raise ValueError(str(e)) from e
-
-    return AfterValidator(run)
-
-
-ToolName = Annotated[str, _after(check_tool)]
+ToolName = Annotated[str, axis_validator(check_tool)]
 
 
 # Sets (tools, secrets): narrower is subset, meet is intersection.

@@ -40,9 +40,8 @@ from cryptography.hazmat.primitives import serialization
 from nacl.exceptions import CryptoError
 from nacl.secret import SecretBox
 from nacl.utils import random as random_bytes
-from pydantic import AfterValidator
 
-from charter.core.destination import admits, check_destination
+from charter.core.destination import admits, axis_validator, check_destination
 from charter.core.errors import (
     AxisValueError,
     HomeUnusableError,
@@ -85,14 +84,7 @@ def check_secret(name: str) -> str:
     return name
 
 
-def _secret_name(value: str) -> str:
-    try:
-        return check_secret(value)
-    except AxisValueError as e:
-        raise ValueError(str(e)) from e
-
-
-SecretName = Annotated[str, AfterValidator(_secret_name)]
+SecretName = Annotated[str, axis_validator(check_secret)]
 """A secret's name as a pydantic field (the grant's secrets axis, the broker's grant)."""
 
 
