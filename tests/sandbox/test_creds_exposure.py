@@ -1,6 +1,7 @@
 """A sandbox whose requests carried every kind of held credential never holds one: its
 environment, every file it can read and its memory are searched from the host, while it
-is still alive after the requests, for the credentials' bytes. Canaries the worker made
+is still alive after the requests, for the credentials' bytes (in every process of the
+sandbox: bwrap, its init and the worker). Canaries the worker made
 itself (in its memory and a file) and a variable of its environment are the positive
 control: the same search finds them."""
 
@@ -85,6 +86,22 @@ def _memory(pid: int) -> bytes:
     return b"".join(chunks)
 
 
+def _same_uid(pid: int) -> list[int]:
+    """Every process of the sandbox's host uid (bwrap, its init, the worker)."""
+
+    def uid(p: str) -> int | None:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+        except OSError:
+            return None
+        return None
+
+    mine = uid(str(pid))
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and uid(p) == mine]
+
+
 def _files(root: Path) -> tuple[bytes, list[str]]:
     """Every regular file the sandbox can see (but the host's read-only /usr, which
     nothing of Charter's writes into, and the kernel's /proc and /sys), concatenated."""
@@ -149,8 +166,11 @@ def test_the_sandbox_never_holds_a_credential(world: World) -> None:  # noqa: F8
     tokens = [s.headers["authorization"].split()[1] for s in world.ident.seen]
     assert len(tokens) == 1
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-        memory = _memory(pid)
+        everyone = _same_uid(pid)
+        assert pid in everyone
+        assert len(everyone) >= 3  # bwrap, its init and the worker
+        environ = b"\0".join(Path(f"/proc/{p}/environ").read_bytes() for p in everyone)
+        memory = b"".join(_memory(p) for p in everyone)
         files, names = _files(root)
         # Positive controls: the search sees the worker's own memory, files, environment.
         assert canary in memory
