@@ -35,6 +35,7 @@ pytestmark = pytest.mark.sandbox
 
 B = Budget.parse("tokens=0,wall=30s,cpu=30s,mem=128MiB,egress=10MB")
 TOKEN = "tok-" + secrets.token_hex(16)
+API_KEY = "key-" + secrets.token_hex(16)
 
 
 class World:
@@ -51,6 +52,8 @@ class World:
         ca = self.pki.pem
         store.add(HeldSecret("api-token", "bearer", (f"api.test:{self.api.port}",),
                              value=TOKEN.encode(), ca=ca))  # fmt: skip
+        store.add(HeldSecret("api-key", "header", (f"api.test:{self.api.port}",),
+                             value=API_KEY.encode(), header="X-Api-Key", ca=ca))  # fmt: skip
         chain, key = client_cert_from_pem(self.client_cert + self.client_key)
         store.add(HeldSecret("client", "client-cert", (f"mtls.test:{self.mtls.port}",),
                              value=chain, key=key, ca=ca))  # fmt: skip
@@ -235,3 +238,23 @@ def test_a_destination_that_cannot_prove_its_name_never_sees_a_credential(
     assert impostor.accepted == 1  # it was dialed...
     assert impostor.refused_handshakes == 1  # ...and its handshake failed on our side
     assert impostor.seen == []  # no request, so no token, ever reached it
+
+
+def test_an_api_key_header_and_a_bearer_token_go_together_to_their_destination(
+    world: World,
+) -> None:
+    api, other = f"http://api.test:{world.api.port}/", f"http://other.test:{world.other.port}/"
+    assert (
+        world.fetch(world.grant("api-key", "api-token"), api, other)
+        == ["200 ok with-authorization client=None"] * 2
+    )
+    [seen] = world.api.seen
+    assert (seen.headers["x-api-key"], seen.headers["authorization"]) == (
+        API_KEY,
+        f"Bearer {TOKEN}",
+    )
+    assert "x-api-key" not in world.other.seen[0].headers  # not bound there
+    # Control: the header alone, without the bearer, leaves the worker's Authorization.
+    world.fetch(world.grant("api-key"), api)
+    assert world.api.seen[1].headers["authorization"] == "Bearer worker-made"
+    assert world.api.seen[1].headers["x-api-key"] == API_KEY

@@ -25,7 +25,7 @@ from charter.sandbox import Outcome
 
 from ._creds_support import FETCH
 from ._support import PY
-from .test_creds import TOKEN, B, World, world  # noqa: F401 (the fixture)
+from .test_creds import API_KEY, TOKEN, B, World, world  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.sandbox
 
@@ -133,6 +133,7 @@ def _needles(w: World, tokens: list[str]) -> dict[str, bytes]:
     body = b"".join(w.client_key.split(b"\n")[1:-2])  # the PEM's base64, one line
     found = {
         "bearer token": TOKEN.encode(),
+        "api key": API_KEY.encode(),
         "client certificate (DER)": cert.public_bytes(serialization.Encoding.DER),
         "client certificate (PEM line)": w.client_cert.split(b"\n")[2],
         "client key (DER)": key_der,
@@ -150,7 +151,7 @@ def test_the_sandbox_never_holds_a_credential(world: World) -> None:  # noqa: F8
     canary = ("CANARY-" + marker[::-1]).encode()
     targets = [f"http://api.test:{world.api.port}/", f"http://mtls.test:{world.mtls.port}/",
                f"http://id.test:{world.ident.port}/"]  # fmt: skip
-    grant = world.grant("api-token", "client", "ident")
+    grant = world.grant("api-token", "api-key", "client", "ident")
     result: list[Outcome] = []
     runner = threading.Thread(target=lambda: result.append(world.launcher.run(
         B, [PY, "-I", "-c", WORKER, marker, *targets], capture=True, grant=grant,
@@ -162,6 +163,7 @@ def test_the_sandbox_never_holds_a_credential(world: World) -> None:  # noqa: F8
     _wait_for(root / "tmp" / "ready", deadline)
     # The requests went out with the credentials (the servers saw them)...
     assert [s.headers["authorization"] for s in world.api.seen] == [f"Bearer {TOKEN}"]
+    assert [s.headers["x-api-key"] for s in world.api.seen] == [API_KEY]
     assert [s.client_cn for s in world.mtls.seen] == ["charter-client"]
     tokens = [s.headers["authorization"].split()[1] for s in world.ident.seen]
     assert len(tokens) == 1
