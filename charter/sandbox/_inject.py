@@ -110,6 +110,17 @@ class Credentials:
             raise Conflict("two held secrets bound to this destination set the same header")
         return out
 
+    def prepare(
+        self, chosen: tuple[HeldSecret, ...], forward: bytes, host: str, port: int, *,
+        subject: str, now_s: int,
+    ) -> tuple[ssl.SSLContext, bytes] | None:  # fmt: skip
+        """The TLS context and the request (``forward`` with the held headers in) of a
+        dial of ``host:port`` presenting ``chosen``; None when ``forward`` is not one
+        HTTP request. Raises :class:`Conflict` for secrets that cannot go together."""
+        context = self.context(chosen)
+        forward_with = rewrite_head(forward, self.headers(chosen, host, port, subject, now_s))
+        return None if forward_with is None else (context, forward_with)
+
 
 def _load_cert_chain(ctx: ssl.SSLContext, cert: HeldSecret) -> None:
     """Load a held client certificate without writing its key to a file: ``ssl`` takes

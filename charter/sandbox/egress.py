@@ -69,7 +69,7 @@ from charter.core.destination import Destination, IPAddress, admits, grants_addr
 from charter.core.events import Event
 from charter.core.secrets import HeldSecret, SecretName
 from charter.sandbox._http import Head, read_head, response
-from charter.sandbox._inject import Conflict, Credentials, rewrite_head
+from charter.sandbox._inject import Conflict, Credentials
 from charter.sandbox._peer import Allowance, Member, PeerServer, Refusal
 from charter.sandbox.events import (
     CredentialInjected,
@@ -393,6 +393,10 @@ class EgressBroker:
         if reg.used >= reg.cap:
             raise _Refused(403, "egress byte budget exhausted")
         held = self._held(uid, reg, head, dest)
+        # Everything a held secret needs is settled before anything is journaled or opened:
+        # the TLS context, the headers (an identity token minted now), the rewritten head.
+        creds = self.credentials
+        tls = _prepare(creds, reg, head, held) if held and creds is not None else None
         family, sockaddr = self._pick(reg, head)
         opened: list[Event] = [EgressOpened(
             sandbox_id=reg.sandbox_id, host_uid=uid,
@@ -415,9 +419,15 @@ class EgressBroker:
             if upstream is not None:
                 upstream.close()
             raise _Refused(502, f"cannot connect: {e.strerror or e}") from e
-        if held and self.credentials is not None:
-            return _inject(self.credentials, upstream, reg, head, held)
-        return upstream, head
+        if tls is None:
+            return upstream, head
+        context, forward = tls
+        try:  # the destination's certificate checked for the host dialed, ours presented
+            secured = context.wrap_socket(upstream, server_hostname=head.host)
+        except (OSError, ssl.SSLError) as e:
+            upstream.close()
+            raise _Refused(502, "tls to the destination failed") from e
+        return secured, head._replace(forward=forward)
 
     def _held(self, uid: int, reg: _Registration, head: Head, dest: str) -> tuple[HeldSecret, ...]:
         """The held secrets this dial gets (granted to the sandbox and bound to the host
@@ -517,33 +527,21 @@ class _Refused(Exception):  # noqa: N818 (internal control flow, never escapes)
         self.reason = reason
 
 
-def _inject(
-    credentials: Credentials,
-    upstream: socket.socket,
-    reg: _Registration,
-    head: Head,
-    held: tuple[HeldSecret, ...],
-) -> tuple[socket.socket, Head]:
-    """Originate TLS to the destination (its certificate checked for the host dialed,
-    the held client certificate presented) and put the held headers in the request."""
+def _prepare(
+    credentials: Credentials, reg: _Registration, head: Head, held: tuple[HeldSecret, ...]
+) -> tuple[ssl.SSLContext, bytes]:
+    """The TLS context and the request head (held headers in) for a dial that presents
+    ``held``; refuses secrets that conflict and a head that is not one HTTP request."""
     try:
-        ctx = credentials.context(held)
-        inject = credentials.headers(
-            held, head.host, head.port, f"sandbox:{reg.sandbox_id}", int(time.time())
-        )
+        prepared = credentials.prepare(
+            held, head.forward, head.host, head.port,
+            subject=f"sandbox:{reg.sandbox_id}", now_s=int(time.time()),
+        )  # fmt: skip
     except Conflict as e:
-        upstream.close()
         raise _Refused(403, f"held credentials conflict: {e}") from e
-    forward = rewrite_head(head.forward, inject)
-    if forward is None:
-        upstream.close()
+    if prepared is None:
         raise _Refused(400, "malformed proxy request")
-    try:
-        tls = ctx.wrap_socket(upstream, server_hostname=head.host)
-    except (OSError, ssl.SSLError) as e:
-        upstream.close()
-        raise _Refused(502, "tls to the destination failed") from e
-    return tls, head._replace(forward=forward)
+    return prepared
 
 
 def _ip(text: str) -> IPAddress | None:

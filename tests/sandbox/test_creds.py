@@ -54,6 +54,7 @@ class World:
                              value=TOKEN.encode(), ca=ca))  # fmt: skip
         store.add(HeldSecret("api-key", "header", (f"api.test:{self.api.port}",),
                              value=API_KEY.encode(), header="X-Api-Key", ca=ca))  # fmt: skip
+        store.add(HeldSecret("api-ident", "identity", (f"api.test:{self.api.port}",), ca=ca))
         chain, key = client_cert_from_pem(self.client_cert + self.client_key)
         store.add(HeldSecret("client", "client-cert", (f"mtls.test:{self.mtls.port}",),
                              value=chain, key=key, ca=ca))  # fmt: skip
@@ -258,3 +259,17 @@ def test_an_api_key_header_and_a_bearer_token_go_together_to_their_destination(
     world.fetch(world.grant("api-key"), api)
     assert world.api.seen[1].headers["authorization"] == "Bearer worker-made"
     assert world.api.seen[1].headers["x-api-key"] == API_KEY
+
+
+def test_secrets_that_cannot_go_together_refuse_the_dial_before_anything(world: World) -> None:
+    """A bearer token and an identity token both bound to one destination set the same
+    header: the dial is refused before it is journaled or opened."""
+    [answer] = world.fetch(
+        world.grant("api-token", "api-ident"), f"http://api.test:{world.api.port}/"
+    )
+    assert answer.startswith("403 held credentials conflict")
+    assert world.api.accepted == 0
+    assert not [e for e in world.sink.events if isinstance(e, CredentialInjected | EgressOpened)]
+    # Control: either one alone goes through.
+    [answer] = world.fetch(world.grant("api-ident"), f"http://api.test:{world.api.port}/")
+    assert answer.startswith("200")
