@@ -104,4 +104,6 @@ def test_a_dry_run_withholds_and_a_real_run_injects(tmp_path: Path, env: dict[st
     assert [(e.secret, e.kind, e.destination) for e in injected] == [
         ("tok", "bearer", f"localhost:{port}")
     ]
+    # The auditor knows the new events and finds nothing wrong in this history.
+    _charter("audit", env=env)
     server.close()
