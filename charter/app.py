@@ -56,6 +56,7 @@ from charter.core import (
 from charter.ledger import Journal, JournalCreated, Location, SnapshotFile, resolve_location
 from charter.projections import Projector
 from charter.sandbox import (
+    Credentials,
     EgressBroker,
     EgressGrant,
     Launcher,
@@ -529,7 +530,14 @@ class Charter:
         with contextlib.ExitStack() as stack:
             broker = None
             if egress is not None and egress.destinations:
-                broker = stack.enter_context(EgressBroker(state / f"egress-{os.getpid()}.sock"))
+                # The grant's held secrets, opened from the home for the broker alone.
+                held = (
+                    Credentials.from_home(self.keys.home, egress.secrets)
+                    if egress.secrets
+                    else None
+                )
+                sock = state / f"egress-{os.getpid()}.sock"
+                broker = stack.enter_context(EgressBroker(sock, credentials=held))
             # The Launcher passes the isolation gate (journaled) first.
             launcher = Launcher(self.journal, state_dir=state, egress=broker)
             return launcher.run(budget, command, workspace=workspace, grant=egress, stdout=stdout)

@@ -129,6 +129,8 @@ KNOWN_TOPICS = frozenset(
         "CellClaimRenewed",
         "CellConfigured",
         "CellStarted",
+        "CredentialInjected",
+        "CredentialWithheld",
         "EgressAttempted",
         "EgressOpened",
         "GateDecided",

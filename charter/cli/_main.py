@@ -37,6 +37,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "journal": ("journal", "journal", "Inspect and verify the journal."),
     "sandbox": ("sandbox", "sandbox_group", "Probe the host, run or render a sandbox."),
     "model": ("model", "model_group", "The model endpoint workers reach through their door."),
+    "secret": ("secrets", "secret_group", "Credentials held for workers, never in a sandbox."),
+    "keys": ("secrets", "keys_group", "Publish Charter's public keys (the identity JWKS)."),
     "demo": ("demo", "demo", "Run the main job: a real two-level fan-out, verified."),
     "checkpoint": ("audit", "checkpoint", "A signed checkpoint of the journal's Merkle tree."),
     "witness": ("audit", "witness", "Cosign consistent checkpoints of a log; refuse forks."),

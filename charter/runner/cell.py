@@ -78,6 +78,7 @@ from charter.runner.events import (
     WorkerWaiting,
 )
 from charter.sandbox import (
+    Credentials,
     EgressBroker,
     HostCannotIsolateError,
     KeyBroker,
@@ -232,7 +233,10 @@ class Cell:
         )
         base = self.state_dir or default_state_dir()
         if self.egress_broker is None:  # every worker's way out: its grant's destinations
-            self.egress_broker = EgressBroker(base / f"egress-{self.cell}-{os.getpid()}.sock")
+            self.egress_broker = EgressBroker(  # and the home's held secrets its grant names
+                base / f"egress-{self.cell}-{os.getpid()}.sock",
+                credentials=Credentials.from_home(self.app.keys.home),
+            )
         # A waiting coordinator keeps its sandbox while it holds a coordination slot
         # instead of a processing one: the pool holds room for both.
         # Idle sandboxes parked ahead of demand: as many as may run at once, plus the

@@ -7,7 +7,7 @@ from charter.sandbox._freezer import FREEZE_TIMEOUT, SandboxControl
 from charter.sandbox._host import UidLease, default_state_dir, hold_uid
 from charter.sandbox._peer import Member, PeerServer, Refusal, peer_uid
 from charter.sandbox._signals import SandboxSignals, sample_signals, sandbox_pid, workspace_bytes
-from charter.sandbox.egress import EgressBroker, EgressGrant
+from charter.sandbox.egress import WITHHELD_REASON, Credentials, EgressBroker, EgressGrant
 from charter.sandbox.errors import (
     HostCannotIsolateError,
     HostFactsError,
@@ -23,6 +23,8 @@ from charter.sandbox.errors import (
     WorkspaceRefusedError,
 )
 from charter.sandbox.events import (
+    CredentialInjected,
+    CredentialWithheld,
     EgressAttempted,
     EgressOpened,
     SandboxDiscarded,
@@ -85,6 +87,8 @@ __all__ = [
     # brokers
     "EgressBroker",
     "EgressGrant",
+    "Credentials",
+    "WITHHELD_REASON",
     "KeyBroker",
     "framed",
     "verify_signature",
@@ -104,6 +108,8 @@ __all__ = [
     # lifecycle events
     "EgressAttempted",
     "EgressOpened",
+    "CredentialInjected",
+    "CredentialWithheld",
     "SandboxDiscarded",
     "SandboxExited",
     "SandboxLeased",
