@@ -17,7 +17,10 @@ root, as a cell or a service holds it) grows its journal with 1000-wide fan-outs
 another root to each length, and at each length times width-5 spawns by the operator
 and by a worker (a depth-1 ``Caller``: the door's decision path, without the socket).
 Prints p50/p99 per length and the ratio of the longest to the shortest; exits 1 if a
-p50 ratio exceeds ``--history-ratio``.
+p50 ratio exceeds ``--history-ratio``. At each length it also times one-shot spawns: a
+fresh process (``python3 bench/spawn.py --one-shot URL HOME``) that opens the journal,
+spawns width 5 as the operator and closes, starting from the views' snapshot the
+long-lived process saved at that length (and once without it: the fold from zero).
 
     python3 bench/spawn.py --settled 5,1000 [--backend sqlite|postgres|both] [--runs 30]
         [--settled-ratio 1.2] [--pg URL]
@@ -36,13 +39,17 @@ Prints p50/p90 of each and the ratio; exits 1 if an ample-budget p50 ratio excee
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from uuid import UUID
 
+import psycopg
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate
 
@@ -192,10 +199,77 @@ def _grow(charter: Charter, target: int) -> None:
         charter.spawn("agent:filler", intent)
 
 
+ONE_SHOT_INTENT = SpawnIntent(
+    width=5,
+    objective="review each module of the package for risky calls",
+    estimated_cost=Budget.parse("tokens=100k,wall=10m,cpu=10m,mem=1GB,egress=0"),
+)
+
+
+def one_shot_main(url: str, home: Path) -> int:
+    """One operator spawn in this (fresh) process: open, spawn, close; prints the ms
+    from before the open to after the close, and where the views started from."""
+    start = time.perf_counter()
+    with Charter.open(
+        url, keys=KeyStore(home), settings=Settings(ceilings=UNBOUNDED_POPULATION)
+    ) as c:
+        c.spawn("agent:bench", ONE_SHOT_INTENT)
+        started = c.views.snapshot_position
+    ms = (time.perf_counter() - start) * 1000
+    print(json.dumps({"ms": ms, "from": started}))
+    return 0
+
+
+def _one_shot(url: str, home: Path) -> dict[str, float]:
+    script = Path(__file__).resolve()
+    done = subprocess.run(
+        [sys.executable, str(script), "--one-shot", url, str(home)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(done.stdout))
+
+
+def bench_one_shots(url: str, home: Path, samples: int) -> dict[str, list[float]]:
+    """One-shot spawn latencies (ms) from the snapshot just saved, and one without a
+    snapshot (the home copied without it: the fold from zero)."""
+    times: list[float] = []
+    for _ in range(samples):
+        run = _one_shot(url, home)
+        if run["from"] == 0:
+            raise SystemExit("a one-shot spawn did not start from the snapshot")
+        times.append(run["ms"])
+    bare = home.with_name(home.name + "-bare")
+    shutil.rmtree(bare, ignore_errors=True)
+    shutil.copytree(home, bare, ignore=shutil.ignore_patterns("views"))
+    run = _one_shot(url, bare)
+    shutil.rmtree(bare)
+    return {"one-shot": times, "one-shot, no snapshot": [run["ms"]]}
+
+
+def _settle(url: str) -> None:
+    """PostgreSQL after a bulk load: vacuum and analyze the journal's tables now, so
+    autovacuum does not do it in the background while the samples are taken (the
+    benchmark's own bulk growth, not something a spawn does)."""
+    if not url.startswith("postgresql"):
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE) charter_events")
+        conn.execute("VACUUM (ANALYZE) charter_batches")
+
+
 def bench_history(
-    url: str, home: Path, lengths: list[int], samples: int
+    url: str,
+    home: Path,
+    lengths: list[int],
+    samples: int,
+    one_shots: int = 5,
+    *,
+    settle: bool = True,
 ) -> dict[int, dict[str, list[float]]]:
-    """Width-5 spawn latencies (ms) at each journal length, operator and worker."""
+    """Width-5 spawn latencies (ms) at each journal length: operator and worker in the
+    long-lived process, then one-shot spawns in fresh processes."""
     settings = Settings(ceilings=UNBOUNDED_POPULATION)
     charter, _ = Charter.initialise(
         url,
@@ -223,6 +297,8 @@ def bench_history(
         )
         for length in lengths:
             _grow(charter, length)
+            if settle:
+                _settle(url)
             times: dict[str, list[float]] = {"operator": [], "worker": []}
             for i in range(samples + 2):
                 for name, caller in (("operator", root), ("worker", worker)):
@@ -230,6 +306,9 @@ def bench_history(
                     charter.spawn(caller, intent)
                     if i >= 2:  # two warm-ups
                         times[name].append((time.perf_counter() - start) * 1000)
+            if one_shots:
+                charter.save_views()  # what a long-lived process leaves for the next
+                times |= bench_one_shots(url, home, one_shots)
             out[length] = times
             head = charter.journal.head()
             print(f"  ... {length} entries (head {head[0] if head else 0}) measured", flush=True)
@@ -245,11 +324,16 @@ def history_main(args: argparse.Namespace) -> int:
             tmp = Path(d)
             if backend == "sqlite":
                 result = bench_history(
-                    f"sqlite:///{tmp / 'j.db'}", tmp / "home", lengths, args.samples
+                    f"sqlite:///{tmp / 'j.db'}",
+                    tmp / "home",
+                    lengths,
+                    args.samples,
+                    args.one_shots,
+                    settle=not args.no_settle,
                 )
             else:
                 with scratch_database(args.pg) as url:
-                    result = bench_history(url, tmp / "home", lengths, args.samples)
+                    result = bench_history(url, tmp / "home", lengths, args.samples, args.one_shots)
         print(f"width-5 spawn latency by journal length on {backend} ({args.samples} samples):")
         for length, times in result.items():
             cells = "   ".join(
@@ -258,7 +342,7 @@ def history_main(args: argparse.Namespace) -> int:
             )
             print(f"  {length:>9} entries   {cells}")
         first, last = result[lengths[0]], result[lengths[-1]]
-        for name in first:
+        for name in ("operator", "worker"):
             ratio50 = statistics.median(last[name]) / statistics.median(first[name])
             ratio99 = percentile(last[name], 0.99) / percentile(first[name], 0.99)
             met = ratio50 <= args.history_ratio
@@ -374,7 +458,14 @@ def main() -> int:
     parser.add_argument("--depth-ratio", type=float, default=1.2)
     parser.add_argument("--settled", default=None, help="fan-out widths, e.g. 5,1000")
     parser.add_argument("--settled-ratio", type=float, default=1.2)
+    parser.add_argument("--one-shot", nargs=2, metavar=("URL", "HOME"), default=None)
+    parser.add_argument("--one-shots", type=int, default=5, help="fresh processes per length")
+    parser.add_argument(
+        "--no-settle", action="store_true", help="PostgreSQL: no VACUUM ANALYZE after growth"
+    )
     args = parser.parse_args()
+    if args.one_shot:
+        return one_shot_main(args.one_shot[0], Path(args.one_shot[1]))
     if args.history:
         return history_main(args)
     if args.settled:

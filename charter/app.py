@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from charter.authority import GatePolicy, SpawnIntent
 from charter.budgets import CapInputs, FabricCeilings, ResourceClass
@@ -33,10 +33,12 @@ from charter.control import (
     HostLoad,
     SpawnResult,
     SpawnService,
+    VerdictAction,
     Views,
     WorkerSpec,
     custody_key_name,
     host_cap_inputs,
+    operator_verdict,
     register_root,
     revoke,
 )
@@ -44,15 +46,17 @@ from charter.core import (
     BadInputError,
     Budget,
     CharterError,
+    CheckedModel,
     KeyStore,
     Lineage,
     StateError,
     charter_home,
     describe_invalid,
 )
-from charter.ledger import Journal, JournalCreated, Location, resolve_location
+from charter.ledger import Journal, JournalCreated, Location, SnapshotFile, resolve_location
 from charter.projections import Projector
 from charter.sandbox import (
+    Credentials,
     EgressBroker,
     EgressGrant,
     Launcher,
@@ -61,12 +65,30 @@ from charter.sandbox import (
     default_state_dir,
 )
 
-__all__ = ["JOURNAL_KEY", "CellSetup", "Charter", "Initialised", "Settings"]
+__all__ = [
+    "JOURNAL_KEY",
+    "CellSetup",
+    "Charter",
+    "Initialised",
+    "Settings",
+    # what the CLI needs of the journal itself (it reaches the ledger only here)
+    "Journal",
+    "Location",
+    "read_journal",
+    "resolve_location",
+]
 
 JOURNAL_KEY = "journal"
 
 
-class Settings(BaseModel):
+def read_journal(db: str | Location | None = None) -> Journal:
+    """The journal at ``db`` (``--db``, ``CHARTER_DB`` or the home's) only to read
+    (verify, show): nothing is written, and a file this user may not write is read
+    without side files (see :meth:`Journal.open`)."""
+    return Journal.open(db, read_only=True)
+
+
+class Settings(CheckedModel):
     """Configuration that is not in the journal: the fabric ceilings and this host's cell."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -124,7 +146,7 @@ class Settings(BaseModel):
             ) from e
 
 
-class CellSetup(BaseModel):
+class CellSetup(CheckedModel):
     """A cell's caps as an operator configures them (``init`` and ``cell configure``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -248,7 +270,8 @@ class Charter:
         # The adaptive processing cap's inputs: the host's load unless a cell of this
         # process was told to ignore it (``cell_for(ignore_host_load=True)``).
         self.host_load: HostLoad = host_cap_inputs
-        self.views = Views()
+        # The views start from this home's snapshot of this journal, when it matches.
+        self.views = Views(SnapshotFile(keys.home / "views", journal, "views"))
         self._spawner = SpawnService(
             journal,
             keystore=keys,
@@ -368,7 +391,19 @@ class Charter:
         return record
 
     def close(self) -> None:
-        self.journal.close()
+        """Save the views (if they moved far enough: ``Views.save``), close the journal."""
+        try:
+            self.save_views()
+        finally:
+            self.journal.close()
+
+    def save_views(self) -> bool:
+        """Snapshot the views for the next process (a long-lived one may call it at
+        any time): True if saved. Never fails a command: a snapshot is a cache."""
+        try:
+            return self.views.save()
+        except (OSError, CharterError):
+            return False
 
     def __enter__(self) -> Charter:
         return self
@@ -441,6 +476,24 @@ class Charter:
         committed = revoke(self.journal, self.views, target, reason or "revoked by the operator")
         return None if committed is None else committed.position
 
+    def verdict(
+        self,
+        lineage: str | Lineage,
+        action: VerdictAction,
+        *,
+        reason: str = "",
+        quota_permille: int | None = None,
+        operator: str = "operator",
+    ) -> int:
+        """Append an operator's verdict on a started worker (its position): the cell
+        that runs it carries it out (docs/supervision.md, "Verdicts and what each does")."""
+        target = lineage if isinstance(lineage, Lineage) else Lineage(lineage)
+        committed = operator_verdict(
+            self.journal, target, action, operator=operator, reason=reason,
+            quota_permille=quota_permille,
+        )  # fmt: skip
+        return committed.position
+
     def processing_cap(self, cell: str | None = None) -> int:
         """The cell's committed processing cap (what ``cell configure``/``init`` journaled)."""
         name = cell or self.settings.cell
@@ -477,7 +530,14 @@ class Charter:
         with contextlib.ExitStack() as stack:
             broker = None
             if egress is not None and egress.destinations:
-                broker = stack.enter_context(EgressBroker(state / f"egress-{os.getpid()}.sock"))
+                # The grant's held secrets, opened from the home for the broker alone.
+                held = (
+                    Credentials.from_home(self.keys.home, egress.secrets)
+                    if egress.secrets
+                    else None
+                )
+                sock = state / f"egress-{os.getpid()}.sock"
+                broker = stack.enter_context(EgressBroker(sock, credentials=held))
             # The Launcher passes the isolation gate (journaled) first.
             launcher = Launcher(self.journal, state_dir=state, egress=broker)
             return launcher.run(budget, command, workspace=workspace, grant=egress, stdout=stdout)

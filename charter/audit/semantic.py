@@ -126,9 +126,11 @@ KNOWN_TOPICS = frozenset(
         "BudgetSettled",
         "CanariesPlanted",
         "CeilingCheckFailedOpen",
-        "CellConfigured",
         "CellClaimRenewed",
+        "CellConfigured",
         "CellStarted",
+        "CredentialInjected",
+        "CredentialWithheld",
         "EgressAttempted",
         "EgressOpened",
         "GateDecided",
@@ -140,6 +142,9 @@ KNOWN_TOPICS = frozenset(
         "LeaseReleased",
         "LeaseRenewed",
         "LineageRevoked",
+        "ModelCallRefused",
+        "ModelCallReserved",
+        "ModelCallSettled",
         "PauseVerdict",
         "QuarantineVerdict",
         "ResumeVerdict",
@@ -163,6 +168,7 @@ KNOWN_TOPICS = frozenset(
         "WorkerScheduled",
         "WorkerStarted",
         "WorkerWaiting",
+        "WorkspaceDigested",
     )
 )
 _AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")

@@ -13,13 +13,14 @@ pydantic's ``ValidationError``, so ``.errors()`` and code that catches it still 
 from __future__ import annotations
 
 import copy
-from typing import Any, Self
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
 from charter.authority._axes import Clearance, Destination, PermissionMode, SecretName
 from charter.authority._axes import ToolName as _ToolName
 from charter.authority.errors import InvalidRequestError
+from charter.core import CheckedModel
 from charter.core.budget import Budget
 
 MAX_FANOUT = 1_000_000  # children one grant may allow in all
@@ -34,30 +35,11 @@ __all__ = [
 MAX_WIDTH = 10_000
 
 
-class _Request(BaseModel):
+class _Request(CheckedModel):
     """Base of the public request types: a bad value raises InvalidRequestError (a
-    CharterError), never a bare pydantic error. Nested validation (a request inside
-    another model) is pydantic's own, and the JSON Schema is unchanged."""
+    CharterError), never a bare pydantic error."""
 
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as e:
-            raise InvalidRequestError.of(e, type(self).__name__) from None
-
-    @classmethod
-    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
-        try:
-            return super().model_validate(obj, **kwargs)
-        except ValidationError as e:
-            raise InvalidRequestError.of(e, cls.__name__) from None
-
-    @classmethod
-    def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> Self:
-        try:
-            return super().model_validate_json(json_data, **kwargs)
-        except ValidationError as e:
-            raise InvalidRequestError.of(e, cls.__name__) from None
+    invalid_error = InvalidRequestError
 
 
 class RequestedGrant(_Request):

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import ValidationError
-
-from charter.core.errors import BadInputError, RefusedError, StateError, describe_invalid
+from charter.core.errors import BadInputError, InvalidModelError, RefusedError, StateError
 
 __all__ = [
     # bad input
@@ -49,27 +47,9 @@ class GrantFormatError(BadInputError):
     """Sealed-grant bytes are not a canonical Charter grant."""
 
 
-class InvalidRequestError(ValidationError, BadInputError):
-    """A request type (``SpawnIntent``, ``RequestedGrant``) was built from bad values.
-    Its message is :func:`~charter.core.errors.describe_invalid`'s one line, without
-    pydantic's type codes and links; it is also pydantic's ``ValidationError``, so
-    ``.errors()`` and code that catches pydantic's error keep working."""
-
-    def __str__(self) -> str:
-        return f"invalid {self.title}: {describe_invalid(self)}"
-
-    @classmethod
-    def of(cls, error: ValidationError, title: str) -> BadInputError:
-        """``error`` (from building ``title``) as a CharterError: a plain
-        BadInputError with the same message for an error pydantic cannot rebuild."""
-        try:
-            rebuilt: BadInputError = cls.from_exception_data(
-                title,
-                error.errors(include_url=False),  # type: ignore[arg-type]
-            )
-        except (TypeError, ValueError, KeyError):
-            return BadInputError(f"invalid {title}: {describe_invalid(error)}")
-        return rebuilt
+class InvalidRequestError(InvalidModelError):
+    """A request type (``SpawnIntent``, ``RequestedGrant``) was built from bad values
+    (the same one-line message as every public model's, see ``InvalidModelError``)."""
 
 
 class AgentExistsError(StateError):

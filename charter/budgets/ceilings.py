@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from charter.budgets.errors import DepthCeilingError, PopulationCeilingError
+from charter.core import CheckedModel
 from charter.core.errors import RefusedError
 from charter.core.events import Event
 from charter.core.lineage import MAX_LINEAGE_DEPTH, Lineage
@@ -27,7 +28,7 @@ DEFAULT_POPULATION_CEILING = 10_000
 DEFAULT_DEPTH_CEILING = 8
 
 
-class FabricCeilings(BaseModel):
+class FabricCeilings(CheckedModel):
     """The configured ceilings (``CHARTER_POPULATION_CEILING``, ``CHARTER_DEPTH_CEILING``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -16,8 +16,7 @@ import click
 if TYPE_CHECKING:  # imported when a command runs: `charter --help` loads no pydantic
     from pydantic import ValidationError
 
-    from charter.app import Charter
-    from charter.ledger import Journal
+    from charter.app import Charter, Journal
 
 __all__ = [
     "AsciiIntRange",
@@ -74,8 +73,7 @@ class Ctx:
         """The journal at --db (or the home's) with its home, to read and write; a
         ``reader`` (tree, budgets, slots) given a SQLite file this user may not write
         opens it read-only, and folds its projections into a private scratch file."""
-        from charter.app import Charter
-        from charter.ledger import resolve_location
+        from charter.app import Charter, resolve_location
 
         self.refuse_missing_journal()
         path = resolve_location(self.db).path
@@ -85,19 +83,18 @@ class Ctx:
     def open_journal(self) -> Journal:
         """The journal at --db (or the home's), only to read (verify, show): nothing is
         written, and a file this user may not write is read without side files."""
-        from charter.ledger import Journal
+        from charter.app import read_journal
 
         self.refuse_missing_journal()
-        return Journal.open(self.db, read_only=True)
+        return read_journal(self.db)
 
     def refuse_missing_journal(self) -> None:
         """The home's own journal is gone but the home still holds its signing key
         (deleted or moved): one piece of advice for every command, `init` included."""
         if self.db is not None:
             return
-        from charter.app import JOURNAL_KEY
+        from charter.app import JOURNAL_KEY, resolve_location
         from charter.core import JournalMissingError, KeyStore
-        from charter.ledger import resolve_location
 
         location = resolve_location(None)
         keys = KeyStore()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from charter.authority import (
     MAX_FANOUT,
@@ -29,7 +29,7 @@ from charter.authority import (
 )
 from charter.authority.errors import AgentExistsError, UnknownAgentError
 from charter.budgets import BudgetLedgerOpened
-from charter.core import MAX_LINEAGE_DEPTH, Budget, Event, KeyStore, Lineage, now_ms
+from charter.core import MAX_LINEAGE_DEPTH, Budget, CheckedModel, Event, KeyStore, Lineage, now_ms
 from charter.core.budget import MAX_TTL_S
 from charter.core.destination import Destination
 from charter.core.framing import grant_digest
@@ -52,7 +52,7 @@ def custody_key_name(name: str) -> str:
     return f"agent-{name}"
 
 
-class Ceiling(BaseModel):
+class Ceiling(CheckedModel):
     """A durable agent's ceiling grant, as an operator writes it (CLI options)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

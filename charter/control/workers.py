@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from charter.control.errors import CellSupersededError
 from charter.control.handler import Pinned, append_pinned
 from charter.control.resources import AdmissionService, BudgetService, Live
 from charter.control.views import Views
-from charter.core import CharterError, Lineage, now_ms
+from charter.core import CharterError, CheckedModel, Lineage, now_ms
 from charter.core.events import Event
 from charter.core.framing import worker_inputs_digest
 from charter.ledger import (
@@ -72,7 +72,7 @@ def inputs_digest(argv: tuple[str, ...], inputs: tuple[str, ...]) -> str:
     return worker_inputs_digest(argv, inputs).hex()
 
 
-class WorkerSpec(BaseModel):
+class WorkerSpec(CheckedModel):
     """What one child runs: an absolute program path with its arguments, and inputs
     appended to them when it starts. No identity: the cell and lineage come from the
     fan-out."""
@@ -88,9 +88,12 @@ class WorkerSpec(BaseModel):
     @model_validator(mode="after")
     def _absolute_program(self) -> WorkerSpec:
         if not self.argv[0].startswith("/"):
-            raise ValueError(f"a worker's program must be an absolute path, not {self.argv[0]!r}")
+            raise ValueError(
+                f"argv[0], a worker's program, must be an absolute path (like "
+                f"/usr/bin/python3), not {self.argv[0]!r}"
+            )
         if any("\0" in a for a in (*self.argv, *self.inputs)):
-            raise ValueError("a worker's arguments cannot hold NUL bytes")
+            raise ValueError("a worker's argv and inputs cannot hold NUL bytes")
         return self
 
     @property

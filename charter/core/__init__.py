@@ -2,6 +2,7 @@
 budget vector, the event base and registry, every hash domain and framing, the clock,
 lineage addressing, egress destinations, and the Charter home with its keys."""
 
+from charter.core._model import CheckedModel
 from charter.core.budget import Budget
 from charter.core.clock import Clock, entry_ms, now_ms
 from charter.core.errors import (
@@ -11,6 +12,7 @@ from charter.core.errors import (
     CharterError,
     HomeUnusableError,
     InternalError,
+    InvalidModelError,
     JournalMissingError,
     KeyNotFoundError,
     KeyPermissionsError,
@@ -38,11 +40,14 @@ __all__ = [
     "AxisValueError",
     "BudgetSyntaxError",
     "LineageError",
+    "InvalidModelError",
     "HomeUnusableError",
     "JournalMissingError",
     "KeyNotFoundError",
     "KeyPermissionsError",
     "describe_invalid",
+    # the base of the public models (bad values raise InvalidModelError)
+    "CheckedModel",
     # values
     "Budget",
     "Lineage",

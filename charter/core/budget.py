@@ -10,8 +10,9 @@ import re
 from decimal import Decimal
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from charter.core._model import CheckedModel
 from charter.core.errors import BudgetSyntaxError
 
 __all__ = [
@@ -88,7 +89,7 @@ def parse_duration_ms(text: str) -> int:
     return _parse_quantity("duration", text, _TIME_UNITS_MS)
 
 
-class Budget(BaseModel):
+class Budget(CheckedModel):
     """A non-negative amount on each of the five axes."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -13,10 +13,11 @@ its errors from these; the CLI maps each group to an exit code once (see docs/cl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from pydantic import ValidationError
+# pydantic's error type lives in pydantic_core (small to import): the error a public
+# model's bad value raises is both it and a BadInputError (InvalidModelError).
+from pydantic_core import ValidationError
 
 __all__ = [
     "describe_invalid",
@@ -31,12 +32,18 @@ __all__ = [
     "AxisValueError",
     "BudgetSyntaxError",
     "LineageError",
+    "InvalidModelError",
     # state of the home and the journal's types
     "HomeUnusableError",
     "JournalMissingError",
     "KeyNotFoundError",
     "KeyPermissionsError",
     "UnknownEventTypeError",
+    # held secrets
+    "SecretNotFoundError",
+    "SecretExistsError",
+    "SecretSourceError",
+    "SecretSealBrokenError",
 ]
 
 
@@ -116,6 +123,32 @@ class LineageError(BadInputError):
     """A lineage path is malformed, empty, overlong, or has characters it may not have."""
 
 
+class InvalidModelError(ValidationError, BadInputError):
+    """A public model (``Budget``, ``Ceiling``, ``CellSetup``, ``WorkerSpec``, …) was
+    built from bad values. Its message is :func:`describe_invalid`'s one line (each
+    field and what is wrong with it), without pydantic's type codes and links; it is
+    also pydantic's ``ValidationError``, so ``.errors()`` and code that catches
+    pydantic's error keep working."""
+
+    def __str__(self) -> str:
+        # A check of the whole model has no field: its message says which.
+        text = describe_invalid(self).removeprefix(f"{self.title}: ")
+        return f"invalid {self.title}: {text}"
+
+    @classmethod
+    def of(cls, error: ValidationError, title: str) -> BadInputError:
+        """``error`` (from building ``title``) as a CharterError: a plain
+        BadInputError with the same message for an error pydantic cannot rebuild."""
+        try:
+            rebuilt: BadInputError = cls.from_exception_data(
+                title,
+                error.errors(include_url=False),  # type: ignore[arg-type]
+            )
+        except (TypeError, ValueError, KeyError):
+            return BadInputError(f"invalid {title}: {describe_invalid(error)}")
+        return rebuilt
+
+
 class AxisValueError(BadInputError):
     """A grant axis value (tool, destination, secret, level, …) is not valid."""
 
@@ -139,6 +172,25 @@ class KeyNotFoundError(StateError):
 
 class KeyPermissionsError(StateError):
     """A key file or the keys directory is readable by others; refuse to use it."""
+
+
+class SecretNotFoundError(StateError):
+    """No held secret of that name in the Charter home."""
+
+
+class SecretExistsError(StateError):
+    """A held secret of that name exists already; remove it first to replace it."""
+
+
+class SecretSourceError(BadInputError):
+    """A secret's source cannot be used: a file that cannot be read, an unset or empty
+    environment variable, a certificate file without its key, or a value with bytes a
+    header cannot carry."""
+
+
+class SecretSealBrokenError(TamperedError):
+    """A sealed secret does not open with the home's secrets key (changed on disk, moved
+    from another name, or sealed under another key)."""
 
 
 class UnknownEventTypeError(StateError):

@@ -8,8 +8,9 @@ lock), with the fold base that read models follow the journal with. It knows
 
 from typing import TYPE_CHECKING, Any
 
-from charter.ledger._follow import Folds, JournalFold
+from charter.ledger._follow import Folds, JournalFold, cyclic_gc_paused
 from charter.ledger._location import Location, resolve_location
+from charter.ledger._snapshot import Snapshot, SnapshotFile
 from charter.ledger._sqlite import ChainedSQLiteProcessRecorder, sqlite_uri
 from charter.ledger.errors import (
     AlreadyTrackedError,
@@ -34,6 +35,9 @@ __all__ = [
     "Entry",
     "Folds",
     "JournalFold",
+    "cyclic_gc_paused",
+    "Snapshot",
+    "SnapshotFile",
     "Location",
     "resolve_location",
     "sqlite_uri",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import ClassVar
 
@@ -12,7 +14,23 @@ from charter.ledger._app import decode_state
 from charter.ledger._rows import stamp_of
 from charter.ledger.journal import Committed, Journal
 
-__all__ = ["JournalFold"]
+__all__ = ["Folds", "JournalFold", "cyclic_gc_paused"]
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """For building many objects at once (a long fold, a snapshot's load): they make
+    no reference cycles, but the cyclic collector keeps re-scanning them as they pile
+    up and frees nothing (a snapshot's load is 2-2.5x faster without it); reference
+    counting still frees everything as usual. Another thread's pause may end first:
+    then the collector runs again, which is only slower."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class JournalFold:
@@ -99,12 +117,13 @@ class Folds(JournalFold):
     def refresh(self, journal: Journal) -> None:
         self.position = min(f.position for f, _ in self._folds)
         wanted = frozenset().union(*(w for _, w in self._folds))
-        for position, settled in _read(journal, self.position + 1, wanted, self.apply):
-            self.position = position
-            self.settled_ms = max(self.settled_ms, settled)
-            for fold, _ in self._folds:
-                fold.position = max(fold.position, self.position)
-                fold.settled_ms = max(fold.settled_ms, self.settled_ms)
+        with cyclic_gc_paused():
+            for position, settled in _read(journal, self.position + 1, wanted, self.apply):
+                self.position = position
+                self.settled_ms = max(self.settled_ms, settled)
+                for fold, _ in self._folds:
+                    fold.position = max(fold.position, self.position)
+                    fold.settled_ms = max(fold.settled_ms, self.settled_ms)
 
     def applied(self, committed: Sequence[Committed]) -> None:
         for fold, _ in self._folds:

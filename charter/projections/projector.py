@@ -9,14 +9,12 @@ all of a step or none of it, and a restart resumes exactly after the last commit
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import TracebackType
 
 from charter.core import InternalError, now_ms
-from charter.ledger import Journal
+from charter.ledger import Journal, cyclic_gc_paused
 from charter.projections import _postgres, _sqlite
 from charter.projections._answers import (
     BudgetReport,
@@ -27,7 +25,7 @@ from charter.projections._answers import (
     gone_cells,
     worker_shown,
 )
-from charter.projections._fold import L_LINEAGE, Fold, at_ms_of_state
+from charter.projections._fold import L_LINEAGE, L_SPENT, Fold, at_ms_of_state
 from charter.projections._store import NEWEST_TABLE, ProjectionStore
 from charter.projections.errors import PositionBeyondHeadError, ProjectionConflictError
 
@@ -47,20 +45,6 @@ def _store_for(journal: Journal, prefix: str) -> ProjectionStore:
             return _sqlite.SQLiteProjectionStore.scratch(prefix, tracking)
         return _sqlite.SQLiteProjectionStore(location.path, prefix, tracking)
     return _postgres.PostgresProjectionStore(location.conninfo or {}, prefix, tracking)
-
-
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """The fold makes no reference cycles, but on a long range the cyclic collector
-    keeps re-scanning the fold's many live rows (about 5% of a rebuild) and frees
-    nothing; reference counting still frees everything as usual."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class Projector:
@@ -132,7 +116,7 @@ class Projector:
             self._fold = fold
 
     def _fold_range(self, cur: object, fold: Fold, start: int, stop: int) -> None:
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             for batch in self.journal.payloads(start, stop):
                 fold.apply_rows(batch)
                 self.store.apply(cur, fold.take(final=False))
@@ -229,6 +213,7 @@ class Projector:
         status = {row[L_LINEAGE]: _status(row, at_ms) for row in ledgers}
         gone = gone_cells(claims, at_ms)
         worker = {str(row[0]): worker_shown(row, gone) for row in workers}
+        tokens = {row[L_LINEAGE]: int(row[L_SPENT]) for row in ledgers}  # tokens: axis 0
         out = [
             TreeNode(
                 lineage=lin,
@@ -239,6 +224,7 @@ class Projector:
                 fanout=fanout,
                 status=status.get(lin, "no-ledger"),
                 worker=worker.get(lin),
+                tokens_spent=tokens.get(lin),
             )
             for lin, parent, depth, kind, pos, fanout in nodes
         ]

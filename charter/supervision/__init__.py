@@ -24,6 +24,7 @@ from charter.supervision.events import (
     Verdict,
     WorkerProfiled,
     WorkerSampled,
+    WorkspaceDigested,
     baseline_stream,
     supervise_stream,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "Verdict",
     "WorkerProfiled",
     "WorkerSampled",
+    "WorkspaceDigested",
     "baseline_stream",
     "supervise_stream",
     # errors
