@@ -33,7 +33,7 @@ from charter.runner._supervise import (
 from charter.runner._view import WorkersView
 from charter.runner.cell import Cell
 from charter.runner.errors import SupervisionPolicyError
-from charter.runner.events import WorkerEnded, WorkerResult, WorkerStarted
+from charter.runner.events import WorkerEnded, WorkerKilled, WorkerResult, WorkerStarted
 from charter.runner.status import Row, cell_status, tree_rows
 from charter.sandbox import SandboxExited
 from charter.supervision import (
@@ -214,8 +214,16 @@ def test_a_decoy_read_is_a_quarantine_within_a_second_and_a_hog_gets_a_verdict(
     profiles = {e.event.lineage: e.event for e in entries if isinstance(e.event, WorkerProfiled)}
     assert {profiles[x].outcome for x in honest} == {"completed"}
     assert profiles[hog].outcome == "killed"
+    # The cell acts on the committed quarantine: the reader is killed, after its verdict.
+    kill = next(
+        e for e in entries if isinstance(e.event, WorkerKilled) and e.event.lineage == reader
+    )
+    assert kill.position > quarantine.position
+    ends = {e.event.lineage: e.event for e in entries if isinstance(e.event, WorkerEnded)}
+    assert ends[reader].outcome == "killed"
+    assert kill.recorded_at.timestamp() - read_at <= 1.0  # touch to kill within 1 s
     changes, checked = replay(entries, policy)
-    assert changes == 12 + 2  # the honest twelve, then the reader and its neighbour
+    assert changes == 12 + 1  # the honest twelve, then the neighbour (the reader was killed)
     assert checked == len(verdicts)
 
 
@@ -270,7 +278,9 @@ def test_each_live_worker_is_sampled_every_interval(tmp_path: Path, state_dir: P
     gaps = [b - a for t in seen.values() for a, b in itertools.pairwise(t)]
     assert gaps
     assert max(gaps) <= 2 * SAMPLE_INTERVAL_S, max(gaps)
-    assert min(gaps) >= SAMPLE_INTERVAL_S * 0.5
+    # Not oversampled either: a late pass makes the next start at once, but on average
+    # the sampler keeps its interval.
+    assert sum(gaps) / len(gaps) >= SAMPLE_INTERVAL_S * 0.8
 
 
 def test_the_policy_file(tmp_path: Path) -> None:
