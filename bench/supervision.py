@@ -48,7 +48,7 @@ from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import Ceiling, WorkerSpec, steady_load
 from charter.core import Budget, KeyStore
 from charter.runner import cell_for, run_cell
-from charter.runner.events import WorkerEnded, WorkerStarted
+from charter.runner.events import WorkerEnded, WorkerKilled, WorkerStarted
 from charter.sandbox import SandboxLeased
 from charter.supervision import QuarantineVerdict
 
@@ -196,14 +196,22 @@ def cell_touch_to_verdict(touches: int, state: Path) -> dict[str, float]:
         run_cell(cell, once=True)
         read: dict[str, float] = {}
         verdict: dict[str, float] = {}
-        for entry in charter.journal.entries(types=("WorkerResult", "QuarantineVerdict")):
+        killed: dict[str, float] = {}
+        kinds = ("WorkerResult", "QuarantineVerdict", "WorkerKilled")
+        for entry in charter.journal.entries(types=kinds):
             event = entry.event
             if isinstance(event, QuarantineVerdict):
                 verdict.setdefault(event.lineage, entry.recorded_at.timestamp())
+            elif isinstance(event, WorkerKilled):
+                killed.setdefault(event.lineage, entry.recorded_at.timestamp())
             else:
                 read[event.lineage] = int(event.text.split()[0]) / 1e9  # type: ignore[attr-defined]
     latency = [verdict[x] - t for x, t in read.items() if x in verdict]
+    to_kill = [killed[x] - t for x, t in read.items() if x in killed]
     return {
+        "kills": len(killed),
+        "touch_to_kill_journaled_p50_s": percentile(to_kill, 0.5),
+        "touch_to_kill_journaled_p99_s": percentile(to_kill, 0.99),
         "touches": touches,
         "reads": len(read),
         "verdicts": len(verdict),

@@ -228,7 +228,17 @@ class Supervisor:
         if w is None:
             return
         self._sample(w, decide_too=False)
-        w.standing = None  # nothing more is decided on it, and no touch reported
+        self.stand_down(lineage)
+
+    def stand_down(self, lineage: str) -> None:
+        """Nothing more is decided or reported on ``lineage``: it exited, or Charter
+        itself is about to read its workspace (a quarantine's digest opens the decoy
+        too, from the host, while the sandbox is frozen: that open is no worker's)."""
+        with self._mu:
+            w = self._watched.get(lineage)
+        if w is None:
+            return
+        w.standing = None
         if w.wd is not None:
             self.watch.unwatch(w.wd)
             w.wd = None

@@ -274,6 +274,7 @@ class Cell:
                 self.journal, self._lock, policy, egress=self.egress_broker, held=self.driver.holds
             )
             self.driver.forget = self.supervisor.forget
+            self.verdicts.before_digest = self.supervisor.stand_down
         filler.start()
         self.claimant.renew_every_third(self.claim_s, self._fence)
         return started
