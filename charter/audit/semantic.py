@@ -274,11 +274,10 @@ class _Claim:
 
 @dataclass
 class _Allowance:
-    """The journal bytes a worker caused, the egress charged to it, its refusals."""
+    """The journal bytes a worker caused, and its refusal."""
 
     worker: bool = False  # scheduled: only a worker's allowance is bounded
     caused: int = 0
-    egress: int = 0
     refused: int | None = None  # position of its journaled refusal
 
 
@@ -304,6 +303,7 @@ class _Auditor:
         self.ended_workers: dict[str, int] = {}  # lineage → position of its end
         self.claims: dict[str, _Claim] = {}  # cell → its newest incarnation's claim
         self.allowances: dict[str, _Allowance] = {}
+        self.egress: dict[str, int] = {}  # lineage → egress charged to it (usage)
         self._handlers = self._make_handlers()
         self.last_at = 0
         self.position = 0
@@ -409,7 +409,9 @@ class _Auditor:
 
     def usage(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
-        self._allowance(lineage).egress += int(p["amount"]["egress_bytes"])
+        egress = p["amount"]["egress_bytes"]
+        if egress:  # the hot path: one dict update, and only for egress charged
+            self.egress[lineage] = self.egress.get(lineage, 0) + int(egress)
         ledger = self.books.get(lineage)
         if ledger is None:
             self.find(
@@ -766,13 +768,14 @@ class _Auditor:
     def _caused(self, lineage: str, nbytes: int) -> None:
         a = self._allowance(lineage)
         a.caused += nbytes
-        bound = JOURNAL_FLOOR + a.egress
+        egress = self.egress.get(lineage, 0)
+        bound = JOURNAL_FLOOR + egress
         if a.worker and a.caused > bound:
             self.find(
                 "journal-allowance",
                 lineage,
                 f"{lineage} caused {a.caused} journal bytes, over its {JOURNAL_FLOOR}-byte "
-                f"floor and the {a.egress} bytes of egress charged to it",
+                f"floor and the {egress} bytes of egress charged to it",
             )
 
     def worker_scheduled(self, p: dict[str, Any], _: int) -> None:
