@@ -184,6 +184,7 @@ KNOWN_TOPICS = frozenset(
         "WorkerKilled",
         "WorkerProfiled",
         "WorkerResult",
+        "WorkerSampled",
         "WorkerScheduled",
         "WorkerStarted",
         "WorkerWaiting",

@@ -63,7 +63,7 @@ from charter.control.handler import Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
 from charter.control.resources import settled
 from charter.control.views import Views
-from charter.control.workers import WorkerScheduled, WorkerSpec
+from charter.control.workers import WorkerScheduled, WorkerSpec, task_class_of
 from charter.core import (
     BadInputError,
     CharterError,
@@ -442,6 +442,7 @@ class SpawnService:
                 inputs=spec.inputs,
                 inputs_digest=spec.digest(),
                 grant_digest=child.sealed.digest.hex(),
+                task_class=spec.task_class or task_class_of(spec.argv),
             )
             for child, spec in zip(decision.children, specs, strict=True)
         )

@@ -56,6 +56,7 @@ __all__ = [
     "end_outcome",
     "cellrun_stream",
     "inputs_digest",
+    "task_class_of",
 ]
 
 MAX_ARGS = 256
@@ -80,6 +81,9 @@ class WorkerSpec(CheckedModel):
 
     argv: tuple[Arg, ...] = Field(min_length=1, max_length=MAX_ARGS)
     inputs: tuple[Arg, ...] = Field(default=(), max_length=MAX_ARGS)
+    # The class whose baseline supervision holds it against (docs/supervision.md);
+    # None: derived from its program (:func:`task_class_of`).
+    task_class: str | None = Field(default=None, min_length=1, max_length=200)
 
     @model_validator(mode="after")
     def _absolute_program(self) -> WorkerSpec:
@@ -114,6 +118,9 @@ class WorkerScheduled(Event):
     inputs: tuple[str, ...] = ()
     inputs_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     grant_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # Optional so that journals written before task classes stay readable: None reads
+    # as the class derived from its program (:attr:`klass`).
+    task_class: str | None = None
 
     def stream(self) -> str:
         return worker_stream(self.lineage)
@@ -121,6 +128,18 @@ class WorkerScheduled(Event):
     @property
     def command(self) -> tuple[str, ...]:
         return (*self.argv, *self.inputs)
+
+    @property
+    def klass(self) -> str:
+        """Its task class: the one it was scheduled with, else its program's name."""
+        return self.task_class or task_class_of(self.argv)
+
+
+def task_class_of(argv: tuple[str, ...]) -> str:
+    """The task class of a worker that names none: its program's file name
+    (``/usr/bin/python3`` -> ``python3``), or ``default``."""
+    name = argv[0].rstrip("/").rpartition("/")[2] if argv else ""
+    return name or "default"
 
 
 def worker_stream(lineage: str) -> str:

@@ -42,6 +42,7 @@ class Driver:
         self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
         self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
         self._threads: list[threading.Thread] = []
+        self.forget: Callable[[str], None] = lambda lineage: None  # a start that never was
         self._quarantined: dict[str, str] = {}  # lineage -> why its sandbox is withheld
 
     # -- sandboxes -------------------------------------------------------------------
@@ -98,6 +99,7 @@ class Driver:
     def unstarted(self, lineage: str, slot: Slot) -> None:
         """A slot leased for a start that did not commit: its key and the slot go back."""
         self.custody.release(lineage)
+        self.forget(lineage)
         self.give_back(slot)
 
     def destroy(self, lineage: str) -> None:

@@ -82,13 +82,13 @@ def wait_bytes(event: WorkerWaiting) -> int:
 
 def spawn_bytes(width: int, workers: Sequence[WorkerSpec]) -> int:
     """What a spawn costs its caller: the worker-chosen bytes of every child's schedule
-    (``argv`` and ``inputs``, as canonical JSON, once per child: one spec given for all
-    is journaled in each), plus two entries' overhead (the gate's decision and a
+    (``argv``, ``inputs`` and ``task_class``, as canonical JSON, once per child: one
+    spec given for all is journaled in each), plus two entries' overhead (the gate's decision and a
     refusal, when it is refused). The rest of a child's events are of bounded size and
     counted per lease."""
     specs = list(workers) if len(workers) == width else [workers[0]] * width
     return 2 * ENTRY_OVERHEAD + sum(
-        len(canonical_json([list(s.argv), list(s.inputs)])) for s in specs
+        len(canonical_json([list(s.argv), list(s.inputs), s.task_class or ""])) for s in specs
     )
 
 

@@ -122,6 +122,8 @@ class VerdictActs:
     driver: Callable[[], Driver | None]
     kill_one: Callable[[str, str], None]
     carry_out_kills: Callable[[], None]
+    # Called before a quarantine reads the workspace (the supervisor stops watching it).
+    before_digest: Callable[[str], None] = lambda lineage: None
 
     def __post_init__(self) -> None:
         self.fold = VerdictsFold()
@@ -176,6 +178,7 @@ class VerdictActs:
         with contextlib.suppress(SandboxUnavailableError):
             control.freeze()
         lineage = verdict.lineage
+        self.before_digest(lineage)
         try:
             d = digest_workspace(slot.spec)
             digested = WorkspaceDigested(

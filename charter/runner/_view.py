@@ -18,6 +18,7 @@ from charter.runner.events import (
     WorkerWaiting,
 )
 from charter.sandbox import SandboxExited, SandboxLeased
+from charter.supervision import WorkerSampled
 
 __all__ = ["WorkerRecord", "WorkersView"]
 
@@ -38,6 +39,7 @@ class WorkerRecord:
     result: WorkerResult | None = None
     ended: WorkerEnded | None = None
     children: list[str] = field(default_factory=list)
+    sampled: WorkerSampled | None = None  # its latest usage so far, while it runs
 
     @property
     def lineage(self) -> str:
@@ -73,6 +75,7 @@ class WorkersView(JournalFold):
         CellClaimRenewed.type_name,
         GrantMinted.type_name,
         LineageRevoked.type_name,
+        WorkerSampled.type_name,
     )
 
     def __init__(self) -> None:
@@ -143,6 +146,10 @@ class WorkersView(JournalFold):
                 self.workers[event.lineage].waiting = event.children
             case WorkerResult():
                 self.workers[event.lineage].result = event
+            case WorkerSampled():
+                sampled = self.workers.get(event.lineage)
+                if sampled is not None and sampled.ended is None:
+                    sampled.sampled = event
             case WorkerKilled():
                 self.workers[event.lineage].killed = event.reason
                 self._kills.append(event.lineage)

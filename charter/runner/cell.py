@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NoReturn
 
 from charter.app import Charter
 from charter.authority import SealedGrant, SpawnIntent
@@ -63,12 +64,14 @@ from charter.runner._follow import Follower, Settle, kill_policy, revocation_kil
 from charter.runner._journal_allowance import JournalAllowance
 from charter.runner._kill import kill_uid
 from charter.runner._logs import WorkerLogs
+from charter.runner._supervise import Supervisor, load_policy
 from charter.runner._verdicts import VerdictActs
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.errors import (
     CellSupersededError,
     LeaseSpentError,
     NotAWorkerError,
+    SecretNotHeldError,
 )
 from charter.runner.events import (
     CellStarted,
@@ -94,6 +97,7 @@ from charter.sandbox import (
     default_state_dir,
     hold_uid,
 )
+from charter.supervision import SupervisionPolicy
 
 __all__ = ["DEFAULT_CLAIM_S", "Cell", "kill_uid"]
 
@@ -142,6 +146,8 @@ class Cell:
         claim_s: float = DEFAULT_CLAIM_S,
         take_over: bool = False,
         claim_wait_s: float | None = None,
+        policy: SupervisionPolicy | None = None,
+        supervise: bool = True,
     ) -> None:
         # The cell receives the composition root's services and views; it builds none.
         self.app = app
@@ -169,6 +175,9 @@ class Cell:
         self.tracking = self.follower.tracking
         self.incarnation = 0
         self.driver: Driver | None = None
+        self.policy = policy  # None: the Charter home's supervision.json, read at open
+        self.supervise = supervise
+        self.supervisor: Supervisor | None = None
         self._lock = app.views.lock  # the folds and the process's decisions and appends
         self.custody = Custody(self.keys, self.key_broker)
         self.draining = False  # start nothing more; stop once what runs has finished
@@ -216,6 +225,7 @@ class Cell:
         """Journal this incarnation (once the last one's claim lapsed, or at once with
         ``take_over``), recover from the last one, build the pool, start renewing."""
         template = self.template or self._own_template()
+        policy = self.policy or load_policy(self.keys.home)  # a bad file: bad input, first
         started = self.claimant.take(
             claim_s=self.claim_s,
             take_over=self.take_over,
@@ -259,6 +269,12 @@ class Cell:
         )
         filler = PoolFiller(pool)
         self.driver = Driver(pool, filler, self.custody, self._lock, WorkerLogs(base))
+        if self.supervise:  # one sampler and one canary watch per cell
+            self.supervisor = Supervisor(
+                self.journal, self._lock, policy, egress=self.egress_broker, held=self.driver.holds
+            )
+            self.driver.forget = self.supervisor.forget
+            self.verdicts.before_digest = self.supervisor.stand_down
         filler.start()
         self.claimant.renew_every_third(self.claim_s, self._fence)
         return started
@@ -318,6 +334,8 @@ class Cell:
             driver.pool.close()
             driver.filler.stop()
             driver.logs.close()
+        if self.supervisor is not None:
+            self.supervisor.close()
         if self.fenced is None:  # its claim ends with it: the next one takes it at once
             self.claimant.give_up()
         self.key_broker.close()
@@ -472,15 +490,18 @@ class Cell:
                 why = f"not started: no sandbox ({type(error).__name__}): {error}"
             self._end(w, "failed_to_start", None, why, discard=False)
             return 0
-        try:
+        try:  # its key, and its canaries planted before its first instruction
             self.custody.issue(w.lineage, grant, slot.sandbox_id)
-        except CharterError as error:  # fail closed: no key, no start; the worker ends
-            driver.give_back(slot)
-            self._end(w, "failed_to_start", None, f"no custody key: {error}", discard=False)
+            planted = self._plant(w, slot)
+        except CharterError as error:  # fail closed: no key or canary, no start; it ends
+            driver.unstarted(w.lineage, slot)
+            self._end(w, "failed_to_start", None, f"no custody key or canaries: {error}",
+                      discard=False)  # fmt: skip
             return 0
         if slot.leased is None:  # the pool made it when it leased the slot
             raise CharterError(f"slot {slot.sandbox_id} was leased without its record")
         events: list[Event] = [
+            *planted,
             slot.leased,
             WorkerStarted(
                 lineage=w.lineage,
@@ -520,6 +541,12 @@ class Cell:
             return 0
         driver.drive(f"worker-{slot.sandbox_id}", lambda: self._drive(w, slot, command))
         return 1
+
+    def _plant(self, w: WorkerRecord, slot: Slot) -> list[Event]:
+        """The ``CanariesPlanted`` journaled with ``w``'s start (docs/supervision.md)."""
+        if self.supervisor is None:
+            return []
+        return [self.supervisor.plant(w.lineage, slot, w.scheduled.klass)]
 
     def _drive(self, w: WorkerRecord, slot: Slot, command: tuple[str, ...]) -> None:
         """The worker's driver thread. Whatever goes wrong on it (an append whose
@@ -578,6 +605,8 @@ class Cell:
         """Journal what the driver measured: the exit, the answer a worker that never
         used the door printed, the usage charged; then its children's kills (nobody
         waits for them now), and its end."""
+        if self.supervisor is not None:  # its last sample; its decoy's watch removed
+            self.supervisor.exited(w.lineage)
         usage = ran.usage
         exited = SandboxExited(
             sandbox_id=slot.sandbox_id, exit_code=ran.exit_code, how=ran.how, usage=usage
@@ -615,6 +644,8 @@ class Cell:
         if outcome != "killed" and ran.exit_code != 0 and ran.stderr:
             tail = ran.stderr[-_STDERR_TAIL:].decode("utf-8", "replace")
             reason = f"{reason}; stderr: {tail}" if reason else f"stderr: {tail}"
+        if self.supervisor is not None:  # its profile, with how it ended
+            self.supervisor.ended(w.lineage, outcome, ran.exit_code)
         # The sandbox is destroyed before its slot is given back: never oversubscribed.
         self._driver().destroy(w.lineage)
         self._end(record, outcome, ran.exit_code, reason, discard=True, signal=signal)
@@ -799,6 +830,19 @@ class Cell:
     def _result_of(self, lineage: str) -> WorkerResult | None:
         w = self.view.workers.get(lineage)
         return None if w is None else w.result
+
+    def door_call(self, lineage: str, method: str, size: int) -> None:
+        """Count a door call of ``lineage`` for its supervision (``size``: a spawn's
+        width, a result's bytes)."""
+        if self.supervisor is not None:
+            self.supervisor.door_call(lineage, method, size)
+
+    def secret(self, lineage: str, name: str) -> NoReturn:
+        """The secret ``name`` for ``lineage``: Charter holds none for workers yet, so
+        every name is refused; its sandbox's decoy name is a canary touch first."""
+        if self.supervisor is not None:
+            self.supervisor.secret_asked(lineage, name)
+        raise SecretNotHeldError(f"{lineage}'s grant holds no secret named {name!r}")
 
     def sign(self, lineage: str, tag: str, message: bytes) -> bytes:
         """Sign for ``lineage`` with the key issued to its sandbox (and only that one)."""

@@ -87,6 +87,9 @@ class Door:
         reply = self.call("sign", {"tag": tag, "message_hex": message.hex()})
         return bytes.fromhex(reply["signature_hex"])
 
+    def secret(self, name: str) -> Any:
+        return self.call("secret", {"name": name})
+
     def revoke(self, lineage: str, reason: str = "") -> Any:
         """Revoke ``lineage``, one of this worker's own descendants, and its subtree."""
         return self.call("revoke", {"lineage": lineage, "reason": reason})

@@ -122,6 +122,10 @@ class SignParams(_Params):
     message_hex: str = Field(max_length=2 * RESULT_CAP)
 
 
+class SecretParams(_Params):
+    name: str = Field(min_length=1, max_length=256)
+
+
 class RevokeParams(_Params):
     lineage: str = Field(min_length=1, max_length=4096)
     reason: str = Field(default="", max_length=1024)
@@ -136,6 +140,7 @@ _METHODS: dict[str, type[_Params]] = {
     "wait": WaitParams,
     "result": ResultParams,
     "sign": SignParams,
+    "secret": SecretParams,
     "revoke": RevokeParams,
     "whoami": NoParams,
 }
@@ -583,8 +588,11 @@ class Door(KeyBroker):
         lineage = holder[1]  # identity from the kernel, never the request
         scoped = _ScopedCell(cell, lambda: self._holder(uid) == holder)
         requests = WorkerRequests(cast(Cell, scoped), uncharged=self._uncharged)
+        if isinstance(params, SecretParams):  # every name refused; a decoy's a touch
+            cell.secret(lineage, params.name)
         match params:
             case SpawnParams():
+                cell.door_call(lineage, "spawn", params.intent.width)  # for supervision
                 result = requests.spawn(lineage, params.intent, params.workers)
                 return {
                     "fanout": result.fanout_id,
@@ -593,11 +601,13 @@ class Door(KeyBroker):
             case WaitParams():
                 return {"children": requests.wait(lineage, params.children, params.timeout_s)}
             case ResultParams():
+                cell.door_call(lineage, "result", len(params.text.encode()))
                 return {"digest": requests.result(lineage, params.text.encode())}
             case RevokeParams():
                 position = requests.revoke(lineage, params.lineage, params.reason)
                 return {"lineage": params.lineage, "revoked": True, "position": position}
             case SignParams():
+                cell.door_call(lineage, "sign", 0)
                 try:
                     message = bytes.fromhex(params.message_hex)
                 except ValueError as e:

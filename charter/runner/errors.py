@@ -27,6 +27,8 @@ __all__ = [
     "CellSupersededError",
     "WorkerRunningError",
     "DemoFailedError",
+    "SecretNotHeldError",
+    "SupervisionPolicyError",
 ]
 
 
@@ -142,3 +144,16 @@ class CellClaimHeldError(StateError):
 
 class DemoFailedError(StateError):
     """The demo's coordinator ended without its report (its reason is in the message)."""
+
+
+class SecretNotHeldError(DoorRefusedError):
+    """A worker asked the door for a secret its grant does not hold. Charter holds no
+    secrets for workers yet, so every name is refused; a sandbox's decoy secret name
+    is also a canary touch (a quarantine verdict, docs/supervision.md)."""
+
+    reason = "secret-not-held"
+
+
+class SupervisionPolicyError(BadInputError):
+    """The operator's supervision policy (``supervision.json`` in the Charter home) is
+    not a valid policy: the message names the field (exit 2)."""

@@ -94,9 +94,12 @@ def tree_rows(
         if lineage in resources.book:
             ledger = resources.book.get(lineage)
             own, whole = ledger.spent, ledger.allocation
+            cpu_ms, wall_ms, live = own.cpu_ms, own.wall_ms, ""
+            if w.ended is None and w.sampled is not None:  # charged only at its end
+                cpu_ms, wall_ms, live = w.sampled.cpu_ms, w.sampled.wall_ms, " so far"
             burn = (
-                f"cpu {own.cpu_ms / 1000:.2f}s of {whole.cpu_ms // 1000}s, "
-                f"wall {own.wall_ms / 1000:.1f}s of {whole.wall_ms // 1000}s"
+                f"cpu {cpu_ms / 1000:.2f}s{live} of {whole.cpu_ms // 1000}s, "
+                f"wall {wall_ms / 1000:.1f}s{live} of {whole.wall_ms // 1000}s"
             )
             if ledger.active(now) and ledger.children:
                 held = whole.cpu_ms - resources.book.remaining(lineage, now).cpu_ms

@@ -31,6 +31,7 @@ __all__ = [
     "ThrottleVerdict",
     "Verdict",
     "WorkerProfiled",
+    "WorkerSampled",
     "WorkspaceDigested",
     "baseline_stream",
     "supervise_stream",
@@ -168,6 +169,23 @@ class WorkerProfiled(Event):
         return baseline_stream(self.task_class)
 
 
+class WorkerSampled(Event):
+    """A live worker's usage so far, from its latest sample (``charter tree`` and ``cell
+    status`` show it while it runs). Journaled at a bounded rate by its cell (at most one
+    per worker every few seconds: docs/supervision.md), never charged: its lease is
+    charged once, at its end, with what its sandbox measured."""
+
+    type_name = "WorkerSampled"
+    lineage: str = Field(min_length=1)
+    sandbox_id: str = Field(min_length=1)
+    wall_ms: int = Field(ge=0)
+    cpu_ms: int = Field(ge=0)
+    memory_bytes: int = Field(ge=0)
+
+    def stream(self) -> str:
+        return f"sampled:{self.lineage}"
+
+
 class BandStats(BaseModel):
     """One signal's integer statistics over ``n`` completed profiles, and the band they
     give: ``[0, upper]``, with ``upper = max(peak, total // n + SIGMAS * sd)`` where
@@ -208,6 +226,7 @@ SUPERVISION_EVENTS: tuple[type[Event], ...] = (
     QuarantineVerdict,
     CanariesPlanted,
     WorkerProfiled,
+    WorkerSampled,
     BaselineChanged,
     WorkspaceDigested,
 )
