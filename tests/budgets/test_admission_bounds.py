@@ -26,6 +26,7 @@ from charter.control import AdmissionService
 from charter.core import BadInputError, StateError
 from charter.ledger import Journal
 from charter.runner._journal_allowance import JournalAllowance
+from charter.runner.events import WorkerWaiting
 from charter.runner.requests import WorkerRequests
 
 P, C, E = ResourceClass.PROCESSING, ResourceClass.COORDINATION, ResourceClass.EGRESS
@@ -243,6 +244,10 @@ class _Cell:
     def live(self, lineage: str) -> bool:
         del lineage
         return True
+
+    def wait_on_children(self, lineage: str, waiting: WorkerWaiting) -> None:
+        """The cell's worker-facing swap, as :class:`charter.runner.cell.Cell` has it."""
+        self.admission.wait_on_children(self.cell, lineage, waiting, self.live)
 
 
 def test_a_workers_refused_wait_is_journaled_once(journal_url: str) -> None:
