@@ -54,6 +54,7 @@ __all__ = [
     "anchor_key",
     "key_history",
     "leaf_hashes",
+    "read_only_journal",
     "verify_extension",
 ]
 
@@ -143,6 +144,13 @@ def _rotate(history: KeyHistory, leaf: int, state: bytes) -> KeyHistory:
         return history.rotated(leaf, json.loads(state)["payload"])
     except (KeyRotationError, ValueError, KeyError, TypeError):
         return history
+
+
+def read_only_journal(db: str | None) -> Journal:
+    """The journal at ``db`` (``--db``, ``CHARTER_DB`` or the home's, by the ledger's
+    location resolution) only to read, as ``charter.app.read_journal`` opens it, for the
+    auditor's commands that need neither the app nor a driver the journal does not use."""
+    return Journal.open(db, read_only=True)
 
 
 def anchor_key(journal: Journal) -> NoteKey:
