@@ -9,10 +9,11 @@ import json
 import click
 
 from charter.audit.keys import KEY_HISTORY_FORMAT
-from charter.audit.tree import anchor_key, key_history, read_only_journal
+from charter.audit.tree import anchor_key, key_history
 from charter.cli._common import Ctx
+from charter.cli._tree import open_ledger
 from charter.cli.proofs import write_text
-from charter.core.errors import CharterError
+from charter.core.errors import InternalError
 
 __all__ = ["checkpoint_key"]
 
@@ -32,11 +33,9 @@ __all__ = ["checkpoint_key"]
 def checkpoint_key(ctx: Ctx, current: bool, history_out: str | None) -> None:
     """Print the journal's first verifier key (the trust anchor its key history starts
     from), or with --current the one that signs checkpoints now."""
-    try:
-        journal = read_only_journal(ctx.db)
-    except CharterError:
-        ctx.refuse_missing_journal()  # the home's own journal moved: that advice first
-        raise
+    journal = open_ledger(ctx, read_only=True)
+    if journal is None:
+        raise InternalError("the ledger opens any journal to read")
     with journal:
         anchor = anchor_key(journal)
         key = anchor

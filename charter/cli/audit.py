@@ -10,10 +10,8 @@ import os
 from pathlib import Path
 
 import click
-from nacl.signing import SigningKey
 
 from charter.audit.bundle import verify_bundle
-from charter.audit.errors import NotInTreeError
 from charter.audit.export import export_bundle, export_jsonl
 from charter.audit.keys import (
     KEY_STREAM,
@@ -33,14 +31,16 @@ from charter.audit.tree import (
 from charter.audit.witness import Witness
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.cli._render import printable, progress_bar
+from charter.cli._tree import journal_key_names, journal_keys
 from charter.cli.proofs import key_for, note_summary, read_text, write_text
 from charter.core import KeyStore, charter_home
 from charter.core.errors import BadInputError, CharterError, StateError
 
 # The journal is reached through charter.app (ctx.open_charter: to write, or to sign)
-# or the CLI's read-only opener (ctx.open_journal), never charter.ledger directly: a
-# command that only reads (checkpoint key, proof verify, audit) loads neither the app
-# nor a database driver it does not use (bench/audit.py measures it).
+# or the CLI's read-only opener (ctx.open_journal), never charter.ledger directly. The
+# light commands (proof verify, checkpoint key, proof inclusion and consistency on
+# SQLite) are elsewhere (proofs.py, _journal_key.py, _tree.py): they load neither the
+# app nor a database driver the journal does not use (bench/audit.py --startup).
 
 __all__ = [
     "audit_cmd",
@@ -49,8 +49,6 @@ __all__ = [
     "checkpoint_rotate",
     "checkpoint_verify",
     "export",
-    "proof_consistency",
-    "proof_inclusion",
     "witness",
 ]
 
@@ -62,7 +60,7 @@ def checkpoint_now(ctx: Ctx, out: str | None) -> None:
     """``charter checkpoint`` without a sub-command (charter.cli.proofs): sign one."""
     with ctx.open_charter() as charter:
         log = MerkleLog(charter.journal)
-        note = log.checkpoint(_journal_keys(charter.keys))
+        note = log.checkpoint(journal_keys(charter.keys))
         log.publish(note)
     text = note.render()
     write_text(out, text)
@@ -71,27 +69,6 @@ def checkpoint_now(ctx: Ctx, out: str | None) -> None:
         {"origin": log.origin, "size": size, "root": root, "note": text},
         lambda: click.echo(text, nl=False),
     )
-
-
-def _journal_key_names(keys: KeyStore) -> list[str]:
-    """``journal``, then each rotated one (``journal.1``, ``journal.2``, …)."""
-    # Called only once ctx.open_charter has loaded the app: imported here, not at the
-    # top, so the read-only commands of this module do not load it.
-    from charter.app import JOURNAL_KEY
-
-    names = [JOURNAL_KEY]
-    while keys.exists(f"{JOURNAL_KEY}.{len(names)}"):
-        names.append(f"{JOURNAL_KEY}.{len(names)}")
-    return names
-
-
-def _journal_keys(keys: KeyStore) -> list[SigningKey]:
-    """The journal's signing keys in the home that are not retired (a rotation destroys
-    the key it rotates away from); the tree picks the one a checkpoint needs."""
-    names = [n for n in _journal_key_names(keys) if not is_retired(keys, n)]
-    if not names:
-        raise StateError(f"the Charter home {keys.home} holds no journal key that may sign")
-    return [keys.load(n) for n in names]
 
 
 @click.command("follow")
@@ -110,7 +87,7 @@ def checkpoint_follow(ctx: Ctx, interval: float) -> None:
         log = MerkleLog(charter.journal)
         ctx.status(f"following {charter.journal.location.display}; Ctrl-C to stop")
         with contextlib.suppress(KeyboardInterrupt):
-            log.follow(_journal_keys(charter.keys), publish_every_s=interval)
+            log.follow(journal_keys(charter.keys), publish_every_s=interval)
         size = log.size()
     ctx.emit({"size": size}, f"tree size {size}")
 
@@ -127,7 +104,7 @@ def checkpoint_rotate(ctx: Ctx) -> None:
         log = MerkleLog(journal)
         log.catch_up()
         history = log.history()
-        names = _journal_key_names(charter.keys)
+        names = journal_key_names(charter.keys)
         held = {
             bytes(charter.keys.load(n).verify_key): n
             for n in names
@@ -261,37 +238,6 @@ def witness_cosign(
 # -- proofs ----------------------------------------------------------------------------
 
 
-@click.command("inclusion")
-@click.argument("position", type=AsciiIntRange(min=1))
-@click.option("--size", type=AsciiIntRange(min=1), help="Tree size (default: the whole tree).")
-@click.pass_obj
-def proof_inclusion(ctx: Ctx, position: int, size: int | None) -> None:
-    """A C2SP tlog-proof that the entry at POSITION is in the tree, with the entry's
-    frame and a signed checkpoint of that tree."""
-    with ctx.open_charter() as charter:
-        log = MerkleLog(charter.journal)
-        made = log.tlog_proof(position, _journal_keys(charter.keys), size)
-        detail = log.inclusion(position, size)
-    text = made.render()
-    ctx.emit({**detail.to_json(), "text": text}, lambda: click.echo(text, nl=False))
-
-
-@click.command("consistency")
-@click.argument("old", type=AsciiIntRange(min=0))
-@click.argument("new", type=AsciiIntRange(min=0))
-@click.pass_obj
-def proof_consistency(ctx: Ctx, old: int, new: int) -> None:
-    """The RFC 6962 consistency proof from tree size OLD to NEW."""
-    if old > new:
-        raise NotInTreeError(f"OLD ({old}) is larger than NEW ({new})")
-    with ctx.open_charter() as charter:
-        log = MerkleLog(charter.journal)
-        log.catch_up()
-        made = log.consistency(old, new)
-    text = ConsistencyText(old=old, new=new, path=made.path).render()
-    ctx.emit({**made.to_json(), "text": text}, lambda: click.echo(text, nl=False))
-
-
 # -- export ----------------------------------------------------------------------------
 
 
@@ -356,7 +302,7 @@ def export_write(
             progress_bar(ctx.quiet or ctx.as_json, "exporting") as progress,
             partial.open("wb") as f,
         ):
-            key = _journal_keys(charter.keys)  # signs the checkpoint (unless given), the seal
+            key = journal_keys(charter.keys)  # signs the checkpoint (unless given), the seal
             made = export_bundle(
                 charter.journal,
                 key,

@@ -3,7 +3,8 @@
 ``proof verify`` (offline) is defined here, over the pure verifier alone (``note``,
 ``proofs``, ``keys``): no journal, no tree, no app. Every other sub-command is imported
 only when it runs (:class:`~charter.cli._lazy.LazyGroup`): ``checkpoint key`` reads the
-journal's metadata (``_journal_key.py``), the rest sign or write the tree
+journal's metadata (``_journal_key.py``), ``proof inclusion`` and ``consistency``
+read the tree (``_tree.py``, by the ledger on SQLite), the rest sign or write it
 (``audit.py``, through charter.app). bench/audit.py measures their start-up.
 """
 
@@ -81,8 +82,8 @@ def checkpoint(click_ctx: click.Context, out: str | None) -> None:
 @click.group(
     cls=LazyGroup,
     lazy={
-        "inclusion": "charter.cli.audit:proof_inclusion",
-        "consistency": "charter.cli.audit:proof_consistency",
+        "inclusion": "charter.cli._tree:proof_inclusion",
+        "consistency": "charter.cli._tree:proof_consistency",
     },
 )
 def proof() -> None:
