@@ -370,10 +370,10 @@ def main() -> int:
         url, home = cached_journal(3000)
         with Journal.open(url) as journal:
             anchor = MerkleLog(journal).anchor_key().text()
-        missed = startup_figures(url, home, anchor, args.startup)
-        for line in missed:
+        startup_missed = startup_figures(url, home, anchor, args.startup)
+        for line in startup_missed:
             print(f"MISSED: {line}")
-        return 1 if missed else 0
+        return 1 if startup_missed else 0
     missed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         urls = iter([f"sqlite:///{tmp}/{n}.db" for n in "abcdefgh"])

@@ -18,7 +18,7 @@ import hashlib
 import importlib
 import json
 import pathlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, NoReturn
 
 import click
@@ -85,7 +85,7 @@ class LazyGroup(click.Group):
             self._load(cmd_name)
         return super().get_command(ctx, cmd_name)
 
-    def load_all(self) -> dict[str, click.Command]:
+    def load_all(self) -> MutableMapping[str, click.Command]:
         for name in list(self._lazy):
             self._load(name)
         return self.commands
