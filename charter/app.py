@@ -34,10 +34,12 @@ from charter.control import (
     HostLoad,
     SpawnResult,
     SpawnService,
+    VerdictAction,
     Views,
     WorkerSpec,
     custody_key_name,
     host_cap_inputs,
+    operator_verdict,
     register_root,
     revoke,
 )
@@ -55,6 +57,7 @@ from charter.core import (
 from charter.ledger import Journal, JournalCreated, Location, SnapshotFile, resolve_location
 from charter.projections import Projector
 from charter.sandbox import (
+    Credentials,
     EgressBroker,
     EgressGrant,
     Launcher,
@@ -472,6 +475,24 @@ class Charter:
         committed = revoke(self.journal, self.views, target, reason or "revoked by the operator")
         return None if committed is None else committed.position
 
+    def verdict(
+        self,
+        lineage: str | Lineage,
+        action: VerdictAction,
+        *,
+        reason: str = "",
+        quota_permille: int | None = None,
+        operator: str = "operator",
+    ) -> int:
+        """Append an operator's verdict on a started worker (its position): the cell
+        that runs it carries it out (docs/supervision.md, "Verdicts and what each does")."""
+        target = lineage if isinstance(lineage, Lineage) else Lineage(lineage)
+        committed = operator_verdict(
+            self.journal, target, action, operator=operator, reason=reason,
+            quota_permille=quota_permille,
+        )  # fmt: skip
+        return committed.position
+
     def processing_cap(self, cell: str | None = None) -> int:
         """The cell's committed processing cap (what ``cell configure``/``init`` journaled)."""
         name = cell or self.settings.cell
@@ -508,7 +529,14 @@ class Charter:
         with contextlib.ExitStack() as stack:
             broker = None
             if egress is not None and egress.destinations:
-                broker = stack.enter_context(EgressBroker(state / f"egress-{os.getpid()}.sock"))
+                # The grant's held secrets, opened from the home for the broker alone.
+                held = (
+                    Credentials.from_home(self.keys.home, egress.secrets)
+                    if egress.secrets
+                    else None
+                )
+                sock = state / f"egress-{os.getpid()}.sock"
+                broker = stack.enter_context(EgressBroker(sock, credentials=held))
             # The Launcher passes the isolation gate (journaled) first.
             launcher = Launcher(self.journal, state_dir=state, egress=broker)
             return launcher.run(budget, command, workspace=workspace, grant=egress, stdout=stdout)

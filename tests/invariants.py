@@ -395,7 +395,7 @@ def check_settled(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) 
                 holders.setdefault((p["cell"], p["resource"]), set()).discard(p["lineage"])
             case "SandboxStarted":
                 started.add(p["sandbox_id"])
-            case "SandboxDiscarded":
+            case "SandboxDiscarded" | "SandboxQuarantined":  # either ends the sandbox
                 discarded.add(p["sandbox_id"])
             case _:
                 pass
@@ -448,6 +448,8 @@ def _journal_charges(kind: str, p: dict[str, Any]) -> list[tuple[str, int]]:
         case "WorkerScheduled":
             parent = p["lineage"].rpartition("/")[0]
             return [(parent, _canonical_size([p["argv"], p["inputs"]]))]
+        case "ModelCallReserved":  # its reservation, its settlement and its usage
+            return [(p["lineage"], _canonical_size(p) + 3 * JOURNAL_ENTRY_OVERHEAD)]
         case _:
             return []
 
@@ -473,4 +475,89 @@ def check_journal_allowance(
                     f"floor and egress charged ({bound})"
                 )
         found.checked += 1
+    return found
+
+
+# -- the model door: reservations and settlements -----------------------------------
+#
+# Written from docs/model-door.md, not from the meter's code:
+# - a call is reserved before it is settled, and settled at most once;
+# - a settlement charges its tokens in the same append (the UsageRecorded just before
+#   it, for the same lineage, charging or refusing exactly prompt + completion), unless
+#   the lease had ended (then it is preceded by that refusal);
+# - an exact settlement comes from the server's usage (``how`` usage); an estimate is
+#   the prompt's estimate and at most ``max_tokens`` of completion;
+# - at every reservation, what the lease was charged in tokens plus every reservation of
+#   it still unsettled (this one included) is at most its allocation of tokens;
+# - with ``settled``: every reservation was settled.
+
+
+def check_model_calls(
+    entries: Iterable[tuple[int, str, dict[str, Any], datetime]], *, settled: bool = True
+) -> Findings:
+    found = Findings()
+    allocation: dict[str, int] = {}
+    charged: dict[str, int] = {}
+    open_calls: dict[str, dict[str, Any]] = {}
+    done: set[str] = set()
+    previous: tuple[str, dict[str, Any]] | None = None
+    for position, kind, p, _at in entries:
+        found.checked += 1
+        if kind == "LeaseGranted":
+            for lineage in p["lineages"]:
+                allocation[lineage] = int(p["allocation"]["tokens"])
+        elif kind == "UsageRecorded":
+            charged[p["lineage"]] = charged.get(p["lineage"], 0) + int(p["amount"]["tokens"])
+        elif kind == "ModelCallReserved":
+            call, lineage = p["call"], p["lineage"]
+            if call in open_calls or call in done:
+                found.problems.append(f"{position}: call {call} reserved twice")
+            open_calls[call] = p
+            outstanding = sum(c["reserved"] for c in open_calls.values() if c["lineage"] == lineage)
+            held = charged.get(lineage, 0) + outstanding
+            if held > allocation.get(lineage, 0):
+                found.problems.append(
+                    f"{position}: {lineage} holds {held} tokens charged and reserved, over "
+                    f"its allocation {allocation.get(lineage, 0)}"
+                )
+        elif kind == "ModelCallSettled":
+            call = p["call"]
+            reserved = open_calls.pop(call, None)
+            if reserved is None:
+                found.problems.append(f"{position}: call {call} settled unreserved or twice")
+            else:
+                done.add(call)
+                tokens = p["prompt_tokens"] + p["completion_tokens"]
+                ok_usage = (
+                    previous is not None
+                    and previous[0] == "UsageRecorded"
+                    and previous[1]["lineage"] == p["lineage"]
+                    and int(previous[1]["amount"]["tokens"]) + int(previous[1]["refused"]["tokens"])
+                    == tokens
+                )
+                lease_ended = (
+                    previous is not None
+                    and previous[0] == "BudgetRefused"
+                    and previous[1]["lineage"] == p["lineage"]
+                )
+                if not (ok_usage or lease_ended):
+                    found.problems.append(
+                        f"{position}: call {call}'s settlement does not charge its {tokens} "
+                        "tokens in its append"
+                    )
+                if p["estimated"] == (p["how"] == "usage"):
+                    found.problems.append(
+                        f"{position}: call {call} estimated={p['estimated']} "
+                        f"but settled by {p['how']}"
+                    )
+                if p["estimated"] and (
+                    p["prompt_tokens"] != reserved["prompt_estimate"]
+                    or p["completion_tokens"] > reserved["max_tokens"]
+                ):
+                    found.problems.append(
+                        f"{position}: call {call}'s estimate is not within its reservation"
+                    )
+        previous = (kind, p)
+    if settled:
+        found.problems.extend(f"call {c} was never settled" for c in open_calls)
     return found

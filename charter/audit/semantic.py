@@ -37,6 +37,13 @@ position where the rule first breaks:
 - ``worker-lifecycle``: a worker starts holding a verified grant, in a sandbox leased
   for it; a started worker ends, or its lease is still live at the audit's end.
 - ``entry-type``: every entry is of a type (and version) this audit knows.
+- ``journal-allowance``: at every position, the journal bytes each worker caused (its
+  results, its waits, its children's schedules, each as the runner charges them) are at
+  most :data:`JOURNAL_FLOOR` + the egress charged to it so far, and each worker's
+  journal allowance is refused (``BudgetRefused``, operation ``journal``) at most once.
+- ``cell-claim``: a cell's incarnations start in order (1, 2, …); a claim is renewed
+  only by the cell's newest incarnation, before its claim lapses; a worker is started
+  only by its cell's newest incarnation, before its claim lapses.
 
 ``RULES`` maps each rule the control plane enforces to the check that audits it
 (docs/VERIFYING.md §9 has the same table; a test keeps the two equal).
@@ -58,6 +65,7 @@ from charter.audit.keys import KeyHistory, journal_origin
 from charter.authority import SealedGrant, verify_grant_chain
 from charter.core.budget import Vec
 from charter.core.errors import CharterError
+from charter.core.events import canonical_json
 
 __all__ = [
     "AuditReport",
@@ -65,6 +73,9 @@ __all__ = [
     "Finding",
     "audit_history",
     "CHECKS",
+    "JOURNAL_ENTRY_OVERHEAD",
+    "JOURNAL_FLOOR",
+    "JOURNAL_WAIT_ENTRIES",
     "KNOWN_TOPICS",
     "RULES",
 ]
@@ -85,6 +96,8 @@ CHECKS = (
     "admission",
     "worker-lifecycle",
     "entry-type",
+    "journal-allowance",
+    "cell-claim",
 )
 
 # What the control plane enforces, and the check that audits it afterwards.
@@ -111,6 +124,13 @@ RULES: tuple[tuple[str, str], ...] = (
     ("a worker starts under a verified grant, in its own sandbox", "worker-lifecycle"),
     ("a started worker ends (or its lease is still live)", "worker-lifecycle"),
     ("journal keys rotate only when both keys sign", "key-rotation"),
+    ("a worker ends at most once", "worker-lifecycle"),
+    ("a cell's incarnations start in order, each fencing the one before", "cell-claim"),
+    ("a claim is renewed by the newest incarnation, before it lapses", "cell-claim"),
+    ("a worker is started by its cell's newest incarnation, before its claim lapses", "cell-claim"),
+    ("a worker's journal bytes stay within its floor and the egress charged", "journal-allowance"),
+    ("a worker's journal allowance is refused (journaled) at most once", "journal-allowance"),
+    ("no commit is timed before a settle (settled time)", "commit-order"),
 )
 
 # Every topic Charter writes (``TypeName/vN``); any other is an ``entry-type`` finding.
@@ -126,9 +146,11 @@ KNOWN_TOPICS = frozenset(
         "BudgetSettled",
         "CanariesPlanted",
         "CeilingCheckFailedOpen",
-        "CellConfigured",
         "CellClaimRenewed",
+        "CellConfigured",
         "CellStarted",
+        "CredentialInjected",
+        "CredentialWithheld",
         "EgressAttempted",
         "EgressOpened",
         "GateDecided",
@@ -140,6 +162,9 @@ KNOWN_TOPICS = frozenset(
         "LeaseReleased",
         "LeaseRenewed",
         "LineageRevoked",
+        "ModelCallRefused",
+        "ModelCallReserved",
+        "ModelCallSettled",
         "PauseVerdict",
         "QuarantineVerdict",
         "ResumeVerdict",
@@ -162,8 +187,16 @@ KNOWN_TOPICS = frozenset(
         "WorkerScheduled",
         "WorkerStarted",
         "WorkerWaiting",
+        "WorkspaceDigested",
     )
 )
+# The runner's journal allowance (charter/runner/_journal_allowance.py, decision 0012),
+# restated: the audit imports no runner. tests/audit/test_rules_cells.py keeps them
+# equal to the runner's.
+JOURNAL_FLOOR = 128 * 1024  # journal bytes each worker may cause without charge
+JOURNAL_ENTRY_OVERHEAD = 384  # charged per entry a request journals, beyond its payload
+JOURNAL_WAIT_ENTRIES = 6  # the entries one wait journals
+
 _AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ALLOWING = ("positive", "neutral")
@@ -236,6 +269,24 @@ class _Worker:
     ended: bool = False
 
 
+@dataclass
+class _Claim:
+    """A cell's newest incarnation and when its claim lapses (None: no bound, a
+    ``CellStarted`` written before claims existed)."""
+
+    incarnation: int
+    until: int | None
+
+
+@dataclass
+class _Allowance:
+    """The journal bytes a worker caused, and its refusal."""
+
+    worker: bool = False  # scheduled: only a worker's allowance is bounded
+    caused: int = 0
+    refused: int | None = None  # position of its journaled refusal
+
+
 class _Auditor:
     def __init__(self, on_finding: Callable[[Finding], None] | None = None) -> None:
         self.findings: list[Finding] = []
@@ -255,6 +306,10 @@ class _Auditor:
         self.fanout_mints: dict[str, int] = {}  # fanout → children minted in it
         self.cells: dict[str, _Cell] = {}
         self.workers: dict[str, _Worker] = {}
+        self.ended_workers: dict[str, int] = {}  # lineage → position of its end
+        self.claims: dict[str, _Claim] = {}  # cell → its newest incarnation's claim
+        self.allowances: dict[str, _Allowance] = {}
+        self.egress: dict[str, int] = {}  # lineage → egress charged to it (usage)
         self._handlers = self._make_handlers()
         self.last_at = 0
         self.position = 0
@@ -360,6 +415,9 @@ class _Auditor:
 
     def usage(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
+        egress = p["amount"]["egress_bytes"]
+        if egress:  # the hot path: one dict update, and only for egress charged
+            self.egress[lineage] = self.egress.get(lineage, 0) + int(egress)
         ledger = self.books.get(lineage)
         if ledger is None:
             self.find(
@@ -622,8 +680,9 @@ class _Auditor:
 
     # -- workers -----------------------------------------------------------------------
 
-    def worker_started(self, p: dict[str, Any], _: int) -> None:
+    def worker_started(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
+        self._claim_holds(str(p["cell"]), int(p["incarnation"]), t, lineage, f"started {lineage}")
         if lineage in self.workers:
             self.find("worker-lifecycle", lineage, f"worker {lineage} started again")
             return
@@ -645,9 +704,113 @@ class _Auditor:
             )
 
     def worker_ended(self, p: dict[str, Any], _: int) -> None:
-        worker = self.workers.get(str(p["lineage"]))
+        lineage = str(p["lineage"])
+        first = self.ended_workers.setdefault(lineage, self.position)
+        if first != self.position:
+            self.find(
+                "worker-lifecycle",
+                lineage,
+                f"worker {lineage} ended again (first at position {first})",
+            )
+        worker = self.workers.get(lineage)
         if worker is not None:
             worker.ended = True
+
+    # -- cell claims (fencing) ---------------------------------------------------------
+
+    def cell_started(self, p: dict[str, Any], _: int) -> None:
+        cell, incarnation = str(p["cell"]), int(p["incarnation"])
+        until = p.get("claim_until_ms")
+        last = self.claims.get(cell)
+        expected = 1 if last is None else last.incarnation + 1
+        if incarnation != expected:
+            self.find(
+                "cell-claim",
+                None,
+                f"cell {cell} started as incarnation {incarnation}, not {expected}",
+            )
+        # It moved the cell's run stream either way: it fences every earlier one.
+        self.claims[cell] = _Claim(incarnation, None if until is None else int(until))
+
+    def cell_claim_renewed(self, p: dict[str, Any], t: int) -> None:
+        cell, incarnation = str(p["cell"]), int(p["incarnation"])
+        if self._claim_holds(cell, incarnation, t, None, "renewed its claim"):
+            self.claims[cell].until = int(p["until_ms"])
+
+    def _claim_holds(
+        self, cell: str, incarnation: int, t: int, lineage: str | None, what: str
+    ) -> bool:
+        """Whether ``incarnation`` is ``cell``'s newest and its claim holds at ``t`` (a
+        ``cell-claim`` finding if not)."""
+        claim = self.claims.get(cell)
+        who = f"cell {cell}'s incarnation {incarnation}"
+        if claim is None or incarnation > claim.incarnation:
+            self.find("cell-claim", lineage, f"{who} {what}, but it never started")
+            return False
+        if incarnation < claim.incarnation:
+            self.find(
+                "cell-claim",
+                lineage,
+                f"{who} {what} after incarnation {claim.incarnation} fenced it",
+            )
+            return False
+        if claim.until is not None and t >= claim.until:
+            self.find(
+                "cell-claim",
+                lineage,
+                f"{who} {what} at {t} ms, after its claim lapsed ({claim.until} ms)",
+            )
+            return False
+        return True
+
+    # -- the journal allowance ---------------------------------------------------------
+
+    def _allowance(self, lineage: str) -> _Allowance:
+        allowance = self.allowances.get(lineage)
+        if allowance is None:
+            allowance = self.allowances[lineage] = _Allowance()
+        return allowance
+
+    def _caused(self, lineage: str, nbytes: int) -> None:
+        a = self._allowance(lineage)
+        a.caused += nbytes
+        egress = self.egress.get(lineage, 0)
+        bound = JOURNAL_FLOOR + egress
+        if a.worker and a.caused > bound:
+            self.find(
+                "journal-allowance",
+                lineage,
+                f"{lineage} caused {a.caused} journal bytes, over its {JOURNAL_FLOOR}-byte "
+                f"floor and the {egress} bytes of egress charged to it",
+            )
+
+    def worker_scheduled(self, p: dict[str, Any], _: int) -> None:
+        lineage = str(p["lineage"])
+        self._allowance(lineage).worker = True
+        parent = _parent(lineage)
+        if parent is not None:  # the worker-chosen bytes of the child's schedule
+            self._caused(parent, len(canonical_json([list(p["argv"]), list(p["inputs"])])))
+
+    def worker_result(self, p: dict[str, Any], _: int) -> None:
+        self._caused(str(p["lineage"]), len(canonical_json(p)) + JOURNAL_ENTRY_OVERHEAD)
+
+    def worker_waiting(self, p: dict[str, Any], _: int) -> None:
+        overhead = JOURNAL_WAIT_ENTRIES * JOURNAL_ENTRY_OVERHEAD
+        self._caused(str(p["lineage"]), len(canonical_json(p)) + overhead)
+
+    def budget_refused(self, p: dict[str, Any], _: int) -> None:
+        if p.get("operation") != "journal":
+            return
+        lineage = str(p["lineage"])
+        a = self._allowance(lineage)
+        if a.refused is not None:
+            self.find(
+                "journal-allowance",
+                lineage,
+                f"{lineage}'s journal allowance refused again (first at {a.refused})",
+            )
+            return
+        a.refused = self.position
 
     # -- admission ---------------------------------------------------------------------
 
@@ -754,6 +917,12 @@ class _Auditor:
             "SandboxStarted": self.sandbox_started,
             "WorkerStarted": self.worker_started,
             "WorkerEnded": self.worker_ended,
+            "WorkerScheduled": self.worker_scheduled,
+            "WorkerResult": self.worker_result,
+            "WorkerWaiting": self.worker_waiting,
+            "BudgetRefused": self.budget_refused,
+            "CellStarted": self.cell_started,
+            "CellClaimRenewed": self.cell_claim_renewed,
             "CellConfigured": self.cell_configured,
             "SlotQueued": self.slot_queued,
             "SlotAdmitted": self.slot_admitted,

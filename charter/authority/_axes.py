@@ -19,14 +19,13 @@ ordered axes (clearance, permission mode) and the pattern axis (egress) wrong.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AfterValidator
-
-from charter.core.destination import Destination, check_destination, covers
+from charter.core.destination import Destination, axis_validator, check_destination, covers
 from charter.core.errors import AxisValueError
+from charter.core.secrets import SecretName, check_secret  # one rule: the grant, the store
 
 __all__ = [
     "Clearance",
@@ -94,7 +93,6 @@ _CLEARANCE_RANK = {level: i for i, level in enumerate(Clearance)}
 _MODE_RANK = {mode: i for i, mode in enumerate(PermissionMode)}
 
 _TOOL = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,127}")
-_SECRET = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}")
 
 
 def check_tool(name: str) -> str:
@@ -107,28 +105,7 @@ def check_tool(name: str) -> str:
     return name
 
 
-def check_secret(name: str) -> str:
-    """A secret's name (never its value): a letter, then letters, digits, ``_ . -``."""
-    if not _SECRET.fullmatch(name):
-        raise AxisValueError(
-            f"secret name {name[:80]!r}: start with a letter, then letters, digits, '_', "
-            "'.' or '-' (at most 128 characters)"
-        )
-    return name
-
-
-def _after(check: Callable[[str], str]) -> AfterValidator:
-    def run(value: str) -> str:
-        try:
-            return check(value)
-        except AxisValueError as e:
-            raise ValueError(str(e)) from e
-
-    return AfterValidator(run)
-
-
-ToolName = Annotated[str, _after(check_tool)]
-SecretName = Annotated[str, _after(check_secret)]
+ToolName = Annotated[str, axis_validator(check_tool)]
 
 
 # Sets (tools, secrets): narrower is subset, meet is intersection.

@@ -202,7 +202,8 @@ def render_tree(report: TreeReport, console: Console) -> None:
         status = _cell(f"[{node.status}]") + (f" {_cell(node.worker)}" if node.worker else "")
         parent = branches.get(node.parent) if node.parent else None
         name = node.lineage.rsplit("/", 1)[-1] if parent is not None else node.lineage
-        label = f"{_cell(name)}  {status} @{node.position}"
+        spent = f" {node.tokens_spent} tokens" if node.tokens_spent else ""
+        label = f"{_cell(name)}  {status}{spent} @{node.position}"
         branches[node.lineage] = (parent or top).add(label)
     console.print(top)
 

@@ -7,6 +7,7 @@ and hands the command one parsed :class:`~charter.control.Ceiling` as ``ceiling`
 from __future__ import annotations
 
 import functools
+import getpass
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -254,3 +255,36 @@ def revoke(ctx: Ctx, lineage: str, reason: str) -> None:
 def spawn_schema() -> None:
     """Print the JSON Schema of the spawn intent, as a model tool definition."""
     click.echo(json.dumps(spawn_tool_definition(), indent=2, sort_keys=True))
+
+
+@click.command("verdict")
+@click.argument("lineage")
+@click.argument("action", type=click.Choice(["throttle", "pause", "resume", "kill", "quarantine"]))
+@click.option("--reason", default="", help="Why (journaled as the verdict's evidence).")
+@click.option(
+    "--quota",
+    "quota",
+    type=AsciiIntRange(min=1, max=1_000_000),
+    default=None,
+    metavar="PERMILLE",
+    help="throttle: the CPU quota, in thousandths of a core (default: the policy's).",
+)
+@click.pass_obj
+def verdict(ctx: Ctx, lineage: str, action: str, reason: str, quota: int | None) -> None:
+    """Append a verdict on LINEAGE's running worker; the cell that runs it acts on it.
+
+    throttle lowers its CPU quota, pause freezes it (its wall clock and lease still run),
+    resume thaws it and restores its quota, kill freezes and kills it, quarantine
+    freezes it, journals its workspace's digest, kills it and revokes its subtree. The
+    evidence names you (the OS user) and --reason. A verdict on a worker that has ended
+    changes nothing.
+    """
+    if quota is not None and action != "throttle":
+        raise click.UsageError("--quota is for throttle only")
+    with ctx.open_charter() as charter:
+        position = charter.verdict(
+            lineage, action, reason=reason, quota_permille=quota,  # type: ignore[arg-type]
+            operator=getpass.getuser(),
+        )  # fmt: skip
+    ctx.status(f"{action} verdict on {lineage} at position {position}")
+    ctx.emit({"lineage": lineage, "verdict": action, "position": position}, str(position))

@@ -101,10 +101,23 @@ def probe_cmd(ctx: Ctx) -> None:
     metavar="HOST,…",
     help="Destinations the egress broker allows: host, *.domain, either with :port.",
 )
+@click.option(
+    "--secrets",
+    "secret_names",
+    default="",
+    metavar="A,B",
+    help="Held secrets the broker presents at their bound destinations (charter secret).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="A test run: every held secret is withheld (journaled); its destinations are not reached.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
 def run_cmd(
-    ctx: Ctx, budget_text: str, workspace: Path | None, egress: str, command: tuple[str, ...]
+    ctx: Ctx, budget_text: str, workspace: Path | None, egress: str, secret_names: str,
+    dry_run: bool, command: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Compile the spec from the budget and run COMMAND in a real sandbox.
 
@@ -121,9 +134,20 @@ def run_cmd(
     # The broker caps egress at the budget's bytes (the spec's); the grant only names
     # where to, in the grant's own destination vocabulary (validated here).
     try:
-        grant = EgressGrant(destinations=tuple(d.strip() for d in egress.split(",") if d.strip()))
+        grant = EgressGrant(
+            destinations=tuple(d.strip() for d in egress.split(",") if d.strip()),
+            secrets=tuple(sorted({n.strip() for n in secret_names.split(",") if n.strip()})),
+            withhold_credentials=dry_run,
+        )
     except ValidationError as e:
-        raise click.BadParameter(describe_invalid(e), param_hint="--egress") from e
+        raise click.BadParameter(describe_invalid(e), param_hint="--egress/--secrets") from e
+    if dry_run:  # said whatever the terminal (a test run must never pass for a real one)
+        held = ", ".join(grant.secrets) or "none named"
+        said = (
+            f"dry run: every held credential is withheld ({held}); a destination one is "
+            "bound to is not reached, and each withholding is journaled"
+        )
+        click.echo(said, err=True)
     with Charter.open(ctx.db) as charter:
         # With --json stdout carries only the result document; the command's output
         # goes to stderr.
@@ -138,6 +162,7 @@ def run_cmd(
             ctx.status("interrupted: the sandbox was killed and its end journaled")
             raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     result = outcome.model_dump(mode="json", exclude={"stdout", "stderr"})
+    result["credentials_withheld"] = list(grant.secrets) if dry_run else []
     if ctx.as_json:
         ctx.emit(result, "")
     else:

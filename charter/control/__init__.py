@@ -29,6 +29,7 @@ from charter.control.spawn import (
     SpawnResult,
     SpawnService,
 )
+from charter.control.verdicts import OPERATOR_TASK_CLASS, VerdictAction, operator_verdict
 from charter.control.views import Views
 from charter.control.workers import (
     LIVE_STATUSES,
@@ -70,6 +71,9 @@ __all__ = [
     "append_pinned",
     "queue_admissions",
     "revoke",
+    "operator_verdict",
+    "OPERATOR_TASK_CLASS",
+    "VerdictAction",
     "CellSupersededError",
     "LIVE_STATUSES",
     "Outcome",

@@ -225,7 +225,11 @@ class BudgetService:
             self.shared.refresh(self.journal)
             return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
 
-    def record_usage(self, lineage: str, amount: Budget) -> UsageRecorded:
+    def record_usage(self, lineage: str, amount: Budget, then: Also | None = None) -> UsageRecorded:
+        """Charge ``amount`` to ``lineage``'s lease; ``then`` adds the caller's events to
+        the same append, as for :meth:`release` (the model door settles a call and
+        charges its tokens in one commit)."""
+
         def decide(now: int) -> UsageRecorded:
             book = self.view.book
             if not amount.fits_within(book.remaining(lineage, now, self.view.settled_ms)):
@@ -233,7 +237,7 @@ class BudgetService:
                 settle(self.journal, self.shared, lineage, now)
             return book.decide_usage(lineage, amount, now, settled_ms=self.view.settled_ms)
 
-        return self._decide_and_append("usage", lineage, decide)
+        return self._decide_and_append("usage", lineage, decide, then)
 
     def release(self, lineage: str, then: Also | None = None) -> LeaseReleased:
         """Return ``lineage``'s lease. ``then`` adds the caller's own events to the same

@@ -133,6 +133,11 @@ def cellrun_stream(cell: str) -> str:
     return f"cellrun:{cell}"
 
 
+def cellclaim_stream(cell: str) -> str:
+    """The stream a cell's claim renewals go on (every incarnation's, in order)."""
+    return f"cellclaim:{cell}"
+
+
 __all__ += ["worker_stream"]
 
 Outcome = Literal[
@@ -195,8 +200,10 @@ class CellStarted(Event):
 
 class CellClaimRenewed(Event):
     """``incarnation`` of ``cell`` still runs: its claim holds until ``until_ms``.
-    Pinned to its own last claim and committed only before that claim lapses, so a
-    lapsed or taken-over incarnation can never renew."""
+    Pinned to the run stream as its incarnation left it and committed only before its
+    claim lapses, so a lapsed or taken-over incarnation can never renew. On a stream of
+    its own (``cellclaim:<cell>``): a renewal moves no pin the incarnation's other
+    appends carry, so it never waits on them nor makes them decide again."""
 
     type_name = "CellClaimRenewed"
     cell: str
@@ -204,7 +211,7 @@ class CellClaimRenewed(Event):
     until_ms: int = Field(ge=0)
 
     def stream(self) -> str:
-        return cellrun_stream(self.cell)
+        return cellclaim_stream(self.cell)
 
 
 class WorkerStarted(Event):
@@ -297,8 +304,9 @@ class WorkerEnded(Event):
 
 @dataclass(frozen=True)
 class Claim:
-    """What an incarnation holds its cell by: the run stream's version its last own
-    append (start or renewal) left, and the instant its claim lapses."""
+    """What an incarnation holds its cell by: the run stream's version its start left
+    (every append of the incarnation is pinned to it: a newer start moves it), and the
+    instant its claim lapses."""
 
     incarnation: int
     version: int
@@ -360,6 +368,7 @@ class WorkerLifecycle:
         ``take_over``: then this incarnation fences the last one at once."""
         cell = self.cell
         stream = cellrun_stream(cell)
+        claims = cellclaim_stream(cell)
         self._last = last
 
         def decide(versions: dict[str, int]) -> Pinned | None:
@@ -374,11 +383,11 @@ class WorkerLifecycle:
                 host=host,
                 claim_until_ms=now + claim_ms,
             )
-            return Pinned([started], {stream: versions[stream]})
+            return Pinned([started], {stream: versions[stream], claims: versions[claims]})
 
-        # A renewal committed meanwhile moves the stream: decided again on it.
+        # A start or a renewal committed meanwhile moves one of them: decided again.
         done = append_pinned(
-            self.journal, self.views, [stream], decide, what=f"cell {cell}'s start"
+            self.journal, self.views, [stream, claims], decide, what=f"cell {cell}'s start"
         )
         if done is None:
             return None
@@ -397,23 +406,31 @@ class WorkerLifecycle:
         stream = cellrun_stream(self.cell)
         until = self.clock() + claim_ms
         renewed = CellClaimRenewed(cell=self.cell, incarnation=claim.incarnation, until_ms=until)
-        with self.views.lock:
-            try:
-                committed = self.journal.append(
-                    [renewed], expect={stream: claim.version}, deadline_ms=claim.until_ms
-                )
-            except (AppendConflictError, DeadlinePassedError) as error:
-                raise self._fenced(claim, error) from None
-            except OutcomeUnknownError:
-                # Committed or not: the views, read afresh, say whether the claim now
-                # holds is this renewal's.
+        # Not under the views' lock: a cell ending hundreds of workers holds it for
+        # each end's commit, and a renewal queued behind them let the claim lapse (the
+        # cell fenced itself). Nothing else pins the claims' stream, so nothing decides
+        # on what this moves; the views read the renewal back if it is not folded here.
+        try:
+            committed = self.journal.append(
+                [renewed], expect={stream: claim.version}, deadline_ms=claim.until_ms
+            )
+        except (AppendConflictError, DeadlinePassedError) as error:
+            raise self._fenced(claim, error) from None
+        except OutcomeUnknownError:
+            # Committed or not: the views, read afresh, say whether the claim now holds
+            # is this renewal's.
+            with self.views.lock:
                 self.views.refresh(self.journal)
                 if self._last() != (claim.incarnation, until):
                     raise
-                committed = ()
-            self.views.applied(committed)
-            self.claim = Claim(claim.incarnation, claim.version + 1, until)
-            return self.claim
+            committed = ()
+        self.claim = Claim(claim.incarnation, claim.version, until)
+        if committed and self.views.lock.acquire(blocking=False):
+            try:
+                self.views.applied(committed)
+            finally:
+                self.views.lock.release()
+        return self.claim
 
     def fenced(self) -> bool:
         """Whether another incarnation moved the run stream past this one's claim, or the

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -44,6 +45,7 @@ __all__ = [
     "Destination",
     "IPAddress",
     "admits",
+    "axis_validator",
     "check_destination",
     "covers",
     "grants_address",
@@ -147,14 +149,20 @@ def _port_ok(port: str) -> bool:
     return _PORT.fullmatch(port) is not None and int(port) <= 65535
 
 
-def _after(value: str) -> str:
-    try:
-        return check_destination(value)
-    except AxisValueError as e:
-        raise ValueError(str(e)) from e
+def axis_validator(check: Callable[[str], str]) -> AfterValidator:
+    """A grant axis's check as a pydantic validator: its AxisValueError becomes the
+    ValueError pydantic reports (one adapter for every axis of names)."""
+
+    def run(value: str) -> str:
+        try:
+            return check(value)
+        except AxisValueError as e:
+            raise ValueError(str(e)) from e
+
+    return AfterValidator(run)
 
 
-Destination = Annotated[str, AfterValidator(_after)]
+Destination = Annotated[str, axis_validator(check_destination)]
 
 
 def _host_covers(wider: str, narrower: str) -> bool:

@@ -39,6 +39,11 @@ __all__ = [
     "KeyNotFoundError",
     "KeyPermissionsError",
     "UnknownEventTypeError",
+    # held secrets
+    "SecretNotFoundError",
+    "SecretExistsError",
+    "SecretSourceError",
+    "SecretSealBrokenError",
 ]
 
 
@@ -167,6 +172,25 @@ class KeyNotFoundError(StateError):
 
 class KeyPermissionsError(StateError):
     """A key file or the keys directory is readable by others; refuse to use it."""
+
+
+class SecretNotFoundError(StateError):
+    """No held secret of that name in the Charter home."""
+
+
+class SecretExistsError(StateError):
+    """A held secret of that name exists already; remove it first to replace it."""
+
+
+class SecretSourceError(BadInputError):
+    """A secret's source cannot be used: a file that cannot be read, an unset or empty
+    environment variable, a certificate file without its key, or a value with bytes a
+    header cannot carry."""
+
+
+class SecretSealBrokenError(TamperedError):
+    """A sealed secret does not open with the home's secrets key (changed on disk, moved
+    from another name, or sealed under another key)."""
 
 
 class UnknownEventTypeError(StateError):

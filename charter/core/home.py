@@ -153,8 +153,8 @@ class KeyStore:
             ) from None
         except OSError as e:
             raise HomeUnusableError(f"cannot read the Charter home {self.home}: {e}") from e
-        _refuse_shared(path, mode, "600")
-        _refuse_shared(self.directory, self.directory.stat().st_mode, "700")
+        refuse_shared(path, mode, "600")
+        refuse_shared(self.directory, self.directory.stat().st_mode, "700")
         try:
             seed = bytes.fromhex(path.read_text().strip())
             return SigningKey(seed)
@@ -164,7 +164,7 @@ class KeyStore:
             raise StateError(f"key file {path} is not a Charter key: {e}") from e
 
 
-def _refuse_shared(path: Path, mode: int, private: str) -> None:
+def refuse_shared(path: Path, mode: int, private: str) -> None:
     """A key file, or the directory of keys, that group or others can reach is refused."""
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyPermissionsError(

@@ -179,6 +179,8 @@ class TreeNode:
     # | running | waiting | exited | failed | killed (None: nothing was scheduled for it,
     # such as an operator's spawn).
     worker: str | None = None
+    # Tokens charged to its lease so far (the model door's calls; None: no ledger).
+    tokens_spent: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -190,6 +192,7 @@ class TreeNode:
             "fanout": self.fanout,
             "status": self.status,
             "worker": self.worker,
+            "tokens_spent": self.tokens_spent,
         }
 
 

@@ -25,7 +25,7 @@ from charter.projections._answers import (
     gone_cells,
     worker_shown,
 )
-from charter.projections._fold import L_LINEAGE, Fold, at_ms_of_state
+from charter.projections._fold import L_LINEAGE, L_SPENT, Fold, at_ms_of_state
 from charter.projections._store import NEWEST_TABLE, ProjectionStore
 from charter.projections.errors import PositionBeyondHeadError, ProjectionConflictError
 
@@ -213,6 +213,7 @@ class Projector:
         status = {row[L_LINEAGE]: _status(row, at_ms) for row in ledgers}
         gone = gone_cells(claims, at_ms)
         worker = {str(row[0]): worker_shown(row, gone) for row in workers}
+        tokens = {row[L_LINEAGE]: int(row[L_SPENT]) for row in ledgers}  # tokens: axis 0
         out = [
             TreeNode(
                 lineage=lin,
@@ -223,6 +224,7 @@ class Projector:
                 fanout=fanout,
                 status=status.get(lin, "no-ledger"),
                 worker=worker.get(lin),
+                tokens_spent=tokens.get(lin),
             )
             for lin, parent, depth, kind, pos, fanout in nodes
         ]

@@ -3,7 +3,7 @@
 Pure: the caps are the slot budget met with what the worker's lease holds now, the wall
 clock cut to the first expiry of its lease chain or its grant (so the sandbox is killed
 at that expiry by the wall clock the pool enforces), and the egress allow-list is its
-grant's destinations, for the egress broker.
+grant's destinations and held secrets (by name), for the egress broker.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def worker_caps(
     capped = Budget(**(budget.model_dump() | {"wall_ms": wall}))
     return WorkerCaps(
         budget=capped,
-        egress=EgressGrant(destinations=tuple(sorted(terms.egress))),
+        egress=EgressGrant(
+            destinations=tuple(sorted(terms.egress)), secrets=tuple(sorted(terms.secrets))
+        ),
         deadline_ms=deadline,
     )

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable
 from charter.core import Budget
 from charter.runner._custody import Custody
 from charter.runner._filler import PoolFiller
-from charter.runner._kill import kill_uids
+from charter.runner._kill import freeze_then_kill
 from charter.runner._logs import WorkerLogs
 from charter.runner.events import RESULT_CAP
-from charter.sandbox import EgressGrant, Outcome, Slot, WarmPool
+from charter.sandbox import EgressGrant, Outcome, SandboxControl, Slot, WarmPool
 
 __all__ = ["Driver"]
 
@@ -42,6 +42,7 @@ class Driver:
         self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
         self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
         self._threads: list[threading.Thread] = []
+        self._quarantined: dict[str, str] = {}  # lineage -> why its sandbox is withheld
 
     # -- sandboxes -------------------------------------------------------------------
 
@@ -79,11 +80,20 @@ class Driver:
         with self.lock:
             return len(self._slots)
 
-    def give_back(self, slot: Slot) -> None:
-        """Discard a leased slot (never re-parked: a sandbox runs one worker) and have
-        the filler build its replacement off the follower's path."""
-        self.pool.release(slot, refill=False)
+    def give_back(self, slot: Slot, quarantined: str | None = None) -> None:
+        """Discard a leased slot (never re-parked: a sandbox runs one worker), or
+        destroy it as quarantined, and have the filler build its replacement off the
+        follower's path."""
+        if quarantined is None:
+            self.pool.release(slot, refill=False)
+        else:
+            self.pool.quarantine(slot, quarantined, refill=False)
         self.filler.wake()
+
+    def quarantine(self, lineage: str, reason: str) -> None:
+        """``lineage``'s sandbox is quarantined: destroyed as such when it is destroyed."""
+        with self.lock:
+            self._quarantined[lineage] = reason
 
     def unstarted(self, lineage: str, slot: Slot) -> None:
         """A slot leased for a start that did not commit: its key and the slot go back."""
@@ -96,26 +106,29 @@ class Driver:
             slot = self._slots.pop(lineage, None)
             if slot is not None:
                 self._by_uid.pop(slot.host_uid, None)
+            quarantined = self._quarantined.pop(lineage, None)
         self.custody.release(lineage)
         if slot is not None:
-            self.give_back(slot)
+            self.give_back(slot, quarantined)
 
     # -- kills -----------------------------------------------------------------------
 
     def kill(self, lineages: Iterable[str]) -> None:
-        """SIGKILL the held sandboxes of ``lineages`` in one pass (their drivers then
-        measure and report); a lineage not held here is not touched."""
+        """Freeze, then SIGKILL, the held sandboxes of ``lineages``, all together
+        (:func:`freeze_then_kill`; their drivers then measure and report); a lineage
+        not held here is not touched."""
         with self.lock:
-            uids = {self._slots[x].host_uid for x in lineages if x in self._slots}
-            if uids:
-                kill_uids(uids)
+            self._kill([self._slots[x] for x in set(lineages) if x in self._slots])
 
     def kill_all(self) -> None:
-        """SIGKILL every sandbox held here, in one pass."""
+        """Freeze, then SIGKILL, every sandbox held here, all together."""
         with self.lock:
-            uids = {slot.host_uid for slot in self._slots.values()}
-            if uids:
-                kill_uids(uids)
+            self._kill(list(self._slots.values()))
+
+    def _kill(self, slots: list[Slot]) -> None:
+        if slots:
+            controls = [SandboxControl(slot.spec) for slot in slots]
+            freeze_then_kill(controls, {slot.host_uid for slot in slots})
 
     # -- exec ------------------------------------------------------------------------
 

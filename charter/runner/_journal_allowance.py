@@ -40,7 +40,7 @@ from charter.core import Budget, Event, now_ms
 from charter.core.events import canonical_json
 from charter.ledger import Committed
 from charter.runner.errors import JournalAllowanceError, ResultGivenError
-from charter.runner.events import RESULT_CAP, WorkerResult, WorkerWaiting
+from charter.runner.events import RESULT_CAP, ModelCallReserved, WorkerResult, WorkerWaiting
 
 __all__ = [
     "ENTRY_OVERHEAD",
@@ -49,6 +49,7 @@ __all__ = [
     "JournalAllowance",
     "result_bytes",
     "spawn_bytes",
+    "model_call_bytes",
     "wait_bytes",
 ]
 
@@ -89,6 +90,17 @@ def spawn_bytes(width: int, workers: Sequence[WorkerSpec]) -> int:
     return 2 * ENTRY_OVERHEAD + sum(
         len(canonical_json([list(s.argv), list(s.inputs)])) for s in specs
     )
+
+
+MODEL_CALL_ENTRIES = 3
+"""The entries one model call journals: its reservation, and its settlement with the
+``UsageRecorded`` that charges its tokens (each fixed-size)."""
+
+
+def model_call_bytes(event: ModelCallReserved) -> int:
+    """What a model call costs: its reservation's canonical payload (the model's name is
+    the worker's), plus the overhead of the :data:`MODEL_CALL_ENTRIES` entries."""
+    return len(canonical_json(event.payload())) + MODEL_CALL_ENTRIES * ENTRY_OVERHEAD
 
 
 class _Budgets(Protocol):

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Sequence
 
-__all__ = ["kill_uid", "kill_uids"]
+from charter.sandbox import FREEZE_TIMEOUT, SandboxControl, SandboxUnavailableError
+
+__all__ = ["freeze_then_kill", "kill_uid", "kill_uids"]
 
 
 def kill_uid(uid: int) -> int:
@@ -49,3 +53,27 @@ def _kill_pass(uids: set[int]) -> int:
         except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             continue
     return killed
+
+
+def freeze_then_kill(controls: Sequence[SandboxControl], uids: set[int]) -> int:
+    """Kill many live sandboxes at once, frozen first: every one is asked to freeze,
+    then waited for together (at most ``FREEZE_TIMEOUT`` in all), so none of them can
+    fork or act between the first SIGKILL and the last; one pass signals every process
+    of ``uids``, the sandboxes are thawed (a frozen task dies only once thawed), and
+    :func:`kill_uids` then catches whatever is left. A sandbox that cannot be frozen
+    (its cgroup gone, the host refusing) is killed all the same."""
+    asked: list[SandboxControl] = []
+    for control in controls:
+        with contextlib.suppress(SandboxUnavailableError):
+            control.ask_freeze()
+            asked.append(control)
+    deadline = time.monotonic() + FREEZE_TIMEOUT
+    for control in asked:
+        with contextlib.suppress(SandboxUnavailableError):
+            while not control.frozen() and time.monotonic() < deadline:
+                time.sleep(0.001)
+    total = _kill_pass(uids)
+    for control in asked:
+        with contextlib.suppress(SandboxUnavailableError):
+            control.thaw()
+    return total + kill_uids(uids)

@@ -63,6 +63,7 @@ from charter.runner._follow import Follower, Settle, kill_policy, revocation_kil
 from charter.runner._journal_allowance import JournalAllowance
 from charter.runner._kill import kill_uid
 from charter.runner._logs import WorkerLogs
+from charter.runner._verdicts import VerdictActs
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.errors import (
     CellSupersededError,
@@ -77,13 +78,13 @@ from charter.runner.events import (
     WorkerWaiting,
 )
 from charter.sandbox import (
+    Credentials,
     EgressBroker,
     HostCannotIsolateError,
     KeyBroker,
     Outcome,
     PoolExhaustedError,
     SandboxBudgetError,
-    SandboxDiscarded,
     SandboxExited,
     SandboxStarted,
     SandboxUnavailableError,
@@ -122,7 +123,7 @@ class Cell:
     """One cell process: ``open`` (journals the incarnation, recovers), then ``step`` or
     ``run``; ``close`` at the end. What a worker asks through the door
     (:class:`~charter.runner.requests.WorkerRequests`) reaches the cell only through its
-    narrow worker-facing methods (``chain``, ``spawn``, ``workers``, ``kill``,
+    narrow worker-facing methods (``chain``, ``spawn``, ``workers``, ``kill``, ``revoke``,
     ``wait_on_children``, ``resume_processing``, ``holds_processing``,
     ``journal_result``, ``custody_seed``, ``sign``; ``changed`` to wait on), with the
     caller resolved from the sandbox's host uid."""
@@ -173,6 +174,13 @@ class Cell:
         self.draining = False  # start nothing more; stop once what runs has finished
         self._parked_base = 1  # idle sandboxes parked ahead: the processing cap (open)
         self.changed = threading.Condition(self._lock)
+        # Run for each worker recovery fails, before its lease returns (the door settles
+        # the model calls a dead incarnation left unsettled: docs/model-door.md).
+        self.before_recovered_end: Callable[[str], object] = lambda _lineage: None
+        self.verdicts = VerdictActs(
+            cell, app.journal, app.views, self.view, self.lifecycle,
+            lambda: self.driver, self._kill_one, self._carry_out_kills,
+        )  # fmt: skip
         self.journal_allowance = JournalAllowance(
             self, lambda lin, at: self.resources.book.remaining(lin, at).egress_bytes,
             self.lifecycle.record,
@@ -225,7 +233,10 @@ class Cell:
         )
         base = self.state_dir or default_state_dir()
         if self.egress_broker is None:  # every worker's way out: its grant's destinations
-            self.egress_broker = EgressBroker(base / f"egress-{self.cell}-{os.getpid()}.sock")
+            self.egress_broker = EgressBroker(  # and the home's held secrets its grant names
+                base / f"egress-{self.cell}-{os.getpid()}.sock",
+                credentials=Credentials.from_home(self.app.keys.home),
+            )
         # A waiting coordinator keeps its sandbox while it holds a coordination slot
         # instead of a processing one: the pool holds room for both.
         # Idle sandboxes parked ahead of demand: as many as may run at once, plus the
@@ -342,6 +353,7 @@ class Cell:
                 if held is not None:
                     with held:
                         kill_uid(w.host_uid)
+            self.before_recovered_end(w.lineage)
             if w.exit_code is None:
                 self._end(w, "lost", None, reason, discard=True)
             else:  # it had exited; only its teardown was cut short
@@ -365,6 +377,7 @@ class Cell:
             self._check_not_superseded()
             admitted = self.follower.admitted()
         self._carry_out_kills()  # whoever committed them
+        self.verdicts.carry_out()  # likewise every committed verdict
         self._park_for_demand()
         if self.draining:
             return 0  # nothing more is started; what runs finishes
@@ -642,7 +655,7 @@ class Cell:
             reason=reason,
             signal=signal,
             discarded=(
-                SandboxDiscarded(sandbox_id=w.sandbox_id)
+                self.verdicts.sandbox_end(w.sandbox_id, w.lineage)
                 if discard and w.sandbox_id is not None
                 else None
             ),
@@ -742,6 +755,13 @@ class Cell:
         result = self.app.spawn(caller, intent, workers=workers)
         self._notify()
         return result
+
+    def revoke(self, lineage: str, reason: str) -> int | None:
+        """Revoke ``lineage``'s subtree (a worker's, for its descendant: the caller
+        checked that), through the process's one revocation; the follower kills it."""
+        position = self.app.revoke(lineage, reason)
+        self._notify()
+        return position
 
     def workers(self, lineages: Iterable[str]) -> dict[str, WorkerRecord | None]:
         """Each of ``lineages``' records as the journal stands now (None: nothing

@@ -17,14 +17,16 @@ with its ``code``, ``message`` and ``data``. See docs/door.md for the protocol.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import itertools
 import json
 import socket
 from typing import Any
 
-__all__ = ["DEFAULT_PATH", "Door", "DoorError"]
+__all__ = ["DEFAULT_PATH", "MODEL_PATH", "Door", "DoorError", "ModelConnection"]
 
 DEFAULT_PATH = "/run/charter/keys.sock"
+MODEL_PATH = "/run/charter/model.sock"
 
 
 class DoorError(Exception):
@@ -85,5 +87,24 @@ class Door:
         reply = self.call("sign", {"tag": tag, "message_hex": message.hex()})
         return bytes.fromhex(reply["signature_hex"])
 
+    def revoke(self, lineage: str, reason: str = "") -> Any:
+        """Revoke ``lineage``, one of this worker's own descendants, and its subtree."""
+        return self.call("revoke", {"lineage": lineage, "reason": reason})
+
     def whoami(self) -> Any:
         return self.call("whoami")
+
+
+class ModelConnection(http.client.HTTPConnection):
+    """An HTTP connection to the model door (docs/model-door.md): an OpenAI-compatible
+    ``POST /v1/chat/completions`` on the unix socket bound at :data:`MODEL_PATH`."""
+
+    def __init__(self, path: str = MODEL_PATH, timeout: float | None = None) -> None:
+        super().__init__("charter", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self.timeout is not None:
+            self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)

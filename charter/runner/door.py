@@ -50,6 +50,7 @@ from charter.core import CharterError, RefusedError
 from charter.runner.cell import Cell
 from charter.runner.errors import ControlPlaneCpuError, NotAWorkerError, WorkerGoneError
 from charter.runner.events import RESULT_CAP
+from charter.runner.model import ModelDoor, ModelEndpoint, ModelMeter
 from charter.runner.requests import WorkerRequests
 from charter.sandbox import KeyBroker, Member, PeerServer, Refusal, SignatureTagError
 
@@ -121,6 +122,11 @@ class SignParams(_Params):
     message_hex: str = Field(max_length=2 * RESULT_CAP)
 
 
+class RevokeParams(_Params):
+    lineage: str = Field(min_length=1, max_length=4096)
+    reason: str = Field(default="", max_length=1024)
+
+
 class NoParams(_Params):
     pass
 
@@ -130,6 +136,7 @@ _METHODS: dict[str, type[_Params]] = {
     "wait": WaitParams,
     "result": ResultParams,
     "sign": SignParams,
+    "revoke": RevokeParams,
     "whoami": NoParams,
 }
 
@@ -296,11 +303,22 @@ class _ScopedCell:
 class Door(KeyBroker):
     """The cell's door: a key broker whose socket speaks the worker protocol."""
 
-    def __init__(self, path: Path, *, max_requests: int = MAX_REQUESTS) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_requests: int = MAX_REQUESTS,
+        model_path: Path | None = None,
+        endpoint: ModelEndpoint | None = None,
+    ) -> None:
+        """``model_path``: where the model door (docs/model-door.md) listens, bound into
+        each sandbox beside the door; it forwards to ``endpoint`` (None: calls are
+        refused as unconfigured)."""
         super().__init__(None)  # keys are held here; the socket is the door's own
         self.path = path
         self.max_requests = max_requests
-        self.cell: Cell | None = None
+        self._cell: Cell | None = None
+        self.meter: ModelMeter | None = None
         self._closed = False
         self._counts: dict[_Holder, int] = {}  # requests so far, per holder
         self._served: dict[_Holder, float] = {}  # door thread CPU (s) spent, per holder
@@ -313,10 +331,33 @@ class Door(KeyBroker):
             path, name="door", max_per_uid=MAX_CONNECTIONS, backlog=64,
             member=self._worker, handler=self._serve, refusal=_refused,
         )  # fmt: skip
+        self.model: ModelDoor | None = None
+        if model_path is not None:
+            self.model = ModelDoor(
+                model_path, member=self._worker, holder=self._holder,
+                meter=lambda: self.meter, endpoint=endpoint,
+            )  # fmt: skip
+            self.model_path = model_path
+
+    @property
+    def cell(self) -> Cell | None:
+        return self._cell
+
+    @cell.setter
+    def cell(self, cell: Cell | None) -> None:
+        """Attach the door to ``cell``: its model calls are metered against the cell's
+        leases, and a restarted cell settles the calls its last incarnation left
+        unsettled before it returns their leases (``Cell.before_recovered_end``)."""
+        self._cell = cell
+        self.meter = ModelMeter(cell) if cell is not None else None
+        if cell is not None and self.meter is not None:
+            cell.before_recovered_end = self.meter.recover
 
     def close(self) -> None:
         self._closed = True
         self._door.close()
+        if self.model is not None:
+            self.model.close()
         super().close()
         self._hang_up(lambda _: True)
 
@@ -333,6 +374,9 @@ class Door(KeyBroker):
                 for holder in [h for h in self._counts if h[0] == sandbox_id]:
                     del self._counts[holder]
             self._hang_up(lambda holder: holder[0] == sandbox_id)
+            if self.model is not None:  # its calls settle as their threads end
+                self.model.hang_up(lambda holder: holder[0] == sandbox_id)
+                self.model.drain(host_uid)
             self._drain(host_uid)
             with self._count_lock:  # after the drain: its threads have stopped adding
                 for holder in [h for h in self._served if h[0] == sandbox_id]:
@@ -550,6 +594,9 @@ class Door(KeyBroker):
                 return {"children": requests.wait(lineage, params.children, params.timeout_s)}
             case ResultParams():
                 return {"digest": requests.result(lineage, params.text.encode())}
+            case RevokeParams():
+                position = requests.revoke(lineage, params.lineage, params.reason)
+                return {"lineage": params.lineage, "revoked": True, "position": position}
             case SignParams():
                 try:
                     message = bytes.fromhex(params.message_hex)

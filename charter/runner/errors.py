@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from charter.control.errors import CellSupersededError
-from charter.core.errors import RefusedError, StateError
+from charter.core.errors import BadInputError, RefusedError, StateError
 
 __all__ = [
     "DoorRefusedError",
@@ -17,7 +17,12 @@ __all__ = [
     "JournalAllowanceError",
     "ControlPlaneCpuError",
     "WorkerGoneError",
+    "RevokeRefusedError",
     "WaitRefusedError",
+    "ModelTokensError",
+    "ModelNotConfiguredError",
+    "ModelRequestError",
+    "ModelCallSettledError",
     "CellClaimHeldError",
     "CellSupersededError",
     "WorkerRunningError",
@@ -41,6 +46,13 @@ class WaitRefusedError(DoorRefusedError):
     """A worker asked to wait on a lineage that is not one of its children."""
 
     reason = "not-a-child"
+
+
+class RevokeRefusedError(DoorRefusedError):
+    """A worker asked to revoke a lineage that is not one of its own descendants (a
+    worker may revoke only below itself: never itself, a sibling or an ancestor)."""
+
+    reason = "not-a-descendant"
 
 
 class ResultTooLargeError(DoorRefusedError):
@@ -79,6 +91,32 @@ class WorkerGoneError(DoorRefusedError):
     its requests was being served: the request is abandoned, its thread ends."""
 
     reason = "worker-gone"
+
+
+class ModelTokensError(DoorRefusedError):
+    """A model call's reservation (its prompt's estimate plus ``max_tokens``) is more
+    than the worker's lease has left of its tokens, net of its calls in flight: it is
+    not sent (docs/model-door.md). HTTP 429 to the worker."""
+
+    reason = "model-tokens"
+
+
+class ModelNotConfiguredError(DoorRefusedError):
+    """The operator has configured no model endpoint (``charter model configure``):
+    nothing is sent. HTTP 503 to the worker."""
+
+    reason = "model-not-configured"
+
+
+class ModelRequestError(BadInputError):
+    """A model call that is not a chat completion the door can meter: not JSON, no
+    ``messages``, a ``max_tokens`` that is not a positive integer, an oversized body.
+    HTTP 400 to the worker; nothing is sent or journaled."""
+
+
+class ModelCallSettledError(StateError):
+    """A model call's settlement found the call settled already (a later incarnation of
+    the cell recovered it at its reservation): nothing more is charged for it."""
 
 
 class LeaseSpentError(RefusedError):

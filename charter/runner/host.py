@@ -13,6 +13,7 @@ from charter.control import steady_load
 from charter.core import Budget
 from charter.runner.cell import DEFAULT_CLAIM_S, Cell
 from charter.runner.door import Door
+from charter.runner.model import load_endpoint
 from charter.sandbox import default_state_dir
 
 __all__ = ["DEFAULT_SLOT_BUDGET", "cell_for", "run_cell", "steady_load"]
@@ -43,7 +44,11 @@ def cell_for(
     base = state_dir or default_state_dir()
     if ignore_host_load:
         charter.host_load = steady_load
-    door = Door(base / f"door-{name}-{os.getpid()}.sock")
+    door = Door(
+        base / f"door-{name}-{os.getpid()}.sock",
+        model_path=base / f"model-{name}-{os.getpid()}.sock",
+        endpoint=load_endpoint(charter.keys.home),
+    )
     runner = Cell(
         charter,
         cell=name,

@@ -14,11 +14,11 @@ from nacl.signing import SigningKey
 
 from charter.authority import SpawnIntent
 from charter.control import Caller, SpawnResult, WorkerSpec
-from charter.core import Lineage
+from charter.core import Lineage, LineageError
 from charter.runner._journal_allowance import spawn_bytes, wait_bytes
 from charter.runner._view import WorkerRecord
 from charter.runner.cell import Cell
-from charter.runner.errors import ResultTooLargeError, WaitRefusedError
+from charter.runner.errors import ResultTooLargeError, RevokeRefusedError, WaitRefusedError
 from charter.runner.events import RESULT_CAP, WorkerWaiting
 
 __all__ = ["WorkerRequests"]
@@ -26,7 +26,7 @@ __all__ = ["WorkerRequests"]
 
 class WorkerRequests:
     """``spawn``, ``wait`` and ``result`` for the workers of ``cell``, through the
-    cell's worker-facing methods only (``chain``, ``spawn``, ``workers``, ``kill``,
+    cell's worker-facing methods only (``chain``, ``spawn``, ``workers``, ``kill``, ``revoke``,
     ``wait_on_children``, ``resume_processing``, ``holds_processing``,
     ``journal_result``, ``custody_seed``, ``journal_allowance``) and its ``changed``
     condition to wait on."""
@@ -121,6 +121,19 @@ class WorkerRequests:
         with self.uncharged(), self.cell.changed:
             while not self.cell.holds_processing(lineage):
                 self.cell.changed.wait(0.05)
+
+    def revoke(self, lineage: str, target: str, reason: str) -> int | None:
+        """Revoke ``target``, a descendant of ``lineage`` (and only that: never itself,
+        a sibling, an ancestor or another tree), and its subtree: one append pinned so
+        a racing mint loses (:func:`charter.control.revoke`); the cell then kills what
+        of it runs. The position it committed at; None if it already was revoked."""
+        try:
+            below = Lineage(lineage).is_ancestor_of(Lineage(target))
+        except LineageError:
+            below = False
+        if not below:
+            raise RevokeRefusedError(f"{target} is not a descendant of {lineage}")
+        return self.cell.revoke(target, reason or f"revoked by its ancestor {lineage}")
 
     def result(self, lineage: str, data: bytes) -> str:
         if len(data) > RESULT_CAP:

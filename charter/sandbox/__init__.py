@@ -2,11 +2,12 @@
 warm pool, the egress and key brokers, and the fail-closed host probe."""
 
 from charter.sandbox._canary_watch import OVERFLOW, CanaryWatch, Decoy, DecoyTouch, plant_decoy
+from charter.sandbox._digest import WorkspaceDigest, digest_workspace
 from charter.sandbox._freezer import FREEZE_TIMEOUT, SandboxControl
 from charter.sandbox._host import UidLease, default_state_dir, hold_uid
 from charter.sandbox._peer import Member, PeerServer, Refusal, peer_uid
 from charter.sandbox._signals import SandboxSignals, sample_signals, sandbox_pid, workspace_bytes
-from charter.sandbox.egress import EgressBroker, EgressGrant
+from charter.sandbox.egress import WITHHELD_REASON, Credentials, EgressBroker, EgressGrant
 from charter.sandbox.errors import (
     HostCannotIsolateError,
     HostFactsError,
@@ -22,6 +23,8 @@ from charter.sandbox.errors import (
     WorkspaceRefusedError,
 )
 from charter.sandbox.events import (
+    CredentialInjected,
+    CredentialWithheld,
     EgressAttempted,
     EgressOpened,
     SandboxDiscarded,
@@ -70,6 +73,8 @@ __all__ = [
     # supervision levers and signals
     "FREEZE_TIMEOUT",
     "SandboxControl",
+    "WorkspaceDigest",
+    "digest_workspace",
     "SandboxSignals",
     "sample_signals",
     "sandbox_pid",
@@ -82,6 +87,8 @@ __all__ = [
     # brokers
     "EgressBroker",
     "EgressGrant",
+    "Credentials",
+    "WITHHELD_REASON",
     "KeyBroker",
     "framed",
     "verify_signature",
@@ -101,6 +108,8 @@ __all__ = [
     # lifecycle events
     "EgressAttempted",
     "EgressOpened",
+    "CredentialInjected",
+    "CredentialWithheld",
     "SandboxDiscarded",
     "SandboxExited",
     "SandboxLeased",

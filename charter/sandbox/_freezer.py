@@ -58,16 +58,21 @@ class SandboxControl:
                 f"sandbox {self.spec.sandbox_id}: no freezer cgroup: {e}"
             ) from e
 
-    def freeze(self, timeout: float = FREEZE_TIMEOUT) -> float:
-        """Freeze the sandbox and wait until every task of it is frozen; returns the
-        seconds it took. Raises when it is not frozen within ``timeout``."""
-        start = time.monotonic()
+    def ask_freeze(self) -> None:
+        """Ask the kernel to freeze the sandbox without waiting for it (a cascade asks
+        every sandbox first, then waits for them all: :meth:`freeze` is both)."""
         try:
             freeze_dirs(self.mode, self.dirs, frozen=True)
         except OSError as e:
             raise SandboxUnavailableError(
                 f"sandbox {self.spec.sandbox_id} cannot be frozen: {e}"
             ) from e
+
+    def freeze(self, timeout: float = FREEZE_TIMEOUT) -> float:
+        """Freeze the sandbox and wait until every task of it is frozen; returns the
+        seconds it took. Raises when it is not frozen within ``timeout``."""
+        start = time.monotonic()
+        self.ask_freeze()
         delay = 0.0001
         while not self.frozen():
             if time.monotonic() - start > timeout:

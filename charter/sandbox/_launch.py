@@ -157,6 +157,7 @@ def host_facts(
         workspace=workspace,
         egress_socket=str(egress.path) if egress else None,
         key_socket=str(keys.path) if keys and keys.path else None,
+        model_socket=str(keys.model_path) if keys and keys.model_path else None,
         cgroup_mode=cgroup_mode,
         host_cpus=host_cpus,
     )

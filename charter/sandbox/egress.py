@@ -36,6 +36,17 @@ with a registered uid outside that sandbox's cgroup; a sandbox over its request 
 answered 429, and so is one already holding ``_MAX_CONNECTIONS_PER_UID`` connections.
 A connection that sends no request head within ``_HEAD_TIMEOUT``, or whose tunnel moves
 no byte either way for ``_IDLE_TIMEOUT``, is closed and gives its slot back.
+
+Held credentials (:mod:`charter.sandbox._inject`): a broker made with ``credentials``
+presents a held secret on a dial only when the sandbox's grant names the secret
+(``EgressGrant.secrets``) *and* the secret is bound to the host and port actually dialed
+(and the grant admits that destination, as for every dial). Such a dial must be plain
+HTTP to the broker; the broker originates TLS to the destination and injects. Each
+injection is journaled (:class:`CredentialInjected`, the secret's name, never its value)
+with the connection's ``EgressOpened``, before anything is opened. A sandbox whose grant
+says ``withhold_credentials`` (a test run) gets every such dial refused, journaled as
+:class:`CredentialWithheld`: the destination is never reached, so no empty or stand-in
+value is ever sent.
 """
 
 from __future__ import annotations
@@ -44,7 +55,9 @@ import contextlib
 import ipaddress
 import selectors
 import socket
+import ssl
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,11 +67,26 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from charter.core.destination import Destination, IPAddress, admits, grants_address, is_global
 from charter.core.events import Event
+from charter.core.secrets import HeldSecret, SecretName
 from charter.sandbox._http import Head, read_head, response
+from charter.sandbox._inject import Conflict, Credentials
 from charter.sandbox._peer import Allowance, Member, PeerServer, Refusal
-from charter.sandbox.events import EgressAttempted, EgressOpened
+from charter.sandbox.events import (
+    CredentialInjected,
+    CredentialWithheld,
+    EgressAttempted,
+    EgressOpened,
+)
 
-__all__ = ["EgressBroker", "EgressGrant", "EgressJournal", "EgressTally", "Resolver"]
+__all__ = [
+    "Credentials",
+    "EgressBroker",
+    "EgressGrant",
+    "EgressJournal",
+    "EgressTally",
+    "Resolver",
+    "WITHHELD_REASON",
+]
 
 EgressJournal = Callable[[Sequence[Event]], object]
 """Where the broker commits ``EgressOpened`` before it connects (``Journal.append``, an
@@ -99,6 +127,7 @@ _REQUESTS_PER_SECOND = 20.0
 _REQUEST_BURST = 40.0
 OVERFLOW_DESTINATION = "(other)"
 OVERFLOW_REASON = "over the record cap"
+WITHHELD_REASON = "credentials withheld (test run)"
 
 
 class EgressGrant(BaseModel):
@@ -117,6 +146,10 @@ class EgressGrant(BaseModel):
 
     destinations: tuple[Destination, ...] = ()
     byte_budget: int | None = Field(ge=0, default=None)
+    # The held secrets the broker may present for this sandbox (the grant's secrets axis:
+    # names only), and the test-run switch that withholds every one of them.
+    secrets: tuple[SecretName, ...] = ()
+    withhold_credentials: bool = False
 
     def byte_cap(self, budget_bytes: int) -> int:
         """The bytes the broker enforces for a sandbox whose spec allows ``budget_bytes``."""
@@ -198,11 +231,19 @@ class _Registration:
 class EgressBroker:
     """A threaded HTTP-proxy server on a unix socket, bound into every sandbox."""
 
-    def __init__(self, path: Path, *, resolver: Resolver = _getaddrinfo) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        resolver: Resolver = _getaddrinfo,
+        credentials: Credentials | None = None,
+    ) -> None:
         """Serve on the unix socket ``path``; names are resolved with ``resolver`` (the
-        host's ``getaddrinfo`` unless a test plays DNS)."""
+        host's ``getaddrinfo`` unless a test plays DNS); ``credentials`` are the held
+        secrets it may present (see the module docstring)."""
         self.path = path
         self.resolver = resolver
+        self.credentials = credentials
         self._lock = threading.Lock()
         self._regs: dict[int, _Registration] = {}
         # (uid, "?") per refused unknown peer: it is refused before a byte is read.
@@ -351,12 +392,22 @@ class EgressBroker:
             raise _Refused(403, "destination not in the grant")
         if reg.used >= reg.cap:
             raise _Refused(403, "egress byte budget exhausted")
+        held = self._held(uid, reg, head, dest)
+        # Everything a held secret needs is settled before anything is journaled or opened:
+        # the TLS context, the headers (an identity token minted now), the rewritten head.
+        creds = self.credentials
+        tls = _prepare(creds, reg, head, held) if held and creds is not None else None
         family, sockaddr = self._pick(reg, head)
+        opened: list[Event] = [EgressOpened(
+            sandbox_id=reg.sandbox_id, host_uid=uid,
+            destination=dest[:_DESTINATION_KEPT], address=str(sockaddr[0]),
+        )]  # fmt: skip
+        opened += [CredentialInjected(
+            sandbox_id=reg.sandbox_id, host_uid=uid, secret=s.name, kind=s.kind,
+            destination=dest[:_DESTINATION_KEPT],
+        ) for s in held]  # fmt: skip
         try:  # committed before anything is opened; no commit, no connection
-            reg.journal([EgressOpened(
-                sandbox_id=reg.sandbox_id, host_uid=uid,
-                destination=dest[:_DESTINATION_KEPT], address=str(sockaddr[0]),
-            )])  # fmt: skip
+            reg.journal(opened)
         except Exception as e:  # any failure of the append refuses the connection
             raise _Refused(503, "journal append failed") from e
         upstream = None
@@ -368,7 +419,37 @@ class EgressBroker:
             if upstream is not None:
                 upstream.close()
             raise _Refused(502, f"cannot connect: {e.strerror or e}") from e
-        return upstream, head
+        if tls is None:
+            return upstream, head
+        context, forward = tls
+        try:  # the destination's certificate checked for the host dialed, ours presented
+            secured = context.wrap_socket(upstream, server_hostname=head.host)
+        except (OSError, ssl.SSLError) as e:
+            upstream.close()
+            raise _Refused(502, "tls to the destination failed") from e
+        return secured, head._replace(forward=forward)
+
+    def _held(self, uid: int, reg: _Registration, head: Head, dest: str) -> tuple[HeldSecret, ...]:
+        """The held secrets this dial gets (granted to the sandbox and bound to the host
+        and port dialed); refuses a dial that cannot carry them, and every such dial of
+        a test run, journaling the withholding."""
+        if self.credentials is None or not reg.grant.secrets:
+            return ()
+        held = self.credentials.bound(reg.grant.secrets, head.host, head.port)
+        if not held:
+            return ()
+        if reg.grant.withhold_credentials:
+            try:
+                reg.journal([CredentialWithheld(
+                    sandbox_id=reg.sandbox_id, host_uid=uid, secret=s.name,
+                    destination=dest[:_DESTINATION_KEPT], reason=WITHHELD_REASON,
+                ) for s in held])  # fmt: skip
+            except Exception as e:  # the withholding must be on record, or nothing goes
+                raise _Refused(503, "journal append failed") from e
+            raise _Refused(403, WITHHELD_REASON)
+        if head.tunnel or head.forward[:1] == b"\x16":
+            raise _Refused(400, "held credentials: send plain http://host:port/ to the broker")
+        return held
 
     def _pick(self, reg: _Registration, head: Head) -> tuple[int, tuple[Any, ...]]:
         """Resolve the destination once and pick the first address the grant lets the
@@ -409,6 +490,10 @@ class EgressBroker:
                     src: socket.socket = key.fileobj  # type: ignore[assignment]
                     try:
                         data = src.recv(65536)
+                        # TLS decrypts whole records: what is already decrypted is not
+                        # readable on the descriptor, so the selector would not wake.
+                        while isinstance(src, ssl.SSLSocket) and data and src.pending():
+                            data += src.recv(src.pending())
                     except OSError:
                         data = b""
                     if not data:
@@ -440,6 +525,23 @@ class _Refused(Exception):  # noqa: N818 (internal control flow, never escapes)
         super().__init__(reason)
         self.code = code
         self.reason = reason
+
+
+def _prepare(
+    credentials: Credentials, reg: _Registration, head: Head, held: tuple[HeldSecret, ...]
+) -> tuple[ssl.SSLContext, bytes]:
+    """The TLS context and the request head (held headers in) for a dial that presents
+    ``held``; refuses secrets that conflict and a head that is not one HTTP request."""
+    try:
+        prepared = credentials.prepare(
+            held, head.forward, head.host, head.port,
+            subject=f"sandbox:{reg.sandbox_id}", now_s=int(time.time()),
+        )  # fmt: skip
+    except Conflict as e:
+        raise _Refused(403, f"held credentials conflict: {e}") from e
+    if prepared is None:
+        raise _Refused(400, "malformed proxy request")
+    return prepared
 
 
 def _ip(text: str) -> IPAddress | None:

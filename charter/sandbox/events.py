@@ -12,6 +12,8 @@ from charter.core.events import Event
 from charter.core.lineage import Lineage
 
 __all__ = [
+    "CredentialInjected",
+    "CredentialWithheld",
     "EgressAttempted",
     "EgressOpened",
     "SandboxDiscarded",
@@ -143,3 +145,29 @@ class EgressOpened(_SandboxEvent):
     host_uid: int
     destination: str
     address: str
+
+
+class CredentialInjected(_SandboxEvent):
+    """The broker presents the held secret ``secret`` (by name: never its value) on one
+    connection to ``destination`` (``host:port`` as dialed), committed with that
+    connection's :class:`EgressOpened` before anything is opened. ``kind`` says how:
+    a header (``bearer``, ``header``), a minted identity token (``identity``) or the
+    client certificate of its TLS handshake (``client-cert``)."""
+
+    type_name = "CredentialInjected"
+    host_uid: int
+    secret: str
+    kind: str
+    destination: str
+
+
+class CredentialWithheld(_SandboxEvent):
+    """A test run (the sandbox's grant says ``withhold_credentials``) asked for a
+    destination a held secret is bound to: the secret was withheld and nothing was
+    opened (no destination sees the request, with or without a substitute value)."""
+
+    type_name = "CredentialWithheld"
+    host_uid: int
+    secret: str
+    destination: str
+    reason: str

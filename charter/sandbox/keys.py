@@ -150,6 +150,9 @@ class KeyBroker:
         self._sandboxes: dict[int, _Sandbox] = {}  # host uid -> the live sandbox on it
         self._lock = threading.Lock()
         self.path = path
+        # A second socket the broker serves beside its own, bound into each sandbox at
+        # /run/charter/model.sock when set (the cell's model door: docs/model-door.md).
+        self.model_path: Path | None = None
         self._server: PeerServer | None = None
         if path is not None:
             self._server = PeerServer(

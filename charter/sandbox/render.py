@@ -59,6 +59,17 @@ def _bwrap_namespace(ns: Namespace) -> list[str]:  # noqa: PLR0911 (one return p
             assert_never(unreachable)
 
 
+def _sockets(spec: SandboxSpec) -> list[tuple[str, str]]:
+    """The broker sockets bound into the sandbox (source, destination): the egress
+    broker's, the key broker's (the door) and the model door's, those that exist."""
+    pairs = (
+        (spec.egress_socket_src, spec.egress_socket_dest),
+        (spec.key_socket_src, spec.key_socket_dest),
+        (spec.model_socket_src, spec.model_socket_dest),
+    )
+    return [(src, dest) for src, dest in pairs if src is not None]
+
+
 def render_bwrap(
     spec: SandboxSpec, command: list[str], fds: BwrapFds, *, bwrap: str = "bwrap"
 ) -> list[str]:
@@ -126,11 +137,10 @@ def render_bwrap(
         # mounts nosuid,nodev with every write on a size-capped tmpfs (a direct bind of
         # the host directory would let writes fill its disk and leave setuid files).
         argv += ["--bind", spec.workspace_src, spec.workspace_dest]
-    if spec.egress_socket_src is not None:
-        # The only route outward: no network device but 'lo' exists inside.
-        argv += ["--ro-bind", spec.egress_socket_src, spec.egress_socket_dest]
-    if spec.key_socket_src is not None:
-        argv += ["--ro-bind", spec.key_socket_src, spec.key_socket_dest]
+    # The brokers' sockets. The egress broker's is the only route outward: no network
+    # device but 'lo' exists inside.
+    for src, dest in _sockets(spec):
+        argv += ["--ro-bind", src, dest]
     argv += [
         "--chdir", spec.workspace_dest,
         # Without it the sandbox's root (a tmpfs bwrap made) is writable.
@@ -239,16 +249,10 @@ def render_oci(spec: SandboxSpec, command: list[str], *, rootfs: str = "rootfs")
             {"destination": spec.workspace_dest, "type": "bind", "source": spec.workspace_src,
              "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"]}
         )  # fmt: skip
-    if spec.egress_socket_src is not None:
-        mounts.append(
-            {"destination": spec.egress_socket_dest, "type": "bind",
-             "source": spec.egress_socket_src, "options": ro}
-        )  # fmt: skip
-    if spec.key_socket_src is not None:
-        mounts.append(
-            {"destination": spec.key_socket_dest, "type": "bind",
-             "source": spec.key_socket_src, "options": ro}
-        )  # fmt: skip
+    mounts.extend(
+        {"destination": dest, "type": "bind", "source": src, "options": ro}
+        for src, dest in _sockets(spec)
+    )
     return {
         "ociVersion": "1.0.2",
         "process": {

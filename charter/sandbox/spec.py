@@ -50,6 +50,7 @@ TMP = "/tmp"  # noqa: S108
 SHM = "/dev/shm"  # noqa: S108
 EGRESS_SOCKET = "/run/charter/egress.sock"
 KEY_SOCKET = "/run/charter/keys.sock"
+MODEL_SOCKET = "/run/charter/model.sock"  # the model door (HTTP), beside the door
 # The read-only view of the host: the merged-/usr layout of Debian 12. Nothing else of the
 # host (no /etc beyond the loader cache, no /home, /root, /var, /run, /sys) is visible.
 RO_BINDS: tuple[tuple[str, str], ...] = (
@@ -96,11 +97,12 @@ class HostFacts(BaseModel):
     vanishes with the sandbox."""
     egress_socket: str | None = None
     key_socket: str | None = None
+    model_socket: str | None = None
     cgroup_mode: CgroupMode = CgroupMode.V1
     host_cpus: int = Field(ge=1, default=1)
     arch: str = "x86_64"
 
-    @field_validator("workspace", "egress_socket", "key_socket")
+    @field_validator("workspace", "egress_socket", "key_socket", "model_socket")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
@@ -145,6 +147,8 @@ class SandboxSpec(BaseModel):
     egress_socket_dest: str
     key_socket_src: str | None
     key_socket_dest: str
+    model_socket_src: str | None = None
+    model_socket_dest: str = MODEL_SOCKET
     pids_max: int
     memory_bytes: int
     memsw_bytes: int
@@ -205,6 +209,8 @@ def compile_spec(budget: Budget, host: HostFacts) -> SandboxSpec:
         env.append(("CHARTER_EGRESS_SOCKET", EGRESS_SOCKET))
     if host.key_socket is not None:
         env.append(("CHARTER_KEY_SOCKET", KEY_SOCKET))
+    if host.model_socket is not None:
+        env.append(("CHARTER_MODEL_SOCKET", MODEL_SOCKET))
     files = (
         ("/etc/passwd", f"sandbox:x:{INSIDE_UID}:{INSIDE_UID}::{WORKSPACE}:/bin/sh\n"),
         ("/etc/group", f"sandbox:x:{INSIDE_UID}:\n"),
@@ -231,6 +237,8 @@ def compile_spec(budget: Budget, host: HostFacts) -> SandboxSpec:
         egress_socket_dest=EGRESS_SOCKET,
         key_socket_src=host.key_socket,
         key_socket_dest=KEY_SOCKET,
+        model_socket_src=host.model_socket,
+        model_socket_dest=MODEL_SOCKET,
         pids_max=pids,
         memory_bytes=memory,
         memsw_bytes=memory,  # no swap: memory+swap is capped at the memory cap

@@ -23,6 +23,7 @@ from charter.supervision.events import (
     ThrottleVerdict,
     Verdict,
     WorkerProfiled,
+    WorkspaceDigested,
     baseline_stream,
     supervise_stream,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "ThrottleVerdict",
     "Verdict",
     "WorkerProfiled",
+    "WorkspaceDigested",
     "baseline_stream",
     "supervise_stream",
     # errors

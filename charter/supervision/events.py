@@ -31,6 +31,7 @@ __all__ = [
     "ThrottleVerdict",
     "Verdict",
     "WorkerProfiled",
+    "WorkspaceDigested",
     "baseline_stream",
     "supervise_stream",
 ]
@@ -56,13 +57,15 @@ class Evidence(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    signal: Signal | Literal["canary"]
+    signal: Signal | Literal["canary", "operator"]
     observed: int = Field(ge=0)
     upper: int = Field(ge=0)
     threshold: int = Field(ge=0)
     baseline_version: int | None = Field(default=None, ge=1)
     policy_version: int = Field(ge=1)
     canary: str | None = None
+    operator: str | None = None  # an operator's verdict (signal "operator"): who
+    reason: str | None = None  # ...and why, in their words
 
 
 class _Verdict(Event):
@@ -110,6 +113,25 @@ class QuarantineVerdict(_Verdict):
     cell), withhold its slot and revoke its subtree. A canary touch always gives one."""
 
     type_name = "QuarantineVerdict"
+
+
+class WorkspaceDigested(Event):
+    """The cell froze quarantined ``sandbox_id`` and digested its workspace (sha256 hex
+    over every entry, :func:`charter.sandbox.digest_workspace`) before killing it: the
+    evidence of what the worker left. ``error`` says why no digest could be made (the
+    sandbox had no process left to read it through); the kill goes on either way."""
+
+    type_name = "WorkspaceDigested"
+    lineage: str = Field(min_length=1)
+    sandbox_id: str = Field(min_length=1)
+    digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    files: int = Field(default=0, ge=0)
+    bytes: int = Field(default=0, ge=0)
+    truncated: bool = False
+    error: str | None = None
+
+    def stream(self) -> str:
+        return supervise_stream(self.lineage)
 
 
 Verdict = ThrottleVerdict | PauseVerdict | ResumeVerdict | KillVerdict | QuarantineVerdict
@@ -187,4 +209,5 @@ SUPERVISION_EVENTS: tuple[type[Event], ...] = (
     CanariesPlanted,
     WorkerProfiled,
     BaselineChanged,
+    WorkspaceDigested,
 )

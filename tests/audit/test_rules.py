@@ -26,7 +26,7 @@ from charter.budgets.admission import ResourceClass
 from charter.core import Budget, KeyStore
 from charter.core.events import event_types
 from charter.core.lineage import Lineage
-from charter.runner import WorkerEnded, WorkerStarted
+from charter.runner import CellStarted, WorkerEnded, WorkerStarted
 from charter.sandbox import SandboxExited, SandboxStarted, SandboxUsage
 from tests.audit.test_semantic import _append, _audit, _event, _leased, _only, _usage, made
 
@@ -86,6 +86,13 @@ def test_re_leasing_a_live_lineage_does_not_reset_its_spend(made: tuple) -> None
     del first
 
 
+def _cell_started(incarnation: int = 1, claim_ms: int = 3_600_000) -> CellStarted:
+    """Cell ``local``'s incarnation, holding a claim for ``claim_ms`` from now (a worker
+    is started only under its cell's claim: ``cell-claim``)."""
+    until = int(time.time() * 1000) + claim_ms
+    return CellStarted(cell="local", incarnation=incarnation, pid=1, host="h", claim_until_ms=until)
+
+
 def _admitted(lineage: str, cap: int = 3, cell: str = "t") -> SlotAdmitted:
     return SlotAdmitted(
         cell=cell, lineage=lineage, resource=ResourceClass.PROCESSING, cap=cap, occupancy=1
@@ -138,7 +145,7 @@ def test_an_operator_sandbox_is_exempt_only_as_documented(made: tuple) -> None:
     (claims,) = _append(
         url, operator.model_copy(update={"sandbox_id": "s-claim", "lease": Lineage(lineages[0])})
     )
-    _append(url, operator.model_copy(update={"sandbox_id": "s-w"}))
+    _append(url, operator.model_copy(update={"sandbox_id": "s-w"}), _cell_started())
     (worker,) = _append(
         url, WorkerStarted(lineage=lineages[1], cell="local", incarnation=1, sandbox_id="s-w")
     )
@@ -154,7 +161,7 @@ def test_an_operator_sandbox_is_exempt_only_as_documented(made: tuple) -> None:
 
 def test_a_started_worker_that_never_ends_is_found(made: tuple) -> None:
     url, _, lineages = made
-    _append(url, _leased("s1", lineages[0]), _leased("s2", lineages[1]))
+    _append(url, _cell_started(), _leased("s1", lineages[0]), _leased("s2", lineages[1]))
     (open_,) = _append(
         url, WorkerStarted(lineage=lineages[0], cell="local", incarnation=1, sandbox_id="s1")
     )
@@ -168,7 +175,7 @@ def test_a_started_worker_that_never_ends_is_found(made: tuple) -> None:
 
 def test_a_worker_started_without_a_grant_is_found(made: tuple) -> None:
     url, _, _ = made
-    _append(url, _leased("s9", "agent:estate/sa-9"))
+    _append(url, _cell_started(), _leased("s9", "agent:estate/sa-9"))
     (bad,) = _append(
         url,
         WorkerStarted(lineage="agent:estate/sa-9", cell="local", incarnation=1, sandbox_id="s9"),

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from charter.app import Charter
-from charter.authority import FixedPolicy, SpawnIntent, Verdict
+from charter.authority import FixedPolicy, LineageRevokedError, MintedChild, SpawnIntent, Verdict
 from charter.control import SpawnResult, WorkerSpec
 from charter.core import Budget
 from charter.runner.cell import Cell
@@ -105,3 +105,21 @@ def alive_under(uids: set[int]) -> list[int]:
             except (FileNotFoundError, IndexError):
                 continue
     return found
+
+
+def mint_below_is_refused(charter: Charter, top: MintedChild) -> None:
+    """A mint under ``top`` (a revoked fan-out child) is refused, journaled; the control,
+    a mint beside it under the root, is made."""
+    intent = SpawnIntent(
+        width=1,
+        objective="spawn below a revoked worker of the estate",
+        estimated_cost=Budget.parse("tokens=10k,wall=1m,cpu=1m,mem=256MiB,egress=0"),
+    )
+    root = charter.spawn_service().durable_caller("estate")
+    try:
+        charter.spawn(root.child(top), intent, policy=FixedPolicy(Verdict.POSITIVE))
+    except LineageRevokedError:
+        pass
+    else:
+        raise AssertionError("a mint below a revoked lineage was made")
+    charter.spawn("agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE))

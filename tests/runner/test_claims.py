@@ -75,3 +75,34 @@ def test_a_lapsed_claim_is_never_renewed(journal_url: str, tmp_path: Path, state
         finally:
             cell.fenced = CellSupersededError("the test lapsed it")
             cell.close()
+
+
+def test_a_renewal_is_not_held_behind_the_cells_other_decisions(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    """The views' lock held (as a cell ending hundreds of workers holds it, one end's
+    commit after another) for longer than a whole claim: the claim is still renewed
+    meanwhile, and the incarnation is not fenced. Renewals once took that lock, so a
+    claim lapsed behind the ends and the cell fenced itself."""
+    with initialise(journal_url, tmp_path / "home") as charter:
+        cell = make_cell(charter, None, state_dir)
+        cell.claim_s = 1.5  # renewed every half second
+        cell.open()
+        try:
+            start = now_ms()
+            with charter.views.lock:  # everything else the cell decides waits here
+                while now_ms() < start + 3 * 1500:  # two whole claims' length
+                    time.sleep(0.05)
+                renewed = [
+                    e.event
+                    for e in charter.journal.entries(types=("CellClaimRenewed",))
+                    if isinstance(e.event, CellClaimRenewed)
+                ]
+            # Renewed while the lock was held, and the last renewal holds the cell now.
+            assert len(renewed) >= 3
+            assert renewed[-1].until_ms > now_ms()
+            assert cell.fenced is None
+            assert not cell.lifecycle.fenced()
+            cell.step()  # it still acts
+        finally:
+            cell.close()

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from charter.app import Charter
+from charter.audit.semantic import audit_history
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import BudgetRefused, UsageRecorded
 from charter.control import SpawnResult, WorkerSpec
@@ -140,6 +141,7 @@ def test_a_wait_flood_is_refused_past_the_floor_and_an_honest_sibling_is_served(
         assert found.problems == []
         assert found.checked > 0
         assert check_history(history).problems == []
+        _audited_clean(charter)
 
 
 @pytest.mark.sandbox
@@ -172,6 +174,7 @@ def test_a_spawn_flood_is_refused_and_egress_pays_for_more_with_the_charge_journ
         assert found.problems == []
         assert found.checked > 0
         assert check_history(history).problems == []
+        _audited_clean(charter)
 
 
 # Four connections of one worker flood waits at once: the charge and the write it pays
@@ -229,3 +232,10 @@ def test_four_connections_racing_waits_cannot_pass_the_floor(
         found = check_journal_allowance(history)
         assert found.problems == []
         assert check_history(history).problems == []
+        _audited_clean(charter)
+
+
+def _audited_clean(charter: Charter) -> None:
+    """charter audit agrees (its journal-allowance rule is the fold's, restated)."""
+    report = audit_history(charter.journal.payloads())
+    assert report.ok, report.findings

@@ -13,13 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from charter.authority import FixedPolicy, LineageRevoked, LineageRevokedError, SpawnIntent, Verdict
+from charter.authority import LineageRevoked
 from charter.control import ResourceView
-from charter.core import Budget, now_ms
+from charter.core import now_ms
 from charter.runner.events import WorkerEnded, WorkerStarted
 from charter.sandbox import SandboxLeased
 from tests.invariants import check_history, check_settled, check_workers, journal_history
-from tests.runner._support import alive_under, fan_out, make_cell, running, until_idle
+from tests.runner._support import (
+    alive_under,
+    fan_out,
+    make_cell,
+    mint_below_is_refused,
+    running,
+    until_idle,
+)
 from tests.runner.conftest import initialise
 from tests.runner.programs import LINGER, python
 
@@ -87,16 +94,7 @@ def test_revoking_a_subtree_kills_it_charges_it_and_refuses_its_mints(
         view = ResourceView()
         view.refresh(charter.journal)
         assert not any(view.book.get(x).active(now_ms()) for x in subtree)
-        # A mint under the revoked subtree is refused, journaled; the control above it works.
-        intent = SpawnIntent(
-            width=1,
-            objective="spawn below a revoked worker of the estate",
-            estimated_cost=Budget.parse("tokens=10k,wall=1m,cpu=1m,mem=256MiB,egress=0"),
-        )
-        root = charter.spawn_service().durable_caller("estate")
-        with pytest.raises(LineageRevokedError):
-            charter.spawn(root.child(top), intent, policy=FixedPolicy(Verdict.POSITIVE))
-        charter.spawn("agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE))
+        mint_below_is_refused(charter, top)  # refused, journaled; beside it, made
         history = journal_history(charter.journal)
         assert check_history(history).problems == []
         assert check_workers(history).problems == []

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from charter.app import Charter
+from charter.audit.semantic import audit_history
 from charter.control import WorkerSpec
 from charter.core import KeyStore
+from charter.ledger import Journal
 from charter.runner.events import (
     CellClaimRenewed,
     CellStarted,
@@ -110,6 +112,10 @@ def _settled(url: str, home: Path, entries: list[Any]) -> None:
     assert check_history(history).problems == []
     assert check_workers(history).problems == []
     assert check_settled(history).problems == []
+    # charter audit (its cell-claim, journal-allowance and worker-lifecycle rules) agrees
+    with Journal.open(url) as journal:
+        report = audit_history(journal.payloads())
+    assert report.ok, report.findings
 
 
 @pytest.mark.sandbox

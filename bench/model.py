@@ -1,0 +1,187 @@
+"""The model door's overhead per call, against a direct call to the same loopback server.
+
+A worker in a real sandbox makes N chat completions through its model door
+(``/run/charter/model.sock``: reserved, journaled, forwarded, settled), each on one
+keep-alive connection, timing each call (non-streamed: the whole answer; streamed: the
+time to its first token, then the rest read). The baseline is the same client code
+making the same N calls straight to the same loopback server (the tests' own
+OpenAI-compatible server, stdlib http.server) from the host. Reported: p50 and p90 of
+each, and the door's added p50 (target <= 2 ms), non-streamed and time-to-first-token.
+The journal is SQLite (a WAL commit per reservation and per settlement).
+
+Run as root with bubblewrap: ``python3 bench/model.py [--calls N]``. Exits 1 when a
+target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench._support import percentile
+from charter.app import CellSetup, Charter, Settings
+from charter.authority import FixedPolicy, SpawnIntent, Verdict
+from charter.control import Ceiling, WorkerSpec
+from charter.core import Budget, KeyStore
+from charter.runner import cell_for, run_cell
+from charter.runner.model import configure_endpoint
+from tests.runner._model_server import Behaviour, model_server
+
+ROOT_BUDGET = Budget.parse("tokens=1000M,wall=10000h,cpu=10000h,mem=100000GiB,egress=10GB")
+SLOT = Budget.parse("tokens=0,wall=600s,cpu=600s,mem=256MiB,egress=1GB")
+COST = {
+    "tokens": 100_000_000,
+    "wall_ms": 600_000,
+    "cpu_ms": 600_000,
+    "mem_bytes": 2**28,
+    "egress_bytes": 10**9,
+}
+PY = "/usr/bin/python3"
+TARGET_MS = 2.0
+
+# The client both sides run: N calls on one connection, each timed (ms); streamed, the
+# time to the first content chunk. ``connect`` is the connection factory.
+CLIENT = """
+import json, time
+def calls(connect, n, stream):
+    body = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "hello there"}],
+                       "max_tokens": 8, "stream": stream,
+                       **({"stream_options": {"include_usage": True}} if stream else {})})
+    conn = connect()
+    took = []
+    for _ in range(n):
+        start = time.perf_counter()
+        conn.request("POST", PATH, body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if stream:
+            first = None
+            while True:
+                line = r.readline()
+                if not line:
+                    break
+                if first is None and b'"content"' in line:
+                    first = time.perf_counter()
+            took.append((first - start) * 1000)
+        else:
+            r.read()
+            took.append((time.perf_counter() - start) * 1000)
+        assert r.status == 200, r.status
+    conn.close()
+    return took
+"""
+
+WORKER = (
+    "import sys, json; sys.path.insert(0, '/workspace'); import charter_door\n"
+    + CLIENT.replace("PATH", repr("/v1/chat/completions"))
+    + """
+n = int(sys.argv[1])
+out = {"whole": calls(charter_door.ModelConnection, n, False),
+       "first_token": calls(charter_door.ModelConnection, n, True)}
+charter_door.Door().result(json.dumps({k: [round(x, 3) for x in v] for k, v in out.items()}))
+"""
+)
+
+
+def _direct(url: str, n: int) -> dict[str, list[float]]:
+    parts = urlsplit(url)
+    scope: dict[str, Any] = {}
+    exec(CLIENT.replace("PATH", repr(parts.path + "/chat/completions")), scope)
+
+    def connect() -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(parts.hostname or "", parts.port)
+
+    return {
+        "whole": scope["calls"](connect, n, False),
+        "first_token": scope["calls"](connect, n, True),
+    }
+
+
+def _through_door(url: str, n: int, state: Path) -> dict[str, list[float]]:
+    home = Path(tempfile.mkdtemp(prefix="bench-model-"))
+    charter, _ = Charter.initialise(
+        f"sqlite:///{home / 'journal.db'}",
+        root="bench",
+        ceiling=Ceiling(budget=ROOT_BUDGET, depth=3, fanout=10),
+        cell=CellSetup(cores=os.cpu_count() or 1, processing=1, coordination=1),
+        keys=KeyStore(home),
+        settings=Settings(),
+    )
+    with charter:
+        configure_endpoint(home, url, None)
+        intent = SpawnIntent.model_validate(
+            {"width": 1, "objective": "call the model through the door for the bench",
+             "estimated_cost": COST}
+        )  # fmt: skip
+        spec = WorkerSpec(argv=(PY, "-I", "-c", WORKER, str(n)))
+        charter.spawn("agent:bench", intent, policy=FixedPolicy(Verdict.POSITIVE), workers=(spec,))
+        cell = cell_for(charter, slot_budget=SLOT, state_dir=state, ignore_host_load=True)
+        run_cell(cell, once=True)
+        (end,) = [e.event for e in charter.journal.entries(types=("WorkerEnded",))]
+        results = [e.event for e in charter.journal.entries(types=("WorkerResult",))]
+        reason = results[0].text if results else end.reason  # type: ignore[attr-defined]
+        settled = sum(1 for _ in charter.journal.entries(types=("ModelCallSettled",)))
+    if settled != 2 * n:
+        raise RuntimeError(f"{settled} calls settled of {2 * n}: {reason[:400]}")
+    said: dict[str, list[float]] = json.loads(reason)
+    return said
+
+
+def _raw_commits(n: int) -> list[float]:
+    """The raw library's floor: one row committed by sqlite3 (WAL, synchronous=FULL, as
+    the journal), per commit (ms). The door commits twice per call."""
+    with tempfile.TemporaryDirectory() as tmp:
+        conn = sqlite3.connect(Path(tmp) / "raw.db", isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE t (x BLOB)")
+        took = []
+        for _ in range(n):
+            start = time.perf_counter()
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO t VALUES (?)", (b"x" * 400,))
+            conn.execute("COMMIT")
+            took.append((time.perf_counter() - start) * 1000)
+        conn.close()
+    return took
+
+
+def _figures(samples: list[float]) -> dict[str, float]:
+    return {"p50": round(percentile(samples, 0.5), 3), "p90": round(percentile(samples, 0.9), 3)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=300, help="calls of each kind")
+    args = parser.parse_args()
+    state = Path(tempfile.mkdtemp(prefix="bench-model-state-"))
+    state.chmod(0o755)
+    with model_server(Behaviour(length=8)) as (url, _):
+        direct = _direct(url, args.calls)
+        door = _through_door(url, args.calls, state)
+    commit = _figures(_raw_commits(args.calls))
+    report: dict[str, Any] = {"calls": args.calls, "raw_sqlite_commit_ms": commit}
+    for kind in ("whole", "first_token"):
+        d, m = _figures(direct[kind]), _figures(door[kind])
+        report[kind] = {
+            "direct_ms": d,
+            "door_ms": m,
+            "added_p50_ms": round(m["p50"] - d["p50"], 3),
+        }
+    print(json.dumps(report, indent=2))
+    missed = [k for k in ("whole", "first_token") if report[k]["added_p50_ms"] > TARGET_MS]
+    for k in missed:
+        print(f"MISSED: {k}", file=sys.stderr)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

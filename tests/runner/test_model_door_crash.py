@@ -1,0 +1,94 @@
+"""A cell SIGKILLed while a worker's model call is in flight: the reservation was
+journaled before the call was sent, so the next incarnation settles it (at its whole
+reservation, flagged ``recovered``) before it returns the worker's lease: never lost,
+never settled twice."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+
+from charter.app import Charter
+from charter.budgets import LeaseReleased, UsageRecorded
+from charter.core import KeyStore
+from charter.runner.events import ModelCallReserved, ModelCallSettled, WorkerEnded
+from charter.runner.model import configure_endpoint
+from tests.invariants import (
+    check_history,
+    check_model_calls,
+    check_settled,
+    check_workers,
+    journal_history,
+)
+from tests.runner._model_server import Behaviour, model_server
+from tests.runner.conftest import initialise
+from tests.runner.test_crash import _cell
+from tests.runner.test_model_door import CALLER, one_caller, wait_for
+
+WT = Path(__file__).resolve().parents[2]
+
+
+def _reserved(url: str, home: Path) -> list[ModelCallReserved]:
+    with Charter.open(url, keys=KeyStore(home)) as charter:
+        return [
+            e.event
+            for e in charter.journal.entries(types=("ModelCallReserved",))
+            if isinstance(e.event, ModelCallReserved)
+        ]
+
+
+def test_a_call_in_flight_when_the_cell_dies_is_settled_by_the_next_one(
+    journal_url: str, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    hold = threading.Event()
+    calls = [{"content": "think hard", "stream": True, "include_usage": True, "max_tokens": 40}]
+    with model_server(Behaviour(length=40, hold=hold, hold_after=2)) as (url, server):
+        try:
+            with initialise(journal_url, home) as charter:
+                worker = one_caller(charter, 10_000, CALLER, json.dumps(calls))
+            configure_endpoint(home, url, None)
+            first = _cell(journal_url, home)
+            wait_for(lambda: len(server.seen) == 1, "the call reached the server", 120)
+            assert len(_reserved(journal_url, home)) == 1  # journaled before it was sent
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+            second = _cell(journal_url, home)
+            _, err = second.communicate(timeout=180)
+            assert second.returncode == 0, err
+        finally:
+            hold.set()
+        with Charter.open(journal_url, keys=KeyStore(home)) as charter:
+            entries = list(charter.journal.entries())
+        (reserved,) = [e.event for e in entries if isinstance(e.event, ModelCallReserved)]
+        settled = [
+            (i, e.event) for i, e in enumerate(entries) if isinstance(e.event, ModelCallSettled)
+        ]
+        assert len(settled) == 1, settled  # settled once
+        index, event = settled[0]
+        assert (event.how, event.estimated) == ("recovered", True)
+        assert (event.prompt_tokens, event.completion_tokens) == (
+            reserved.prompt_estimate, reserved.max_tokens,
+        )  # fmt: skip
+        charge = entries[index - 1].event
+        assert isinstance(charge, UsageRecorded)
+        assert charge.lineage == worker
+        assert charge.amount.tokens == reserved.reserved
+        released = [
+            i for i, e in enumerate(entries)
+            if isinstance(e.event, LeaseReleased) and e.event.lineage == worker
+        ]  # fmt: skip
+        assert released
+        assert index < released[0]
+        (end,) = [e.event for e in entries if isinstance(e.event, WorkerEnded)]
+        assert end.outcome == "lost"  # failed by the next incarnation
+        history = journal_history_of(journal_url, home)
+        for check in (check_history, check_workers, check_settled, check_model_calls):
+            assert check(history).problems == [], check.__name__
+
+
+def journal_history_of(url: str, home: Path) -> list:
+    with Charter.open(url, keys=KeyStore(home)) as charter:
+        return journal_history(charter.journal)
