@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from charter.audit.keys import JOURNAL_KEY
 from charter.authority import GatePolicy, SpawnIntent
 from charter.budgets import CapInputs, FabricCeilings, ResourceClass
 from charter.control import (
@@ -77,8 +78,6 @@ __all__ = [
     "read_journal",
     "resolve_location",
 ]
-
-JOURNAL_KEY = "journal"
 
 
 def read_journal(db: str | Location | None = None) -> Journal:

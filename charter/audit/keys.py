@@ -28,6 +28,7 @@ from charter.core.framing import NOTE_ED25519, key_rotation_signing_input
 from charter.core.home import KeyStore
 
 __all__ = [
+    "JOURNAL_KEY",
     "KEY_STREAM",
     "JournalKeyRotated",
     "KEY_HISTORY_FORMAT",
@@ -39,6 +40,7 @@ __all__ = [
     "rotation",
 ]
 
+JOURNAL_KEY = "journal"  # the home's name of the journal's first signing key
 KEY_STREAM = "journal-keys"
 KEY_HISTORY_FORMAT = "charter/key-history@v1"
 ROTATION_TOPIC = "JournalKeyRotated/"

@@ -44,7 +44,7 @@ from charter.audit.proofs import InclusionText
 from charter.core import now_ms
 from charter.core.errors import InternalError, StateError
 from charter.core.framing import GENESIS, NOTE_ED25519, entry_frame, merkle_leaf_hash
-from charter.ledger import Journal
+from charter.ledger import Journal, resolve_location
 
 __all__ = [
     "ConsistencyProof",
@@ -54,6 +54,7 @@ __all__ = [
     "anchor_key",
     "key_history",
     "leaf_hashes",
+    "ledger_journal",
     "verify_extension",
 ]
 
@@ -143,6 +144,18 @@ def _rotate(history: KeyHistory, leaf: int, state: bytes) -> KeyHistory:
         return history.rotated(leaf, json.loads(state)["payload"])
     except (KeyRotationError, ValueError, KeyError, TypeError):
         return history
+
+
+def ledger_journal(db: str | None, *, read_only: bool = False) -> Journal | None:
+    """The journal at ``db`` (``--db``, ``CHARTER_DB`` or the home's, by the ledger's
+    location resolution) opened by the ledger alone, as charter.app opens it, when that
+    needs none of the app's settings (they are PostgreSQL's write timeouts): only to
+    read, or a SQLite file. None otherwise: the caller opens it through charter.app. The
+    auditor's commands load neither the app nor a driver the journal does not use."""
+    location = resolve_location(db)
+    if not read_only and location.kind != "sqlite":
+        return None
+    return Journal.open(location, read_only=read_only)
 
 
 def anchor_key(journal: Journal) -> NoteKey:

@@ -15,16 +15,25 @@ every help text is the same.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, NoReturn
 
 import click
 
 from charter.cli._common import AsciiIntRange
 
-__all__ = ["StandInInvoked", "describe", "index_source", "sources_digest", "stand_in"]
+__all__ = [
+    "LazyGroup",
+    "StandInInvoked",
+    "describe",
+    "index_source",
+    "load",
+    "sources_digest",
+    "stand_in",
+]
 
 
 class StandInInvoked(Exception):  # noqa: N818 - a signal, not an error
@@ -34,6 +43,52 @@ class StandInInvoked(Exception):  # noqa: N818 - a signal, not an error
 def _unset(value: Any) -> bool:
     """click's "no default given" (a sentinel in click >= 8.2, None before)."""
     return type(value).__name__ == "Sentinel"
+
+
+# -- sub-commands imported when they run ---------------------------------------------
+
+
+def load(spec: str) -> Any:
+    """The attribute named by ``spec`` (``"module:attribute"``), its module imported now."""
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class LazyGroup(click.Group):
+    """A group whose sub-commands named in ``lazy`` (name -> ``"module:attribute"``) are
+    imported only when one is looked up: a light sub-command (``proof verify``) does not
+    pay for the imports of a heavy sibling (``proof inclusion``). ``on_load`` hooks (the
+    root's global options) are applied to each as it is loaded; :meth:`load_all` loads
+    every one (the index is generated from them)."""
+
+    def __init__(self, *args: Any, lazy: Mapping[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy = dict(lazy)
+        self._hooks: list[Callable[[click.Command], object]] = []
+
+    def on_load(self, hook: Callable[[click.Command], object]) -> None:
+        self._hooks.append(hook)
+        for command in self.commands.values():
+            hook(command)
+
+    def _load(self, name: str) -> None:
+        command: click.Command = load(self._lazy.pop(name))
+        for hook in self._hooks:
+            hook(command)
+        self.add_command(command, name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self._lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self._lazy:
+            self._load(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def load_all(self) -> MutableMapping[str, click.Command]:
+        for name in list(self._lazy):
+            self._load(name)
+        return self.commands
 
 
 # -- describing a real command ------------------------------------------------------
@@ -164,7 +219,8 @@ def _describe(command: click.Command) -> dict[str, Any]:
     found: dict[str, Any] = {"name": command.name, **_unusual(fields, _COMMAND_FIELDS)}
     found["params"] = [_param(p) for p in command.params]
     if isinstance(command, click.Group):
-        found["commands"] = {name: _describe(sub) for name, sub in command.commands.items()}
+        subs = command.load_all() if isinstance(command, LazyGroup) else command.commands
+        found["commands"] = {name: _describe(sub) for name, sub in subs.items()}
     return found
 
 

@@ -40,9 +40,9 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "secret": ("secrets", "secret_group", "Credentials held for workers, never in a sandbox."),
     "keys": ("secrets", "keys_group", "Publish Charter's public keys (the identity JWKS)."),
     "demo": ("demo", "demo", "Run the main job: a real two-level fan-out, verified."),
-    "checkpoint": ("audit", "checkpoint", "A signed checkpoint of the journal's Merkle tree."),
+    "checkpoint": ("proofs", "checkpoint", "A signed checkpoint of the journal's Merkle tree."),
     "witness": ("audit", "witness", "Cosign consistent checkpoints of a log; refuse forks."),
-    "proof": ("audit", "proof", "Inclusion and consistency proofs of the journal."),
+    "proof": ("proofs", "proof", "Inclusion and consistency proofs of the journal."),
     "export": ("audit", "export", "Export bundles, and verify one offline."),
     "audit": ("audit", "audit_cmd", "Semantic audits of the journal; exit 3 on a finding."),
 }
@@ -87,7 +87,13 @@ def _real_command(name: str) -> click.Command:
 
 def real_commands() -> dict[str, click.Command]:
     """Every lazily loaded command, imported (what ``_index.py`` is generated from)."""
-    return {name: _real_command(name) for name in _COMMANDS}
+    from charter.cli._lazy import LazyGroup
+
+    commands = {name: _real_command(name) for name in _COMMANDS}
+    for command in commands.values():
+        if isinstance(command, LazyGroup):
+            command.load_all()
+    return commands
 
 
 class _LazyGroup(click.Group):
@@ -164,6 +170,11 @@ def _accept_global_options(command: click.Command) -> click.Command:
     if id(command) in _given_globals:
         return command
     _given_globals.add(id(command))
+    from charter.cli._lazy import LazyGroup  # as StandInInvoked: not for `--version`
+
+    if isinstance(command, LazyGroup):  # each sub-command as it is imported
+        command.on_load(_accept_global_options)
+        return command
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             _accept_global_options(sub)

@@ -1,4 +1,6 @@
-"""``charter checkpoint``, ``charter witness`` and ``charter proof``: the auditor's side."""
+"""The auditor's side that signs, writes the tree or reads the whole journal: the
+sub-commands of ``charter checkpoint`` and ``charter proof`` that charter.cli.proofs
+imports when they run, and ``charter witness``, ``export`` and ``audit``."""
 
 from __future__ import annotations
 
@@ -8,111 +10,68 @@ import os
 from pathlib import Path
 
 import click
-from nacl.signing import SigningKey
 
 from charter.audit.bundle import verify_bundle
-from charter.audit.errors import NotInTreeError
 from charter.audit.export import export_bundle, export_jsonl
 from charter.audit.keys import (
-    KEY_HISTORY_FORMAT,
     KEY_STREAM,
-    KeyHistory,
     is_retired,
     retire_key,
     rotation,
 )
 from charter.audit.note import NoteKey, SignedNote
-from charter.audit.proofs import ConsistencyText, InclusionText
+from charter.audit.proofs import ConsistencyText
 from charter.audit.semantic import Finding, audit_history
 from charter.audit.siem import lines as jsonl_lines
 from charter.audit.tree import (
     ExtensionReport,
     MerkleLog,
-    anchor_key,
-    key_history,
     verify_extension,
 )
 from charter.audit.witness import Witness
 from charter.cli._common import AsciiIntRange, Ctx
 from charter.cli._render import printable, progress_bar
+from charter.cli._tree import journal_key_names, journal_keys
+from charter.cli.proofs import key_for, note_summary, read_text, write_text
 from charter.core import KeyStore, charter_home
 from charter.core.errors import BadInputError, CharterError, StateError
 
 # The journal is reached through charter.app (ctx.open_charter: to write, or to sign)
-# or the CLI's read-only opener (ctx.open_journal), never charter.ledger directly: a
-# command that only reads (checkpoint key, proof verify, audit) loads neither the app
-# nor a database driver it does not use (bench/audit.py measures it).
+# or the CLI's read-only opener (ctx.open_journal), never charter.ledger directly. The
+# light commands (proof verify, checkpoint key, proof inclusion and consistency on
+# SQLite) are elsewhere (proofs.py, _journal_key.py, _tree.py): they load neither the
+# app nor a database driver the journal does not use (bench/audit.py --startup).
 
-__all__ = ["audit_cmd", "checkpoint", "export", "proof", "witness"]
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInputError(f"cannot read {path}: {e}") from e
-
-
-def _write(path: str | None, text: str) -> None:
-    if path is not None:
-        try:
-            Path(path).write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise BadInputError(f"cannot write {path}: {e}") from e
+__all__ = [
+    "audit_cmd",
+    "checkpoint_follow",
+    "checkpoint_now",
+    "checkpoint_rotate",
+    "checkpoint_verify",
+    "export",
+    "witness",
+]
 
 
 # -- checkpoint ------------------------------------------------------------------------
 
 
-@click.group(invoke_without_command=True)
-@click.option("--out", "out", metavar="FILE", help="Also save the checkpoint to FILE.")
-@click.pass_context
-def checkpoint(click_ctx: click.Context, out: str | None) -> None:
-    """Print a C2SP checkpoint of the journal (a signed note), signed with the journal's
-    key; the Merkle tree is first brought up to the journal's head."""
-    if click_ctx.invoked_subcommand is not None:
-        return
-    ctx: Ctx = click_ctx.obj
+def checkpoint_now(ctx: Ctx, out: str | None) -> None:
+    """``charter checkpoint`` without a sub-command (charter.cli.proofs): sign one."""
     with ctx.open_charter() as charter:
         log = MerkleLog(charter.journal)
-        note = log.checkpoint(_journal_keys(charter.keys))
+        note = log.checkpoint(journal_keys(charter.keys))
         log.publish(note)
     text = note.render()
-    _write(out, text)
-    size, root = _summary(note)
+    write_text(out, text)
+    size, root = note_summary(note)
     ctx.emit(
         {"origin": log.origin, "size": size, "root": root, "note": text},
         lambda: click.echo(text, nl=False),
     )
 
 
-def _journal_key_names(keys: KeyStore) -> list[str]:
-    """``journal``, then each rotated one (``journal.1``, ``journal.2``, …)."""
-    # Called only once ctx.open_charter has loaded the app: imported here, not at the
-    # top, so the read-only commands of this module do not load it.
-    from charter.app import JOURNAL_KEY
-
-    names = [JOURNAL_KEY]
-    while keys.exists(f"{JOURNAL_KEY}.{len(names)}"):
-        names.append(f"{JOURNAL_KEY}.{len(names)}")
-    return names
-
-
-def _journal_keys(keys: KeyStore) -> list[SigningKey]:
-    """The journal's signing keys in the home that are not retired (a rotation destroys
-    the key it rotates away from); the tree picks the one a checkpoint needs."""
-    names = [n for n in _journal_key_names(keys) if not is_retired(keys, n)]
-    if not names:
-        raise StateError(f"the Charter home {keys.home} holds no journal key that may sign")
-    return [keys.load(n) for n in names]
-
-
-def _summary(note: SignedNote) -> tuple[int, str]:
-    lines = note.text.split("\n")
-    return int(lines[1]), lines[2]
-
-
-@checkpoint.command("follow")
+@click.command("follow")
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.05),
@@ -128,49 +87,12 @@ def checkpoint_follow(ctx: Ctx, interval: float) -> None:
         log = MerkleLog(charter.journal)
         ctx.status(f"following {charter.journal.location.display}; Ctrl-C to stop")
         with contextlib.suppress(KeyboardInterrupt):
-            log.follow(_journal_keys(charter.keys), publish_every_s=interval)
+            log.follow(journal_keys(charter.keys), publish_every_s=interval)
         size = log.size()
     ctx.emit({"size": size}, f"tree size {size}")
 
 
-@checkpoint.command("key")
-@click.option(
-    "--current", is_flag=True, help="The key that signs checkpoints now (after rotations)."
-)
-@click.option(
-    "--history",
-    "history_out",
-    metavar="FILE",
-    help="Also write the key history (the anchor and each rotation, signed by both keys) "
-    "to FILE, for --key-history of proof verify and witness cosign.",
-)
-@click.pass_obj
-def checkpoint_key(ctx: Ctx, current: bool, history_out: str | None) -> None:
-    """Print the journal's first verifier key (the trust anchor its key history starts
-    from), or with --current the one that signs checkpoints now."""
-    with ctx.open_journal() as journal:  # read only: it runs on an auditor's copy
-        anchor = anchor_key(journal)
-        key = anchor
-        if current or history_out is not None:
-            history, size, rotations = key_history(journal)
-            if current:
-                key = history.note_key_for(size)
-            doc = {"anchor": anchor.text(), "format": KEY_HISTORY_FORMAT, "rotations": rotations}
-            _write(history_out, json.dumps(doc, sort_keys=True, indent=1) + "\n")
-    ctx.emit({"key": key.text(), "name": key.name}, key.text())
-
-
-def _key_for(vkey: str, history_file: str | None, note: SignedNote, what: str) -> NoteKey:
-    """The key that must have signed ``note``: ``vkey`` itself, or, with a key-history
-    file, the key that history (checked from ``vkey``, the anchor) gives for its size."""
-    key = NoteKey.given(vkey, what)
-    if history_file is None:
-        return key
-    history = KeyHistory.from_document(_read(history_file), key)
-    return history.note_key_for(_summary(note)[0])
-
-
-@checkpoint.command("rotate")
+@click.command("rotate")
 @click.pass_obj
 def checkpoint_rotate(ctx: Ctx) -> None:
     """Rotate the journal's signing key: a new key (``journal.N`` in the home) and a
@@ -182,7 +104,7 @@ def checkpoint_rotate(ctx: Ctx) -> None:
         log = MerkleLog(journal)
         log.catch_up()
         history = log.history()
-        names = _journal_key_names(charter.keys)
+        names = journal_key_names(charter.keys)
         held = {
             bytes(charter.keys.load(n).verify_key): n
             for n in names
@@ -211,13 +133,13 @@ def checkpoint_rotate(ctx: Ctx) -> None:
 def extends_checkpoint(ctx: Ctx, file: str, vkey: str | None) -> ExtensionReport:
     """Prove the journal extends the checkpoint saved in ``file`` (``checkpoint verify``
     and ``journal verify --checkpoint``); raises ConsistencyProofError if it does not."""
-    note = SignedNote.parse(_read(file))
+    note = SignedNote.parse(read_text(file))
     key = NoteKey.given(vkey) if vkey else None
     with ctx.open_charter() as charter:
         return verify_extension(charter.journal, note, key)
 
 
-@checkpoint.command("verify")
+@click.command("verify")
 @click.argument("file")
 @click.option("--journal-key", "vkey", metavar="KEY", help="Verifier key (default: the journal's).")
 @click.pass_obj
@@ -290,14 +212,14 @@ def witness_cosign(
     """Cosign a checkpoint if it extends the last one this witness cosigned for its log;
     refuse a fork or a rollback (exit 3)."""
     w = _witness()
-    note = SignedNote.parse(_read(file))
-    key = _key_for(log_key, history_file, note, "--log-key")
-    new_size, _ = _summary(note)
+    note = SignedNote.parse(read_text(file))
+    key = key_for(log_key, history_file, note, "--log-key")
+    new_size, _ = note_summary(note)
     last = w.last(key.name)
-    old_size = _summary(last)[0] if last is not None else None
+    old_size = note_summary(last)[0] if last is not None else None
     path: tuple[bytes, ...] | None = None
     if proof_file is not None:
-        given = ConsistencyText.parse(_read(proof_file))
+        given = ConsistencyText.parse(read_text(proof_file))
         if (given.old, given.new) != (old_size, new_size):
             raise BadInputError(
                 f"the proof is from size {given.old} to {given.new}; needed: from "
@@ -309,70 +231,11 @@ def witness_cosign(
             path = MerkleLog(charter.journal).consistency(old_size, new_size).path
     cosigned = w.cosign(note, key, path)
     text = cosigned.render()
-    _write(out, text)
+    write_text(out, text)
     ctx.emit({"note": text, "size": new_size}, lambda: click.echo(text, nl=False))
 
 
 # -- proofs ----------------------------------------------------------------------------
-
-
-@click.group()
-def proof() -> None:
-    """Inclusion and consistency proofs of the journal's Merkle tree."""
-
-
-@proof.command("inclusion")
-@click.argument("position", type=AsciiIntRange(min=1))
-@click.option("--size", type=AsciiIntRange(min=1), help="Tree size (default: the whole tree).")
-@click.pass_obj
-def proof_inclusion(ctx: Ctx, position: int, size: int | None) -> None:
-    """A C2SP tlog-proof that the entry at POSITION is in the tree, with the entry's
-    frame and a signed checkpoint of that tree."""
-    with ctx.open_charter() as charter:
-        log = MerkleLog(charter.journal)
-        made = log.tlog_proof(position, _journal_keys(charter.keys), size)
-        detail = log.inclusion(position, size)
-    text = made.render()
-    ctx.emit({**detail.to_json(), "text": text}, lambda: click.echo(text, nl=False))
-
-
-@proof.command("consistency")
-@click.argument("old", type=AsciiIntRange(min=0))
-@click.argument("new", type=AsciiIntRange(min=0))
-@click.pass_obj
-def proof_consistency(ctx: Ctx, old: int, new: int) -> None:
-    """The RFC 6962 consistency proof from tree size OLD to NEW."""
-    if old > new:
-        raise NotInTreeError(f"OLD ({old}) is larger than NEW ({new})")
-    with ctx.open_charter() as charter:
-        log = MerkleLog(charter.journal)
-        log.catch_up()
-        made = log.consistency(old, new)
-    text = ConsistencyText(old=old, new=new, path=made.path).render()
-    ctx.emit({**made.to_json(), "text": text}, lambda: click.echo(text, nl=False))
-
-
-@proof.command("verify")
-@click.argument("file")
-@click.option("--journal-key", "vkey", required=True, metavar="KEY", help="The log's verifier key.")
-@click.option(
-    "--key-history",
-    "history_file",
-    metavar="FILE",
-    help="The journal's key history (`charter checkpoint key --history`), checked from "
-    "--journal-key as its anchor: the checkpoint is verified with the key it gives.",
-)
-@click.pass_obj
-def proof_verify(ctx: Ctx, file: str, vkey: str, history_file: str | None) -> None:
-    """Verify a tlog-proof offline (no database): the checkpoint's signature and the
-    entry's inclusion; exit 3 if either fails."""
-    NoteKey.given(vkey)  # bad input before anything else
-    made = InclusionText.parse(_read(file))
-    checkpoint_ = made.verify(_key_for(vkey, history_file, made.note, "--journal-key"))
-    ctx.emit(
-        {"ok": True, "index": made.index, "size": checkpoint_.size},
-        f"ok: entry {made.index} is in the tree of {checkpoint_.size} entries",
-    )
 
 
 # -- export ----------------------------------------------------------------------------
@@ -430,7 +293,7 @@ def export_write(
     if fmt == "jsonl":
         _export_jsonl(ctx, out, lineage, start, stop)
         return
-    given = SignedNote.parse(_read(checkpoint_file)) if checkpoint_file else None
+    given = SignedNote.parse(read_text(checkpoint_file)) if checkpoint_file else None
     target = Path(out)
     partial = target.with_name(f".{target.name}.partial")
     try:
@@ -439,7 +302,7 @@ def export_write(
             progress_bar(ctx.quiet or ctx.as_json, "exporting") as progress,
             partial.open("wb") as f,
         ):
-            key = _journal_keys(charter.keys)  # signs the checkpoint (unless given), the seal
+            key = journal_keys(charter.keys)  # signs the checkpoint (unless given), the seal
             made = export_bundle(
                 charter.journal,
                 key,

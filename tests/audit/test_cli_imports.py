@@ -1,7 +1,11 @@
-"""The auditor's read-only commands on a SQLite journal load no PostgreSQL driver (and
-not the app): `checkpoint key` and `proof verify`, each in a fresh interpreter, with
-`-X importtime` listing every module it imported. (`proof inclusion` signs with the
-home's key and writes the tree, through charter.app, which still loads it.)"""
+"""The auditor's commands on a SQLite journal load no PostgreSQL driver and not the
+app: ``checkpoint key`` (with --current too), ``proof verify``, ``proof inclusion``
+and ``proof consistency``, each in a fresh interpreter, with ``-X importtime`` listing
+every module it imported. ``proof verify`` (offline) loads no journal either: no
+eventsourcing. Still imported, and asserted so: pydantic by all of them (charter.core's
+models), eventsourcing by those that open the journal (the ledger). ``charter
+checkpoint`` (it signs through the app) is the positive control: the same listing
+shows it loading psycopg and the app."""
 
 from __future__ import annotations
 
@@ -11,10 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.audit._support import make_journal
+import pytest
+
+from tests.audit.test_cli_audit import charter, ok
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "docs" / "vectors"
+WATCHED = {"psycopg", "eventsourcing", "pydantic", "charter.app", "charter.ledger"}
 
 
 def _imported(args: list[str], tmp_path: Path, db: str) -> tuple[set[str], str]:
@@ -36,18 +43,44 @@ def _imported(args: list[str], tmp_path: Path, db: str) -> tuple[set[str], str]:
     return modules, result.stdout
 
 
-def test_checkpoint_key_and_proof_verify_load_no_postgres_driver(tmp_path: Path) -> None:
+@pytest.fixture
+def journal_db(tmp_path: Path) -> str:
+    """A SQLite journal made by `charter init`, with its home (the journal's key)."""
     db = f"sqlite:///{tmp_path}/j.db"
-    journal, _ = make_journal(db)
-    journal.close()
-    modules, out = _imported(["checkpoint", "key"], tmp_path, db)
-    assert "charter.ledger" in modules  # control: the listing is of what it imported
-    assert out.startswith("charter.journal/")
-    assert not {"psycopg", "charter.app"} & modules
+    ok(charter("init", home=tmp_path / "home", db=db))
+    return db
+
+
+# (arguments, what they print first, which of WATCHED they import: exactly)
+_JOURNAL_READERS = {"eventsourcing", "pydantic", "charter.ledger"}
+CASES = {
+    "checkpoint key": (["checkpoint", "key"], "charter.journal/", _JOURNAL_READERS),
+    "checkpoint key --current": (
+        ["checkpoint", "key", "--current"], "charter.journal/", _JOURNAL_READERS
+    ),
+    "proof inclusion": (["proof", "inclusion", "2"], "c2sp.org/tlog-proof@v1", _JOURNAL_READERS),
+    "proof consistency": (
+        ["proof", "consistency", "1", "2"], "charter/consistency-proof@v1", _JOURNAL_READERS
+    ),
+    "checkpoint (control)": (
+        ["checkpoint"], "charter.journal/", {*_JOURNAL_READERS, "psycopg", "charter.app"}
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_on_sqlite_each_command_imports_exactly(name: str, tmp_path: Path, journal_db: str) -> None:
+    args, first, expected = CASES[name]
+    modules, out = _imported(args, tmp_path, journal_db)
+    assert "charter.cli" in modules  # the listing is of what it imported
+    assert out.startswith(first), out
+    assert modules & WATCHED == expected
+
+
+def test_proof_verify_imports_no_journal(tmp_path: Path, journal_db: str) -> None:
     keys = json.loads((VECTORS / "journal.json").read_text())
     proof = str(VECTORS / "inclusion-3.txt")
-    modules, out = _imported(
-        ["proof", "verify", proof, "--journal-key", keys["rotated_key"]], tmp_path, db
-    )
+    args = ["proof", "verify", proof, "--journal-key", keys["rotated_key"]]
+    modules, out = _imported(args, tmp_path, journal_db)
     assert out.startswith("ok: entry 3")
-    assert not {"psycopg", "charter.app"} & modules
+    assert modules & WATCHED == {"pydantic"}
