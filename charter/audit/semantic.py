@@ -148,7 +148,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("a worker's journal bytes stay within its floor and the egress charged", "journal-allowance"),
     ("a worker's journal allowance is refused (journaled) at most once", "journal-allowance"),
     ("no commit is timed before a settle (settled time)", "commit-order"),
-    ("a model call is reserved within its lease's tokens, net of its calls in flight", "model-call"),
+    ("a model call is reserved within its lease's tokens, net of calls in flight", "model-call"),
     ("a model call is settled once, after its reservation", "model-call"),
     ("a model call's settlement charges its tokens in the same append", "model-call"),
     ("a held credential is injected only for a secret the sandbox's grant names", "credential"),
@@ -923,8 +923,7 @@ class _Auditor:
             self.find(
                 "model-call",
                 lineage,
-                f"model call {call}'s settlement does not charge its {tokens} tokens in its "
-                "append",
+                f"model call {call}'s settlement does not charge its {tokens} tokens in its append",
             )
         estimated = bool(p["estimated"])
         if estimated == (p["how"] == "usage"):
@@ -1039,9 +1038,9 @@ class _Auditor:
                 f"{lineage}'s workspace digested from sandbox {sandbox_id} after it ended",
             )
         worker = self.workers.get(lineage)
-        if worker is not None and not worker.ended and not sandbox.ended:
-            if lineage not in self.killed:
-                self._must_kill = (lineage, self._at_text, self.position)
+        live = worker is not None and not worker.ended and not sandbox.ended
+        if live and lineage not in self.killed:
+            self._must_kill = (lineage, self._at_text, self.position)
 
     def _kill_with_digest(self, kind: str, p: dict[str, Any]) -> None:
         """The entry after a live, unkilled worker's digest is its ``WorkerKilled``, in

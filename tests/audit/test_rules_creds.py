@@ -50,7 +50,9 @@ def granted(journal_url: str, tmp_path: Path) -> tuple[str, list[str]]:
                 width=2,
                 objective="call the api",
                 estimated_cost=Budget.parse("tokens=10k,wall=1m,cpu=1m,mem=64MiB,egress=1MB"),
-                grant=RequestedGrant(secrets=frozenset({"gh"}), egress=frozenset({"api.example.com"})),
+                grant=RequestedGrant(
+                    secrets=frozenset({"gh"}), egress=frozenset({"api.example.com"})
+                ),
             ),
             policy=FixedPolicy(Verdict.POSITIVE),
         )
@@ -89,8 +91,12 @@ def test_a_credential_goes_only_where_the_grant_and_egress_say(granted: tuple) -
     _append(url, _dial("op"))  # an operator's sandbox dials, and gets no credential
     assert _audit(url).ok  # positive control
     (ungranted,) = _append(url, _dial("s0"), _injected("s0", secret="prod-db"))[1:]
-    (elsewhere,) = _append(url, _dial("s0", "evil.test:443"), _injected("s0", dest="evil.test:443"))[1:]
-    (port,) = _append(url, _dial("s1", "x.example.com:443"), _injected("s1", dest="x.example.com:443"))[1:]
+    (elsewhere,) = _append(
+        url, _dial("s0", "evil.test:443"), _injected("s0", dest="evil.test:443")
+    )[1:]
+    (port,) = _append(
+        url, _dial("s1", "x.example.com:443"), _injected("s1", dest="x.example.com:443")
+    )[1:]
     (alone,) = _append(url, _injected("s0"))  # no dial in its append
     (other,) = _append(url, _dial("s1"), _injected("s0"))[1:]  # another sandbox's dial
     (operator,) = _append(url, _dial("op"), _injected("op"))[1:]

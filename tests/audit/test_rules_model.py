@@ -104,7 +104,9 @@ def test_a_settlement_comes_once_after_its_reservation_in_its_usages_append(made
         lineage=worker, operation="usage", reason="lease-ended", message="ended"
     ))  # fmt: skip
     _append(url, _settled(b, 20, 30))  # the lease ended first: settled alone, after it
-    _append(url, _usage(worker, _tokens(100)), _settled(c, 10, 90, estimated=True, how="cut-at-cap"))
+    _append(
+        url, _usage(worker, _tokens(100)), _settled(c, 10, 90, estimated=True, how="cut-at-cap")
+    )
     assert _audit(url).ok  # positive control: the meter's three ways to settle
     (again,) = _append(url, *_settle(a, 20, 30))[1:]
     (unreserved,) = _append(url, *_settle(_reserve(worker, 100), 1, 1))[1:]
