@@ -1,8 +1,8 @@
 """Held credentials at the egress broker (docs/credentials.md,
 ``charter/sandbox/egress.py``) as an audit rule (``credential``, docs/VERIFYING.md §9):
 a secret injected that the sandbox's grant does not name, to a destination its egress
-does not admit, without its dial's ``EgressOpened`` in the same append, in an operator's
-sandbox, or in a test run's sandbox that withheld credentials. Each beside a positive
+does not admit, without its dial's ``EgressOpened`` in the same append, in a sandbox
+never leased, or in a test run's sandbox that withheld credentials. Each beside a positive
 control: the broker's own appends are clean. The grants are the product's (a root whose
 ceiling names the secret and the egress, a fan-out under it); the broker's entries are
 appended past the control layer, validly chained, as an attacker with write access
@@ -88,7 +88,9 @@ def test_a_credential_goes_only_where_the_grant_and_egress_say(granted: tuple) -
     _sandbox(url, "op", None, ("api.example.com",))
     _append(url, _dial("s0"), _injected("s0"))  # as the broker appends: with its dial
     _append(url, _dial("s1", "x.example.com:8443"), _injected("s1", dest="x.example.com:8443"))
-    _append(url, _dial("op"))  # an operator's sandbox dials, and gets no credential
+    # An operator's sandbox (`charter sandbox run --secrets`): its secrets are not
+    # journaled, so only its egress and its dial are checked.
+    _append(url, _dial("op"), _injected("op", secret="anything"))
     assert _audit(url).ok  # positive control
     (ungranted,) = _append(url, _dial("s0"), _injected("s0", secret="prod-db"))[1:]
     (elsewhere,) = _append(
@@ -99,9 +101,20 @@ def test_a_credential_goes_only_where_the_grant_and_egress_say(granted: tuple) -
     )[1:]
     (alone,) = _append(url, _injected("s0"))  # no dial in its append
     (other,) = _append(url, _dial("s1"), _injected("s0"))[1:]  # another sandbox's dial
-    (operator,) = _append(url, _dial("op"), _injected("op"))[1:]
+    (operator,) = _append(url, _dial("op", "evil.test:443"), _injected("op", dest="evil.test:443"))[
+        1:
+    ]
+    (unleased,) = _append(url, _dial("ghost"), _injected("ghost"))[1:]
     report = _audit(url)
-    assert _only(report, "credential") == [ungranted, elsewhere, port, alone, other, operator]
+    assert _only(report, "credential") == [
+        ungranted,
+        elsewhere,
+        port,
+        alone,
+        other,
+        operator,
+        unleased,
+    ]
     assert {f.check for f in report.findings} == {"credential"}
 
 
