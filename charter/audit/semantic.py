@@ -44,6 +44,19 @@ position where the rule first breaks:
 - ``cell-claim``: a cell's incarnations start in order (1, 2, …); a claim is renewed
   only by the cell's newest incarnation, before its claim lapses; a worker is started
   only by its cell's newest incarnation, before its claim lapses.
+- ``model-call``: at every reservation, the lease's own tokens charged plus its calls
+  reserved and not settled (this one included) are at most its allocation of tokens, on
+  a live lease; a call is reserved once and settled at most once, after its
+  reservation, for its lineage, in the same append as the ``UsageRecorded`` charging (or
+  refusing) exactly its tokens (or after its lease's refusal, the lease having ended); an
+  estimate is flagged so and within the reservation.
+- ``credential``: a held credential is injected only in a leased sandbox, a worker's
+  only if its verified grant names the secret, only to a destination the sandbox's leased egress
+  admits, committed with that dial's ``EgressOpened``; a sandbox that withheld a
+  credential (a test run) injects none.
+- ``quarantine``: a workspace is digested only on a quarantine verdict on that worker
+  and sandbox, a sandbox leased for it; a digest made (not an error) precedes the
+  sandbox's end; a live, unkilled worker's ``WorkerKilled`` is committed with its digest.
 
 ``RULES`` maps each rule the control plane enforces to the check that audits it
 (docs/VERIFYING.md §9 has the same table; a test keeps the two equal).
@@ -64,6 +77,7 @@ from charter.audit.errors import KeyRotationError
 from charter.audit.keys import KeyHistory, journal_origin
 from charter.authority import SealedGrant, verify_grant_chain
 from charter.core.budget import Vec
+from charter.core.destination import admits
 from charter.core.errors import CharterError
 from charter.core.events import canonical_json
 
@@ -98,6 +112,9 @@ CHECKS = (
     "entry-type",
     "journal-allowance",
     "cell-claim",
+    "model-call",
+    "credential",
+    "quarantine",
 )
 
 # What the control plane enforces, and the check that audits it afterwards.
@@ -131,6 +148,15 @@ RULES: tuple[tuple[str, str], ...] = (
     ("a worker's journal bytes stay within its floor and the egress charged", "journal-allowance"),
     ("a worker's journal allowance is refused (journaled) at most once", "journal-allowance"),
     ("no commit is timed before a settle (settled time)", "commit-order"),
+    ("a model call is reserved within its lease's tokens, net of calls in flight", "model-call"),
+    ("a model call is settled once, after its reservation", "model-call"),
+    ("a model call's settlement charges its tokens in the same append", "model-call"),
+    ("a held credential is injected only for a secret the sandbox's grant names", "credential"),
+    ("a held credential goes only to a destination the sandbox's egress admits", "credential"),
+    ("a held credential is injected with its dial's EgressOpened", "credential"),
+    ("a test run's sandbox withholds every held credential", "credential"),
+    ("a workspace is digested only on a quarantine verdict, before its sandbox ends", "quarantine"),
+    ("a quarantined worker's kill is committed with its workspace digest", "quarantine"),
 )
 
 # Every topic Charter writes (``TypeName/vN``); any other is an ``entry-type`` finding.
@@ -240,6 +266,14 @@ def _ms(text: str) -> int:
     return (datetime.fromisoformat(text) - _EPOCH) // timedelta(milliseconds=1)
 
 
+def _host_port(destination: str) -> tuple[str, int | None]:
+    """``host:port`` (``[v6]:port``) as the broker records a dial (port None: unparsed)."""
+    host, _, port = destination.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port) if port.isdecimal() else None
+
+
 def _parent(lineage: str) -> str | None:
     return lineage.rpartition("/")[0] if "/" in lineage else None
 
@@ -253,6 +287,9 @@ class _Sandbox:
     ended: bool = False
     wall_ms: int = 0
     started_at: int = 0
+    egress: tuple[str, ...] = ()
+    withheld: int | None = None  # position of its first withheld credential
+    injected: int | None = None  # position of its first injected credential
 
 
 @dataclass
@@ -277,6 +314,16 @@ class _Claim:
 
     incarnation: int
     until: int | None
+
+
+@dataclass
+class _Call:
+    """A model call's reservation, until it is settled."""
+
+    lineage: str
+    reserved: int
+    prompt_estimate: int
+    max_tokens: int
 
 
 @dataclass
@@ -311,6 +358,15 @@ class _Auditor:
         self.claims: dict[str, _Claim] = {}  # cell → its newest incarnation's claim
         self.allowances: dict[str, _Allowance] = {}
         self.egress: dict[str, int] = {}  # lineage → egress charged to it (usage)
+        self.calls: dict[str, _Call] = {}  # model calls reserved and not settled
+        self.called: set[str] = set()  # every model call reserved
+        self.in_flight: dict[str, int] = {}  # lineage → tokens reserved, not settled
+        self.digested: dict[str, int] = {}  # lineage → position of its quarantine digest
+        self.quarantines: set[tuple[str, str]] = set()  # (lineage, sandbox) verdicts
+        self.killed: set[str] = set()  # lineages with a WorkerKilled
+        # (lineage, its digest's commit time, its position): the next entry kills it
+        self._must_kill: tuple[str, object, int] | None = None
+        self._prev: tuple[str, dict[str, Any], object] = ("", {}, None)
         self._handlers = self._make_handlers()
         self.last_at = 0
         self.position = 0
@@ -576,7 +632,11 @@ class _Auditor:
         lineage = p.get("lineage")
         lease = p.get("lease") or lineage
         self.sandboxes[sandbox] = _Sandbox(
-            self.position, lineage, lease, wall_ms=int(p.get("wall_ms") or 0)
+            self.position,
+            lineage,
+            lease,
+            wall_ms=int(p.get("wall_ms") or 0),
+            egress=tuple(str(e) for e in p.get("egress") or ()),
         )
         if lineage is None:
             # An operator's own sandbox (`charter sandbox run`): exempt from the grant
@@ -813,6 +873,199 @@ class _Auditor:
             return
         a.refused = self.position
 
+    # -- the model door ----------------------------------------------------------------
+
+    def model_call_reserved(self, p: dict[str, Any], t: int) -> None:
+        call, lineage, need = str(p["call"]), str(p["lineage"]), int(p["reserved"])
+        if call in self.called:
+            self.find("model-call", lineage, f"model call {call} reserved again")
+            return
+        self.called.add(call)
+        self.calls[call] = _Call(lineage, need, int(p["prompt_estimate"]), int(p["max_tokens"]))
+        held = self.in_flight[lineage] = self.in_flight.get(lineage, 0) + need
+        ledger = self.books.get(lineage)
+        if ledger is None or not ledger.live(t):
+            self.find("model-call", lineage, f"model call {call} reserved without a live lease")
+            return
+        spent, allocation = ledger.spent[0], ledger.allocation[0]
+        if spent + held > allocation:
+            self.find(
+                "model-call",
+                lineage,
+                f"model call {call} reserved {need} tokens: {lineage} holds {spent} charged "
+                f"and {held} reserved, over its allocation of {allocation}",
+            )
+
+    def model_call_settled(self, p: dict[str, Any], _: int) -> None:
+        call, lineage = str(p["call"]), str(p["lineage"])
+        reserved = self.calls.pop(call, None)
+        if reserved is None:
+            again = "again" if call in self.called else "without a reservation"
+            self.find("model-call", lineage, f"model call {call} settled {again}")
+            return
+        left = self.in_flight.get(reserved.lineage, 0) - reserved.reserved
+        self.in_flight[reserved.lineage] = max(left, 0)
+        if reserved.lineage != lineage:
+            self.find(
+                "model-call",
+                lineage,
+                f"model call {call} of {reserved.lineage} settled for {lineage}",
+            )
+        tokens = int(p["prompt_tokens"]) + int(p["completion_tokens"])
+        kind, q, at = self._prev
+        charged = (
+            kind == "UsageRecorded"
+            and at == self._at_text
+            and q.get("lineage") == lineage
+            and int(q["amount"]["tokens"]) + int(q["refused"]["tokens"]) == tokens
+        )
+        lease_ended = kind == "BudgetRefused" and q.get("lineage") == lineage
+        if not (charged or lease_ended):
+            self.find(
+                "model-call",
+                lineage,
+                f"model call {call}'s settlement does not charge its {tokens} tokens in its append",
+            )
+        estimated = bool(p["estimated"])
+        if estimated == (p["how"] == "usage"):
+            self.find(
+                "model-call",
+                lineage,
+                f"model call {call} settled by {p['how']} with estimated {estimated}",
+            )
+        if estimated and (
+            int(p["prompt_tokens"]) != reserved.prompt_estimate
+            or int(p["completion_tokens"]) > reserved.max_tokens
+        ):
+            self.find(
+                "model-call", lineage, f"model call {call}'s estimate exceeds its reservation"
+            )
+
+    # -- held credentials --------------------------------------------------------------
+
+    def credential_injected(self, p: dict[str, Any], _: int) -> None:
+        sandbox_id, secret = str(p["sandbox_id"]), str(p["secret"])
+        destination = str(p["destination"])
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            self.find(
+                "credential",
+                None,
+                f"secret {secret} injected in sandbox {sandbox_id}, which was never leased",
+            )
+            return
+        lineage = sandbox.lineage
+        if sandbox.injected is None:
+            sandbox.injected = self.position
+        if sandbox.withheld is not None:
+            self.find(
+                "credential",
+                lineage,
+                f"secret {secret} injected in sandbox {sandbox_id}, a test run that "
+                f"withheld credentials at {sandbox.withheld}",
+            )
+        # An operator's sandbox (`charter sandbox run --secrets`) names its secrets on
+        # the command line, which is not journaled: only its egress is checked.
+        chain = None if lineage is None else self.chains.get(lineage)
+        granted = () if chain is None else chain[-1].grant.terms.secrets
+        if lineage is not None and secret not in granted:
+            self.find(
+                "credential",
+                lineage,
+                f"secret {secret} injected in sandbox {sandbox_id}; {lineage}'s grant "
+                "does not name it",
+            )
+        host, port = _host_port(destination)
+        if port is None or not any(admits(e, host, port) for e in sandbox.egress):
+            self.find(
+                "credential",
+                lineage,
+                f"secret {secret} injected for {destination}, which sandbox {sandbox_id}'s "
+                "egress does not admit",
+            )
+        kind, q, at = self._prev
+        dial = (
+            at == self._at_text
+            and kind in ("EgressOpened", "CredentialInjected")
+            and q.get("sandbox_id") == sandbox_id
+            and q.get("destination") == destination
+        )
+        if not dial:
+            self.find(
+                "credential",
+                lineage,
+                f"secret {secret} injected for {destination} without that dial's "
+                "EgressOpened in its append",
+            )
+
+    def credential_withheld(self, p: dict[str, Any], _: int) -> None:
+        sandbox = self.sandboxes.get(str(p["sandbox_id"]))
+        if sandbox is None:
+            return
+        if sandbox.withheld is None:
+            sandbox.withheld = self.position
+        if sandbox.injected is not None:
+            self.find(
+                "credential",
+                sandbox.lineage,
+                f"sandbox {p['sandbox_id']} withheld secret {p['secret']} after it injected "
+                f"one at {sandbox.injected}: a test run injects none",
+            )
+
+    # -- quarantines -------------------------------------------------------------------
+
+    def quarantine_verdict(self, p: dict[str, Any], _: int) -> None:
+        self.quarantines.add((str(p["lineage"]), str(p["sandbox_id"])))
+
+    def workspace_digested(self, p: dict[str, Any], _: int) -> None:
+        lineage, sandbox_id = str(p["lineage"]), str(p["sandbox_id"])
+        self.digested.setdefault(lineage, self.position)
+        if (lineage, sandbox_id) not in self.quarantines:
+            self.find(
+                "quarantine",
+                lineage,
+                f"{lineage}'s workspace in {sandbox_id} digested without a quarantine verdict",
+            )
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None or sandbox.lineage != lineage:
+            self.find(
+                "quarantine",
+                lineage,
+                f"{lineage}'s workspace digested from sandbox {sandbox_id}, not leased for it",
+            )
+            return
+        if sandbox.ended and p.get("digest") is not None:
+            self.find(
+                "quarantine",
+                lineage,
+                f"{lineage}'s workspace digested from sandbox {sandbox_id} after it ended",
+            )
+        worker = self.workers.get(lineage)
+        live = worker is not None and not worker.ended and not sandbox.ended
+        if live and lineage not in self.killed:
+            self._must_kill = (lineage, self._at_text, self.position)
+
+    def _kill_with_digest(self, kind: str, p: dict[str, Any]) -> None:
+        """The entry after a live, unkilled worker's digest is its ``WorkerKilled``, in
+        the digest's append."""
+        assert self._must_kill is not None
+        lineage, at, position = self._must_kill
+        self._must_kill = None
+        if kind == "WorkerKilled" and p.get("lineage") == lineage and at == self._at_text:
+            return
+        self.report(
+            Finding(
+                check="quarantine",
+                position=position,
+                lineage=lineage,
+                detail=f"{lineage} quarantined live, its WorkerKilled not committed with "
+                "its workspace digest",
+            )
+        )
+
+    def worker_killed(self, p: dict[str, Any], _: int) -> None:
+        self.killed.add(str(p["lineage"]))
+
     # -- admission ---------------------------------------------------------------------
 
     def _cell(self, name: str) -> _Cell:
@@ -893,13 +1146,15 @@ class _Auditor:
         if topic not in KNOWN_TOPICS:
             self.find("entry-type", None, f"an entry of type {topic!r}, which Charter never writes")
             return
+        if self._must_kill is not None:
+            self._kill_with_digest(kind, p)
         handler = self._handlers.get(kind)  # types no rule reads pass through
-        if handler is None:
-            return
-        try:
-            handler(p, t)
-        except (KeyError, TypeError, ValueError) as e:
-            self.find("entry-format", None, f"a {kind} entry lacks what it must say: {e}")
+        if handler is not None:
+            try:
+                handler(p, t)
+            except (KeyError, TypeError, ValueError) as e:
+                self.find("entry-format", None, f"a {kind} entry lacks what it must say: {e}")
+        self._prev = (kind, p, self._at_text)
 
     def _make_handlers(self) -> dict[str, Callable[[dict[str, Any], int], None]]:
         return {
@@ -928,6 +1183,13 @@ class _Auditor:
             "SlotQueued": self.slot_queued,
             "SlotAdmitted": self.slot_admitted,
             "SlotReleased": self.slot_released,
+            "ModelCallReserved": self.model_call_reserved,
+            "ModelCallSettled": self.model_call_settled,
+            "CredentialInjected": self.credential_injected,
+            "CredentialWithheld": self.credential_withheld,
+            "QuarantineVerdict": self.quarantine_verdict,
+            "WorkspaceDigested": self.workspace_digested,
+            "WorkerKilled": self.worker_killed,
             **{end: lambda p, _: self.sandbox_ended(p) for end in _ENDS},
         }
 
@@ -966,6 +1228,8 @@ class Auditor:
 
     def finish(self) -> AuditReport:
         auditor = self._auditor
+        if auditor._must_kill is not None:  # the journal ends after the digest
+            auditor._kill_with_digest("", {})
         auditor.lifecycle(auditor.last_at)
         findings = tuple(sorted(auditor.findings, key=lambda f: (f.position, f.check)))
         return AuditReport(ok=not findings, checked=auditor.checked, findings=findings)
