@@ -201,8 +201,12 @@ class SharedCommit:
         return list(outcome.positions)
 
     def close_spool(self) -> None:
+        """Let go of the spool and the turn file (an open descriptor per journal a
+        process ever opened, until a long test run ran out of descriptors)."""
         if self._spool is not None:
             self._spool.close()
+        if self._turn is not None:
+            self._turn.close()
 
     def _offer(self, batch: Batch) -> bytes | None:
         """Leave the batch in the spool; its ticket, or None if it must be committed by
