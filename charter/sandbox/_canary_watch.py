@@ -31,6 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from charter.sandbox._signals import sandbox_pid
+from charter.sandbox._workspace import walk_dirs
 from charter.sandbox.errors import SandboxUnavailableError
 from charter.sandbox.spec import SandboxSpec
 
@@ -41,7 +42,6 @@ _IN_Q_OVERFLOW, _IN_IGNORED = 0x00004000, 0x00008000
 _IN_DONT_FOLLOW, _IN_ONESHOT = 0x02000000, 0x80000000
 _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
-_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.inotify_init1.argtypes = [ctypes.c_int]
@@ -64,24 +64,6 @@ class DecoyTouch(BaseModel):
     key: str
     kind: str
     seen: float
-
-
-def _walk(root_fd: int, parts: list[str], *, make: bool) -> int:
-    """An O_PATH descriptor of the directory ``parts`` below ``root_fd``, reached without
-    following any symlink (and, with ``make``, made as needed, mode 0755)."""
-    fd = os.dup(root_fd)
-    try:
-        for name in parts:
-            if make:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o755, dir_fd=fd)
-            nxt = os.open(name, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _sandbox_root(spec: SandboxSpec) -> int:
@@ -139,11 +121,11 @@ def plant_decoy(spec: SandboxSpec, relative: str, text: str) -> Decoy:
     try:
         root = _sandbox_root(spec)
         try:
-            ws = _walk(root, ["workspace"], make=False)
+            ws = walk_dirs(root, ["workspace"])
         finally:
             os.close(root)
         try:
-            parent = _walk(ws, parts[:-1], make=True)
+            parent = walk_dirs(ws, parts[:-1], make=True)
         finally:
             os.close(ws)
         try:

@@ -26,7 +26,7 @@ import secrets
 import shutil
 import stat
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,16 +62,39 @@ def open_workspace(path: Path) -> int:
         path = Path.cwd() / path  # the cwd itself was reached by the kernel, not a link
     if ".." in path.parts:
         raise WorkspaceRefusedError(f"workspace {path} has a '..' component: give its real path")
-    fd = os.open("/", _DIR)
+    root = os.open("/", _DIR)
     try:
-        for name in path.parts[1:]:
+        return walk_dirs(root, path.parts[1:], refused=lambda name, e: WorkspaceRefusedError(
+            f"workspace {path}: {name!r} is a symlink or not a directory ({e.strerror}); "
+            "a workspace is never reached through a symlink: give its real path"
+        ))  # fmt: skip
+    finally:
+        os.close(root)
+
+
+def walk_dirs(
+    root_fd: int,
+    parts: Sequence[str],
+    *,
+    make: bool = False,
+    refused: Callable[[str, OSError], Exception] | None = None,
+) -> int:
+    """An ``O_PATH`` descriptor of the directory ``parts`` below ``root_fd``, reached one
+    component at a time without following any symlink (with ``make``, made as needed,
+    mode 0755). A component that cannot be opened raises ``refused(name, error)`` when
+    given, else the ``OSError`` itself. ``root_fd`` stays the caller's."""
+    fd = os.dup(root_fd)
+    try:
+        for name in parts:
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
             try:
                 nxt = os.open(name, _DIR, dir_fd=fd)
             except OSError as e:
-                raise WorkspaceRefusedError(
-                    f"workspace {path}: {name!r} is a symlink or not a directory ({e.strerror}); "
-                    "a workspace is never reached through a symlink: give its real path"
-                ) from e
+                if refused is None:
+                    raise
+                raise refused(name, e) from e
             os.close(fd)
             fd = nxt
     except BaseException:
