@@ -194,6 +194,11 @@ def ask(target):
                 data += c
         except (OSError, ssl.SSLError) as e:
             return "tls-refused " + type(e).__name__
+        if not data:
+            # TLS 1.3 finishes the client's side of the handshake before the server checks
+            # its certificate; the server's alert can then be lost to a reset (it has closed
+            # when the GET arrives), so a refusal may reach this end as a bare EOF.
+            return "tls-refused EOF"
     else:
         target, _, extra = target.partition("|")  # "URL|HOST": a Host header of its own
         extra = extra or target.split("/")[2]
