@@ -62,23 +62,37 @@ def _network(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None
         return None  # a name or a pattern
 
 
+_PRIVATE_NAMES = ("localhost", "local", "internal", "home.arpa")
+"""Names that never resolve to the internet: ``localhost`` (loopback, RFC 6761), mDNS's
+``.local`` (RFC 6762), ``.internal`` (reserved for private use) and ``home.arpa``
+(RFC 8375), each with the names below it."""
+
+
+def _private_name(entry: str) -> bool:
+    pattern, _ = split(entry)
+    bare = pattern[2:] if pattern.startswith("*.") else pattern
+    return any(bare == n or bare.endswith("." + n) for n in _PRIVATE_NAMES)
+
+
 def private_destination(entry: str) -> bool:
     """True when the entry reaches non-global addresses (an address entry or range in
-    private, loopback, link-local, unique-local, CGNAT or other non-global space)."""
+    private, loopback, link-local, unique-local, CGNAT or other non-global space) or a
+    name that never resolves to the internet (``localhost``, ``*.local``, ``*.internal``,
+    ``*.home.arpa``)."""
     net = _network(entry)
     if net is None:
-        return False
+        return _private_name(entry)
     return not is_global(net.network_address) or not is_global(net.broadcast_address)
 
 
 def public_destination(entry: str) -> bool:
-    """True when the entry reaches global addresses: every name and pattern (the broker
-    connects a name only to a global address unless an address entry grants another),
-    and every address range not wholly in non-global space (a range wider than /8,
-    or /7 for IPv6, is counted public whatever its ends)."""
+    """True when the entry reaches global addresses: every other name and pattern (the
+    broker connects a name only to a global address unless an address entry grants
+    another), and every address range not wholly in non-global space (a range wider
+    than /8, or /7 for IPv6, is counted public whatever its ends)."""
     net = _network(entry)
     if net is None:
-        return True
+        return not _private_name(entry)
     wide = net.prefixlen < (8 if net.version == 4 else 7)
     return wide or is_global(net.network_address) or is_global(net.broadcast_address)
 

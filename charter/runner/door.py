@@ -360,18 +360,24 @@ class Door(KeyBroker):
         unsettled before it returns their leases (``Cell.before_recovered_end``)."""
         self._cell = cell
         self.meter = ModelMeter(cell) if cell is not None else None
-        self.outward = None
+        with self._count_lock:
+            self.outward = None
         if cell is not None and self.meter is not None:
-            # Outward calls (``act``): a restarted cell records ``unknown`` for the
+            # Outward calls (``act``): a restarted cell also records ``unknown`` for the
             # intents its last incarnation left without an outcome, never re-sent.
             meter = self.meter
-            outward = self.outward = OutwardCalls(
-                cell.journal, applied=cell.applied, lock=cell.changed
-            )
             cell.before_recovered_end = lambda lineage: (
                 meter.recover(lineage),
-                outward.recover(lineage),
+                self._outward_calls(cell).recover(lineage),
             )
+
+    def _outward_calls(self, cell: Cell) -> OutwardCalls:
+        """The cell's outward calls (made at first use: one per attached cell, so its
+        in-flight set sees every connection of the cell's workers)."""
+        with self._count_lock:
+            if self.outward is None:
+                self.outward = OutwardCalls(cell.journal, applied=cell.applied, lock=cell.changed)
+            return self.outward
 
     def close(self) -> None:
         self._closed = True
@@ -637,14 +643,13 @@ class Door(KeyBroker):
 
     def _act(self, cell: Cell, uid: int, lineage: str, params: ActParams) -> dict[str, Any]:
         """An outward-acting call (``charter.runner._outward``), at most once per key."""
-        if self.outward is None:
-            raise NotAWorkerError("the door is not attached to a cell")
         try:
             built = request_bytes(params)
         except BadInputError as e:
             raise _RpcError(INVALID_PARAMS, str(e)) from e
         broker = cell.egress_broker
-        return act(self.outward, cell.journal_allowance, broker, uid, lineage, params, built)
+        calls = self._outward_calls(cell)
+        return act(calls, cell.journal_allowance, broker, uid, lineage, params, built)
 
 
 def _refusal(e: Exception) -> _RpcError:

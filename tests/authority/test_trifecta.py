@@ -51,6 +51,8 @@ def _bindings(table: dict[str, tuple[str, ...]]):  # type: ignore[no-untyped-def
         ({"pypi.org", "*.example.com"}, set(), {}, False),  # no private data
         ({"0.0.0.0/0"}, set(), {}, True),  # a range of both
         ({"10.0.0.0/8", "169.254.169.254"}, {"gh"}, {}, False),  # private only
+        ({"localhost:8080", "db.internal", "*.local"}, {"gh"}, {}, False),  # private names
+        ({"localhost:8080", "pypi.org"}, set(), {}, True),
     ],
 )
 def test_the_definition(
@@ -61,9 +63,11 @@ def test_the_definition(
 
 def test_private_destinations() -> None:
     for entry in ("10.0.0.7", "172.16.0.0/12", "192.168.1.1:80", "127.0.0.1:9", "[::1]",
-                  "169.254.169.254", "100.64.0.1", "[fe80::/10]"):  # fmt: skip
+                  "169.254.169.254", "100.64.0.1", "[fe80::/10]", "localhost", "x.localhost",
+                  "*.internal", "nas.home.arpa:443", "printer.local"):  # fmt: skip
         assert private_destination(entry), entry
-    for entry in ("8.8.8.8", "api.github.com", "*.example.com", "[2001:4860::8888]"):
+    for entry in ("8.8.8.8", "api.github.com", "*.example.com", "[2001:4860::8888]",
+                  "notlocalhost.com", "local.example.com"):  # fmt: skip
         assert not private_destination(entry), entry
 
 
