@@ -451,6 +451,7 @@ class SpawnService:
                 inputs_digest=spec.digest(),
                 grant_digest=child.sealed.digest.hex(),
                 task_class=spec.task_class or task_class_of(spec.argv),
+                dry_run=spec.dry_run,
             )
             for child, spec in zip(decision.children, specs, strict=True)
         )

@@ -616,7 +616,8 @@ class Door(KeyBroker):
         match params:
             case SpawnParams():
                 cell.door_call(lineage, "spawn", params.intent.width)  # for supervision
-                result = requests.spawn(lineage, params.intent, params.workers)
+                workers = _test_run_children(cell, lineage, params.workers)
+                result = requests.spawn(lineage, params.intent, workers)
                 return {
                     "fanout": result.fanout_id,
                     "children": [str(c.lineage) for c in result.children],
@@ -650,6 +651,17 @@ class Door(KeyBroker):
         broker = cell.egress_broker
         calls = self._outward_calls(cell)
         return act(calls, cell.journal_allowance, broker, uid, lineage, params, built)
+
+
+def _test_run_children(
+    cell: Cell, lineage: str, workers: tuple[WorkerSpec, ...]
+) -> tuple[WorkerSpec, ...]:
+    """A test run's children are test runs too (every held credential withheld down
+    its tree); anyone else's as asked (a worker may make its own children test runs)."""
+    record = cell.workers([lineage]).get(lineage)
+    if record is None or not record.scheduled.dry_run:
+        return workers
+    return tuple(w.model_copy(update={"dry_run": True}) for w in workers)
 
 
 def _refusal(e: Exception) -> _RpcError:
