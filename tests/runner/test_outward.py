@@ -15,6 +15,7 @@ import pytest
 
 from charter.audit.semantic import audit_history
 from charter.control.outward import (
+    OutwardAnswer,
     OutwardCalls,
     OutwardIntent,
     OutwardKeyReusedError,
@@ -49,6 +50,15 @@ def _crash_at(
     )  # fmt: skip
 
 
+def _act(
+    calls: OutwardCalls, target: str, key: str, *, lineage: str = LINEAGE, asked: str = ""
+) -> OutwardAnswer:
+    """The call a test makes: POST ``key`` to ``target`` (``asked``: the request's
+    digest is of another body, a key reused for another request)."""
+    digest = digest_of(target, asked or key)
+    return calls.act(lineage, key, digest, "127.0.0.1", lambda: post(target, key))
+
+
 def _events(journal: Journal, key: str) -> list[object]:
     return [
         e.event
@@ -78,9 +88,7 @@ def test_a_call_retried_after_a_crash_at_each_point_is_sent_at_most_once(
     assert server.sends(f"/{key}") == sent_by_first
     with Journal.open(journal_url) as journal:  # the restarted process
         calls = OutwardCalls(journal)
-        answer = calls.act(
-            LINEAGE, key, digest_of(target, key), "127.0.0.1", lambda: post(target, key)
-        )
+        answer = _act(calls, target, key)
         assert answer.outcome.status == status
         assert answer.replayed is replayed
         if point == "after-outcome":
@@ -89,9 +97,7 @@ def test_a_call_retried_after_a_crash_at_each_point_is_sent_at_most_once(
         assert server.sends(f"/{key}") <= 1  # at most once, whatever the crash
         assert server.sends(f"/{key}") == (1 if point != "after-intent" else 0)
         # A second retry gets the same record and sends nothing either.
-        again = calls.act(
-            LINEAGE, key, digest_of(target, key), "127.0.0.1", lambda: post(target, key)
-        )
+        again = _act(calls, target, key)
         assert again.replayed
         assert again.outcome == answer.outcome
         assert server.sends(f"/{key}") == (1 if point != "after-intent" else 0)
@@ -107,35 +113,23 @@ def test_the_first_call_answers_and_a_retry_replays_it(
     with Journal.create(journal_url) as journal:
         calls = OutwardCalls(journal)
         target = f"http://127.0.0.1:{server.port}/once"
-        first = calls.act(
-            LINEAGE, "k1", digest_of(target, "k1"), "127.0.0.1", lambda: post(target, "k1")
-        )
+        first = _act(calls, target, "k1")
         assert (first.outcome.status, first.replayed, first.body) == (
             "answered",
             False,
             b"created 1",
         )
-        retry = calls.act(
-            LINEAGE, "k1", digest_of(target, "k1"), "127.0.0.1", lambda: post(target, "k1")
-        )
+        retry = _act(calls, target, "k1")
         assert retry.replayed
         assert retry.body is None
         assert retry.outcome == first.outcome
         assert server.sends("/once") == 1
         # Positive control: another key is another call, sent.
-        other = calls.act(
-            LINEAGE, "k2", digest_of(target, "k2"), "127.0.0.1", lambda: post(target, "k2")
-        )
+        other = _act(calls, target, "k2")
         assert not other.replayed
         assert server.sends("/once") == 2
         # The same key of another lease is its own key.
-        calls.act(
-            "agent:estate/sa-2",
-            "k1",
-            digest_of(target, "k1"),
-            "127.0.0.1",
-            lambda: post(target, "k1"),
-        )
+        _act(calls, target, "k1", lineage="agent:estate/sa-2")
         assert server.sends("/once") == 3
 
 
@@ -145,11 +139,9 @@ def test_a_key_used_for_another_request_is_refused_and_nothing_is_sent(
     with Journal.create(journal_url) as journal:
         calls = OutwardCalls(journal)
         target = f"http://127.0.0.1:{server.port}/reuse"
-        calls.act(LINEAGE, "k", digest_of(target, "k"), "127.0.0.1", lambda: post(target, "k"))
+        _act(calls, target, "k")
         with pytest.raises(OutwardKeyReusedError):
-            calls.act(
-                LINEAGE, "k", digest_of(target, "other"), "127.0.0.1", lambda: post(target, "k")
-            )
+            _act(calls, target, "k", asked="other")
         assert server.sends("/reuse") == 1
         assert len(_events(journal, "k")) == 2  # no second intent
 
@@ -163,17 +155,15 @@ def test_a_retry_while_the_first_is_sending_is_pending_then_replayed(
         target = f"http://127.0.0.1:{server.port}/slow"
         answers: list[object] = []
         first = threading.Thread(target=lambda: answers.append(
-            calls.act(LINEAGE, "k", digest_of(target, "k"), "127.0.0.1", lambda: post(target, "k"))
+            _act(calls, target, "k")
         ))  # fmt: skip
         first.start()
         assert server.arrived.wait(30)
         with pytest.raises(OutwardPendingError):
-            calls.act(LINEAGE, "k", digest_of(target, "k"), "127.0.0.1", lambda: post(target, "k"))
+            _act(calls, target, "k")
         server.released.set()
         first.join(30)
-        retry = calls.act(
-            LINEAGE, "k", digest_of(target, "k"), "127.0.0.1", lambda: post(target, "k")
-        )
+        retry = _act(calls, target, "k")
         assert retry.replayed
         assert retry.outcome.status == "answered"
         assert server.sends("/slow") == 1
@@ -196,8 +186,7 @@ def test_racing_tries_of_one_key_send_once(
         calls = one if shared else OutwardCalls(journal)
         barrier.wait()
         try:
-            answer = calls.act(LINEAGE, "k", digest_of(target, "k"), "127.0.0.1",
-                               lambda: post(target, "k"))  # fmt: skip
+            answer = _act(calls, target, "k")  # fmt: skip
             outcomes.append(answer.outcome.status)
         except OutwardPendingError:
             outcomes.append("pending")

@@ -14,16 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from charter.app import CellSetup, Charter, Settings
+from charter.app import Charter
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
-from charter.control import Ceiling, WorkerScheduled, WorkerSpec
+from charter.control import WorkerScheduled, WorkerSpec
 from charter.core import Budget, KeyStore
-from charter.core.secrets import HeldSecret, SecretStore
 from charter.runner.events import WorkerResult
 from charter.sandbox import CredentialInjected, CredentialWithheld
 from tests.runner._support import make_cell, running, until_idle
 
-from ._creds_support import FETCH, PKI, Server
+from ._creds_support import FETCH, Server, token_estate
 
 pytestmark = pytest.mark.sandbox
 
@@ -53,20 +52,7 @@ door.result(json.dumps({"mine": mine, "theirs": theirs}))
 
 
 def _setup(tmp_path: Path) -> tuple[Charter, Server, str]:
-    pki = PKI()
-    server = Server(pki, "localhost")
-    where = [f"localhost:{server.port}", f"127.0.0.1:{server.port}"]
-    home = tmp_path / "home"
-    SecretStore(home).add(
-        HeldSecret("tok", "bearer", (where[0],), value=TOKEN.encode(), ca=pki.pem)
-    )
-    charter, _ = Charter.initialise(
-        f"sqlite:///{tmp_path}/journal.db", root="estate",
-        ceiling=Ceiling(budget=ROOT, depth=4, fanout=20, egress=frozenset(where),
-                        secrets=frozenset({"tok"})),
-        cell=CellSetup(cores=2, processing=2, coordination=2), keys=KeyStore(home),
-        settings=Settings(),
-    )  # fmt: skip
+    charter, server, where = token_estate(tmp_path, TOKEN, ROOT)
     return charter, server, f"http://{where[0]}/"
 
 
