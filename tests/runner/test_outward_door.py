@@ -160,3 +160,51 @@ def test_a_cell_killed_after_the_send_leaves_unknown_never_re_sent(
 
 def _never() -> object:
     raise AssertionError("a retry of a key with an intent must never send")
+
+
+CREDENTIALED = (
+    PRELUDE
+    + """
+door = charter_door.Door()
+door.result(json.dumps(door.act("create-1", sys.argv[1], method="POST", body="{}")))
+"""
+)
+
+
+@pytest.mark.sandbox
+def test_an_outward_call_gets_its_held_credential_from_the_broker(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    """``act`` dials through the broker as the sandbox: to a destination a granted
+    secret is bound to, the broker originates TLS and presents the token (which never
+    enters the sandbox, nor the journal); the request's digest is of what the worker
+    asked, without the token."""
+    from tests.sandbox._creds_support import token_estate
+
+    token = "outward-token-0123456789abcdef"
+    root = Budget.parse("tokens=1M,wall=1h,cpu=1h,mem=4GiB,egress=1GB")
+    charter, tls_server, where = token_estate(tmp_path, token, root)
+    try:
+        with charter:
+            intent = SpawnIntent.model_validate({
+                "width": 1, "objective": "create the record once", "estimated_cost": COST,
+                "grant": {"egress": where, "secrets": ["tok"]},
+            })  # fmt: skip
+            charter.spawn(
+                "agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE),
+                workers=(python(CREDENTIALED, f"http://{where[0]}/"),),
+            )  # fmt: skip
+            with running(make_cell(charter, None, state_dir, door=True, budget=SLOT)) as cell:
+                until_idle(cell)
+            entries = list(charter.journal.entries())
+    finally:
+        tls_server.close()
+    (answer,) = [e.event for e in entries if isinstance(e.event, WorkerResult)]
+    out = json.loads(answer.text)
+    assert out["status"] == "answered", out
+    assert out["http_status"] == 200
+    assert out["body"].startswith("ok with-authorization")
+    assert [s.headers["authorization"] for s in tls_server.seen] == [f"Bearer {token}"]
+    injected = [e.event for e in entries if type(e.event).__name__ == "CredentialInjected"]
+    assert len(injected) == 1
+    assert all(token not in json.dumps(e.event.payload()) for e in entries)
