@@ -2,7 +2,7 @@
 intent-only tool, round trip) against the Python API's ``Charter.spawn`` of the same
 width, alternated in the same run on the same journal.
 
-    python3 bench/mcp.py [--widths 1,100] [--runs 30] [--transport stdio|http|both]
+    python3 bench/mcp_spawn.py [--widths 1,100] [--runs 30] [--transport stdio|http|both]
         [--backend sqlite|postgres] [--pg URL]
 
 The server runs as ``python3 -m charter mcp`` in a subprocess (over stdio, or over
@@ -42,7 +42,7 @@ from charter.core import Budget, KeyStore
 from tests.mcp._support import http_endpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-CEILING = Budget.parse("tokens=1000G,wall=100000h,cpu=100000h,mem=100000GiB,egress=100GB")
+CEILING = Budget.parse("tokens=1000000M,wall=100000h,cpu=100000h,mem=100000GiB,egress=100GB")
 POPULATION = 10**9
 
 
@@ -84,17 +84,21 @@ async def _measure(
     for width in widths:  # one warm-up of each first
         await client.call_tool("spawn", intent(width))
         charter.spawn("agent:bench", SpawnIntent.model_validate(intent(width)))
-    for _ in range(runs):
+    for run in range(runs):
         for width in widths:
-            started = time.perf_counter()
-            result = await client.call_tool("spawn", intent(width))
-            out[width]["mcp"].append((time.perf_counter() - started) * 1000)
-            if result.is_error:
-                raise SystemExit(f"the MCP spawn was refused: {result.structured_content}")
-            body = SpawnIntent.model_validate(intent(width))
-            started = time.perf_counter()
-            charter.spawn("agent:bench", body)
-            out[width]["api"].append((time.perf_counter() - started) * 1000)
+            # Alternated A-B, B-A: neither path always follows the other's commit.
+            for path in ("mcp", "api") if run % 2 == 0 else ("api", "mcp"):
+                if path == "mcp":
+                    started = time.perf_counter()
+                    result = await client.call_tool("spawn", intent(width))
+                    out[width]["mcp"].append((time.perf_counter() - started) * 1000)
+                    if result.is_error:
+                        raise SystemExit(f"the MCP spawn was refused: {result.structured_content}")
+                else:
+                    body = SpawnIntent.model_validate(intent(width))
+                    started = time.perf_counter()
+                    charter.spawn("agent:bench", body)
+                    out[width]["api"].append((time.perf_counter() - started) * 1000)
     return out
 
 
