@@ -57,21 +57,10 @@ def _private_home(home: Path) -> None:
 def _worker(value: str | None) -> object:
     if value is None:
         return None
-    from pydantic import ValidationError
-
-    from charter.cli._common import describe_invalid
+    from charter.cli._common import json_option
     from charter.control import WorkerSpec
 
-    text = value
-    if value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text(encoding="utf-8")
-        except OSError as e:
-            raise click.BadParameter(f"cannot read {value[1:]}: {e}") from e
-    try:
-        return WorkerSpec.model_validate_json(text)
-    except ValidationError as e:
-        raise click.BadParameter(f"not a worker: {describe_invalid(e)}") from e
+    return json_option(WorkerSpec, value, "a worker")
 
 
 def _agent(charter: object, given: str | None) -> str:
