@@ -329,7 +329,7 @@ class DoorFace:
                     )
                 )
         answer = pending.result(params.timeout_s)
-        if answer is None:
+        if answer is None:  # not answered yet: the door reports no position meanwhile
             return {
                 "position": None, "cursor": params.cursor, "complete": False, "done": {},
                 "pending": {c: {"status": "live"} for c in children}, "new": [],
@@ -367,7 +367,7 @@ class _DoorWait:
 
     def _run(self, call: Callable[[], Any]) -> None:
         try:
-            self._answer = {"children": call()["children"]}
+            self._answer = call()
         except (DoorError, OSError) as e:
             self._error = e
         finally:
