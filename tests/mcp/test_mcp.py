@@ -85,13 +85,13 @@ def _post(url: str, headers: dict[str, str]) -> int:
 
 
 def test_over_http_only_the_operator_token_is_served(
-    sqlite_url: str, tmp_path: Path, state_dir: Path
+    journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
     home = tmp_path / "home"
-    with estate(sqlite_url, home, state_dir) as charter:
-        good = token(sqlite_url, home, state_dir)
+    with estate(journal_url, home, state_dir) as charter:
+        good = token(journal_url, home, state_dir)
         assert (home / "mcp-token").stat().st_mode & 0o777 == 0o600
-        with http_server(sqlite_url, home, state_dir) as url:
+        with http_server(journal_url, home, state_dir) as url:
             assert _post(url, {}) == 401  # no identity
             assert _post(url, {"Authorization": "Bearer " + "0" * 64}) == 401
             assert _post(url, {"Authorization": "Bearer " + good[:-1]}) == 401
@@ -114,7 +114,7 @@ def test_over_http_only_the_operator_token_is_served(
             anyio.run(scenario)
 
             # A new token replaces the old one at once; a removed one refuses everyone.
-            newer = token(sqlite_url, home, state_dir)
+            newer = token(journal_url, home, state_dir)
             assert _post(url, {"Authorization": "Bearer " + good}) == 401
             assert _post(url, {"Authorization": "Bearer " + newer}) == 200
             os.unlink(home / "mcp-token")
