@@ -14,7 +14,7 @@ from charter.mcp._faces import (
     RevokeParams,
     WaitParams,
 )
-from charter.mcp._token import TOKEN_FILE, issue_token, require_token, token_path
+from charter.mcp._token import TOKEN_FILE, issue_token, require_token, token_matches, token_path
 from charter.mcp.errors import (
     IdentityInArgumentsError,
     McpRefusedError,
@@ -37,5 +37,6 @@ __all__ = [
     "WaitParams",
     "issue_token",
     "require_token",
+    "token_matches",
     "token_path",
 ]
