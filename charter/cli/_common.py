@@ -9,12 +9,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 import click
 
 if TYPE_CHECKING:  # imported when a command runs: `charter --help` loads no pydantic
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
     from charter.app import Charter, Journal
 
@@ -28,6 +28,7 @@ __all__ = [
     "EXIT_USAGE",
     "describe_invalid",
     "exit_code_for",
+    "json_option",
     "run_guarded",
     "stdout_closed",
 ]
@@ -136,6 +137,26 @@ def describe_invalid(error: ValidationError) -> str:
     from charter.core.errors import describe_invalid as describe
 
     return describe(error)
+
+
+M = TypeVar("M", bound="BaseModel")
+
+
+def json_option(model: type[M], value: str, what: str) -> M:
+    """A ``JSON|@FILE`` option's value as ``model``: the JSON itself, or the file after
+    ``@``; unreadable or invalid, a usage error naming ``what`` was expected."""
+    from pydantic import ValidationError
+
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise click.BadParameter(f"cannot read {value[1:]}: {e}") from e
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as e:
+        raise click.BadParameter(f"not {what}: {describe_invalid(e)}") from e
 
 
 def run_guarded(command: click.Command, argv: list[str] | None) -> Any:

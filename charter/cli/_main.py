@@ -50,6 +50,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "scan_cmd",
         "Lint agent definitions (the lethal trifecta, …); 4 on a finding.",
     ),
+    "mcp": ("mcp", "mcp_group", "Serve Charter's tools to an MCP client (stdio or HTTP)."),
 }
 
 

@@ -10,7 +10,6 @@ import functools
 import getpass
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -24,7 +23,7 @@ from charter.authority import (
     SpawnIntent,
     spawn_tool_definition,
 )
-from charter.cli._common import EXIT_REFUSED, AsciiIntRange, Ctx, describe_invalid
+from charter.cli._common import EXIT_REFUSED, AsciiIntRange, Ctx, describe_invalid, json_option
 from charter.control import AgentRecord, Ceiling, WorkerSpec
 from charter.core import MAX_LINEAGE_DEPTH, Budget, CharterError, RefusedError
 
@@ -170,16 +169,7 @@ def agent_list(ctx: Ctx) -> None:
 def _read_grant(value: str | None) -> RequestedGrant:
     if value is None:
         return RequestedGrant()
-    text = value
-    if value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text(encoding="utf-8")
-        except OSError as e:
-            raise click.BadParameter(f"cannot read {value[1:]}: {e}") from e
-    try:
-        return RequestedGrant.model_validate_json(text)
-    except ValidationError as e:
-        raise click.BadParameter(f"not a requested grant: {describe_invalid(e)}") from e
+    return json_option(RequestedGrant, value, "a requested grant")
 
 
 @click.command("spawn")

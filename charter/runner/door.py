@@ -621,9 +621,12 @@ class Door(KeyBroker):
                 return {
                     "fanout": result.fanout_id,
                     "children": [str(c.lineage) for c in result.children],
+                    "position": result.positions[1],  # its commit's last entry
                 }
             case WaitParams():
-                return {"children": requests.wait(lineage, params.children, params.timeout_s)}
+                children = requests.wait(lineage, params.children, params.timeout_s)
+                # the cell's view has folded the children's ends: the answer's position
+                return {"children": children, "position": cell.view.position}
             case ResultParams():
                 cell.door_call(lineage, "result", len(params.text.encode()))
                 return {"digest": requests.result(lineage, params.text.encode())}
