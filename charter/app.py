@@ -43,6 +43,7 @@ from charter.control import (
     register_root,
     revoke,
 )
+from charter.control.trifecta import home_trifecta
 from charter.core import (
     BadInputError,
     Budget,
@@ -279,6 +280,7 @@ class Charter:
             cell=settings.cell,
             host_load=self._host_load,
             views=self.views,
+            trifecta=home_trifecta(keys.home),  # the lethal trifecta, refused at mint
         )
         self._budgets = BudgetService(journal, shared=self.views)
         self._admission = AdmissionService(journal, shared=self.views, host_load=self._host_load)

@@ -115,6 +115,7 @@ CHECKS = (
     "model-call",
     "credential",
     "quarantine",
+    "outward-call",
 )
 
 # What the control plane enforces, and the check that audits it afterwards.
@@ -157,6 +158,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("a test run's sandbox withholds every held credential", "credential"),
     ("a workspace is digested only on a quarantine verdict, before its sandbox ends", "quarantine"),
     ("a quarantined worker's kill is committed with its workspace digest", "quarantine"),
+    ("an outward call's intent is journaled once per lease and key", "outward-call"),
+    ("an outward call's outcome follows its intent, once", "outward-call"),
 )
 
 # Every topic Charter writes (``TypeName/vN``); any other is an ``entry-type`` finding.
@@ -191,6 +194,8 @@ KNOWN_TOPICS = frozenset(
         "ModelCallRefused",
         "ModelCallReserved",
         "ModelCallSettled",
+        "OutwardIntent",
+        "OutwardOutcome",
         "PauseVerdict",
         "QuarantineVerdict",
         "ResumeVerdict",
@@ -364,6 +369,8 @@ class _Auditor:
         self.digested: dict[str, int] = {}  # lineage → position of its quarantine digest
         self.quarantines: set[tuple[str, str]] = set()  # (lineage, sandbox) verdicts
         self.killed: set[str] = set()  # lineages with a WorkerKilled
+        # (lineage, key) of each outward intent → whether its outcome was journaled
+        self.outward: dict[tuple[str, str], bool] = {}
         # (lineage, its digest's commit time, its position): the next entry kills it
         self._must_kill: tuple[str, object, int] | None = None
         self._prev: tuple[str, dict[str, Any], object] = ("", {}, None)
@@ -1190,8 +1197,27 @@ class _Auditor:
             "QuarantineVerdict": self.quarantine_verdict,
             "WorkspaceDigested": self.workspace_digested,
             "WorkerKilled": self.worker_killed,
+            "OutwardIntent": lambda p, _: self.outward_intent(p),
+            "OutwardOutcome": lambda p, _: self.outward_outcome(p),
             **{end: lambda p, _: self.sandbox_ended(p) for end in _ENDS},
         }
+
+    def outward_intent(self, p: dict[str, Any]) -> None:
+        lineage, key = str(p["lineage"]), str(p["key"])
+        if (lineage, key) in self.outward:
+            self.find("outward-call", lineage, f"a second intent for idempotency key {key!r}")
+            return
+        self.outward[(lineage, key)] = False
+
+    def outward_outcome(self, p: dict[str, Any]) -> None:
+        lineage, key = str(p["lineage"]), str(p["key"])
+        done = self.outward.get((lineage, key))
+        if done is None:
+            self.find("outward-call", lineage, f"an outcome for key {key!r} with no intent")
+        elif done:
+            self.find("outward-call", lineage, f"a second outcome for key {key!r}")
+        else:
+            self.outward[(lineage, key)] = True
 
     def journal_created(self, p: dict[str, Any], _: int) -> None:
         key = str(p["journal_key"])

@@ -49,6 +49,13 @@ from charter.authority._seal import (
     seal,
     verify_grant_chain,
 )
+from charter.authority._trifecta import (
+    Exposure,
+    TrifectaPolicy,
+    assess,
+    check_trifecta,
+    private_destination,
+)
 from charter.authority.errors import (
     AgentExistsError,
     AuthorityRefusedError,
@@ -69,6 +76,7 @@ from charter.authority.errors import (
     GrantSignatureInvalidError,
     InvalidRequestError,
     InvariantViolationError,
+    LethalTrifectaError,
     LineageRevokedError,
     PermissionModeRaisedError,
     UnknownAgentError,
@@ -124,6 +132,12 @@ __all__ = [
     "MintedChild",
     "decide",
     "refusal_event",
+    # the lethal trifecta
+    "Exposure",
+    "TrifectaPolicy",
+    "assess",
+    "check_trifecta",
+    "private_destination",
     # events
     "AgentRegistered",
     "GrantMinted",
@@ -151,6 +165,7 @@ __all__ = [
     "AxisWidenedError",
     "ClearanceRaisedError",
     "PermissionModeRaisedError",
+    "LethalTrifectaError",
     "FanoutNotDecreasingError",
     "GateRefusedError",
     "GateUnknownError",

@@ -21,6 +21,7 @@ from charter.authority._gate import GateDecision, GatePolicy, GateQuestion, Verd
 from charter.authority._grant import Grant, GrantTerms, attenuate, check_invariants
 from charter.authority._intent import RequestedGrant, SpawnIntent
 from charter.authority._seal import SealedGrant, Signer, derive_child_seed
+from charter.authority._trifecta import TrifectaPolicy, check_trifecta
 from charter.authority.errors import (
     AuthorityRefusedError,
     DepthExhaustedError,
@@ -187,11 +188,15 @@ def decide(
     *,
     policy: GatePolicy,
     attenuate_fn: AttenuateFn = attenuate,
+    trifecta: TrifectaPolicy | None = None,
 ) -> FanoutDecision:
     """Decide one fan-out: structural checks, the gate (once), then ``width`` mints.
 
     Every child is ``requested ∩ parent`` and is checked against the parent, invariant
-    by invariant, before it is signed with the parent's custody key.
+    by invariant, before it is signed with the parent's custody key. With ``trifecta``
+    (the operator's policy: every :class:`charter.app.Charter` passes its home's), a
+    child that would hold the lethal trifecta is refused (``lethal-trifecta``) unless
+    the policy names it.
     """
     intent, now_ms, parent = command.intent, command.now_ms, state.sealed.grant
     terms = parent.terms
@@ -268,6 +273,8 @@ def decide(
         # One attenuation gives every child of this fan-out the same terms, so the
         # invariants are checked once, on those terms, before anything is signed.
         check_invariants(terms, child_terms, remaining_fanout=remaining, width=intent.width)
+        if trifecta is not None:  # the children share their terms: checked once
+            check_trifecta(lineages[0], child_terms.egress, child_terms.secrets, trifecta)
         sibling: dict[str, Any] | None = None
         for lineage in lineages:
             seed = derive_child_seed(state.custody_seed, lineage)

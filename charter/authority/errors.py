@@ -37,6 +37,7 @@ __all__ = [
     "ClearanceRaisedError",
     "PermissionModeRaisedError",
     "FanoutNotDecreasingError",
+    "LethalTrifectaError",
     # refused: the gate
     "GateRefusedError",
     "GateUnknownError",
@@ -161,6 +162,13 @@ class FanoutNotDecreasingError(InvariantViolationError):
     """A child's fan-out remaining is not strictly below its parent's remaining fan-out."""
 
     reason = "invariant-fanout-not-decreasing"
+
+
+class LethalTrifectaError(AuthorityRefusedError):
+    """A minted child would hold private data, untrusted content and a way out at once
+    (docs/scan.md), and the operator's policy does not name it."""
+
+    reason = "lethal-trifecta"
 
 
 class GateRefusedError(AuthorityRefusedError):

@@ -45,6 +45,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "proof": ("proofs", "proof", "Inclusion and consistency proofs of the journal."),
     "export": ("audit", "export", "Export bundles, and verify one offline."),
     "audit": ("audit", "audit_cmd", "Semantic audits of the journal; exit 3 on a finding."),
+    "scan": (
+        "scan",
+        "scan_cmd",
+        "Lint agent definitions (the lethal trifecta, …); 4 on a finding.",
+    ),
     "mcp": ("mcp", "mcp_group", "Serve Charter's tools to an MCP client (stdio or HTTP)."),
 }
 

@@ -179,6 +179,13 @@ def _read_grant(value: str | None) -> RequestedGrant:
 @click.option("--objective", required=True, help="What the workers are for.")
 @click.option("--est-cost", "est_cost", required=True, metavar="VECTOR", help="Total estimate.")
 @click.option("--grant", "grant", metavar="JSON|@FILE", help="Requested grant per worker.")
+@click.option(
+    "--dry-run",
+    "dry_run",
+    is_flag=True,
+    help="A test run: every held credential is withheld from the workers and their "
+    "descendants (journaled); those destinations are not reached.",
+)
 @click.pass_obj
 def spawn(
     ctx: Ctx,
@@ -188,6 +195,7 @@ def spawn(
     objective: str,
     est_cost: str,
     grant: str | None,
+    dry_run: bool,
 ) -> None:
     """Fan out WIDTH workers under a durable agent; print the minted lineages.
 
@@ -204,7 +212,9 @@ def spawn(
         )
     except ValidationError as e:
         raise click.BadParameter(describe_invalid(e)) from e
-    workers = (WorkerSpec(argv=command),) if command else None
+    if dry_run and not command:
+        raise click.UsageError("--dry-run runs workers: give -- CMD ARGS...")
+    workers = (WorkerSpec(argv=command, dry_run=dry_run),) if command else None
     with ctx.open_charter() as charter:
         try:
             result = charter.spawn(parent, intent, workers=workers)
@@ -220,7 +230,16 @@ def spawn(
         f"at positions {result.positions[0]}-{result.positions[1]}"
         + (f"; {len(result.queued)} queued for a slot" if result.queued else "")
     )
-    ctx.emit(result.to_json(), "\n".join(str(c.lineage) for c in result.children))
+    if dry_run:  # said whatever the terminal, as `sandbox run --dry-run` does
+        click.echo(
+            "charter: a test run: every held credential is withheld from these workers "
+            "and their descendants (journaled as CredentialWithheld at each dial)",
+            err=True,
+        )
+    ctx.emit(
+        {**result.to_json(), "dry_run": dry_run},
+        "\n".join(str(c.lineage) for c in result.children),
+    )
 
 
 @click.command("revoke")

@@ -14,6 +14,7 @@ from charter.control.directory import (
 from charter.control.errors import CellSupersededError
 from charter.control.handler import RETRIES, Folded, Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
+from charter.control.outward import OutwardCalls, OutwardIntent, OutwardOutcome
 from charter.control.resources import (
     AdmissionService,
     BudgetService,
@@ -65,6 +66,9 @@ __all__ = [
     "host_cap_inputs",
     "steady_load",
     "Views",
+    "OutwardCalls",
+    "OutwardIntent",
+    "OutwardOutcome",
     "RETRIES",
     "Folded",
     "Pinned",

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from charter.core.errors import StateError
+from charter.core.errors import RefusedError, StateError
 
-__all__ = ["CellSupersededError"]
+__all__ = ["CellSupersededError", "OutwardKeyReusedError", "OutwardPendingError"]
 
 
 class CellSupersededError(StateError):
@@ -13,3 +13,17 @@ class CellSupersededError(StateError):
     ``CellStarted`` moved the cell's run stream past this one's claim), or this one's
     claim lapsed before it could renew it. It stops starting work, kills the sandboxes
     it still holds and ends (whoever takes the cell over fails their workers)."""
+
+
+class OutwardKeyReusedError(RefusedError):
+    """An idempotency key of this lease was used for another request (another digest):
+    nothing is sent."""
+
+    reason = "outward-key-reused"
+
+
+class OutwardPendingError(RefusedError):
+    """The first call with this key is still being sent by this process: ask again for
+    its outcome once it is recorded."""
+
+    reason = "outward-pending"

@@ -41,6 +41,7 @@ from charter.authority import (
     ParentState,
     SealedGrant,
     SpawnIntent,
+    TrifectaPolicy,
     UnknownParentError,
     ask_gate,
     check_custody,
@@ -181,8 +182,14 @@ class SpawnService:
         read_registry: RegistryRead | None = None,
         host_load: HostLoad | None = None,
         views: Views | None = None,
+        trifecta: TrifectaPolicy | None = None,
     ) -> None:
+        """``trifecta``: the operator's policy every mint is checked against for the
+        lethal trifecta (docs/scan.md); :class:`charter.app.Charter` passes its home's
+        (:func:`charter.control.trifecta.home_trifecta`). None: not checked (a bare
+        service, as unit tests of other stages build)."""
         self.journal = journal
+        self.trifecta = trifecta
         self.keystore = keystore
         self.policy: GatePolicy = policy or CostBenefitPolicy()
         self.ceilings = ceilings or FabricCeilings()
@@ -280,6 +287,7 @@ class SpawnService:
                 state,
                 FanoutCommand(fanout_id, intent, now),
                 policy=gate,
+                trifecta=self.trifecta,
             )
             decision = self._lease(decision, intent, now)
             decision = self._schedule(decision, workers)
@@ -443,6 +451,7 @@ class SpawnService:
                 inputs_digest=spec.digest(),
                 grant_digest=child.sealed.digest.hex(),
                 task_class=spec.task_class or task_class_of(spec.argv),
+                dry_run=spec.dry_run,
             )
             for child, spec in zip(decision.children, specs, strict=True)
         )

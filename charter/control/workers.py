@@ -15,9 +15,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+    model_validator,
+)
 
 from charter.control.errors import CellSupersededError
 from charter.control.handler import Pinned, append_pinned
@@ -84,6 +91,9 @@ class WorkerSpec(CheckedModel):
     # The class whose baseline supervision holds it against (docs/supervision.md);
     # None: derived from its program (:func:`task_class_of`).
     task_class: str | None = Field(default=None, min_length=1, max_length=200)
+    # A test run: its sandbox's egress broker withholds every held credential (journaled,
+    # never an empty value), and so do its descendants' (docs/credentials.md).
+    dry_run: bool = False
 
     @model_validator(mode="after")
     def _absolute_program(self) -> WorkerSpec:
@@ -121,6 +131,16 @@ class WorkerScheduled(Event):
     # Optional so that journals written before task classes stay readable: None reads
     # as the class derived from its program (:attr:`klass`).
     task_class: str | None = None
+    # A test run (``charter spawn --dry-run``): every held credential withheld. Left out
+    # of the stored payload when false, so journals written before it keep their bytes.
+    dry_run: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_default_dry_run(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and not data.get("dry_run"):
+            data.pop("dry_run", None)
+        return data
 
     def stream(self) -> str:
         return worker_stream(self.lineage)

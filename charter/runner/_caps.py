@@ -30,6 +30,8 @@ def worker_caps(
     lease_deadline_ms: int | None,
     terms: GrantTerms,
     now_ms: int,
+    *,
+    withhold_credentials: bool = False,
 ) -> WorkerCaps:
     """The caps of a worker whose lease holds ``remaining`` at ``now_ms`` and expires
     (with its ancestors') at ``lease_deadline_ms``, under the grant ``terms``. Refuses
@@ -47,7 +49,9 @@ def worker_caps(
     return WorkerCaps(
         budget=capped,
         egress=EgressGrant(
-            destinations=tuple(sorted(terms.egress)), secrets=tuple(sorted(terms.secrets))
+            destinations=tuple(sorted(terms.egress)),
+            secrets=tuple(sorted(terms.secrets)),
+            withhold_credentials=withhold_credentials,  # a test run (spawn --dry-run)
         ),
         deadline_ms=deadline,
     )

@@ -482,7 +482,7 @@ class Cell:
             return 0
         try:  # fail closed: nothing left on its lease, no start; the worker ends
             grant = self._grant(w.lineage)
-            caps = self._caps(w.lineage, grant)
+            caps = self._caps(w.lineage, grant, dry_run=w.scheduled.dry_run)
             slot = driver.lease(w.lineage, caps.egress, w.scheduled.grant_digest, caps.budget)
         except _NOT_STARTED as error:  # refused for this worker, never the cell's end
             why = f"not started: {error}"
@@ -863,8 +863,9 @@ class Cell:
             raise LeaseSpentError(f"{lineage} has no committed grant")
         return minted.sealed()
 
-    def _caps(self, lineage: str, grant: SealedGrant) -> WorkerCaps:
-        """The sandbox caps of ``lineage``: its lease and ``grant`` as committed, now."""
+    def _caps(self, lineage: str, grant: SealedGrant, *, dry_run: bool = False) -> WorkerCaps:
+        """The sandbox caps of ``lineage``: its lease and ``grant`` as committed, now
+        (``dry_run``: a test run's, every held credential withheld)."""
         with self._lock:
             self.refresh()
             book = self.resources.book
@@ -875,6 +876,7 @@ class Cell:
                 book.deadline(lineage),
                 grant.grant.terms,
                 at,
+                withhold_credentials=dry_run,
             )
 
     def custody_seed(self, lineage: str) -> bytes:

@@ -94,6 +94,20 @@ class Door:
         """Revoke ``lineage``, one of this worker's own descendants, and its subtree."""
         return self.call("revoke", {"lineage": lineage, "reason": reason})
 
+    def act(
+        self,
+        key: str,
+        url: str,
+        *,
+        method: str = "POST",
+        headers: dict[str, str] | None = None,
+        body: str = "",
+    ) -> Any:
+        """An outward-acting HTTP call, sent at most once for ``key`` (a retry with the
+        same key gets the recorded outcome: docs/door.md, ``act``)."""
+        params = {"key": key, "method": method, "url": url, "headers": headers or {}}
+        return self.call("act", params | {"body": body})
+
     def whoami(self) -> Any:
         return self.call("whoami")
 

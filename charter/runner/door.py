@@ -18,7 +18,8 @@ parse error; an unexpected failure an internal error): no frame ends a thread.
 
 Methods (docs/door.md): ``spawn`` (a SpawnIntent and the children's workers), ``wait``
 (children's results), ``result`` (the worker's reply, size-capped, journaled by digest),
-``sign`` (domain-separated, by the worker's own key), ``whoami``. Unknown fields are
+``sign`` (domain-separated, by the worker's own key), ``act`` (an outward-acting call,
+sent at most once per idempotency key: ``charter.runner._outward``), ``whoami``. Unknown fields are
 refused; a worker cannot name a lineage, a parent or a cell anywhere. Each worker gets
 at most ``MAX_REQUESTS`` requests and ``MAX_CONNECTIONS`` connections at a time, so a
 flood costs it its own door, not anyone else's. Both belong to the sandbox holding the
@@ -46,7 +47,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from charter.authority import SpawnIntent
 from charter.control import WorkerSpec
-from charter.core import CharterError, RefusedError
+from charter.control.outward import OutwardCalls
+from charter.core import BadInputError, CharterError, RefusedError
+from charter.runner._outward import ActParams, act, request_bytes
 from charter.runner.cell import Cell
 from charter.runner.errors import ControlPlaneCpuError, NotAWorkerError, WorkerGoneError
 from charter.runner.events import RESULT_CAP
@@ -135,7 +138,7 @@ class NoParams(_Params):
     pass
 
 
-_METHODS: dict[str, type[_Params]] = {
+_METHODS: dict[str, type[BaseModel]] = {
     "spawn": SpawnParams,
     "wait": WaitParams,
     "result": ResultParams,
@@ -143,6 +146,7 @@ _METHODS: dict[str, type[_Params]] = {
     "secret": SecretParams,
     "revoke": RevokeParams,
     "whoami": NoParams,
+    "act": ActParams,
 }
 
 
@@ -219,7 +223,7 @@ class _Request:
     """One validated request object: its id, whether it is a notification (no ``id``
     member: executed, never answered) and its params."""
 
-    def __init__(self, request_id: Any, notification: bool, params: _Params) -> None:
+    def __init__(self, request_id: Any, notification: bool, params: BaseModel) -> None:
         self.request_id, self.notification, self.params = request_id, notification, params
 
 
@@ -324,6 +328,7 @@ class Door(KeyBroker):
         self.max_requests = max_requests
         self._cell: Cell | None = None
         self.meter: ModelMeter | None = None
+        self.outward: OutwardCalls | None = None
         self._closed = False
         self._counts: dict[_Holder, int] = {}  # requests so far, per holder
         self._served: dict[_Holder, float] = {}  # door thread CPU (s) spent, per holder
@@ -355,8 +360,24 @@ class Door(KeyBroker):
         unsettled before it returns their leases (``Cell.before_recovered_end``)."""
         self._cell = cell
         self.meter = ModelMeter(cell) if cell is not None else None
+        with self._count_lock:
+            self.outward = None
         if cell is not None and self.meter is not None:
-            cell.before_recovered_end = self.meter.recover
+            # Outward calls (``act``): a restarted cell also records ``unknown`` for the
+            # intents its last incarnation left without an outcome, never re-sent.
+            meter = self.meter
+            cell.before_recovered_end = lambda lineage: (
+                meter.recover(lineage),
+                self._outward_calls(cell).recover(lineage),
+            )
+
+    def _outward_calls(self, cell: Cell) -> OutwardCalls:
+        """The cell's outward calls (made at first use: one per attached cell, so its
+        in-flight set sees every connection of the cell's workers)."""
+        with self._count_lock:
+            if self.outward is None:
+                self.outward = OutwardCalls(cell.journal, applied=cell.applied, lock=cell.changed)
+            return self.outward
 
     def close(self) -> None:
         self._closed = True
@@ -581,7 +602,9 @@ class Door(KeyBroker):
             return b"", gone
         return _reply(parsed.request_id, error=error), gone
 
-    def _call(self, params: _Params, uid: int, holder: _Holder) -> dict[str, Any]:
+    def _call(  # noqa: PLR0911 (one return per method)
+        self, params: BaseModel, uid: int, holder: _Holder
+    ) -> dict[str, Any]:
         cell = self.cell
         if cell is None:
             raise NotAWorkerError("the door is not attached to a cell")
@@ -593,7 +616,8 @@ class Door(KeyBroker):
         match params:
             case SpawnParams():
                 cell.door_call(lineage, "spawn", params.intent.width)  # for supervision
-                result = requests.spawn(lineage, params.intent, params.workers)
+                workers = _test_run_children(cell, lineage, params.workers)
+                result = requests.spawn(lineage, params.intent, workers)
                 return {
                     "fanout": result.fanout_id,
                     "children": [str(c.lineage) for c in result.children],
@@ -616,8 +640,31 @@ class Door(KeyBroker):
                 except ValueError as e:
                     raise _RpcError(INVALID_PARAMS, "message_hex is not hex") from e
                 return {"signature_hex": cell.sign(lineage, params.tag, message).hex()}
+            case ActParams():
+                return self._act(cell, uid, lineage, params)
             case _:
                 return {"lineage": lineage}
+
+    def _act(self, cell: Cell, uid: int, lineage: str, params: ActParams) -> dict[str, Any]:
+        """An outward-acting call (``charter.runner._outward``), at most once per key."""
+        try:
+            built = request_bytes(params)
+        except BadInputError as e:
+            raise _RpcError(INVALID_PARAMS, str(e)) from e
+        broker = cell.egress_broker
+        calls = self._outward_calls(cell)
+        return act(calls, cell.journal_allowance, broker, uid, lineage, params, built)
+
+
+def _test_run_children(
+    cell: Cell, lineage: str, workers: tuple[WorkerSpec, ...]
+) -> tuple[WorkerSpec, ...]:
+    """A test run's children are test runs too (every held credential withheld down
+    its tree); anyone else's as asked (a worker may make its own children test runs)."""
+    record = cell.workers([lineage]).get(lineage)
+    if record is None or not record.scheduled.dry_run:
+        return workers
+    return tuple(w.model_copy(update={"dry_run": True}) for w in workers)
 
 
 def _refusal(e: Exception) -> _RpcError:

@@ -7,7 +7,13 @@ from charter.sandbox._freezer import FREEZE_TIMEOUT, SandboxControl
 from charter.sandbox._host import UidLease, default_state_dir, hold_uid
 from charter.sandbox._peer import Member, PeerServer, Refusal, peer_uid
 from charter.sandbox._signals import SandboxSignals, sample_signals, sandbox_pid, workspace_bytes
-from charter.sandbox.egress import WITHHELD_REASON, Credentials, EgressBroker, EgressGrant
+from charter.sandbox.egress import (
+    WITHHELD_REASON,
+    Credentials,
+    DialRefusedError,
+    EgressBroker,
+    EgressGrant,
+)
 from charter.sandbox.errors import (
     HostCannotIsolateError,
     HostFactsError,
@@ -85,6 +91,7 @@ __all__ = [
     "OVERFLOW",
     "plant_decoy",
     # brokers
+    "DialRefusedError",
     "EgressBroker",
     "EgressGrant",
     "Credentials",

@@ -68,7 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from charter.core.destination import Destination, IPAddress, admits, grants_address, is_global
 from charter.core.events import Event
 from charter.core.secrets import HeldSecret, SecretName
-from charter.sandbox._http import Head, read_head, response
+from charter.sandbox._http import Head, parse_head, read_head, response
 from charter.sandbox._inject import Conflict, Credentials
 from charter.sandbox._peer import Allowance, Member, PeerServer, Refusal
 from charter.sandbox.events import (
@@ -80,6 +80,7 @@ from charter.sandbox.events import (
 
 __all__ = [
     "Credentials",
+    "DialRefusedError",
     "EgressBroker",
     "EgressGrant",
     "EgressJournal",
@@ -311,6 +312,56 @@ class EgressBroker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # a dial on a sandbox's behalf ---------------------------------------------------
+    def send_as(self, host_uid: int, request: bytes, *, tls: bool = False, limit: int) -> bytes:
+        """Send one whole HTTP request (``request``: its head, origin form with a
+        ``Host``, and its body) for the sandbox on ``host_uid`` exactly as that
+        sandbox's own dial through this broker would go: the grant's destinations, the
+        address check, ``EgressOpened`` (and a held secret's ``CredentialInjected``)
+        journaled before anything is opened, the held secrets bound to the dial, the
+        byte budget; then read the answer until the destination closes, or ``limit``
+        bytes. ``tls``: speak TLS to the destination (verified for the host named),
+        unless a held secret's dial does already. For the control plane acting for a
+        sandbox (the door's ``act``). Raises :class:`DialRefusedError` when refused
+        before any byte of the request was sent; an ``OSError`` after that means it
+        may have been sent."""
+        with self._lock:
+            reg = self._regs.get(host_uid)
+        if reg is None:
+            raise DialRefusedError(403, "unknown sandbox")
+        head = parse_head(request)
+        dest = _destination(head) if head is not None else "?"
+        if head is not None and head.tunnel:
+            head = None  # a whole request is sent, never a tunnel
+        try:
+            upstream, opened = self._open(host_uid, reg, head, dest)
+            if tls and not isinstance(upstream, ssl.SSLSocket):
+                upstream = _tls(upstream, opened.host)
+        except _Refused as e:
+            self._record(host_uid, reg, dest, False, e.reason)
+            raise DialRefusedError(e.code, e.reason) from e
+        out, got = opened.forward, 0
+        chunks: list[bytes] = []
+        try:
+            upstream.settimeout(_IDLE_TIMEOUT)
+            if self._charge(reg, len(out)) < len(out):
+                self._record(host_uid, reg, dest, False, "egress byte budget exhausted")
+                raise DialRefusedError(403, "egress byte budget exhausted")
+            upstream.sendall(out)
+            while got < limit:
+                chunk = upstream.recv(min(65536, limit - got))
+                if not chunk:
+                    break
+                granted = self._charge(reg, len(chunk))
+                chunks.append(chunk[:granted])
+                got += granted
+                if granted < len(chunk):
+                    break
+        finally:
+            upstream.close()
+        self._record(host_uid, reg, dest, True, "closed", out=len(out), inn=got)
+        return b"".join(chunks)
+
     # admission (on the accepting thread) ---------------------------------------------
     def _member(self, uid: int) -> Member | None:
         with self._lock:
@@ -516,6 +567,26 @@ class EgressBroker:
             granted = max(0, min(n, reg.cap - reg.used))
             reg.used += granted
             return granted
+
+
+class DialRefusedError(Exception):
+    """A dial :meth:`EgressBroker.send_as` refused before any byte of its request was
+    sent: ``code`` is the status the broker answers a sandbox with, ``reason`` what it
+    records."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _tls(upstream: socket.socket, host: str) -> socket.socket:
+    """``upstream`` wrapped in TLS verified for ``host`` (the system's trust store)."""
+    try:
+        return ssl.create_default_context().wrap_socket(upstream, server_hostname=host)
+    except (OSError, ssl.SSLError) as e:
+        upstream.close()
+        raise _Refused(502, "tls to the destination failed") from e
 
 
 class _Refused(Exception):  # noqa: N818 (internal control flow, never escapes)

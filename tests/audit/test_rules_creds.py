@@ -19,6 +19,7 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, RequestedGrant, SpawnIntent, Verdict
 from charter.control import Ceiling
 from charter.core import Budget, KeyStore
+from charter.core.secrets import HeldSecret, SecretStore
 from charter.sandbox.events import CredentialInjected, CredentialWithheld, EgressOpened
 from tests.audit.test_semantic import _append, _audit, _leased, _only
 
@@ -29,6 +30,11 @@ DEST = "api.example.com:443"
 def granted(journal_url: str, tmp_path: Path) -> tuple[str, list[str]]:
     """A product history: a root whose ceiling holds secret ``gh`` and egress to
     ``api.example.com``, and a fan-out of 2 under it holding them."""
+    # The home holds gh, bound to the api: its grant's egress there is no way out (a
+    # secret bound to nothing with public egress would be the lethal trifecta: docs/scan.md).
+    SecretStore(tmp_path / "home").add(
+        HeldSecret("gh", "bearer", ("api.example.com",), value=b"t0ken")
+    )
     ceiling = Ceiling(
         budget=Budget.parse("tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB"),
         egress=frozenset({"api.example.com"}),

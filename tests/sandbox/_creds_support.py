@@ -213,3 +213,30 @@ def ask(target):
 for t in sys.argv[1:]:
     print(ask(t), flush=True)
 """
+
+
+def token_estate(tmp_path: Path, token: str, root: Any) -> tuple[Any, Server, list[str]]:
+    """A Charter (SQLite, the home at ``tmp_path/home``) whose root ``estate`` may reach a
+    loopback TLS server of a test CA (by ``localhost`` and ``127.0.0.1``) and holds the
+    bearer secret ``tok`` (``token``), bound to ``localhost:PORT``: the Charter, the
+    server and those two destinations."""
+    from charter.app import CellSetup, Charter, Settings
+    from charter.control import Ceiling
+    from charter.core import KeyStore
+    from charter.core.secrets import HeldSecret, SecretStore
+
+    pki = PKI()
+    server = Server(pki, "localhost")
+    where = [f"localhost:{server.port}", f"127.0.0.1:{server.port}"]
+    home = tmp_path / "home"
+    SecretStore(home).add(
+        HeldSecret("tok", "bearer", (where[0],), value=token.encode(), ca=pki.pem)
+    )
+    charter, _ = Charter.initialise(
+        f"sqlite:///{tmp_path}/journal.db", root="estate",
+        ceiling=Ceiling(budget=root, depth=4, fanout=20, egress=frozenset(where),
+                        secrets=frozenset({"tok"})),
+        cell=CellSetup(cores=2, processing=2, coordination=2), keys=KeyStore(home),
+        settings=Settings(),
+    )  # fmt: skip
+    return charter, server, where

@@ -8,16 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from charter.app import CellSetup, Charter, Settings
+from charter.app import Charter
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
-from charter.control import Ceiling, WorkerSpec
-from charter.core import Budget, KeyStore
-from charter.core.secrets import HeldSecret, SecretStore
+from charter.control import WorkerSpec
+from charter.core import Budget
 from charter.runner.events import WorkerResult
 from charter.sandbox import CredentialInjected, SandboxLeased
 from tests.runner._support import make_cell, running, until_idle
 
-from ._creds_support import FETCH, PKI, Server
+from ._creds_support import FETCH, token_estate
 
 pytestmark = pytest.mark.sandbox
 
@@ -41,19 +40,7 @@ def _spawn(charter: Charter, url: str, grant: dict[str, object]) -> str:
 def test_a_cell_worker_gets_only_the_secrets_its_grant_names(
     tmp_path: Path, state_dir: Path
 ) -> None:
-    pki = PKI()
-    server = Server(pki, "localhost")
-    where = [f"localhost:{server.port}", f"127.0.0.1:{server.port}"]
-    home = tmp_path / "home"
-    SecretStore(home).add(HeldSecret("tok", "bearer", (where[0],), value=TOKEN.encode(),
-                                     ca=pki.pem))  # fmt: skip
-    charter, _ = Charter.initialise(
-        f"sqlite:///{tmp_path}/journal.db", root="estate",
-        ceiling=Ceiling(budget=ROOT, depth=4, fanout=20, egress=frozenset(where),
-                        secrets=frozenset({"tok"})),
-        cell=CellSetup(cores=2, processing=2, coordination=2), keys=KeyStore(home),
-        settings=Settings(),
-    )  # fmt: skip
+    charter, server, where = token_estate(tmp_path, TOKEN, ROOT)
     url = f"http://{where[0]}/"
     with charter:
         named = _spawn(charter, url, {"egress": where, "secrets": ["tok"]})
