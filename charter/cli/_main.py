@@ -46,6 +46,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "export": ("audit", "export", "Export bundles, and verify one offline."),
     "audit": ("audit", "audit_cmd", "Semantic audits of the journal; exit 3 on a finding."),
     "mcp": ("mcp", "mcp_group", "Serve Charter's tools to an MCP client (stdio or HTTP)."),
+    "serve": ("serve", "serve_group", "Serve the read-only operator page of the fabric."),
 }
 
 
