@@ -7,7 +7,9 @@ written by ``charter serve token``). See docs/serve.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -16,6 +18,7 @@ from charter.cli._common import Ctx, host_port
 __all__ = ["serve_group"]
 
 _DEFAULT_BIND = "127.0.0.1:8766"
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 
 def _home_token_file() -> Path:
@@ -23,6 +26,17 @@ def _home_token_file() -> Path:
     from charter.serve import SERVE_TOKEN_FILE
 
     return KeyStore(charter_home()).home / SERVE_TOKEN_FILE
+
+
+def _token_file(help_text: str) -> Callable[[FC], FC]:
+    return click.option(
+        "--token-file",
+        "token_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        metavar="FILE",
+        help=help_text,
+    )
 
 
 @click.group("serve", invoke_without_command=True)
@@ -34,14 +48,9 @@ def _home_token_file() -> Path:
     metavar="HOST:PORT",
     help="Where to listen (port 0 picks a free one); not loopback: a token is needed.",
 )
-@click.option(
-    "--token-file",
-    "token_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    metavar="FILE",
-    help="Require this file's token on every request (default on a non-loopback bind: "
-    "the home's serve-token).",
+@_token_file(
+    "Require this file's token on every request (default on a non-loopback bind: the "
+    "home's serve-token)."
 )
 @click.pass_context
 def serve_group(click_ctx: click.Context, bind: str, token_file: Path | None) -> None:
@@ -66,14 +75,7 @@ def serve_group(click_ctx: click.Context, bind: str, token_file: Path | None) ->
 
 
 @serve_group.command("token")
-@click.option(
-    "--token-file",
-    "token_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    metavar="FILE",
-    help="Write it here (default: the home's serve-token).",
-)
+@_token_file("Write it here (default: the home's serve-token).")
 @click.pass_obj
 def token(ctx: Ctx, token_file: Path | None) -> None:
     """Write a new page token (0600), replacing the old one at once (its sessions end),

@@ -22,15 +22,11 @@ from pathlib import Path
 from charter.core import StateError
 
 __all__ = [
-    "TOKEN_FILE",
-    "file_token_matches",
-    "issue_token",
-    "issue_token_file",
-    "read_token_file",
-    "require_token",
-    "token_matches",
-    "token_path",
-]
+    # the operator's MCP token in the home
+    "TOKEN_FILE", "token_path", "issue_token", "token_matches", "require_token",
+    # any token file (`charter serve` has its own)
+    "issue_token_file", "read_token_file", "file_token_matches",
+]  # fmt: skip
 
 TOKEN_FILE = "mcp-token"  # noqa: S105 (a file name, not a secret)
 _TOKEN_BYTES = 32

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import charter.catalogue  # noqa: F401 (every event type decodes)
 from charter.app import Journal, read_journal
 from charter.core.text import shown
-from charter.projections import Projector
+from charter.projections import BudgetReport, Projector
 
 __all__ = ["NOTABLE", "Fabric"]
 
@@ -141,12 +141,9 @@ class Fabric:
         return 0 if found is None else found[0]
 
     def catch_up(self) -> int:
-        """Fold what was committed since; index its notable events; the new position."""
-        before = self.projector.position()
+        """Fold what was committed since, index its notable events: the new position."""
         position = self.projector.catch_up()
-        if position > before:
-            self._index(position)
-            self._record_burn(position, as_of=None)
+        self._index(position)
         return position
 
     def _index(self, position: int) -> None:
@@ -159,7 +156,11 @@ class Fabric:
         self._indexed = position
 
     def _record_burn(self, position: int, *, as_of: int | None) -> None:
-        report = self.projector.budgets(None, as_of)
+        self._add_burn(position, self.projector.budgets(None, as_of))
+
+    def _add_burn(self, position: int, report: BudgetReport) -> None:
+        if self._series and self._series[-1]["position"] >= position:
+            return  # (the same position again: nothing moved)
         ledgers = [line.to_json() for line in report.ledgers if line.parent is None]
         self._series.append(_burn_point(position, report.at_ms, ledgers))
         if len(self._series) > _SERIES:
@@ -177,6 +178,8 @@ class Fabric:
         position = tree.as_of
         budgets = projector.budgets(None, position if as_of is not None else None)
         slots = projector.slots(position if as_of is not None else None)
+        if as_of is None:
+            self._add_burn(position, budgets)
         head = self.head()
         events = [e for e in self._notable if e["position"] <= position][-_LISTED:]
         earliest = self._notable[0]["position"] if len(self._notable) >= _KEPT else 0

@@ -71,15 +71,19 @@ def test_a_bad_or_future_position_is_refused(estate: Charter, fabric: Fabric) ->
 
 
 def test_worker_text_is_escaped(estate: Charter, fabric: Fabric) -> None:
-    fan_out(estate, 1, objective=HOSTILE)
+    [child] = fan_out(estate, 1, objective=HOSTILE)
+    estate.revoke(child, reason=HOSTILE)
     with TestClient(build_app(fabric), base_url=LOOPBACK) as client:
         data = client.get("/api/fabric").json()
     gate = next(e for e in data["events"] if e["type"] == "GateDecided")
-    # terminal and bidi control characters are shown as escapes, never sent raw
-    assert "\x1b" not in gate["objective"]
-    assert "\u202e" not in gate["objective"]
-    assert "\\x1b[31m" in gate["objective"]
-    assert "<img" in gate["objective"]  # markup stays text; the page never parses it
+    revoked = next(e for e in data["events"] if e["type"] == "LineageRevoked")
+    assert revoked["lineage"] == child
+    for text in (gate["objective"], revoked["reason"]):
+        # terminal and bidi control characters are shown as escapes, never sent raw
+        assert "\x1b" not in text
+        assert "\u202e" not in text
+        assert "\\x1b[31m" in text
+        assert "<img" in text  # markup stays text; the page never parses it
     raw = json.dumps(data)
     assert "\\u001b" not in raw
 

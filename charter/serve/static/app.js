@@ -177,6 +177,7 @@ function renderEvents(data) {
 }
 
 function render(data) {
+  const started = performance.now();
   state.position = data.position;
   document.getElementById("position").textContent = safe(data.position);
   document.getElementById("journal").textContent = safe(data.journal);
@@ -185,6 +186,7 @@ function render(data) {
   renderCells(data);
   renderBudgets(data);
   renderEvents(data);
+  document.body.dataset.renderMs = (performance.now() - started).toFixed(1);
   document.body.dataset.position = data.position;
 }
 
