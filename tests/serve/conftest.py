@@ -26,3 +26,9 @@ def fabric(estate: Charter, journal_url: str) -> Iterator[Fabric]:
         yield fabric
     finally:
         fabric.close()
+
+
+# the cell tests' real bwrap sandboxes (their fixtures), for a running fan-out
+from tests.runner.conftest import _no_load, state_dir  # noqa: E402
+
+__all__ = ["_no_load", "estate", "fabric", "state_dir"]

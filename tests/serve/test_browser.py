@@ -128,3 +128,52 @@ def test_the_page_in_chromium(estate: Charter, fabric: Fabric, browser: Any, bac
     assert requests, "the page made no request"
     hosts = {urlparse(u).hostname for u in requests}
     assert hosts == {"127.0.0.1"}, requests
+
+
+# Each worker sleeps a moment (so the page sees it run), then prints hostile text: its
+# stdout is its result, journaled as WorkerResult and listed by the page.
+_PRINT = 'sleep 1; printf "<img src=x onerror=window.__pwned=1> \\033[31mred"'
+
+
+@pytest.mark.sandbox
+@pytest.mark.usefixtures("_no_load")
+def test_a_running_fan_out_in_chromium(
+    estate: Charter, fabric: Fabric, browser: Any, backend: str, state_dir: Path
+) -> None:
+    from charter.authority import SpawnIntent
+    from charter.control import WorkerSpec
+    from tests.runner._support import make_cell, running
+    from tests.serve._support import COST
+
+    spec = WorkerSpec(argv=("/bin/sh", "-c", _PRINT))
+    requests: list[str] = []
+    with running(make_cell(estate, None, state_dir)), served(fabric) as url:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        context.on("request", lambda request: requests.append(request.url))
+        page = context.new_page()
+        page.goto(url + "/")
+        page.wait_for_selector('body[data-mode="live"]', timeout=5_000)
+        intent = SpawnIntent(
+            width=2, objective="two workers the page watches run and end", estimated_cost=COST
+        )
+        children = [
+            str(c.lineage) for c in estate.spawn("agent:estate", intent, workers=(spec,)).children
+        ]
+        for child in children:  # scheduled, then running, then exited
+            page.wait_for_selector(_row(child), timeout=2_000)
+        live = ", ".join(f'{_row(c)}[data-status="running"]' for c in children)
+        page.wait_for_selector(live, timeout=20_000)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"running-{backend}.png"), full_page=True)
+        for child in children:
+            page.wait_for_selector(f'{_row(child)}[data-status="exited"]', timeout=30_000)
+        results = page.locator("#events li", has_text="WorkerResult")
+        results.first.wait_for(timeout=5_000)
+        shown = results.first.inner_text()
+        assert "<img src=x onerror=window.__pwned=1>" in shown
+        assert "\\x1b[31mred" in shown
+        assert page.locator("#events img").count() == 0
+        assert page.evaluate("window.__pwned") is None
+        page.screenshot(path=str(ARTIFACTS / f"ended-{backend}.png"), full_page=True)
+        context.close()
+    assert {urlparse(u).hostname for u in requests} == {"127.0.0.1"}, requests
