@@ -40,6 +40,15 @@ NOTABLE = (
     "WorkerResult",
     "WorkerEnded",
 )
+# The verdicts the tree shows on the lineage they name (the newest one), by their word.
+_VERDICTS = {
+    "ThrottleVerdict": "throttled",
+    "PauseVerdict": "paused",
+    "ResumeVerdict": "resumed",
+    "KillVerdict": "killed",
+    "QuarantineVerdict": "quarantined",
+    "LineageRevoked": "revoked",
+}
 _KEPT = 5_000  # notable events kept in memory (the newest)
 _LISTED = 60  # of which a fabric lists the newest before its position
 _TEXT = 300  # characters of any worker-controlled text shown
@@ -181,7 +190,9 @@ class Fabric:
         if as_of is None:
             self._add_burn(position, budgets)
         head = self.head()
-        events = [e for e in self._notable if e["position"] <= position][-_LISTED:]
+        seen = [e for e in self._notable if e["position"] <= position]
+        verdicts = {e["lineage"]: _VERDICTS[e["type"]] for e in seen if e["type"] in _VERDICTS}
+        events = seen[-_LISTED:]
         earliest = self._notable[0]["position"] if len(self._notable) >= _KEPT else 0
         return {
             "position": position,
@@ -192,6 +203,7 @@ class Fabric:
             "budgets": budgets.to_json(),
             "slots": slots.to_json(),
             "events": events[::-1],
+            "verdicts": verdicts,
             "events_from": earliest,
             "burndown": [p for p in self._series if p["position"] <= position],
         }

@@ -78,6 +78,7 @@ def test_worker_text_is_escaped(estate: Charter, fabric: Fabric) -> None:
     gate = next(e for e in data["events"] if e["type"] == "GateDecided")
     revoked = next(e for e in data["events"] if e["type"] == "LineageRevoked")
     assert revoked["lineage"] == child
+    assert data["verdicts"] == {child: "revoked"}  # the tree shows it on the lineage
     for text in (gate["objective"], revoked["reason"]):
         # terminal and bidi control characters are shown as escapes, never sent raw
         assert "\x1b" not in text

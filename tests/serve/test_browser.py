@@ -88,16 +88,18 @@ def test_the_page_in_chromium(estate: Charter, fabric: Fabric, browser: Any, bac
         print(f"commit -> DOM: {elapsed * 1000:.0f} ms ({after * 1000:.0f} ms after the spawn)")
 
         # hostile worker text is shown as text: no element made, no script run
-        fan_out(estate, 1, objective=HOSTILE)
+        [target] = fan_out(estate, 1, objective=HOSTILE)
+        estate.revoke(target, reason=HOSTILE)
         now = head(estate)
         page.wait_for_selector(f'body[data-position="{now}"]', timeout=2_000)
+        assert page.locator(f'{_row(target)}[data-verdict="revoked"]').count() == 1
         hostile = page.locator("#events li", has_text="onerror")
-        assert hostile.count() == 1
-        shown = hostile.inner_text()
-        assert '<img src=x onerror="window.__pwned=1">' in shown
-        assert "\\x1b[31mred" in shown
-        assert "\x1b" not in shown
-        assert "\u202e" not in shown
+        assert hostile.count() == 2  # the gate's verdict on its objective, the revoke's reason
+        for shown in hostile.all_inner_texts():
+            assert '<img src=x onerror="window.__pwned=1">' in shown
+            assert "\\x1b[31mred" in shown
+            assert "\x1b" not in shown
+            assert "\u202e" not in shown
         assert page.locator("#events img, #tree img").count() == 0
         assert page.evaluate("window.__pwned") is None
 

@@ -62,6 +62,9 @@ function renderTree(data) {
     row.appendChild(el("td", node.kind));
     row.appendChild(statusCell(node.status));
     row.appendChild(statusCell(node.worker));
+    const verdict = data.verdicts[node.lineage];
+    row.appendChild(el("td", verdict || "–", verdict ? "s-verdict" : ""));
+    if (verdict) row.dataset.verdict = verdict;
     row.appendChild(el("td", node.tokens_spent === null ? "–" : node.tokens_spent));
     const burn = el("td");
     const line = ledgers.get(node.lineage);
