@@ -28,6 +28,7 @@ __all__ = [
     "EXIT_USAGE",
     "describe_invalid",
     "exit_code_for",
+    "host_port",
     "json_option",
     "run_guarded",
     "stdout_closed",
@@ -140,6 +141,15 @@ def describe_invalid(error: ValidationError) -> str:
 
 
 M = TypeVar("M", bound="BaseModel")
+
+
+def host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6) as (host, port); bad input otherwise."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65_535:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT (like 127.0.0.1:8765)")
+    return host, int(port)
 
 
 def json_option(model: type[M], value: str, what: str) -> M:

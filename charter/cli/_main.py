@@ -51,6 +51,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "Lint agent definitions (the lethal trifecta, …); 4 on a finding.",
     ),
     "mcp": ("mcp", "mcp_group", "Serve Charter's tools to an MCP client (stdio or HTTP)."),
+    "serve": ("serve", "serve_group", "Serve the read-only operator page of the fabric."),
 }
 
 

@@ -20,20 +20,12 @@ from pathlib import Path
 
 import click
 
-from charter.cli._common import Ctx
+from charter.cli._common import Ctx, host_port
 
 __all__ = ["mcp_group"]
 
 _DOOR = "/run/charter/keys.sock"
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
-def _host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65_535:
-        raise click.BadParameter(f"{value!r} is not HOST:PORT (like 127.0.0.1:8765)")
-    return host, int(port)
 
 
 def _private_home(home: Path) -> None:
@@ -144,7 +136,7 @@ def mcp_group(
         ctx.status(f"charter mcp: serving the worker of {door_path} on stdio")
         serve_stdio(build_server(DoorFace(door_path, spec)))
         return
-    address = _host_port(http) if http is not None else None
+    address = host_port(http) if http is not None else None
     if address is not None and address[0] not in _LOOPBACK and not allow_remote:
         raise click.UsageError(
             f"--http {http} is not a loopback address: anyone who reaches it may try "

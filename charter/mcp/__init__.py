@@ -14,7 +14,16 @@ from charter.mcp._faces import (
     RevokeParams,
     WaitParams,
 )
-from charter.mcp._token import TOKEN_FILE, issue_token, require_token, token_matches, token_path
+from charter.mcp._token import (
+    TOKEN_FILE,
+    file_token_matches,
+    issue_token,
+    issue_token_file,
+    read_token_file,
+    require_token,
+    token_matches,
+    token_path,
+)
 from charter.mcp.errors import (
     IdentityInArgumentsError,
     McpRefusedError,
@@ -35,7 +44,10 @@ __all__ = [
     "OperatorFace",
     "RevokeParams",
     "WaitParams",
+    "file_token_matches",
     "issue_token",
+    "issue_token_file",
+    "read_token_file",
     "require_token",
     "token_matches",
     "token_path",

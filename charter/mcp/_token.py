@@ -21,7 +21,12 @@ from pathlib import Path
 
 from charter.core import StateError
 
-__all__ = ["TOKEN_FILE", "issue_token", "require_token", "token_matches", "token_path"]
+__all__ = [
+    # the operator's MCP token in the home
+    "TOKEN_FILE", "token_path", "issue_token", "token_matches", "require_token",
+    # any token file (`charter serve` has its own)
+    "issue_token_file", "read_token_file", "file_token_matches",
+]  # fmt: skip
 
 TOKEN_FILE = "mcp-token"  # noqa: S105 (a file name, not a secret)
 _TOKEN_BYTES = 32
@@ -33,10 +38,15 @@ def token_path(home: Path) -> Path:
 
 def issue_token(home: Path) -> str:
     """A new operator token, written 0600 into ``home`` (replacing the old one)."""
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return issue_token_file(token_path(home))
+
+
+def issue_token_file(target: Path) -> str:
+    """A new token, written 0600 at ``target`` (its directory made 0700 if missing),
+    replacing the old one at once. ``charter serve token`` shares it (docs/serve.md)."""
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     token = secrets.token_hex(_TOKEN_BYTES)
-    target = token_path(home)
-    scratch = home / f".{TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+    scratch = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}"
     fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as f:
@@ -51,10 +61,10 @@ def issue_token(home: Path) -> str:
     return token
 
 
-def _current(home: Path) -> str | None:
-    """The token in ``home``: None when there is none, or it is not private to its owner."""
+def read_token_file(path: Path) -> str | None:
+    """The token at ``path``: None when there is none, or it is not private to its owner."""
     try:
-        fd = os.open(token_path(home), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     with os.fdopen(fd) as f:
@@ -67,7 +77,12 @@ def _current(home: Path) -> str | None:
 
 def token_matches(home: Path, presented: str) -> bool:
     """Whether ``presented`` is the operator token of ``home`` (constant time)."""
-    current = _current(home)
+    return file_token_matches(token_path(home), presented)
+
+
+def file_token_matches(path: Path, presented: str) -> bool:
+    """Whether ``presented`` is the token at ``path`` (constant time)."""
+    current = read_token_file(path)
     if current is None or not presented:
         return False
     return hmac.compare_digest(current.encode(), presented.encode())
@@ -75,7 +90,7 @@ def token_matches(home: Path, presented: str) -> bool:
 
 def require_token(home: Path) -> None:
     """Refuse to serve HTTP without a usable token: every request would be refused."""
-    if _current(home) is None:
+    if read_token_file(token_path(home)) is None:
         raise StateError(
             f"no usable operator token in {token_path(home)} (missing, empty, or readable by "
             "others): run `charter mcp token` first"
