@@ -530,34 +530,12 @@ def verify_bundle(
     header, first = _header(stream)
     check = _Verifier(header, journal_key, witness_keys)
     check.sealed.update(first)
-    trailer: dict[str, Any] | None = None
-    next_report = _PROGRESS_EVERY
     lines = _Lines(stream, check.sealed)
     audit = _SeparateAudit.start(stream) if check.whole else None
     if audit is not None:
         check.auditor = None  # the entries are audited in the other process
     try:
-        for line in lines:
-            where = f"leaf/{check.tree.size}"
-            if not line.endswith(b"\n"):
-                raise BundleError(where, "a line is cut short or too long")
-            obj = _parse_line(line, where, canonical=False)
-            kind = obj.get("kind")
-            if kind == "seal":
-                trailer = obj
-                if not lines.last():
-                    raise BundleError("seal", "there is more after the trailer")
-                lines.seal_before_this()
-                break
-            if kind == "gap":
-                check.gap(obj)
-            elif kind == "entry":
-                check.entry(_entry(obj, check.tree.size), obj["prev_hash"])
-            else:
-                raise BundleError(where, "a line that is neither an entry nor a gap")
-            if progress is not None and check.tree.size >= next_report:
-                progress(check.tree.size, check.size)
-                next_report += _PROGRESS_EVERY
+        trailer = _check_lines(lines, check, progress)
         report = check.finish(trailer, len(witness_keys), audit)
     finally:
         if audit is not None:
@@ -565,6 +543,40 @@ def verify_bundle(
     if progress is not None:
         progress(check.size, check.size)
     return report
+
+
+def _check_lines(
+    lines: _Lines, check: _Verifier, progress: Progress | None
+) -> dict[str, Any] | None:
+    """Every line after the header through :class:`_Verifier`; the trailer, if any."""
+    next_report = _PROGRESS_EVERY
+    for line in lines:
+        if not line.endswith(b"\n"):
+            raise BundleError(f"leaf/{check.tree.size}", "a line is cut short or too long")
+        try:
+            obj: dict[str, Any] = orjson.loads(line)  # _parse_line's, inline: the hot path
+        except orjson.JSONDecodeError:
+            obj = {}
+        if type(obj) is not dict or not obj:
+            obj = _parse_line(line, f"leaf/{check.tree.size}", canonical=False)  # or why not
+        kind = obj.get("kind")
+        if kind == "seal":
+            if not lines.last():
+                raise BundleError("seal", "there is more after the trailer")
+            lines.seal_before_this()
+            return obj
+        if kind == "gap":
+            check.gap(obj)
+        elif kind == "entry":
+            check.entry(_entry(obj, check.tree.size), obj["prev_hash"])
+        else:
+            raise BundleError(
+                f"leaf/{check.tree.size}", "a line that is neither an entry nor a gap"
+            )
+        if progress is not None and check.tree.size >= next_report:
+            progress(check.tree.size, check.size)
+            next_report += _PROGRESS_EVERY
+    return None
 
 
 _BLOCK = 64 << 10
@@ -716,6 +728,13 @@ class _SeparateAudit:
         self._process.join()
 
 
+_sha256 = hashlib.sha256
+
+
+def _at(entry: BundleEntry) -> str:
+    return f"entry/{entry.position}"
+
+
 class _Verifier:
     """The state of one bundle's verification: O(log n) hashes for the tree, the seal's
     running hash, the grant chains, and the audit's books for a whole bundle."""
@@ -750,29 +769,30 @@ class _Verifier:
         self.last, self.gap_before = None, True
 
     def entry(self, entry: BundleEntry, prev_hex: str) -> None:
-        where = f"entry/{entry.position}"
         if entry.leaf != self.tree.size or entry.leaf >= self.size:
             raise BundleError(
-                where,
+                f"entry/{entry.position}",
                 f"it is at leaf {entry.leaf}, but the next leaf of the tree of {self.size} "
                 f"is {self.tree.size} (an entry was dropped, added or moved)",
             )
         frame = entry.frame()
-        if hashlib.sha256(frame).hexdigest() != entry.chain_hash:  # lower-case hex too
-            raise BundleError(where, "its stored bytes do not match its chain hash")
+        if _sha256(frame).hexdigest() != entry.chain_hash:  # lower-case hex too
+            raise BundleError(_at(entry), "its stored bytes do not match its chain hash")
         if self.last is not None:
             if prev_hex != self.last_chain:
-                raise BundleError(where, "it does not link to the entry before it in the bundle")
+                raise BundleError(
+                    _at(entry), "it does not link to the entry before it in the bundle"
+                )
         elif entry.prev_hash.hex() != prev_hex:
-            raise BundleError(where, "its prev_hash is not lower-case hex")
+            raise BundleError(_at(entry), "its prev_hash is not lower-case hex")
         if entry.position <= self.last_position:
-            raise BundleError(where, "its position is not after the entry before it")
+            raise BundleError(_at(entry), "its position is not after the entry before it")
         self.tree.push(0, merkle_leaf_hash(frame))
         if not self.whole:
             _selected(entry, self.lineage, self.start, self.stop)
         elif entry.context:
-            raise BundleError(where, "a bundle of the whole journal has no context entries")
-        type_name = entry.type_name
+            raise BundleError(_at(entry), "a bundle of the whole journal has no context entries")
+        type_name = entry.topic.partition("/")[0]
         if type_name == _ROTATION:
             self.keys.rotation(entry)
         elif type_name in ("GrantMinted", "AgentRegistered"):
