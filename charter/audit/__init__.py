@@ -14,8 +14,9 @@ The names below are loaded when first asked for: importing the package (as impor
 ``charter.audit.note`` does) loads no pydantic, so ``merkle``, ``note``, ``proofs`` and
 ``keys`` start light (the auditor's ``charter proof`` commands)."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from charter.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from charter.audit.chain import (
@@ -49,10 +50,4 @@ _LAZY = dict.fromkeys(__all__, "charter.audit.chain") | {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -9,8 +9,7 @@ no pydantic, so the auditor's light commands (``charter proof``, ``checkpoint ke
 start in a fraction of its import time (bench/audit.py --startup).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from charter.core.clock import Clock, entry_ms, now_ms
 from charter.core.errors import (
@@ -32,6 +31,7 @@ from charter.core.errors import (
     describe_invalid,
 )
 from charter.core.home import KeyStore, charter_home
+from charter.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from charter.core._invalid import InvalidModelError
@@ -91,13 +91,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups are plain attribute reads
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

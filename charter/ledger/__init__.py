@@ -12,8 +12,9 @@ only when a PostgreSQL journal is opened (issue 20 point 6), so an auditor's com
 on a SQLite journal loads neither.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from charter.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from charter.ledger._follow import Folds, JournalFold, cyclic_gc_paused
@@ -76,27 +77,8 @@ _LAZY = {
     "ChainedSQLiteProcessRecorder": "charter.ledger._sqlite",
     "ChainedPostgresProcessRecorder": "charter.ledger._postgres",
     **dict.fromkeys(("Committed", "Entry", "Journal", "JournalCreated"), "charter.ledger.journal"),
-    **dict.fromkeys(
-        (
-            "AlreadyTrackedError",
-            "AppendConflictError",
-            "AppendFailedError",
-            "BatchCommittedError",
-            "DeadlinePassedError",
-            "OutcomeUnknownError",
-            "UndecodableEntryError",
-            "UnknownSchemeError",
-            "WriterStalledError",
-        ),
-        "charter.ledger.errors",
-    ),
+    **dict.fromkeys((n for n in __all__ if n.endswith("Error")), "charter.ledger.errors"),
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups are plain attribute reads
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)
