@@ -2,8 +2,10 @@
 # ruff: noqa: S608
 """The Merkle tree's tables, in the journal's own database.
 
-No driver is imported here: the transaction comes from the journal application's own
-eventsourcing datastore (the same connection pool its recorder uses). A write takes the
+No driver is imported here: on SQLite the transaction is the journal reader's
+(:meth:`~charter.ledger.JournalReader.side_tables`: a connection of its own on the
+journal's file, no eventsourcing), on PostgreSQL the journal application's own
+eventsourcing datastore's (the connection pool its recorder uses). A write takes the
 SQLite write lock first (``BEGIN IMMEDIATE``) or, on PostgreSQL, a transaction-scoped
 advisory lock that serialises the tree's writers; the tree's rows and its tracking
 position commit in that one transaction.
@@ -22,7 +24,7 @@ from typing import Any
 
 from charter.audit.merkle import NodeKey
 from charter.core.errors import InternalError, UnavailableError
-from charter.ledger import Journal
+from charter.ledger import JournalReader
 
 __all__ = ["TRACKING_NAME", "TreeStore"]
 
@@ -43,9 +45,11 @@ _DDL = (
 class TreeStore:
     """The tree's rows for one open journal (SQLite or PostgreSQL)."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: JournalReader) -> None:
         self.kind = journal.location.kind
-        self._datastore: Any = journal.application.recorder.datastore  # type: ignore[attr-defined]
+        self._journal = journal
+        if self.kind != "sqlite":
+            self._datastore: Any = journal.application.recorder.datastore
         self._mark = "?" if self.kind == "sqlite" else "%s"
         self.tracking_table = "tracking" if self.kind == "sqlite" else "charter_tracking"
         blob = "BLOB" if self.kind == "sqlite" else "BYTEA"
@@ -61,15 +65,8 @@ class TreeStore:
         """One write transaction, serialised against every other writer of the tree."""
         try:
             if self.kind == "sqlite":
-                with self._datastore.get_connection(commit=True) as conn:
-                    cur = conn.cursor()
-                    cur.execute("BEGIN IMMEDIATE")
-                    try:
-                        yield cur
-                    except BaseException:
-                        conn.rollback()
-                        raise
-                    conn.commit()
+                with self._journal.side_tables(write=True) as cur:
+                    yield cur
             else:
                 with self._datastore.transaction(commit=True) as cur:
                     cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (TRACKING_NAME,))
@@ -85,9 +82,12 @@ class TreeStore:
     def read(self) -> Iterator[Any]:
         """One read snapshot."""
         try:
+            if self.kind == "sqlite":
+                with self._journal.side_tables(write=False) as cur:
+                    yield cur
+                return
             with self._datastore.transaction(commit=False) as cur:
-                if self.kind != "sqlite":
-                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 yield cur
         except Exception as e:
             if type(e).__module__.startswith(("sqlite3", "psycopg", "eventsourcing")):

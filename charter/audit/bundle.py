@@ -27,7 +27,10 @@ import base64
 import binascii
 import hashlib
 import io
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import multiprocessing
+import os
+import stat
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any, NamedTuple
 
 import orjson
@@ -45,9 +48,9 @@ from charter.audit.note import (
     verify_checkpoint,
     verify_cosignature,
 )
-from charter.audit.semantic import Auditor, Finding
+from charter.audit.semantic import Auditor, AuditReport, Finding
 from charter.authority import SealedGrant, verify_grant_chain
-from charter.core.errors import CharterError
+from charter.core.errors import CharterError, UnavailableError
 from charter.core.events import canonical_json
 from charter.core.framing import entry_frame, merkle_leaf_hash
 
@@ -350,7 +353,7 @@ def _entry(obj: dict[str, Any], expect_leaf: int) -> BundleEntry:
             raw,
             version,
             topic,
-            base64.b64decode(state, validate=True),
+            binascii.a2b_base64(state, strict_mode=True),  # b64decode(validate=True)
             bytes.fromhex(prev_hash),
             chain_hash,
             leaf,
@@ -360,6 +363,10 @@ def _entry(obj: dict[str, Any], expect_leaf: int) -> BundleEntry:
         raise BundleError(f"entry/{position}", f"the entry does not parse: {e}") from e
     if raw.hex() != originator:
         raise BundleError(f"entry/{position}", "its originator is not lower-case hex")
+    if not (0 <= position < 2**64 and -(2**63) <= version < 2**63 and len(raw) < 2**16):
+        raise BundleError(
+            f"entry/{position}", "its position, version or originator is out of range"
+        )
     return entry
 
 
@@ -523,33 +530,209 @@ def verify_bundle(
     header, first = _header(stream)
     check = _Verifier(header, journal_key, witness_keys)
     check.sealed.update(first)
-    trailer: dict[str, Any] | None = None
-    next_report = _PROGRESS_EVERY
-    while line := stream.readline(MAX_LINE):
-        where = f"leaf/{check.tree.size}"
-        if not line.endswith(b"\n"):
-            raise BundleError(where, "a line is cut short or too long")
-        obj = _parse_line(line, where, canonical=False)
-        kind = obj.get("kind")
-        if kind == "seal":
-            trailer = obj
-            if stream.read(1):
-                raise BundleError("seal", "there is more after the trailer")
-            break
-        check.sealed.update(line)
-        if kind == "gap":
-            check.gap(obj)
-        elif kind == "entry":
-            check.entry(_entry(obj, check.tree.size), obj)
-        else:
-            raise BundleError(where, "a line that is neither an entry nor a gap")
-        if progress is not None and check.tree.size >= next_report:
-            progress(check.tree.size, check.size)
-            next_report += _PROGRESS_EVERY
-    report = check.finish(trailer, len(witness_keys))
+    lines = _Lines(stream, check.sealed)
+    audit = _SeparateAudit.start(stream) if check.whole else None
+    if audit is not None:
+        check.auditor = None  # the entries are audited in the other process
+    try:
+        trailer = _check_lines(lines, check, progress)
+        report = check.finish(trailer, len(witness_keys), audit)
+    finally:
+        if audit is not None:
+            audit.stop()
     if progress is not None:
         progress(check.size, check.size)
     return report
+
+
+def _check_lines(
+    lines: _Lines, check: _Verifier, progress: Progress | None
+) -> dict[str, Any] | None:
+    """Every line after the header through :class:`_Verifier`; the trailer, if any."""
+    next_report = _PROGRESS_EVERY
+    for line in lines:
+        if not line.endswith(b"\n"):
+            raise BundleError(f"leaf/{check.tree.size}", "a line is cut short or too long")
+        try:
+            obj: dict[str, Any] = orjson.loads(line)  # _parse_line's, inline: the hot path
+        except orjson.JSONDecodeError:
+            obj = {}
+        if type(obj) is not dict or not obj:
+            obj = _parse_line(line, f"leaf/{check.tree.size}", canonical=False)  # or why not
+        kind = obj.get("kind")
+        if kind == "seal":
+            if not lines.last():
+                raise BundleError("seal", "there is more after the trailer")
+            lines.seal_before_this()
+            return obj
+        if kind == "gap":
+            check.gap(obj)
+        elif kind == "entry":
+            check.entry(_entry(obj, check.tree.size), obj["prev_hash"])
+        else:
+            raise BundleError(
+                f"leaf/{check.tree.size}", "a line that is neither an entry nor a gap"
+            )
+        if progress is not None and check.tree.size >= next_report:
+            progress(check.tree.size, check.size)
+            next_report += _PROGRESS_EVERY
+    return None
+
+
+_BLOCK = 64 << 10
+
+
+class _Lines:
+    """The lines after the header, read a block at a time (bounded memory: a block and
+    one line); each line is hashed into ``sealed`` once the loop is past it, a block at
+    a time, except the trailer (:meth:`seal_before_this`, when the loop stops at it). A
+    line longer than :data:`MAX_LINE`, or the last one without its newline, is yielded
+    without its newline (cut short)."""
+
+    def __init__(self, stream: IO[bytes], sealed: Any) -> None:
+        self._stream = stream
+        self._sealed = sealed
+        self._block = b""
+        self._start = self._next = 0  # the line being looked at: block[start:next]
+
+    def __iter__(self) -> Iterator[bytes]:
+        carry = b""  # the start of a line the block before did not end
+        while True:
+            data = self._stream.read(_BLOCK)
+            if not data:
+                if carry:
+                    self._block, self._start, self._next = carry, 0, len(carry)
+                    yield carry
+                return
+            block = carry + data if carry else data
+            end = block.rfind(b"\n") + 1  # the block's complete lines: block[:end]
+            if end == 0:
+                if len(block) > MAX_LINE:
+                    self._block, self._start, self._next = block, 0, MAX_LINE
+                    yield block[:MAX_LINE]
+                    return
+                carry = block
+                continue
+            self._block = block
+            position = 0
+            find = block.find
+            while position < end:
+                nl = find(b"\n", position, end) + 1
+                self._start, self._next = position, nl
+                if nl - position > MAX_LINE:
+                    yield block[position : position + MAX_LINE]
+                    return
+                yield block[position:nl]
+                position = nl
+            self._sealed.update(memoryview(block)[:end])  # none of them was the trailer
+            carry = block[end:]
+
+    def seal_before_this(self) -> None:
+        """Hash the lines of this block before the one being looked at (the trailer)."""
+        self._sealed.update(memoryview(self._block)[: self._start])
+
+    def last(self) -> bool:
+        """Whether nothing follows the line being looked at."""
+        return self._next == len(self._block) and not self._stream.read(1)
+
+
+# A whole bundle of at least this many bytes (in a regular file) is audited in a
+# process of its own, beside the checks of this one (tests set it to 0).
+PARALLEL_AUDIT_BYTES = 16 << 20
+
+
+def _reopen(fd: int) -> IO[bytes]:
+    """The bundle's file again, with an offset of its own (the same file even if its
+    name was since given to another: Linux's /proc/self/fd)."""
+    return open(f"/proc/self/fd/{fd}", "rb")
+
+
+def _audit_lines(fd: int, conn: Any) -> None:
+    """The other process: the semantic audit of every entry line, in order, read as
+    :func:`verify_bundle` reads them, and the SHA-256 of what it read before the
+    trailer (header included), so the checking process knows the audit read the very
+    bytes the seal covers. Sends ``(digest, report)``, or ``(None, why)``."""
+    try:
+        with _reopen(fd) as stream:
+            _, first = _header(stream)
+            sealed = hashlib.sha256(first)
+            auditor = Auditor()
+            apply = auditor.apply
+            lines = _Lines(stream, sealed)
+            for line in lines:
+                obj = _parse_line(line, "", canonical=False)
+                kind = obj.get("kind")
+                if kind == "entry":  # the values _entry reads (it checks them there)
+                    state = binascii.a2b_base64(obj["state"], strict_mode=True)
+                    apply(obj["position"], obj["topic"], state)
+                elif kind == "seal":
+                    lines.seal_before_this()
+                    break
+            conn.send((sealed.digest(), auditor.finish()))
+    except BaseException as e:  # noqa: BLE001 - reported to the checking process
+        conn.send((None, f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+class _SeparateAudit:
+    """The semantic audit of a whole bundle run in a forked process while this one
+    checks the chain, the tree, the keys and the seal: the two halves of the work on
+    two cores (as the chain walk's chunks are). Its report counts only if the digest of
+    what it read is the sealed digest this process verified."""
+
+    def __init__(self, process: Any, conn: Any) -> None:
+        self._process = process
+        self._conn = conn
+
+    @classmethod
+    def start(cls, stream: IO[bytes]) -> _SeparateAudit | None:
+        """The audit of the bundle in ``stream``'s file, started; None where it is not
+        a regular file of at least :data:`PARALLEL_AUDIT_BYTES` (audited here)."""
+        try:
+            fd = stream.fileno()
+            info = os.fstat(fd)
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            return None
+        if not stat.S_ISREG(info.st_mode) or info.st_size < PARALLEL_AUDIT_BYTES:
+            return None
+        if not os.path.exists(f"/proc/self/fd/{fd}"):
+            return None
+        context = multiprocessing.get_context("fork")
+        mine, theirs = context.Pipe(duplex=False)
+        process = context.Process(target=_audit_lines, args=(fd, theirs), daemon=True)
+        process.start()
+        theirs.close()
+        return cls(process, mine)
+
+    def result(self, sealed: bytes) -> AuditReport:
+        """The audit's report, once it read exactly the bytes whose digest is ``sealed``."""
+        try:
+            digest, report = self._conn.recv()
+        except (EOFError, OSError) as e:
+            raise UnavailableError(f"the bundle's semantic audit did not finish: {e}") from e
+        if digest is None:
+            raise UnavailableError(f"the bundle's semantic audit did not finish: {report}")
+        if digest != sealed:
+            raise BundleError(
+                "seal",
+                "the bundle's file changed while it was verified: the audit did not read "
+                "the bytes the seal covers",
+            )
+        return report  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        self._conn.close()
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join()
+
+
+_sha256 = hashlib.sha256
+
+
+def _at(entry: BundleEntry) -> str:
+    return f"entry/{entry.position}"
 
 
 class _Verifier:
@@ -585,30 +768,31 @@ class _Verifier:
         self.counts["gaps"] += 1
         self.last, self.gap_before = None, True
 
-    def entry(self, entry: BundleEntry, raw: dict[str, Any]) -> None:
-        where = f"entry/{entry.position}"
+    def entry(self, entry: BundleEntry, prev_hex: str) -> None:
         if entry.leaf != self.tree.size or entry.leaf >= self.size:
             raise BundleError(
-                where,
+                f"entry/{entry.position}",
                 f"it is at leaf {entry.leaf}, but the next leaf of the tree of {self.size} "
                 f"is {self.tree.size} (an entry was dropped, added or moved)",
             )
         frame = entry.frame()
-        if hashlib.sha256(frame).hexdigest() != entry.chain_hash:  # lower-case hex too
-            raise BundleError(where, "its stored bytes do not match its chain hash")
+        if _sha256(frame).hexdigest() != entry.chain_hash:  # lower-case hex too
+            raise BundleError(_at(entry), "its stored bytes do not match its chain hash")
         if self.last is not None:
-            if raw["prev_hash"] != self.last_chain:
-                raise BundleError(where, "it does not link to the entry before it in the bundle")
-        elif entry.prev_hash.hex() != raw["prev_hash"]:
-            raise BundleError(where, "its prev_hash is not lower-case hex")
+            if prev_hex != self.last_chain:
+                raise BundleError(
+                    _at(entry), "it does not link to the entry before it in the bundle"
+                )
+        elif entry.prev_hash.hex() != prev_hex:
+            raise BundleError(_at(entry), "its prev_hash is not lower-case hex")
         if entry.position <= self.last_position:
-            raise BundleError(where, "its position is not after the entry before it")
+            raise BundleError(_at(entry), "its position is not after the entry before it")
         self.tree.push(0, merkle_leaf_hash(frame))
         if not self.whole:
             _selected(entry, self.lineage, self.start, self.stop)
         elif entry.context:
-            raise BundleError(where, "a bundle of the whole journal has no context entries")
-        type_name = entry.type_name
+            raise BundleError(_at(entry), "a bundle of the whole journal has no context entries")
+        type_name = entry.topic.partition("/")[0]
         if type_name == _ROTATION:
             self.keys.rotation(entry)
         elif type_name in ("GrantMinted", "AgentRegistered"):
@@ -619,7 +803,9 @@ class _Verifier:
         self.last, self.last_position, self.gap_before = entry, entry.position, False
         self.last_chain = entry.chain_hash
 
-    def finish(self, trailer: dict[str, Any] | None, cosignatures: int) -> BundleReport:
+    def finish(
+        self, trailer: dict[str, Any] | None, cosignatures: int, audit: _SeparateAudit | None
+    ) -> BundleReport:
         if self.tree.size != self.size:
             raise BundleError(
                 "tree", f"the bundle covers {self.tree.size} leaves of the checkpoint's {self.size}"
@@ -634,7 +820,11 @@ class _Verifier:
         _check_seal(
             trailer, self.sealed.digest(), self.counts, self.keys.history.note_key_for(self.size)
         )
-        findings = self.auditor.finish().findings if self.auditor is not None else ()
+        findings: tuple[Finding, ...] = ()
+        if audit is not None:
+            findings = audit.result(self.sealed.digest()).findings
+        elif self.auditor is not None:
+            findings = self.auditor.finish().findings
         return BundleReport(
             ok=not findings,
             entries=self.counts["entries"],

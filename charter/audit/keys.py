@@ -6,7 +6,9 @@ trust anchor). ``JournalKeyRotated`` replaces it: both the current and the new k
 makes the new key the signer of every checkpoint of size ``> r``; the origin (derived
 from the first key) never changes. A rotation whose old key is not the current one, or
 whose two signatures do not both verify, changes nothing (and ``charter audit`` reports
-it). Pure: no journal.
+it). Pure: no journal, and no pydantic (the event itself is
+:class:`~charter.audit.rotation.JournalKeyRotated`, with :func:`~charter.audit.rotation.rotation`
+that makes it).
 """
 
 from __future__ import annotations
@@ -14,30 +16,27 @@ from __future__ import annotations
 import hmac
 import json
 import os
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nacl.exceptions import BadSignatureError
-from nacl.signing import SigningKey, VerifyKey
-from pydantic import BaseModel, ConfigDict
+from nacl.signing import VerifyKey
 
 from charter.audit.errors import KeyHistoryFormatError, KeyRotationError
 from charter.audit.note import NoteKey
 from charter.core.errors import StateError
-from charter.core.events import Event
 from charter.core.framing import NOTE_ED25519, key_rotation_signing_input
 from charter.core.home import KeyStore
 
 __all__ = [
     "JOURNAL_KEY",
     "KEY_STREAM",
-    "JournalKeyRotated",
     "KEY_HISTORY_FORMAT",
     "KeyHistory",
     "check_rotation",
     "is_retired",
     "journal_origin",
     "retire_key",
-    "rotation",
 ]
 
 JOURNAL_KEY = "journal"  # the home's name of the journal's first signing key
@@ -50,34 +49,6 @@ def journal_origin(journal_key_hex: str) -> str:
     """A journal's checkpoint origin (and its note key name): ``charter.journal/`` and
     the first 16 hex digits of its first Ed25519 public key (it survives rotations)."""
     return f"charter.journal/{journal_key_hex[:16]}"
-
-
-class JournalKeyRotated(Event):
-    """The journal's signing key changes from ``old_key`` to ``new_key`` (hex Ed25519
-    public keys), signed by both over the rotation statement."""
-
-    type_name = "JournalKeyRotated"
-
-    origin: str
-    old_key: str
-    new_key: str
-    old_signature: str
-    new_signature: str
-
-    def stream(self) -> str:
-        return KEY_STREAM
-
-
-def rotation(origin: str, old: SigningKey, new: SigningKey) -> JournalKeyRotated:
-    old_pub, new_pub = bytes(old.verify_key), bytes(new.verify_key)
-    statement = key_rotation_signing_input(origin, old_pub, new_pub)
-    return JournalKeyRotated(
-        origin=origin,
-        old_key=old_pub.hex(),
-        new_key=new_pub.hex(),
-        old_signature=old.sign(statement).signature.hex(),
-        new_signature=new.sign(statement).signature.hex(),
-    )
 
 
 def check_rotation(payload: dict[str, Any], origin: str, current: bytes) -> bytes:
@@ -101,10 +72,9 @@ def check_rotation(payload: dict[str, Any], origin: str, current: bytes) -> byte
     return new
 
 
-class KeyHistory(BaseModel):
+@dataclass(frozen=True)
+class KeyHistory:
     """The journal's keys: ``(after_leaf, key)``, the first with ``after_leaf = -1``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     origin: str
     keys: tuple[tuple[int, bytes], ...]
@@ -120,7 +90,7 @@ class KeyHistory(BaseModel):
     def rotated(self, leaf: int, payload: dict[str, Any]) -> KeyHistory:
         """This history after the rotation at ``leaf`` (raises if it is not valid)."""
         new = check_rotation(payload, self.origin, self.current)
-        return self.model_copy(update={"keys": (*self.keys, (leaf, new))})
+        return replace(self, keys=(*self.keys, (leaf, new)))
 
     def key_for(self, size: int) -> bytes:
         """The key that signs a checkpoint of ``size`` entries."""
@@ -128,7 +98,7 @@ class KeyHistory(BaseModel):
 
     def up_to(self, size: int) -> KeyHistory:
         """The history as a checkpoint of ``size`` entries knows it."""
-        return self.model_copy(update={"keys": tuple(k for k in self.keys if k[0] < size)})
+        return replace(self, keys=tuple(k for k in self.keys if k[0] < size))
 
     def note_key_for(self, size: int) -> NoteKey:
         return NoteKey.make(self.origin, NOTE_ED25519, self.key_for(size))

@@ -20,10 +20,10 @@ import binascii
 import re
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
-from pydantic import BaseModel, ConfigDict
 
 from charter.audit.errors import CheckpointFormatError, NoteSignatureError, VerifierKeyError
 from charter.core.framing import (
@@ -57,10 +57,9 @@ def _b64decode(text: str, what: str) -> bytes:
         raise CheckpointFormatError(f"{what} is not valid base64: {e}") from e
 
 
-class NoteKey(BaseModel):
+@dataclass(frozen=True)
+class NoteKey:
     """A C2SP verifier key: a name, a signature type and an Ed25519 public key."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     type: bytes  # NOTE_ED25519 or NOTE_COSIGNATURE_V1
@@ -114,10 +113,9 @@ class NoteKey(BaseModel):
             raise VerifierKeyError(f"{what}: {e}") from e
 
 
-class Signature(BaseModel):
+@dataclass(frozen=True)
+class Signature:
     """One signature line of a note."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     key_id: bytes
@@ -127,10 +125,9 @@ class Signature(BaseModel):
         return f"{_DASH}{self.name} {base64.b64encode(self.key_id + self.signature).decode()}\n"
 
 
-class SignedNote(BaseModel):
+@dataclass(frozen=True)
+class SignedNote:
     """A note's text and its signature lines, exactly as written."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     text: str
     signatures: tuple[Signature, ...]
@@ -173,13 +170,12 @@ class SignedNote(BaseModel):
         """This note with one more signature (replacing any earlier one by ``key``)."""
         kept = tuple(s for s in self.signatures if (s.name, s.key_id) != (key.name, key.key_id))
         line = Signature(name=key.name, key_id=key.key_id, signature=signature)
-        return self.model_copy(update={"signatures": (*kept, line)})
+        return replace(self, signatures=(*kept, line))
 
 
-class Checkpoint(BaseModel):
+@dataclass(frozen=True)
+class Checkpoint:
     """A C2SP tlog checkpoint: origin, tree size, root hash, extension lines."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     origin: str
     size: int

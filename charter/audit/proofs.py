@@ -26,8 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-
-from pydantic import BaseModel, ConfigDict
+from dataclasses import dataclass
 
 from charter.audit import merkle
 from charter.audit.errors import CheckpointFormatError, InclusionProofError
@@ -62,10 +61,9 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-class InclusionText(BaseModel):
+@dataclass(frozen=True)
+class InclusionText:
     """A tlog-proof: the entry's frame (extra), its index, its path and the checkpoint."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     frame: bytes
     index: int
@@ -110,10 +108,9 @@ class InclusionText(BaseModel):
         return checkpoint
 
 
-class ConsistencyText(BaseModel):
+@dataclass(frozen=True)
+class ConsistencyText:
     """A consistency proof between two tree sizes."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     old: int
     new: int

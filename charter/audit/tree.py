@@ -23,11 +23,11 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from hashlib import sha256
 from typing import Any
 
 from nacl.signing import SigningKey
-from pydantic import BaseModel, ConfigDict
 
 from charter.audit import merkle
 from charter.audit._tree_store import TreeStore
@@ -41,10 +41,10 @@ from charter.audit.errors import (
 from charter.audit.keys import ROTATION_TOPIC, KeyHistory, journal_origin
 from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint, verify_checkpoint
 from charter.audit.proofs import InclusionText
-from charter.core import now_ms
+from charter.core.clock import now_ms
 from charter.core.errors import InternalError, StateError
 from charter.core.framing import GENESIS, NOTE_ED25519, entry_frame, merkle_leaf_hash
-from charter.ledger import Journal, resolve_location
+from charter.ledger import JournalReader, open_reader, resolve_location
 
 __all__ = [
     "ConsistencyProof",
@@ -54,6 +54,7 @@ __all__ = [
     "anchor_key",
     "key_history",
     "leaf_hashes",
+    "JournalReader",
     "ledger_journal",
     "verify_extension",
 ]
@@ -62,10 +63,9 @@ _CHUNK = 20_000
 Signers = SigningKey | Sequence[SigningKey]  # the journal's keys (rotated ones too)
 
 
-class InclusionProof(BaseModel):
+@dataclass(frozen=True)
+class InclusionProof:
     """An entry's leaf in a tree of ``size`` leaves, and its RFC 6962 audit path."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     position: int
     leaf: int
@@ -88,10 +88,9 @@ class InclusionProof(BaseModel):
         }
 
 
-class ConsistencyProof(BaseModel):
+@dataclass(frozen=True)
+class ConsistencyProof:
     """RFC 6962 consistency proof between two sizes of the tree."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     old: int
     new: int
@@ -113,7 +112,7 @@ class ConsistencyProof(BaseModel):
 
 
 def leaf_hashes(
-    journal: Journal, start: int | None = None, stop: int | None = None
+    journal: JournalReader, start: int | None = None, stop: int | None = None
 ) -> Iterator[tuple[int, bytes, str, bytes]]:
     """``(position, leaf hash, topic, state)`` of every entry in range, recomputed from
     the stored bytes; raises :class:`TreeFollowError` where an entry's bytes or link do
@@ -146,26 +145,27 @@ def _rotate(history: KeyHistory, leaf: int, state: bytes) -> KeyHistory:
         return history
 
 
-def ledger_journal(db: str | None, *, read_only: bool = False) -> Journal | None:
+def ledger_journal(db: str | None, *, read_only: bool = False) -> JournalReader | None:
     """The journal at ``db`` (``--db``, ``CHARTER_DB`` or the home's, by the ledger's
     location resolution) opened by the ledger alone, as charter.app opens it, when that
     needs none of the app's settings (they are PostgreSQL's write timeouts): only to
-    read, or a SQLite file. None otherwise: the caller opens it through charter.app. The
-    auditor's commands load neither the app nor a driver the journal does not use."""
+    read, or a SQLite file (its reader keeps the tree's tables in the file). None
+    otherwise: the caller opens it through charter.app. The auditor's commands load
+    neither the app, nor eventsourcing, nor a driver the journal does not use."""
     location = resolve_location(db)
     if not read_only and location.kind != "sqlite":
         return None
-    return Journal.open(location, read_only=read_only)
+    return open_reader(location, read_only=read_only)
 
 
-def anchor_key(journal: Journal) -> NoteKey:
+def anchor_key(journal: JournalReader) -> NoteKey:
     """The journal's first verifier key, from its metadata alone (no tree, no write: it
     works on a read-only copy)."""
     key = journal.meta.journal_key
     return NoteKey.make(journal_origin(key), NOTE_ED25519, bytes.fromhex(key))
 
 
-def key_history(journal: Journal) -> tuple[KeyHistory, int, list[dict[str, Any]]]:
+def key_history(journal: JournalReader) -> tuple[KeyHistory, int, list[dict[str, Any]]]:
     """The journal key's history, the journal's size and the valid rotations (``{"leaf",
     "rotation"}``, the key-history document's), read from its entries alone (every
     entry re-hashed, every rotation checked; no tree, no write)."""
@@ -185,7 +185,7 @@ def key_history(journal: Journal) -> tuple[KeyHistory, int, list[dict[str, Any]]
 class MerkleLog:
     """The Merkle tree of one open journal: follow, prove, checkpoint."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: JournalReader) -> None:
         self.journal = journal
         self.store = TreeStore(journal)
         self.origin = journal_origin(journal.meta.journal_key)
@@ -363,7 +363,7 @@ class MerkleLog:
 
     def _history(self, cur: Any) -> KeyHistory:
         history = KeyHistory.start(self.origin, self.initial)
-        return history.model_copy(update={"keys": (*history.keys, *self.store.rotations(cur))})
+        return replace(history, keys=(*history.keys, *self.store.rotations(cur)))
 
     def history(self) -> KeyHistory:
         """The journal key's history, as the follower verified it."""
@@ -458,10 +458,9 @@ class MerkleLog:
         return SignedNote.parse(found[0][1]) if found else None
 
 
-class ExtensionReport(BaseModel):
+@dataclass(frozen=True)
+class ExtensionReport:
     """``journal verify --checkpoint``: the journal extends the checkpoint."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     ok: bool
     checkpoint_size: int
@@ -480,7 +479,7 @@ class ExtensionReport(BaseModel):
 
 
 def verify_extension(
-    journal: Journal, note: SignedNote, key: NoteKey | None = None
+    journal: JournalReader, note: SignedNote, key: NoteKey | None = None
 ) -> ExtensionReport:
     """Prove the journal as it stands extends the checkpoint ``note``: every leaf is
     recomputed from the stored bytes, the checkpoint's signature verifies under the key

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from charter.core.errors import BadInputError, InvalidModelError, RefusedError, StateError
+from charter.core import InvalidModelError
+from charter.core.errors import BadInputError, RefusedError, StateError
 
 __all__ = [
     # bad input

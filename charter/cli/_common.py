@@ -221,9 +221,10 @@ def _may_write(path: Path) -> bool:
 
 
 def _is_validation_error(error: Exception) -> TypeGuard[ValidationError]:
-    from pydantic import ValidationError
-
-    return isinstance(error, ValidationError)
+    # pydantic's ValidationError is pydantic_core's: if that was never imported, no
+    # model raised one (and a light command's error loads no pydantic to find that out)
+    core = sys.modules.get("pydantic_core")
+    return core is not None and isinstance(error, core.ValidationError)
 
 
 def stdout_closed() -> click.exceptions.Exit:

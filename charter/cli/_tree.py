@@ -19,11 +19,11 @@ from charter.audit.keys import JOURNAL_KEY, is_retired
 from charter.audit.proofs import ConsistencyText
 from charter.audit.tree import MerkleLog, ledger_journal
 from charter.cli._common import AsciiIntRange, Ctx
-from charter.core import KeyStore, charter_home
 from charter.core.errors import CharterError, StateError
+from charter.core.home import KeyStore, charter_home
 
 if TYPE_CHECKING:
-    from charter.app import Journal
+    from charter.audit.tree import JournalReader
 
 __all__ = [
     "journal_key_names",
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-def open_ledger(ctx: Ctx, *, read_only: bool = False) -> Journal | None:
+def open_ledger(ctx: Ctx, *, read_only: bool = False) -> JournalReader | None:
     """The journal at --db (or the home's) opened by the ledger when the app's settings
     are not needed (:func:`~charter.audit.tree.ledger_journal`), else None."""
     try:
@@ -46,7 +46,7 @@ def open_ledger(ctx: Ctx, *, read_only: bool = False) -> Journal | None:
 
 
 @contextmanager
-def opened(ctx: Ctx) -> Iterator[tuple[Journal, KeyStore]]:
+def opened(ctx: Ctx) -> Iterator[tuple[JournalReader, KeyStore]]:
     """The journal, to write its tree, and the home's keys: by the ledger on SQLite,
     through charter.app on PostgreSQL."""
     journal = open_ledger(ctx)

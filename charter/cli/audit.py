@@ -17,10 +17,10 @@ from charter.audit.keys import (
     KEY_STREAM,
     is_retired,
     retire_key,
-    rotation,
 )
 from charter.audit.note import NoteKey, SignedNote
 from charter.audit.proofs import ConsistencyText
+from charter.audit.rotation import rotation
 from charter.audit.semantic import Finding, audit_history
 from charter.audit.siem import lines as jsonl_lines
 from charter.audit.tree import (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
@@ -98,7 +99,7 @@ def verify(
     also_checkpoint = ""
     if report.ok and checkpoint is not None:
         extension = extends_checkpoint(ctx, checkpoint, vkey)  # raises (exit 3) if not
-        payload["checkpoint"] = extension.model_dump()
+        payload["checkpoint"] = dataclasses.asdict(extension)
         also_checkpoint = (
             f", and it extends the checkpoint of {extension.checkpoint_size} entries in "
             f"{checkpoint}"

@@ -1,9 +1,16 @@
 """The shared vocabulary every layer speaks, pure: errors and their fault groups, the
 budget vector, the event base and registry, every hash domain and framing, the clock,
-lineage addressing, egress destinations, and the Charter home with its keys."""
+lineage addressing, egress destinations, and the Charter home with its keys.
 
-from charter.core._model import CheckedModel
-from charter.core.budget import Budget
+The pydantic models (``CheckedModel``, ``Budget``, ``Event``, ``Lineage``…) are loaded
+when first asked for (``from charter.core import Budget`` works as always): importing
+the package, or its pure modules (``errors``, ``framing``, ``clock``, ``home``), loads
+no pydantic, so the auditor's light commands (``charter proof``, ``checkpoint key``)
+start in a fraction of its import time (bench/audit.py --startup).
+"""
+
+from typing import TYPE_CHECKING
+
 from charter.core.clock import Clock, entry_ms, now_ms
 from charter.core.errors import (
     AxisValueError,
@@ -12,7 +19,6 @@ from charter.core.errors import (
     CharterError,
     HomeUnusableError,
     InternalError,
-    InvalidModelError,
     JournalMissingError,
     KeyNotFoundError,
     KeyPermissionsError,
@@ -24,9 +30,15 @@ from charter.core.errors import (
     UnknownEventTypeError,
     describe_invalid,
 )
-from charter.core.events import Event, canonical_json, event_class
 from charter.core.home import KeyStore, charter_home
-from charter.core.lineage import MAX_LINEAGE_DEPTH, Lineage
+from charter.core.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from charter.core._invalid import InvalidModelError
+    from charter.core._model import CheckedModel
+    from charter.core.budget import Budget
+    from charter.core.events import Event, canonical_json, event_class
+    from charter.core.lineage import MAX_LINEAGE_DEPTH, Lineage
 
 __all__ = [
     # errors
@@ -65,3 +77,22 @@ __all__ = [
     "KeyStore",
     "charter_home",
 ]
+
+# name -> the module that defines it, imported on first access (they import pydantic)
+_LAZY = {
+    "InvalidModelError": "charter.core._invalid",
+    "CheckedModel": "charter.core._model",
+    "Budget": "charter.core.budget",
+    "Event": "charter.core.events",
+    "canonical_json": "charter.core.events",
+    "event_class": "charter.core.events",
+    "Lineage": "charter.core.lineage",
+    "MAX_LINEAGE_DEPTH": "charter.core.lineage",
+}
+
+
+__getattr__ = lazy_names(__name__, _LAZY)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

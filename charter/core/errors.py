@@ -13,11 +13,14 @@ its errors from these; the CLI maps each group to an exit code once (see docs/cl
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-# pydantic's error type lives in pydantic_core (small to import): the error a public
-# model's bad value raises is both it and a BadInputError (InvalidModelError).
-from pydantic_core import ValidationError
+if TYPE_CHECKING:
+    # The error a public model's bad value raises is both pydantic's ValidationError and
+    # a BadInputError: ``InvalidModelError``, in ``_invalid`` (it imports pydantic_core;
+    # ``from charter.core import InvalidModelError`` loads it when first asked for), so
+    # the users of these pure errors load no pydantic.
+    from pydantic_core import ValidationError
 
 __all__ = [
     "describe_invalid",
@@ -32,7 +35,6 @@ __all__ = [
     "AxisValueError",
     "BudgetSyntaxError",
     "LineageError",
-    "InvalidModelError",
     # state of the home and the journal's types
     "HomeUnusableError",
     "JournalMissingError",
@@ -121,32 +123,6 @@ class RefusedError(CharterError):
 
 class LineageError(BadInputError):
     """A lineage path is malformed, empty, overlong, or has characters it may not have."""
-
-
-class InvalidModelError(ValidationError, BadInputError):
-    """A public model (``Budget``, ``Ceiling``, ``CellSetup``, ``WorkerSpec``, …) was
-    built from bad values. Its message is :func:`describe_invalid`'s one line (each
-    field and what is wrong with it), without pydantic's type codes and links; it is
-    also pydantic's ``ValidationError``, so ``.errors()`` and code that catches
-    pydantic's error keep working."""
-
-    def __str__(self) -> str:
-        # A check of the whole model has no field: its message says which.
-        text = describe_invalid(self).removeprefix(f"{self.title}: ")
-        return f"invalid {self.title}: {text}"
-
-    @classmethod
-    def of(cls, error: ValidationError, title: str) -> BadInputError:
-        """``error`` (from building ``title``) as a CharterError: a plain
-        BadInputError with the same message for an error pydantic cannot rebuild."""
-        try:
-            rebuilt: BadInputError = cls.from_exception_data(
-                title,
-                error.errors(include_url=False),  # type: ignore[arg-type]
-            )
-        except (TypeError, ValueError, KeyError):
-            return BadInputError(f"invalid {title}: {describe_invalid(error)}")
-        return rebuilt
 
 
 class AxisValueError(BadInputError):

@@ -4,33 +4,44 @@ Built on the eventsourcing library (its Application, notification log and proces
 recorders for SQLite and PostgreSQL, subclassed to chain each entry under the write
 lock), with the fold base that read models follow the journal with. It knows
 :class:`~charter.core.events.Event`, never the domain. See docs/journal.md.
+
+Every name is loaded when first asked for (``from charter.ledger import Journal``
+works as always): the raw reader (:func:`open_reader`, :class:`JournalReader`) and the
+location resolution load no eventsourcing, and the PostgreSQL recorder imports psycopg
+only when a PostgreSQL journal is opened (issue 20 point 6), so an auditor's command
+on a SQLite journal loads neither.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from charter.ledger._follow import Folds, JournalFold, cyclic_gc_paused
-from charter.ledger._location import Location, resolve_location
-from charter.ledger._snapshot import Snapshot, SnapshotFile
-from charter.ledger._sqlite import ChainedSQLiteProcessRecorder, sqlite_uri
-from charter.ledger.errors import (
-    AlreadyTrackedError,
-    AppendConflictError,
-    AppendFailedError,
-    BatchCommittedError,
-    DeadlinePassedError,
-    OutcomeUnknownError,
-    UndecodableEntryError,
-    UnknownSchemeError,
-    WriterStalledError,
-)
-from charter.ledger.journal import Committed, Entry, Journal, JournalCreated
+from charter.core.lazy import lazy_names
 
 if TYPE_CHECKING:
+    from charter.ledger._follow import Folds, JournalFold, cyclic_gc_paused
+    from charter.ledger._location import Location, resolve_location
     from charter.ledger._postgres import ChainedPostgresProcessRecorder
+    from charter.ledger._reader import JournalReader, open_reader
+    from charter.ledger._snapshot import Snapshot, SnapshotFile
+    from charter.ledger._sqlite import ChainedSQLiteProcessRecorder
+    from charter.ledger._sqlite_store import sqlite_uri
+    from charter.ledger.errors import (
+        AlreadyTrackedError,
+        AppendConflictError,
+        AppendFailedError,
+        BatchCommittedError,
+        DeadlinePassedError,
+        OutcomeUnknownError,
+        UndecodableEntryError,
+        UnknownSchemeError,
+        WriterStalledError,
+    )
+    from charter.ledger.journal import Committed, Entry, Journal, JournalCreated
 
 __all__ = [
     "Journal",
     "JournalCreated",
+    "JournalReader",
+    "open_reader",
     "Committed",
     "Entry",
     "Folds",
@@ -56,13 +67,18 @@ __all__ = [
     "WriterStalledError",
 ]
 
+# name -> the module that defines it, imported on first access
+_LAZY = {
+    **dict.fromkeys(("Folds", "JournalFold", "cyclic_gc_paused"), "charter.ledger._follow"),
+    **dict.fromkeys(("Location", "resolve_location"), "charter.ledger._location"),
+    **dict.fromkeys(("JournalReader", "open_reader"), "charter.ledger._reader"),
+    **dict.fromkeys(("Snapshot", "SnapshotFile"), "charter.ledger._snapshot"),
+    "sqlite_uri": "charter.ledger._sqlite_store",
+    "ChainedSQLiteProcessRecorder": "charter.ledger._sqlite",
+    "ChainedPostgresProcessRecorder": "charter.ledger._postgres",
+    **dict.fromkeys(("Committed", "Entry", "Journal", "JournalCreated"), "charter.ledger.journal"),
+    **dict.fromkeys((n for n in __all__ if n.endswith("Error")), "charter.ledger.errors"),
+}
 
-def __getattr__(name: str) -> Any:
-    # The PostgreSQL recorder imports psycopg: loaded only when asked for (or when a
-    # PostgreSQL journal is opened), so a command on a SQLite journal never imports
-    # the driver (issue 20 point 6).
-    if name == "ChainedPostgresProcessRecorder":
-        from charter.ledger._postgres import ChainedPostgresProcessRecorder
 
-        return ChainedPostgresProcessRecorder
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

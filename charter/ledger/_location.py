@@ -13,7 +13,6 @@ from urllib.parse import parse_qsl, unquote, urlparse
 
 from charter.core.errors import BadInputError
 from charter.core.home import charter_home
-from charter.ledger._app import JournalApplication
 from charter.ledger.errors import UnknownSchemeError
 
 __all__ = ["Location", "resolve_location"]
@@ -71,6 +70,8 @@ class Location:
                     "charter.ledger._postgres:ChainedPostgresProcessRecorder"
                 ),
             }
+        from charter.ledger._app import JournalApplication  # eventsourcing: to write only
+
         env["CREATE_TABLE"] = "no"
         # The library looks up CHARTER_<KEY> before <KEY>; pin both so a stray
         # variable in the caller's environment cannot redirect the journal.

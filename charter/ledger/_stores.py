@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypeAlias
 
 from charter.core.errors import BadInputError, StateError
-from charter.ledger import _sqlite
+from charter.ledger import _sqlite_store
 from charter.ledger._location import Location
 
 if TYPE_CHECKING:
@@ -14,14 +14,14 @@ if TYPE_CHECKING:
 
 __all__ = ["Store", "refuse_existing", "store_for"]
 
-Store: TypeAlias = "_sqlite.SQLiteJournalStore | _pgstore.PostgresJournalStore"
+Store: TypeAlias = "_sqlite_store.SQLiteJournalStore | _pgstore.PostgresJournalStore"
 
 
 def store_for(location: Location) -> Store:
     if location.kind == "sqlite":
         if location.path is None:  # constructed only by resolve_location
             raise BadInputError("SQLite location without a path")
-        return _sqlite.SQLiteJournalStore(location.path)
+        return _sqlite_store.SQLiteJournalStore(location.path)
     # Imported here, not above: psycopg loads only when a PostgreSQL journal is opened.
     from charter.ledger import _pgstore
 
@@ -38,13 +38,13 @@ def _holds_journal(store: Store) -> bool:
 
 
 def refuse_existing(location: Location, store: Store) -> None:
-    if isinstance(store, _sqlite.SQLiteJournalStore) and store.exists():
+    if isinstance(store, _sqlite_store.SQLiteJournalStore) and store.exists():
         what = "a Charter journal" if _holds_journal(store) else "a file that is not a journal"
         raise StateError(
             f"{location.display} already holds {what}; refusing to initialise it again "
             "(choose another --db or CHARTER_HOME)"
         )
-    if not isinstance(store, _sqlite.SQLiteJournalStore) and _holds_journal(store):
+    if not isinstance(store, _sqlite_store.SQLiteJournalStore) and _holds_journal(store):
         raise StateError(
             f"{location.display} already holds a Charter journal; refusing to initialise it again"
         )

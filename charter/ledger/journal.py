@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any
 from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, PersistenceError, ProcessRecorder, Tracking
@@ -28,6 +26,7 @@ from charter.ledger._app import (
     stream_uuid,
 )
 from charter.ledger._location import Location, resolve_location
+from charter.ledger._reader import JournalReader
 from charter.ledger._records import (
     Committed,
     Entry,
@@ -94,8 +93,9 @@ def _checked(events: Iterable[Event]) -> tuple[Event, ...]:
     return batch
 
 
-class Journal:
-    """An open journal. Use :meth:`create` once, then :meth:`open` everywhere else."""
+class Journal(JournalReader):
+    """An open journal. Use :meth:`create` once, then :meth:`open` everywhere else; its
+    reads are :class:`~charter.ledger._reader.JournalReader`'s."""
 
     def __init__(
         self,
@@ -106,13 +106,9 @@ class Journal:
         *,
         read_only: bool = False,
     ) -> None:
-        self.location = location
-        self.meta = meta
-        self.read_only = read_only
-        self._store = store
+        super().__init__(location, store, meta, read_only=read_only)
         self._app: JournalApplication | None = None
         self.settle_wait_s = SETTLE_WAIT_S
-        self._closed = False
         self._batch_index = False  # known to have the batch index (see _ensure_batch_index)
         if read_only:  # no eventsourcing application: nothing opens the file to write
             return
@@ -220,18 +216,7 @@ class Journal:
         self._closed = True
         if self._app is not None:
             self._app.close()
-        self._store.close()
-
-    def __enter__(self) -> Journal:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        super().close()
 
     @property
     def application(self) -> JournalApplication:
@@ -571,34 +556,6 @@ class Journal:
         return rows_if_mine(rows, envelopes)
 
     # -- reading -------------------------------------------------------------------
-
-    def batches(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
-        """Raw stored row tuples in position order, in batches (what verification reads)."""
-        return self._store.batches(start, stop)
-
-    def payloads(self, start: int | None = None, stop: int | None = None) -> Iterator[list[Any]]:
-        """``(position, topic, state)`` in position order, in batches (read models)."""
-        return self._store.payloads(start, stop)
-
-    def originator_bytes(self, stored: Any) -> bytes:
-        return self._store.originator_bytes(stored)
-
-    def rows(self, start: int | None = None, stop: int | None = None) -> Iterator[ChainRow]:
-        """Stored entries in position order, as :class:`ChainRow`."""
-        conv = self._store.originator_bytes
-        for batch in self._store.batches(start, stop):
-            for pos, oid, ver, topic, state, prev, chain in batch:
-                yield ChainRow(pos, conv(oid), ver, topic, state, prev, chain)
-
-    def predecessor(self, position: int) -> ChainRow | None:
-        return self._store.predecessor(position)
-
-    def position_of_hash(self, chain_hash: bytes) -> int | None:
-        return self._store.position_of_hash(chain_hash)
-
-    def head(self) -> tuple[int, bytes] | None:
-        """(position, hash) of the last entry, or None for an empty journal."""
-        return self._store.head()
 
     def entries(
         self,

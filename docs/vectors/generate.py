@@ -31,9 +31,10 @@ from nacl.signing import SigningKey
 
 from charter.audit import merkle
 from charter.audit.bundle import BundleWriter, LeafStream, entry_line, lineages_in, mentions
-from charter.audit.keys import KeyHistory, journal_origin, rotation
+from charter.audit.keys import KeyHistory, journal_origin
 from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint
 from charter.audit.proofs import ConsistencyText, InclusionText
+from charter.audit.rotation import rotation
 from charter.authority import (
     AgentRegistered,
     Clearance,

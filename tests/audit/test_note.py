@@ -6,6 +6,7 @@ checkpoint cosigned by a public witness (tlog-cosignature/v1)."""
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 
 import pytest
 from nacl.signing import SigningKey
@@ -92,7 +93,7 @@ def test_checkpoint_round_trip_and_refusals() -> None:
     # a signature line that claims the right key id but carries another key's signature
     line = SignedNote.parse(text).signatures[0]
     swapped = SignedNote.parse(forged).signatures[0].signature
-    bad = SignedNote(text=note.text, signatures=(line.model_copy(update={"signature": swapped}),))
+    bad = SignedNote(text=note.text, signatures=(replace(line, signature=swapped),))
     with pytest.raises(NoteSignatureError, match="does not verify"):
         verify_checkpoint(bad, vkey)
     # every altered line of the text is refused
@@ -103,9 +104,7 @@ def test_checkpoint_round_trip_and_refusals() -> None:
         with pytest.raises((NoteSignatureError, CheckpointFormatError)):
             verify_checkpoint(SignedNote.parse(altered), vkey)
     # a note for another log (origin) under a key of this name is refused
-    foreign = sign_checkpoint(
-        _checkpoint().model_copy(update={"origin": "elsewhere"}), "charter.example/j1", key
-    )
+    foreign = sign_checkpoint(replace(_checkpoint(), origin="elsewhere"), "charter.example/j1", key)
     with pytest.raises(NoteSignatureError, match="origin"):
         verify_checkpoint(foreign, vkey)
 
@@ -119,11 +118,9 @@ def test_cosignature_round_trip_and_refusals() -> None:
     assert verify_cosignature(parsed, wkey) == 1_700_000_000
     verify_checkpoint(parsed, NoteKey.of("charter.example/j1", log))  # log signature kept
     blob = parsed.matching(wkey)[0]
-    later = blob.model_copy(
-        update={"signature": (1_700_000_001).to_bytes(8, "big") + blob.signature[8:]}
-    )
+    later = replace(blob, signature=(1_700_000_001).to_bytes(8, "big") + blob.signature[8:])
     with pytest.raises(NoteSignatureError):
-        verify_cosignature(parsed.model_copy(update={"signatures": (later,)}), wkey)
+        verify_cosignature(replace(parsed, signatures=(later,)), wkey)
     with pytest.raises(NoteSignatureError):  # a note key is not a cosignature key
         verify_cosignature(parsed, NoteKey.of("witness.example/w", witness))
 

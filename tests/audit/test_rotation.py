@@ -17,8 +17,9 @@ from nacl.signing import SigningKey
 from charter.audit.bundle import seal_signing_input, verify_bundle
 from charter.audit.errors import KeyRotationError, NoteSignatureError
 from charter.audit.export import export_bundle
-from charter.audit.keys import KeyHistory, rotation
+from charter.audit.keys import KeyHistory
 from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint
+from charter.audit.rotation import rotation
 from charter.audit.semantic import audit_history
 from charter.audit.tree import MerkleLog, verify_extension
 from charter.core import KeyStore

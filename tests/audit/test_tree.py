@@ -4,6 +4,7 @@ earlier catches a cut tail, a consistent re-hash and a swapped pair."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterator
 
@@ -242,6 +243,6 @@ def test_tlog_proofs_at_an_earlier_size_verify_and_name_their_entry(logged: tupl
     assert hashlib.sha256(parsed.frame).digest() == rows[3].chain_hash  # names the entry
     with pytest.raises(NotInTreeError):
         log.tlog_proof(rows[7].position, key, size=6)  # not in the tree of 6
-    moved = parsed.model_copy(update={"index": 4})
+    moved = dataclasses.replace(parsed, index=4)
     with pytest.raises(InclusionProofError):
         moved.verify(log.note_key())

@@ -83,10 +83,31 @@ def test_offline_verifiers_load_no_journal_and_no_driver(tmp_path: Path) -> None
     assert "sqlite3" not in loaded
 
 
+def test_the_raw_reader_and_the_pure_core_load_no_eventsourcing_and_no_pydantic(
+    tmp_path: Path,
+) -> None:
+    """Issue 24: what the auditor's light commands import (the ledger's raw reader, the
+    proof texts, the key history, charter.core's package) loads neither eventsourcing
+    nor pydantic; a model asked for by name is still there (loaded then)."""
+    loaded = _modules_after(
+        "from charter.ledger import open_reader, resolve_location\n"
+        "from charter.audit.tree import MerkleLog\n"
+        "from charter.audit.proofs import InclusionText\n"
+        "from charter.audit.keys import KeyHistory\n"
+        "import charter.core, charter.audit\n",
+        tmp_path,
+    )
+    assert "sqlite3" in loaded  # the probe did import the reader (its driver)
+    for heavy in ("eventsourcing", "pydantic", "pydantic_core", *DRIVERS):
+        assert heavy not in loaded, heavy
+    lazily = _modules_after("from charter.core import Budget\n", tmp_path)
+    assert "pydantic" in lazily  # control: asked for, a model loads pydantic
+
+
 def test_the_probe_sees_the_journal_library_when_it_is_loaded(tmp_path: Path) -> None:
     """Positive control: importing the journal does load eventsourcing (and the same
     probe reports it)."""
-    loaded = _modules_after("import charter.ledger\n", tmp_path)
+    loaded = _modules_after("from charter.ledger import Journal\n", tmp_path)
     assert "eventsourcing" in loaded
 
 
