@@ -30,7 +30,7 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import Ceiling, WorkerSpec
 from charter.core import Budget, KeyStore
-from charter.runner import cell_for, run_cell
+from charter.runner import run_cell
 from charter.sandbox import WarmPool
 
 ROOT_BUDGET = Budget.parse("tokens=1000M,wall=10000h,cpu=10000h,mem=100000GiB,egress=0MB")
@@ -69,7 +69,7 @@ def through_cell(workers: int, concurrency: int, state: Path) -> dict[str, float
     home = Path(tempfile.mkdtemp(prefix="bench-cell-"))
     with _charter(home, concurrency) as charter:
         _spawn(charter, workers, WorkerSpec(argv=("/bin/true",)))
-        cell = cell_for(charter, slot_budget=SLOT, state_dir=state, ignore_host_load=True)
+        cell = charter.cell(slot_budget=SLOT, state_dir=state, ignore_host_load=True)
         start = time.perf_counter()
         run_cell(cell, once=True)
         total = time.perf_counter() - start
@@ -92,7 +92,7 @@ def through_cell(workers: int, concurrency: int, state: Path) -> dict[str, float
 
         follower = threading.Thread(target=project)
         follower.start()
-        cell = cell_for(charter, slot_budget=SLOT, state_dir=state, ignore_host_load=True)
+        cell = charter.cell(slot_budget=SLOT, state_dir=state, ignore_host_load=True)
         run_cell(cell, once=True)
         done.set()
         follower.join()
