@@ -35,7 +35,9 @@ from charter.sandbox import WarmPool
 
 ROOT_BUDGET = Budget.parse("tokens=1000M,wall=10000h,cpu=10000h,mem=100000GiB,egress=0MB")
 SLOT = Budget.parse("tokens=0,wall=60s,cpu=60s,mem=128MiB,egress=0MB")
-WORKER_COST = {"tokens": 5000, "wall_ms": 10_000, "cpu_ms": 10_000, "mem_bytes": 2**26}
+# Each worker's lease lasts its share of the wall clock from the fan-out: ten minutes,
+# so the last of 1000 queued workers (or of 200 on a loaded host) still has time left.
+WORKER_COST = {"tokens": 5000, "wall_ms": 600_000, "cpu_ms": 10_000, "mem_bytes": 2**26}
 
 
 def _charter(home: Path, concurrency: int) -> Charter:

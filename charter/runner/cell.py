@@ -252,13 +252,17 @@ class Cell:
         # instead of a processing one: the pool holds room for both.
         # Idle sandboxes parked ahead of demand: as many as may run at once, plus the
         # workers queued for a slot (see _park_for_demand), never the whole capacity
-        # while idle (a waiting coordinator's room is built when it is needed).
+        # while idle (a waiting coordinator's room is built when it is needed). While
+        # workers queue, one more per processing slot may be parked beyond the capacity
+        # (``spare``: never leased beyond it), so that when workers end close together
+        # each next start finds a sandbox ready, not one to build on the follower.
         self._parked_base = max(1, min(state.caps.get(ResourceClass.PROCESSING, 0), capacity))
         pool = WarmPool(
             template,
             self.budget,
             max(1, capacity),
             parked=self._parked_base,
+            spare=self._parked_base,
             # The pool journals only its brokers' events (and the host probe's refusal):
             # each sandbox's lifecycle is the cell's to journal, pinned to its worker.
             sink=self.journal,
@@ -390,10 +394,10 @@ class Cell:
         workers were started."""
         started = 0
         self._check_not_superseded()
-        self._admit_room()
         with self._lock:
             self.refresh()
             self._check_not_superseded()
+            self._admit_room()
             self._stepped = self.view.position  # what this step decides on
             admitted = self.follower.admitted()
         self._carry_out_kills()  # whoever committed them
@@ -426,7 +430,7 @@ class Cell:
         with self._lock:
             state = self.resources.cells.cells().get(self.cell)
             queued = len(state.queued[ResourceClass.PROCESSING]) if state is not None else 0
-        want = min(pool.capacity, self._parked_base + queued)
+        want = min(pool.capacity + pool.spare, self._parked_base + queued)
         if want != pool.parked_target:
             pool.parked_target = want
             self.driver.filler.wake()
@@ -446,10 +450,23 @@ class Cell:
 
     def _admit_room(self) -> None:
         """Admit queued workers when the cell has room no release will announce (a
-        fan-out queued while the host was loaded, or before the cell was configured)."""
+        fan-out queued while the host was loaded, or before the cell was configured).
+        Only when the views just folded show some queued and room under the cap is it
+        decided (on the journal, pinned): a step that finds none reads nothing more."""
         with self._lock:
-            if self.lifecycle.admit_room(self.live):
+            if self._room_for_queue() and self.lifecycle.admit_room(self.live):
                 self.changed.notify_all()
+
+    def _room_for_queue(self) -> bool:
+        """Whether workers queue for a processing slot here with room under the cap for
+        at least one, as the views stand (hold the lock)."""
+        cells = self.resources.cells
+        state = cells.cells().get(self.cell)
+        if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
+            return False
+        inputs = self.host_load(state.cores, state.failover_reserve)
+        cap, _ = cells.cap(self.cell, ResourceClass.PROCESSING, inputs)
+        return state.occupancy(ResourceClass.PROCESSING) < cap
 
     def run(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.01) -> None:
         """Follow the journal until ``until()`` is true. Between steps it waits only
