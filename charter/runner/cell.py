@@ -16,9 +16,11 @@ each worker that holds a processing slot:
    ``SandboxStarted`` in one append, pinned to the worker's stream (so it starts at
    most once) and carrying the tracking position (so a replay skips it);
 3. exec the worker (only after that commit);
-4. on exit, journal ``SandboxExited`` with the measured usage, charge it to the lease,
-   destroy the sandbox, and journal in one append the lease returned, ``WorkerEnded``,
-   ``SandboxDiscarded`` and ``SlotReleased`` with the admission of whoever queued next.
+4. on exit, destroy the sandbox, and journal in one append the measured usage charged
+   to the lease, the lease returned, ``SandboxExited``, ``WorkerEnded``,
+   ``SandboxDiscarded`` and ``SlotReleased`` with the admission of whoever queued next
+   (a worker with live descendants journals its exit and usage first, and ends once
+   they have).
 
 A parent that stops waiting (it ended, or its wait timed out) has every live descendant
 killed, each ``WorkerKilled`` committed before the kill. A cell that starts after a crash
