@@ -30,12 +30,14 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import Ceiling, WorkerSpec
 from charter.core import Budget, KeyStore
-from charter.runner import cell_for, run_cell
+from charter.runner import run_cell
 from charter.sandbox import WarmPool
 
 ROOT_BUDGET = Budget.parse("tokens=1000M,wall=10000h,cpu=10000h,mem=100000GiB,egress=0MB")
 SLOT = Budget.parse("tokens=0,wall=60s,cpu=60s,mem=128MiB,egress=0MB")
-WORKER_COST = {"tokens": 5000, "wall_ms": 10_000, "cpu_ms": 10_000, "mem_bytes": 2**26}
+# Each worker's lease lasts its share of the wall clock from the fan-out: ten minutes,
+# so the last of 1000 queued workers (or of 200 on a loaded host) still has time left.
+WORKER_COST = {"tokens": 5000, "wall_ms": 600_000, "cpu_ms": 10_000, "mem_bytes": 2**26}
 
 
 def _charter(home: Path, concurrency: int) -> Charter:
@@ -69,7 +71,7 @@ def through_cell(workers: int, concurrency: int, state: Path) -> dict[str, float
     home = Path(tempfile.mkdtemp(prefix="bench-cell-"))
     with _charter(home, concurrency) as charter:
         _spawn(charter, workers, WorkerSpec(argv=("/bin/true",)))
-        cell = cell_for(charter, slot_budget=SLOT, state_dir=state, ignore_host_load=True)
+        cell = charter.cell(slot_budget=SLOT, state_dir=state, ignore_host_load=True)
         start = time.perf_counter()
         run_cell(cell, once=True)
         total = time.perf_counter() - start
@@ -92,7 +94,7 @@ def through_cell(workers: int, concurrency: int, state: Path) -> dict[str, float
 
         follower = threading.Thread(target=project)
         follower.start()
-        cell = cell_for(charter, slot_budget=SLOT, state_dir=state, ignore_host_load=True)
+        cell = charter.cell(slot_budget=SLOT, state_dir=state, ignore_host_load=True)
         run_cell(cell, once=True)
         done.set()
         follower.join()

@@ -32,7 +32,7 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import Ceiling, WorkerSpec
 from charter.core import Budget, KeyStore
-from charter.runner import cell_for, run_cell
+from charter.runner import run_cell
 from charter.runner.model import configure_endpoint
 from tests.runner._model_server import Behaviour, model_server
 
@@ -123,7 +123,7 @@ def _through_door(url: str, n: int, state: Path) -> dict[str, list[float]]:
         )  # fmt: skip
         spec = WorkerSpec(argv=(PY, "-I", "-c", WORKER, str(n)))
         charter.spawn("agent:bench", intent, policy=FixedPolicy(Verdict.POSITIVE), workers=(spec,))
-        cell = cell_for(charter, slot_budget=SLOT, state_dir=state, ignore_host_load=True)
+        cell = charter.cell(slot_budget=SLOT, state_dir=state, ignore_host_load=True)
         run_cell(cell, once=True)
         (end,) = [e.event for e in charter.journal.entries(types=("WorkerEnded",))]
         results = [e.event for e in charter.journal.entries(types=("WorkerResult",))]

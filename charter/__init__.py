@@ -86,9 +86,18 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'charter' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    loaded = importlib.import_module(module)
+    if module == "charter.app":
+        loaded.provide_cells(_cell_via_runner, replace=False)
+    value = getattr(loaded, name)
     globals()[name] = value  # the next lookup is an ordinary attribute
     return value
+
+
+def _cell_via_runner(app: Any, options: Any) -> Any:
+    """``Charter.cell`` for a caller of this package: the runner (the layer above
+    charter.app, which cannot import it) is loaded on the first cell, not before."""
+    return importlib.import_module("charter.runner.host").build_cell(app, options)
 
 
 def __dir__() -> list[str]:

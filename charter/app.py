@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
@@ -42,6 +42,7 @@ from charter.control import (
     operator_verdict,
     register_root,
     revoke,
+    steady_load,
 )
 from charter.control.trifecta import home_trifecta
 from charter.core import (
@@ -69,6 +70,9 @@ from charter.sandbox import (
 
 __all__ = [
     "JOURNAL_KEY",
+    "CellFactory",
+    "CellOptions",
+    "CellRunner",
     "CellSetup",
     "Charter",
     "Initialised",
@@ -76,6 +80,7 @@ __all__ = [
     # what the CLI needs of the journal itself (it reaches the ledger only here)
     "Journal",
     "Location",
+    "provide_cells",
     "read_journal",
     "resolve_location",
 ]
@@ -185,6 +190,63 @@ class CellSetup(CheckedModel):
         }
 
 
+@dataclass(frozen=True)
+class CellOptions:
+    """How :meth:`Charter.cell` was asked to run a cell: its id (resolved: the
+    settings' cell by default) and what the runner defaults when None (the most one
+    worker's sandbox may get, the state directory, the workers' template, how long a
+    claim holds), and whether to fence a live incarnation at once."""
+
+    cell: str
+    slot_budget: Budget | None = None
+    state_dir: Path | None = None
+    template: Path | None = None
+    claim_s: float | None = None
+    take_over: bool = False
+
+
+class CellRunner(Protocol):
+    """A cell as :meth:`Charter.cell` hands it out (``charter.runner.Cell``): ``open``
+    it (it journals its incarnation and recovers), ``run`` or ``step`` it, ``close``
+    it; ``draining`` starts nothing more."""
+
+    cell: str
+    incarnation: int
+    draining: bool
+
+    def open(self) -> object: ...
+
+    def run(self, until: Callable[[], bool] = ..., poll_s: float = ...) -> None: ...
+
+    def step(self) -> int: ...
+
+    def idle(self) -> bool: ...
+
+    def running(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class CellFactory(Protocol):
+    """Builds a cell (and its door) on a composition root's services."""
+
+    def __call__(self, charter: Charter, options: CellOptions, /) -> CellRunner: ...
+
+
+_cells: list[CellFactory] = []  # the one registered: the runner's (provide_cells)
+
+
+def provide_cells(factory: CellFactory, *, replace: bool = True) -> None:
+    """Register how this process builds a cell for :meth:`Charter.cell` (with
+    ``replace=False``, only if none is registered yet). The runner, the layer above the
+    composition root (docs/architecture.md), registers its own when it is imported
+    (``charter.runner``; the ``charter`` package registers one that imports the runner
+    on the first cell), so the root hands a cell its services without importing the
+    layer above."""
+    if replace or not _cells:
+        _cells[:] = [factory]
+
+
 class _InitMarker:
     """``<home>/init-unfinished``: which journal (and root) an init in this home began,
     written before it creates anything and removed when it has finished. It is what
@@ -268,7 +330,7 @@ class Charter:
         self.keys = keys
         self.settings = settings
         # The adaptive processing cap's inputs: the host's load unless a cell of this
-        # process was told to ignore it (``cell_for(ignore_host_load=True)``).
+        # process was told to ignore it (``cell(ignore_host_load=True)``).
         self.host_load: HostLoad = host_cap_inputs
         # The views start from this home's snapshot of this journal, when it matches.
         self.views = Views(SnapshotFile(keys.home / "views", journal, "views"))
@@ -428,6 +490,43 @@ class Charter:
 
     def admission(self) -> AdmissionService:
         return self._admission
+
+    def cell(
+        self,
+        *,
+        cell: str | None = None,
+        slot_budget: Budget | None = None,
+        state_dir: Path | None = None,
+        template: Path | None = None,
+        ignore_host_load: bool = False,
+        claim_s: float | None = None,
+        take_over: bool = False,
+    ) -> CellRunner:
+        """A cell (not opened yet) of this host, with its door, on this root's
+        services: its spawn pipeline, budgets, admission and views (the cell builds
+        none). ``cell``: its id (default: the settings' cell); ``slot_budget``: the
+        most one worker's sandbox may get (each worker runs under its own lease,
+        narrowed from it); ``ignore_host_load`` makes every decision of this process
+        ignore the load average; the cell holds its id by a claim of ``claim_s``
+        seconds it renews, and ``take_over`` fences a live incarnation at once instead
+        of waiting for its claim to lapse. Run it with ``charter.runner.run_cell`` (or
+        ``open``, ``run``, ``close``). The runner builds it (:func:`provide_cells`)."""
+        if not _cells:
+            raise StateError(
+                "no cell runner is loaded in this process: import charter.runner (it "
+                "registers how a cell is built), or reach Charter as charter.Charter"
+            )
+        if ignore_host_load:
+            self.host_load = steady_load
+        options = CellOptions(
+            cell=cell or self.settings.cell,
+            slot_budget=slot_budget,
+            state_dir=state_dir,
+            template=template,
+            claim_s=claim_s,
+            take_over=take_over,
+        )
+        return _cells[0](self, options)
 
     def projector(self) -> Projector:
         """The read side (a context manager): budgets, tree and slots as of any position."""

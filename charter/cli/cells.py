@@ -15,7 +15,7 @@ from charter.app import CellSetup, Charter
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
 from charter.core import Budget, StateError
 from charter.core.text import shown
-from charter.runner import cell_for, run_cell
+from charter.runner import run_cell  # registers how Charter.cell builds a cell
 from charter.runner.status import cell_status, latest_incarnation
 
 __all__ = ["cell_group"]
@@ -76,8 +76,7 @@ def run(
     the cell by a claim it renews: while another incarnation's claim holds, it waits
     for it to lapse (or fences it at once with --take-over)."""
     with Charter.open(ctx.db) as charter:
-        runner = cell_for(
-            charter,
+        runner = charter.cell(
             cell=cell,
             slot_budget=Budget.parse(slot_budget),
             ignore_host_load=ignore_host_load,

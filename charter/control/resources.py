@@ -230,6 +230,9 @@ class BudgetService:
         the same append, as for :meth:`release` (the model door settles a call and
         charges its tokens in one commit)."""
 
+        return self._decide_and_append("usage", lineage, self._usage(lineage, amount), then)
+
+    def _usage(self, lineage: str, amount: Budget) -> Callable[[int], UsageRecorded]:
         def decide(now: int) -> UsageRecorded:
             book = self.view.book
             if not amount.fits_within(book.remaining(lineage, now, self.view.settled_ms)):
@@ -237,15 +240,25 @@ class BudgetService:
                 settle(self.journal, self.shared, lineage, now)
             return book.decide_usage(lineage, amount, now, settled_ms=self.view.settled_ms)
 
-        return self._decide_and_append("usage", lineage, decide, then)
+        return decide
 
-    def release(self, lineage: str, then: Also | None = None) -> LeaseReleased:
+    def release(
+        self, lineage: str, then: Also | None = None, *, usage: Budget | None = None
+    ) -> LeaseReleased:
         """Return ``lineage``'s lease. ``then`` adds the caller's own events to the same
         append, decided on its own pinned streams after the lease's were read (the cell
         returns a worker's lease and ends it in one commit); on a conflict with either,
-        both are decided again."""
+        both are decided again. ``usage`` is charged to the lease first, in the same
+        append (the cell charges what a worker used as it returns its lease): a lease
+        that cannot take it cannot be returned either, so a refusal then is journaled
+        for both operations (the usage's, then the release's) and raised."""
+        charge = None if usage is None else self._usage(lineage, usage)
         return self._decide_and_append(
-            "release", lineage, lambda now: self.view.book.decide_release(lineage, now), then
+            "release",
+            lineage,
+            lambda now: self.view.book.decide_release(lineage, now),
+            then,
+            charge=charge,
         )
 
     def renew(self, lineage: str, expires_at_ms: int) -> LeaseRenewed:
@@ -264,6 +277,8 @@ class BudgetService:
         lineage: str,
         decide: Callable[[int], E],
         then: Also | None = None,
+        *,
+        charge: Callable[[int], UsageRecorded] | None = None,
     ) -> E:
         with self.shared.lock:  # the views are shared: one decision at a time
             self.shared.refresh(self.journal)
@@ -277,8 +292,10 @@ class BudgetService:
 
         def attempt(versions: dict[str, int]) -> Pinned:
             also, pins = then() if then is not None else ((), {})
+            now = self.clock()
             try:
-                event = decide(self.clock())
+                charged = () if charge is None else (charge(now),)
+                event = decide(now)
             except ValidationError as invalid:  # a value no event can carry
                 raise BadInputError(
                     f"{operation} of {shown(lineage)}: {describe_invalid(invalid)}; "
@@ -290,7 +307,7 @@ class BudgetService:
             # or after the first of those expiries. (A release that commits later would
             # record the end of a lease that had already ended, later than it ended.)
             deadline = self.view.book.deadline(lineage)
-            return Pinned([event, *also], {**versions, **pins}, deadline)
+            return Pinned([*charged, event, *also], {**versions, **pins}, deadline)
 
         try:
             # The handlers' one loop: a usage, release or renewal is pinned to every
@@ -304,24 +321,29 @@ class BudgetService:
                 what=f"{operation} of {shown(lineage)}",
             )
         except DeadlinePassedError as e:
+            operations = ("usage", operation) if charge is not None else (operation,)
             self._refuse(
-                operation,
+                operations,
                 lineage,
                 LeaseEndedError(
                     f"{shown(lineage)}'s lease (or an ancestor's) ended before the "
-                    f"{operation} could commit; nothing was journaled for it ({e})"
+                    f"{' and '.join(operations)} could commit; nothing was journaled for "
+                    f"it ({e})"
                 ),
             )
         except RefusedError as error:
-            self._refuse(operation, lineage, error)
+            operations = ("usage", operation) if charge is not None else (operation,)
+            self._refuse(operations, lineage, error)
         return made[-1]
 
-    def _refuse(self, operation: str, lineage: str, error: RefusedError) -> NoReturn:
-        """Journal a refusal with its stable reason code, then raise it."""
-        refusal = BudgetRefused(
-            lineage=lineage, operation=operation, reason=error.reason, message=str(error)
-        )
-        self.journal.record_refusal(refusal, error)
+    def _refuse(self, operations: tuple[str, ...], lineage: str, error: RefusedError) -> NoReturn:
+        """Journal a refusal of each of ``operations`` (asked in one append, refused
+        together) with its stable reason code, then raise it."""
+        for operation in operations:
+            refusal = BudgetRefused(
+                lineage=lineage, operation=operation, reason=error.reason, message=str(error)
+            )
+            self.journal.record_refusal(refusal, error)
         raise error
 
     def _streams(self, operation: str, lineage: str) -> list[str]:

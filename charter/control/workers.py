@@ -30,7 +30,7 @@ from charter.control.errors import CellSupersededError
 from charter.control.handler import Pinned, append_pinned
 from charter.control.resources import AdmissionService, BudgetService, Live
 from charter.control.views import Views
-from charter.core import CharterError, CheckedModel, Lineage, now_ms
+from charter.core import Budget, CharterError, CheckedModel, Lineage, now_ms
 from charter.core.events import Event
 from charter.core.framing import worker_inputs_digest
 from charter.ledger import (
@@ -574,6 +574,19 @@ class WorkerLifecycle:
 
         return self._guarded(append)
 
+    def exit(self, lineage: str, exited: Sequence[Event], usage: Budget) -> None:
+        """Journal a sandbox's ``exited`` with ``usage`` charged to its worker's lease,
+        in one append pinned to the lease's chain and this incarnation's claim. A
+        lease that cannot take it (refused, and journaled so; or its streams kept
+        moving) leaves the exit to be appended on its own."""
+        also = lambda: (exited, self._fence())  # noqa: E731
+        try:
+            self._guarded(lambda: self.budgets.record_usage(lineage, usage, then=also))
+        except (CellSupersededError, OutcomeUnknownError):
+            raise  # fenced; or it may have committed: not appended again here
+        except CharterError:
+            self.record(exited)
+
     def end(
         self,
         *,
@@ -586,18 +599,25 @@ class WorkerLifecycle:
         discarded: Event | None,
         live: Live,
         ended: Callable[[str], bool],
+        exited: Sequence[Event] = (),
+        usage: Budget | None = None,
     ) -> None:
         """Journal the end, return the unspent lease, release whichever slot it holds
         and admit whoever queued next, all in one append pinned to the lease's stream,
         the cell's, the worker's own and this incarnation's claim (one commit less per
-        worker than returning the lease on its own). The end is decided again on each
-        retry, on the views as they stand: a worker whose end committed meanwhile
+        worker than returning the lease on its own). ``exited`` (the sandbox's measured
+        exit) goes first in whichever append carries the end, and ``usage`` (what the
+        worker used) is charged to the lease in the same append as its return: a worker
+        with nothing left to wait for is over in one commit. The end is decided again on
+        each retry, on the views as they stand: a worker whose end committed meanwhile
         (``ended``: another incarnation failed it, or an end whose outcome was unknown
         did commit) is never ended again, only what it still holds is freed. A lease
-        that had ended already is refused (the refusal journaled) and the rest is
-        appended without it; one that could not be returned in that append (its
-        streams kept moving, or the journal refused it) is returned on its own first."""
+        that had ended already is refused (the refusal journaled, for the usage too)
+        and the rest is appended without it; one that could not be returned in that
+        append (its streams kept moving, or the journal refused it) is charged and
+        returned on its own first."""
         events: list[Event] = [
+            *exited,
             WorkerEnded(
                 lineage=lineage,
                 outcome=outcome,
@@ -605,7 +625,7 @@ class WorkerLifecycle:
                 sandbox_id=sandbox_id,
                 reason=reason,
                 signal=signal,
-            )
+            ),
         ]
         if discarded is not None:  # the sandbox's discard, in the same append
             events.append(discarded)
@@ -625,10 +645,13 @@ class WorkerLifecycle:
                 self._settle(ending)
                 return
             try:
-                self._guarded(lambda: self.budgets.release(lineage, then=ending))
+                self._guarded(lambda: self.budgets.release(lineage, then=ending, usage=usage))
             except CellSupersededError:
                 raise
-            except (AppendConflictError, AppendFailedError):  # nothing written: two appends
+            except (AppendConflictError, AppendFailedError):  # nothing written: apart
+                if usage is not None:
+                    with contextlib.suppress(CharterError):
+                        self.budgets.record_usage(lineage, usage)
                 with contextlib.suppress(CharterError):
                     self.budgets.release(lineage)
             except OutcomeUnknownError:

@@ -16,9 +16,11 @@ each worker that holds a processing slot:
    ``SandboxStarted`` in one append, pinned to the worker's stream (so it starts at
    most once) and carrying the tracking position (so a replay skips it);
 3. exec the worker (only after that commit);
-4. on exit, journal ``SandboxExited`` with the measured usage, charge it to the lease,
-   destroy the sandbox, and journal in one append the lease returned, ``WorkerEnded``,
-   ``SandboxDiscarded`` and ``SlotReleased`` with the admission of whoever queued next.
+4. on exit, destroy the sandbox, and journal in one append the measured usage charged
+   to the lease, the lease returned, ``SandboxExited``, ``WorkerEnded``,
+   ``SandboxDiscarded`` and ``SlotReleased`` with the admission of whoever queued next
+   (a worker with live descendants journals its exit and usage first, and ends once
+   they have).
 
 A parent that stops waiting (it ended, or its wait timed out) has every live descendant
 killed, each ``WorkerKilled`` committed before the kill. A cell that starts after a crash
@@ -181,6 +183,7 @@ class Cell:
         self._lock = app.views.lock  # the folds and the process's decisions and appends
         self.custody = Custody(self.keys, self.key_broker)
         self.draining = False  # start nothing more; stop once what runs has finished
+        self._stepped = 0  # the views' position the last step decided on
         self._parked_base = 1  # idle sandboxes parked ahead: the processing cap (open)
         self.changed = threading.Condition(self._lock)
         # Run for each worker recovery fails, before its lease returns (the door settles
@@ -251,13 +254,17 @@ class Cell:
         # instead of a processing one: the pool holds room for both.
         # Idle sandboxes parked ahead of demand: as many as may run at once, plus the
         # workers queued for a slot (see _park_for_demand), never the whole capacity
-        # while idle (a waiting coordinator's room is built when it is needed).
+        # while idle (a waiting coordinator's room is built when it is needed). While
+        # workers queue, one more per processing slot may be parked beyond the capacity
+        # (``spare``: never leased beyond it), so that when workers end close together
+        # each next start finds a sandbox ready, not one to build on the follower.
         self._parked_base = max(1, min(state.caps.get(ResourceClass.PROCESSING, 0), capacity))
         pool = WarmPool(
             template,
             self.budget,
             max(1, capacity),
             parked=self._parked_base,
+            spare=self._parked_base,
             # The pool journals only its brokers' events (and the host probe's refusal):
             # each sandbox's lifecycle is the cell's to journal, pinned to its worker.
             sink=self.journal,
@@ -389,10 +396,11 @@ class Cell:
         workers were started."""
         started = 0
         self._check_not_superseded()
-        self._admit_room()
         with self._lock:
             self.refresh()
             self._check_not_superseded()
+            self._admit_room()
+            self._stepped = self.view.position  # what this step decides on
             admitted = self.follower.admitted()
         self._carry_out_kills()  # whoever committed them
         self.verdicts.carry_out()  # likewise every committed verdict
@@ -424,7 +432,7 @@ class Cell:
         with self._lock:
             state = self.resources.cells.cells().get(self.cell)
             queued = len(state.queued[ResourceClass.PROCESSING]) if state is not None else 0
-        want = min(pool.capacity, self._parked_base + queued)
+        want = min(pool.capacity + pool.spare, self._parked_base + queued)
         if want != pool.parked_target:
             pool.parked_target = want
             self.driver.filler.wake()
@@ -444,18 +452,35 @@ class Cell:
 
     def _admit_room(self) -> None:
         """Admit queued workers when the cell has room no release will announce (a
-        fan-out queued while the host was loaded, or before the cell was configured)."""
+        fan-out queued while the host was loaded, or before the cell was configured).
+        Only when the views just folded show some queued and room under the cap is it
+        decided (on the journal, pinned): a step that finds none reads nothing more."""
         with self._lock:
-            if self.lifecycle.admit_room(self.live):
+            if self._room_for_queue() and self.lifecycle.admit_room(self.live):
                 self.changed.notify_all()
 
+    def _room_for_queue(self) -> bool:
+        """Whether workers queue for a processing slot here with room under the cap for
+        at least one, as the views stand (hold the lock)."""
+        cells = self.resources.cells
+        state = cells.cells().get(self.cell)
+        if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
+            return False
+        inputs = self.host_load(state.cores, state.failover_reserve)
+        cap, _ = cells.cap(self.cell, ResourceClass.PROCESSING, inputs)
+        return state.occupancy(ResourceClass.PROCESSING) < cap
+
     def run(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.01) -> None:
-        """Follow the journal until ``until()`` is true."""
+        """Follow the journal until ``until()`` is true. Between steps it waits only
+        while nothing was committed since the last step read the journal: a commit
+        this process folded meanwhile (a driver's end admitting the next worker, as
+        the step ran) is stepped on at once, not after ``poll_s``."""
         while not until():
             if self.step() == 0:
                 head = self.journal.head()
                 with self.changed:
-                    if head is None or head[0] <= self.view.position:
+                    seen = self._stepped
+                    if self.view.position <= seen and (head is None or head[0] <= seen):
                         self.changed.wait(poll_s)
 
     def running(self) -> int:
@@ -553,6 +578,7 @@ class Cell:
         outcome is unknown, a refused append, a sandbox that died before it ran) is
         caught and the worker settled: a driver never leaves a slot held or the queue
         stuck."""
+        ran: Outcome | None = None
         try:
             ran = self._driver().run(w.lineage, slot, command)
             self._report(w, slot, ran)
@@ -560,14 +586,19 @@ class Cell:
             self._driver().destroy(w.lineage)
             self._fence(fenced)
         except Exception as error:  # noqa: BLE001 - every failure is settled, below
-            self._settle_failed_driver(w, error)
+            self._settle_failed_driver(w, error, None if ran is None else (slot, ran))
 
-    def _settle_failed_driver(self, w: WorkerRecord, error: Exception) -> None:
+    def _settle_failed_driver(
+        self, w: WorkerRecord, error: Exception, ran: tuple[Slot, Outcome] | None
+    ) -> None:
         """The driver of ``w`` failed part-way: its sandbox is destroyed, then whatever
         of its end is not in the journal yet (the end, the lease's return, its slots)
         is settled on the journal as it is read afresh (an append whose outcome was
-        unknown may have committed). Tried a few times; what still cannot be settled is
-        reported on stderr with the worker named, and the cell goes on."""
+        unknown may have committed; each retry is pinned to the streams it read, so
+        nothing is journaled twice). An exit the driver measured (``ran``) and the
+        journal does not hold is journaled with the end, and its usage charged; one
+        never measured ends the worker ``lost``. Tried a few times; what still cannot
+        be settled is reported on stderr with the worker named, and the cell goes on."""
         self._driver().destroy(w.lineage)
         why = f"its driver failed: {type(error).__name__}: {error}"
         last: Exception = error
@@ -582,11 +613,16 @@ class Cell:
                     self._settle(w.lineage, ())
                     return
                 code = record.exit_code
-                if code is None:  # it is not known how it ended: lost with its driver
-                    self._end(record, "lost", None, why, discard=True)
-                else:
+                if code is not None:
                     outcome, signal = record.exit_outcome()
                     self._end(record, outcome, code, why, discard=True, signal=signal)
+                elif ran is not None:  # measured, not journaled: with the end
+                    exited, spent = _measured(*ran)
+                    outcome, signal = _outcome(ran[1], record)
+                    self._end(record, outcome, exited.exit_code, why, discard=True,
+                              signal=signal, exited=(exited,), usage=spent)  # fmt: skip
+                else:  # it is not known how it ended: lost with its driver
+                    self._end(record, "lost", None, why, discard=True)
             except CellSupersededError as fenced:
                 self._fence(fenced)
                 return
@@ -602,42 +638,31 @@ class Cell:
         )
 
     def _report(self, w: WorkerRecord, slot: Slot, ran: Outcome) -> None:
-        """Journal what the driver measured: the exit, the answer a worker that never
-        used the door printed, the usage charged; then its children's kills (nobody
-        waits for them now), and its end."""
+        """Journal what the driver measured: the answer a worker that never used the
+        door printed; then, for a worker with no live descendant (nothing to wait for),
+        its sandbox destroyed and, in one append, its exit, the usage charged, its
+        lease's return, its end and its slot given back with the next admission. A
+        worker with live descendants has its exit and usage journaled first (one
+        append), its descendants killed (nobody waits for them now) and waited for (so
+        they end first: what they used is charged while their leases are live), then
+        its sandbox destroyed and its end journaled."""
         if self.supervisor is not None:  # its last sample; its decoy's watch removed
             self.supervisor.exited(w.lineage)
-        usage = ran.usage
-        exited = SandboxExited(
-            sandbox_id=slot.sandbox_id, exit_code=ran.exit_code, how=ran.how, usage=usage
-        )
+        exited, spent = _measured(slot, ran)
         with self._lock:
-            self.lifecycle.record([exited])
             self.refresh()
             record = self.view.workers[w.lineage]
+            waits = bool(self.view.live_descendants(w.lineage))
         if record.result is None and ran.stdout:
             # A worker that never used the door answers with what it printed.
             self.journal_result(w.lineage, ran.stdout)
-        spent = Budget(
-            tokens=0,
-            wall_ms=usage.wall_ms,
-            cpu_ms=usage.cpu_ms,
-            mem_bytes=usage.memory_peak_bytes,
-            egress_bytes=usage.egress_bytes,
-        )
-        with contextlib.suppress(CharterError):  # the lease ended first (refusal journaled)
-            self.budgets.record_usage(w.lineage, spent)
-        outcome, signal = end_outcome(
-            how=ran.how,
-            exit_code=ran.exit_code,
-            oom_kills=usage.oom_kills,
-            killed=record.killed is not None,
-        )
-        # Its children die with its interest in them (each kill journaled first), and
-        # end before it does: its lease's return ends theirs, and what they used must
-        # be charged while their leases are live.
-        self._kill_descendants(w.lineage, f"parent {w.lineage} ended")
-        self._wait_for_descendants(w.lineage)
+        if waits:
+            self.lifecycle.exit(w.lineage, [exited], spent)
+            # Its children die with its interest in them (each kill journaled first),
+            # and end before it does: its lease's return ends theirs.
+            self._kill_descendants(w.lineage, f"parent {w.lineage} ended")
+            self._wait_for_descendants(w.lineage)
+        outcome, signal = _outcome(ran, record)
         reason = record.killed or _REASONS.get(outcome, "")
         if signal is not None and outcome == "signalled":
             reason = f"it died of signal {signal}"
@@ -648,7 +673,10 @@ class Cell:
             self.supervisor.ended(w.lineage, outcome, ran.exit_code)
         # The sandbox is destroyed before its slot is given back: never oversubscribed.
         self._driver().destroy(w.lineage)
-        self._end(record, outcome, ran.exit_code, reason, discard=True, signal=signal)
+        self._end(
+            record, outcome, ran.exit_code, reason, discard=True, signal=signal,
+            exited=() if waits else (exited,), usage=None if waits else spent,
+        )  # fmt: skip
 
     def _wait_for_descendants(self, lineage: str) -> None:
         """Until no descendant of ``lineage`` that this cell runs is left unended (their
@@ -675,9 +703,12 @@ class Cell:
         *,
         discard: bool,
         signal: int | None = None,
+        exited: tuple[SandboxExited, ...] = (),
+        usage: Budget | None = None,
     ) -> None:
         """Journal ``w``'s end with its lease's return and its settlement, in one append
-        (:meth:`WorkerLifecycle.end`); never a second end."""
+        (:meth:`WorkerLifecycle.end`), with its sandbox's ``exited`` and its ``usage``
+        charged when they are not journaled yet; never a second end."""
         self.lifecycle.end(
             lineage=w.lineage,
             sandbox_id=w.sandbox_id,
@@ -692,6 +723,8 @@ class Cell:
             ),
             live=self.live,
             ended=self._ended,
+            exited=exited,
+            usage=usage,
         )
         self._notify()
 
@@ -884,3 +917,30 @@ class Cell:
         with self._lock:
             minted = self.view.grants.get(lineage)
         return custody_seed(self.keys, lineage, None if minted is None else minted.sealed())
+
+
+def _measured(slot: Slot, ran: Outcome) -> tuple[SandboxExited, Budget]:
+    """What the driver measured of ``slot``'s run: its exit, and the usage to charge."""
+    usage = ran.usage
+    exited = SandboxExited(
+        sandbox_id=slot.sandbox_id, exit_code=ran.exit_code, how=ran.how, usage=usage
+    )
+    spent = Budget(
+        tokens=0,
+        wall_ms=usage.wall_ms,
+        cpu_ms=usage.cpu_ms,
+        mem_bytes=usage.memory_peak_bytes,
+        egress_bytes=usage.egress_bytes,
+    )
+    return exited, spent
+
+
+def _outcome(ran: Outcome, record: WorkerRecord) -> tuple[End, int | None]:
+    """How a worker that ran ended (and its signal): what its sandbox measured, and
+    whether a kill of it had committed when its record was read."""
+    return end_outcome(
+        how=ran.how,
+        exit_code=ran.exit_code,
+        oom_kills=ran.usage.oom_kills,
+        killed=record.killed is not None,
+    )

@@ -27,7 +27,7 @@ from charter.core import Budget, KeyStore
 from charter.runner import scan
 from charter.runner._view import WorkersView
 from charter.runner.errors import DemoFailedError
-from charter.runner.host import cell_for, run_cell
+from charter.runner.host import run_cell
 from charter.runner.status import Row, tree_rows
 
 __all__ = ["DemoOutcome", "Row", "run_demo", "tree_rows"]
@@ -86,8 +86,7 @@ def run_demo(
         )
         result = charter.spawn(f"agent:{ROOT}", intent, workers=(coordinator,))
         top = str(result.children[0].lineage)
-        cell = cell_for(
-            charter,
+        cell = charter.cell(
             slot_budget=SLOT_BUDGET,
             ignore_host_load=ignore_host_load,
             state_dir=state_dir,

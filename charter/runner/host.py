@@ -1,14 +1,15 @@
-"""A cell for an open :class:`~charter.app.Charter`, with its door: the composition the
-CLI, the demo and the tests use."""
+"""The cell as the composition root builds it: :meth:`charter.app.Charter.cell` asks
+the factory this module registers (:func:`charter.app.provide_cells`) for a cell with
+its door on the root's services; :func:`run_cell` runs one."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
-from pathlib import Path
+from typing import Any
 
-from charter.app import Charter
+from charter.app import CellOptions, CellRunner, Charter, provide_cells
 from charter.control import steady_load
 from charter.core import Budget
 from charter.runner.cell import DEFAULT_CLAIM_S, Cell
@@ -16,34 +17,19 @@ from charter.runner.door import Door
 from charter.runner.model import load_endpoint
 from charter.sandbox import default_state_dir
 
-__all__ = ["DEFAULT_SLOT_BUDGET", "cell_for", "run_cell", "steady_load"]
+__all__ = ["DEFAULT_SLOT_BUDGET", "build_cell", "cell_for", "run_cell", "steady_load"]
 
 # The most any one worker's sandbox may get: each worker runs under its own lease and
 # grant, narrowed from this (docs/cell.md, "Caps").
 DEFAULT_SLOT_BUDGET = Budget.parse("tokens=0,wall=10m,cpu=10m,mem=512MiB,egress=100MB")
 
 
-def cell_for(
-    charter: Charter,
-    *,
-    cell: str | None = None,
-    slot_budget: Budget = DEFAULT_SLOT_BUDGET,
-    state_dir: Path | None = None,
-    template: Path | None = None,
-    ignore_host_load: bool = False,
-    claim_s: float = DEFAULT_CLAIM_S,
-    take_over: bool = False,
-) -> Cell:
-    """A cell (not opened yet) on ``charter``'s services, with its door. The cell and
-    its door decide through ``charter`` (its one spawn pipeline, budgets and views);
-    ``ignore_host_load`` makes every decision of this process ignore the load average
-    (:func:`~charter.control.steady_load`). The cell holds its id by a claim of
-    ``claim_s`` seconds it renews; ``take_over`` fences a live incarnation at once
-    instead of waiting for its claim to lapse."""
-    name = cell or charter.settings.cell
-    base = state_dir or default_state_dir()
-    if ignore_host_load:
-        charter.host_load = steady_load
+def build_cell(charter: Charter, options: CellOptions) -> Cell:
+    """A cell (not opened yet) on ``charter``'s services, with its door: what
+    :meth:`Charter.cell` hands out. The cell and its door decide through ``charter``
+    (its one spawn pipeline, budgets and views)."""
+    name = options.cell
+    base = options.state_dir or default_state_dir()
     door = Door(
         base / f"door-{name}-{os.getpid()}.sock",
         model_path=base / f"model-{name}-{os.getpid()}.sock",
@@ -52,18 +38,31 @@ def cell_for(
     runner = Cell(
         charter,
         cell=name,
-        budget=slot_budget,
-        template=template,
+        budget=options.slot_budget or DEFAULT_SLOT_BUDGET,
+        template=options.template,
         state_dir=base,
         key_broker=door,
-        claim_s=claim_s,
-        take_over=take_over,
+        claim_s=DEFAULT_CLAIM_S if options.claim_s is None else options.claim_s,
+        take_over=options.take_over,
     )
     door.cell = runner
     return runner
 
 
-def run_cell(cell: Cell, *, once: bool) -> None:
+provide_cells(build_cell)
+
+
+def cell_for(charter: Charter, **options: Any) -> Cell:
+    """``charter.cell(**options)`` (:meth:`Charter.cell`), typed as the runner's
+    :class:`Cell` for callers that reach into it (benchmarks, tools): a thin alias
+    kept for code written before the composition root built cells."""
+    built = charter.cell(**options)
+    if not isinstance(built, Cell):
+        raise TypeError(f"Charter.cell built a {type(built).__name__}, not a runner Cell")
+    return built
+
+
+def run_cell(cell: CellRunner, *, once: bool) -> None:
     """Open ``cell`` and follow the journal: with ``once``, until nothing of its is left
     to run; otherwise until stopped. The first SIGTERM (or ``charter cell drain``)
     drains: nothing more is started, and the cell stops once the workers it runs have

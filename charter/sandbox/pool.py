@@ -8,6 +8,8 @@ namespace holding the overlay dies with it, so nothing a lease wrote reaches the
 
 The pool's capacity is the cell's admission cap for sandboxes: ``lease`` refuses
 (:class:`PoolExhaustedError`) or waits when every slot is leased. There is no second count.
+``spare`` slots may be parked beyond it (never leased beyond it), so that a start finds
+one ready when workers end close together.
 """
 
 from __future__ import annotations
@@ -268,9 +270,10 @@ def _wait_readable(fd: int, timeout: float) -> bool:
 class WarmPool:
     """``capacity`` sandboxes of one budget over one read-only template.
 
-    Every slot counts against ``capacity`` for as long as it holds anything of the host
-    (a uid, a cgroup, processes): from the reservation of its build until its destruction
-    is done. At every instant parked + leased + being built + being destroyed <= capacity.
+    Every slot counts against ``capacity`` (plus ``spare``, which only parked slots may
+    use) for as long as it holds anything of the host (a uid, a cgroup, processes): from
+    the reservation of its build until its destruction is done. At every instant parked
+    + leased + being built + being destroyed <= capacity + spare, and leased <= capacity.
     Slots are built and destroyed outside the pool's lock (a build can take up to
     ``_PARK_TIMEOUT``); only reservations and hand-overs happen under it. A slot's bwrap
     dies with the thread that built it (``--die-with-parent``): fill and release from
@@ -291,19 +294,23 @@ class WarmPool:
         bwrap: str | None = None,
         parked: int | None = None,
         lifecycle: bool = True,
+        spare: int = 0,
     ) -> None:
         if capacity < 1:
             raise PoolCapacityError("a warm pool needs a capacity of at least 1")
+        if spare < 0:
+            raise PoolCapacityError("a warm pool cannot hold a negative number of spare slots")
         if parked is not None and parked < 0:
             raise PoolCapacityError("a warm pool cannot keep a negative number parked")
         if not template.is_dir():
             raise SandboxUnavailableError(f"template {template} is not a directory")
         self.template = template.resolve()
         self.budget = budget
-        self.capacity = capacity
+        self.capacity = capacity  # the most slots leased at once
+        self.spare = spare  # room beyond it that only parked slots take
         # How many idle slots ``fill`` keeps ready (the rest of the capacity is built on
         # demand): each parked slot holds a host uid and processes while it waits.
-        self.parked_target = capacity if parked is None else min(parked, capacity)
+        self.parked_target = capacity if parked is None else min(parked, capacity + spare)
         self.sink = sink
         # Whether the pool journals each slot's lifecycle (leased, started, exited,
         # discarded) through ``sink``; without it the caller journals it (the cell, pinned
@@ -324,6 +331,7 @@ class WarmPool:
         self._parked: list[Slot] = []
         self._leased: set[Slot] = set()
         self._building = 0  # reserved capacity whose slot is being built (outside the lock)
+        self._filling = 0  # of those, the builds ``fill`` parks when done
         self._dropping = 0  # slots out of the books whose destruction is not done yet
         self._closed = False
         self._cond = threading.Condition()
@@ -358,13 +366,21 @@ class WarmPool:
         between them."""
         while True:
             with self._cond:
-                if self._closed or self._held() >= self.capacity:
+                if self._closed or self._held() >= self.capacity + self.spare:
                     return
                 if len(self._parked) + self._building >= self.parked_target:
                     return
                 self._building += 1
-            slot = self._build()
+                self._filling += 1
+            try:
+                slot = self._build()
+            except BaseException:
+                with self._cond:  # a lease waiting for this build builds its own now
+                    self._filling -= 1
+                    self._cond.notify_all()
+                raise
             with self._cond:
+                self._filling -= 1
                 self._building -= 1
                 self._cond.notify_all()
                 if not self._closed:
@@ -422,9 +438,13 @@ class WarmPool:
             while True:
                 if self._closed:
                     raise SandboxUnavailableError(f"pool {self.name!r} is closed")
-                if self._parked or self._held() < self.capacity:
-                    break
                 if len(self._leased) < self.capacity:
+                    # A slot being parked is nearer than one built from nothing here (and a
+                    # build on the caller's thread is on its path): wait for it.
+                    if self._parked or (
+                        not self._filling and self._held() < self.capacity + self.spare
+                    ):
+                        break
                     self._cond.wait()  # a build or a destruction elsewhere will notify
                     continue
                 remaining = deadline - time.monotonic()

@@ -1,6 +1,7 @@
-"""A worker's end is one commit: its lease returned, its end, its sandbox's discard, its
-slot given back and the next queued worker admitted. A lease that had ended already
-is refused (journaled) and the rest still commits, once."""
+"""A worker's end is one commit: its sandbox's exit, the usage charged, its lease
+returned, its end, its sandbox's discard, its slot given back and the next queued worker
+admitted. A lease that had ended already is refused (journaled, for the usage and the
+release) and the rest still commits, once."""
 
 from __future__ import annotations
 
@@ -40,13 +41,16 @@ def test_the_end_returns_the_lease_and_admits_the_next_in_one_commit(
         batch = _batch_of(entries, WorkerEnded, first)
         kinds = [type(e.event).__name__ for e in batch]
         assert kinds == [
+            "UsageRecorded",
             "LeaseReleased",
+            "SandboxExited",
             "WorkerEnded",
             "SandboxDiscarded",
             "SlotReleased",
             "SlotAdmitted",
         ]
         assert str(batch[0].event.lineage) == first  # type: ignore[attr-defined]
+        assert str(batch[1].event.lineage) == first  # type: ignore[attr-defined]
         assert str(batch[-1].event.lineage) == second  # type: ignore[attr-defined]
         for lineage in (first, second):  # each lease returned once, nothing refused
             released = [
@@ -87,6 +91,7 @@ def test_a_lease_that_ended_first_is_refused_and_the_end_still_commits_once(
         assert len(released) == 1  # the operator's, not a second one
         batch = _batch_of(entries, WorkerEnded, first)
         assert [type(e.event).__name__ for e in batch] == [
+            "SandboxExited",
             "WorkerEnded",
             "SandboxDiscarded",
             "SlotReleased",
