@@ -41,6 +41,7 @@ from charter.ledger._rows import (
     ChainRow,
     CommitOutcomeAmbiguousError,
     CommitPastDeadlineError,
+    HeadMovedError,
     JournalMeta,
     PinnedStreamMovedError,
     WriteLockTimeoutError,
@@ -55,6 +56,7 @@ from charter.ledger.errors import (
     AppendFailedError,
     BatchCommittedError,
     DeadlinePassedError,
+    HeadPinLostError,
     UnknownSchemeError,
     WriterStalledError,
 )
@@ -82,6 +84,14 @@ _STALE_DECISION = (
     "another writer appended to a stream this decision was based on; re-read the state "
     "and decide again"
 )
+
+
+def _conflict(error: PinnedStreamMovedError) -> AppendConflictError:
+    if isinstance(error, HeadMovedError):
+        return HeadPinLostError(
+            f"{error}; nothing written: decide again on the journal as it is now"
+        )
+    return AppendConflictError(_STALE_DECISION)
 
 
 def _checked(events: Iterable[Event]) -> tuple[Event, ...]:
@@ -304,6 +314,8 @@ class Journal:
         tracking: tuple[str, int] | None = None,
         deadline_ms: int | None = None,
         batch: str | None = None,
+        expect_head: int | None = None,
+        not_before_ms: int | None = None,
     ) -> tuple[Committed, ...]:
         """Append ``events`` atomically; return their positions and hashes after commit.
 
@@ -328,6 +340,12 @@ class Journal:
         writes to them; if another writer has appended to one of them since,
         :class:`AppendConflictError` is raised and nothing is written. Streams not
         pinned are versioned automatically (retrying a lost race).
+        ``expect_head`` pins the whole journal: the batch commits only if, under the
+        write lock, the journal's last position is still ``expect_head`` (nothing
+        committed since the decision read up to it), and ``not_before_ms`` refuses a
+        commit stamped before it; either refusal raises :class:`HeadPinLostError`
+        (an :class:`AppendConflictError`) and nothing is written (a fan-out that took a
+        recent expiry as final relies on both: docs/decisions-and-views.md).
         ``tracking=(follower, position)`` commits a follower's position in the same
         transaction (exactly once: a position already recorded raises
         :class:`AlreadyTrackedError`). Any other failure raises :class:`AppendFailedError`.
@@ -364,9 +382,11 @@ class Journal:
                     tracking=Tracking(*tracking) if tracking else None,
                     guards=guards,
                     deadline_ms=deadline_ms,
+                    expect_head=expect_head,
+                    not_before_ms=not_before_ms,
                 )
-            except PinnedStreamMovedError as e:
-                raise AppendConflictError(_STALE_DECISION) from e
+            except PinnedStreamMovedError as e:  # a pinned stream, or the pinned head
+                raise _conflict(e) from e
             except CommitPastDeadlineError as e:
                 raise DeadlinePassedError(str(e)) from e
             except WriteLockTimeoutError as e:
