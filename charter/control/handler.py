@@ -74,7 +74,7 @@ def append_pinned(
     names = list(streams)
     for _ in range(RETRIES):
         with shared.lock:
-            versions = {s: journal.stream_version(s) for s in names}
+            versions = journal.stream_versions(names)  # one read for the chain
             shared.refresh(journal)  # after the versions: the views cover all they do
             decision = decide(versions)
             if decision is None or not decision.events:

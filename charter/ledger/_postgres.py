@@ -291,9 +291,9 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             "INSERT INTO {schema}.{batches} (batch, first_position, last_position) "
             "VALUES (%s, %s, %s)"
         ).format(schema=Identifier(schema), batches=Identifier(BATCHES_TABLE))
-        self._select_version = SQL(
-            "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
-            "WHERE originator_id = %s"
+        self._select_versions = SQL(
+            "SELECT originator_id, MAX(originator_version) AS version FROM {schema}.{table} "
+            "WHERE originator_id = ANY(%s::uuid[]) GROUP BY originator_id"
         ).format(**ids)
         self._select_between = SQL(
             "SELECT notification_id, originator_id, originator_version, chain_hash AS chain "
@@ -596,8 +596,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             self._notify_channel(curs)
         if deadline_ms is None and not guards and expect_head is None and not_before_ms is None:
             return self._insert_on_server(curs, stored_events)
-        check_guards(guards, lambda originator: self._stream_version(curs, originator))
-        head = self._read_head(curs)
+        versions, head = self._guards_and_head(curs, guards)
+        check_guards(guards, lambda originator: versions.get(originator, 0))
         check_head(expect_head, head.position)
         stamped, stamp = stamp_batch(stored_events, head.stamp, deadline_ms, not_before_ms)
         self._insert_after(curs, head, stamped, stamp)
@@ -639,10 +639,22 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             finally:
                 conn.rollback()
 
-    def _stream_version(self, curs: psycopg.Cursor[DictRow], originator: UUID) -> int:
-        curs.execute(self._select_version, (originator,))
-        row = curs.fetchone()
-        return int(row["version"] or 0) if row else 0
+    def _guards_and_head(
+        self, curs: psycopg.Cursor[DictRow], guards: Guards
+    ) -> tuple[dict[UUID, int], Head]:
+        """Under the lock, in one flight (one round trip in a pipeline, however many
+        streams are pinned): the pinned streams' versions and the head. Each round trip
+        with the lock held waits, on a loaded host, for this process and the server's
+        to be scheduled, and every other writer waits behind it."""
+        versions = None
+        if guards:
+            versions = curs.connection.cursor()
+            versions.execute(self._select_versions, ([originator for originator, _ in guards],))
+        head = self._read_head(curs)  # its fetch syncs the pipeline: both answered
+        found = {} if versions is None else {
+            r["originator_id"]: int(r["version"]) for r in versions.fetchall()
+        }  # fmt: skip
+        return found, head
 
     def _read_head(self, curs: psycopg.Cursor[DictRow]) -> Head:
         curs.execute(self._select_head)

@@ -763,6 +763,19 @@ class SQLiteJournalStore:
         with self._reading() as conn, contextlib.closing(conn.execute(sql, params)) as cur:
             return cur.fetchone()
 
+    def stream_versions(self, originators: Sequence[bytes]) -> dict[bytes, int]:
+        """The last version of each stream that has one (one read for them all)."""
+        if not originators:
+            return {}
+        marks = ",".join("?" * len(originators))
+        sql = (
+            f"SELECT originator_id, MAX(originator_version) FROM {TABLE} "
+            f"WHERE originator_id IN ({marks}) GROUP BY originator_id"
+        )
+        params = tuple(o.hex() for o in originators)
+        with self._reading() as conn, contextlib.closing(conn.execute(sql, params)) as cur:
+            return {bytes.fromhex(oid): int(version) for oid, version in cur.fetchall()}
+
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""
         return self._one(

@@ -270,6 +270,16 @@ class Journal:
         """The version of ``stream`` now (0 when it has no events)."""
         return self._version(stream_uuid(stream))
 
+    def stream_versions(self, streams: Iterable[str]) -> dict[str, int]:
+        """The version of each of ``streams`` now (0 for one with no events), in one
+        read: a decision reads its whole chain's, and on PostgreSQL each separate read
+        is a round trip (docs/performance.md, helper pin)."""
+        self._writer()  # refused when closed or read-only, like stream_version
+        names = list(dict.fromkeys(streams))
+        ids = {name: stream_uuid(name).bytes for name in names}
+        found = self._store.stream_versions(list(ids.values()))  # UnavailableError if not
+        return {name: found.get(oid, 0) for name, oid in ids.items()}
+
     def _version(self, originator: UUID) -> int:
         _, recorder = self._writer()
         try:
@@ -291,17 +301,15 @@ class Journal:
     def _envelopes(
         self, events: Sequence[Event], expect: Mapping[str, int], at: datetime, batch: str
     ) -> list[Envelope]:
-        versions: dict[str, int] = {}
+        written = {e.stream() for e in events} - {None} - expect.keys()
+        # The unpinned streams' versions now, in one read; the pinned ones as decided.
+        versions: dict[str, int] = {**self.stream_versions(s for s in written if s), **expect}
         envelopes = []
         for event in events:
             stream = event.stream()
             if stream is None:
                 envelopes.append(Envelope(stream_uuid(None), 1, at, event, batch))
                 continue
-            if stream not in versions:
-                versions[stream] = (
-                    expect[stream] if stream in expect else self.stream_version(stream)
-                )
             versions[stream] += 1
             envelopes.append(Envelope(stream_uuid(stream), versions[stream], at, event, batch))
         return envelopes

@@ -50,7 +50,7 @@ from charter.ledger import Journal
 from tests.invariants import check_history, journal_history
 
 from . import _slow
-from ._support import ceiling, intent, register_root, service
+from ._support import ceiling, intent, register_root, service, watch_fan_outs
 
 HOLD_S = 3.0  # how long a held batch's commit waits after its stamp (the window)
 ROOT = Budget.parse("tokens=100k,wall=10h,cpu=10h,mem=64GiB,egress=10GB")
@@ -303,22 +303,6 @@ def test_control_without_the_guards_the_fold_finds_the_overspend(
         assert problems, check_history(journal_history(scene.journal)).problems
 
 
-def _fan_out_appends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int | None, int | None]]:
-    """Each append that grants leases, as (expect_head, not_before_ms) (a spy: the
-    real append runs)."""
-    seen: list[tuple[int | None, int | None]] = []
-    append = Journal.append
-
-    def spied(self: Journal, events: Any, **kwargs: Any) -> Any:
-        events = list(events)
-        if any(isinstance(e, LeaseGranted) for e in events):
-            seen.append((kwargs.get("expect_head"), kwargs.get("not_before_ms")))
-        return append(self, events, **kwargs)
-
-    monkeypatch.setattr(Journal, "append", spied)
-    return seen
-
-
 @pytest.mark.slow
 def test_the_fan_out_in_the_window_pins_the_head_loses_and_falls_back(
     journal_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -328,7 +312,7 @@ def test_the_fan_out_in_the_window_pins_the_head_loses_and_falls_back(
     (and a commit at or after the end). The held usage commits first (the fan-out's
     append waits for the write lock it holds), the pin loses, and the decision made
     again settles the journal, reads the usage and is refused."""
-    appends = _fan_out_appends(monkeypatch)
+    appends = watch_fan_outs(monkeypatch)
     scene = _scene(journal_url, tmp_path / "home")
     with scene.journal:
         before = len(appends)  # the scenario's own first spawn

@@ -23,14 +23,13 @@ from typing import Any
 import pytest
 
 from charter.authority import FixedPolicy, Verdict
-from charter.budgets import LeaseGranted
 from charter.control import BudgetService, SpawnService
 from charter.core import Budget, KeyStore, RefusedError, now_ms
 from charter.ledger import HeadPinLostError, Journal
 from tests.invariants import check_history, journal_history
 from tests.journal._support import Ping
 
-from ._support import a_root_and_a_child, ceiling, intent, register_root
+from ._support import a_root_and_a_child, ceiling, intent, register_root, watch_fan_outs
 
 ROOT = Budget.parse("tokens=100k,wall=10h,cpu=10h,mem=64GiB,egress=10GB")
 BRIEF = Budget.parse("tokens=100k,wall=2s,cpu=1h,mem=1GiB,egress=1GB")  # ends in ~2 s
@@ -45,24 +44,6 @@ def _until(ms: int) -> None:
         time.sleep(0.005)
 
 
-def _fan_out_tries(journal: Journal, monkeypatch: pytest.MonkeyPatch, between: Any) -> list[Any]:
-    """Spy on ``journal``'s appends that grant leases (the real append runs); before
-    the first one pinned to the head, run ``between`` (a commit in the window)."""
-    tries: list[Any] = []
-    append = journal.append
-
-    def spied(events: Any, **kwargs: Any) -> Any:
-        events = list(events)
-        if any(isinstance(e, LeaseGranted) for e in events):
-            if kwargs.get("expect_head") is not None and not tries:
-                between()
-            tries.append((kwargs.get("expect_head"), kwargs.get("not_before_ms")))
-        return append(events, **kwargs)
-
-    monkeypatch.setattr(journal, "append", spied)
-    return tries
-
-
 @pytest.mark.slow
 def test_anything_committed_between_read_and_append_makes_the_pin_lose(
     journal_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -75,7 +56,7 @@ def test_anything_committed_between_read_and_append_makes_the_pin_lose(
         with Journal.open(journal_url) as other:
             landed.append(other.append([Ping(writer="other", batch=0, n=0)])[0].position)
 
-    tries = _fan_out_tries(journal, monkeypatch, unrelated_commit)
+    tries = watch_fan_outs(monkeypatch, unrelated_commit)
     _until(brief.expires_ms + 300)  # just after the child's end, nothing committed since
     with journal:
         result = brief.svc.spawn(brief.root, intent(1, LATER))
