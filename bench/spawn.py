@@ -29,11 +29,13 @@ What settled time costs a fan-out: the root fans out children whose leases end b
 its next fan-out, so each fan-out finds children that expired after the last commit it
 read (not final yet: ``LeaseBook.remaining(…, settled_ms)``). With ample budget that
 costs only the book's bookkeeping; with one fan-out's budget, each needs them final and
-settles the journal first (a ``BudgetSettled`` commit, then a refresh: the worst case).
+pins the journal's head in its append (the worst case: docs/decisions-and-views.md); and,
+for reference, the same with the head pin off, where each settles the journal first (a
+``BudgetSettled`` commit, then a refresh, the fallback after a lost pin).
 Alternated in the same run with the same fan-out with the rule switched off (bench
 side: ``tests/budgets/_slow.settled_time_off``, every expiry final at once, as before).
-Prints p50/p90 of each and the ratio; exits 1 if an ample-budget p50 ratio exceeds
-``--settled-ratio`` (the worst case is printed beside it).
+Prints p50/p90 of each and the ratio; exits 1 if a p50 ratio with the head pin
+exceeds ``--settled-ratio`` (the settle commit alone is printed beside them).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -69,6 +72,7 @@ from charter.authority import (
 )
 from charter.budgets import FabricCeilings
 from charter.control import Ceiling, SpawnService, register_root
+from charter.control.resources import Settling
 from charter.core import Budget, KeyStore
 from charter.ledger import Journal
 from tests.budgets._slow import settled_time_off
@@ -356,17 +360,35 @@ def history_main(args: argparse.Namespace) -> int:
 
 
 SETTLED_LEASE_MS = 300  # each fan-out's children live this long: past it, the next one
+# A wide fan-out's children live longer: its own commit, seconds after its decision on a
+# loaded machine, must not come after their end (it would settle them itself, and the
+# worst case would not be measured).
+SETTLED_LEASE_PER_250_MS = 300
+
+
+def _settled_lease_ms(width: int) -> int:
+    return SETTLED_LEASE_MS + SETTLED_LEASE_PER_250_MS * (width // 250)
 
 
 def bench_settled(
-    url: str, home: Path, width: int, runs: int, *, tight: bool
-) -> tuple[list[float], list[float], int]:
+    url: str, home: Path, width: int, runs: int, *, tight: bool, pin_head: bool = True
+) -> tuple[list[float], list[float], int, int]:
     """Fan-outs of ``width`` by the root, each after the last one's children expired,
     with settled time and without it, alternated (ABBA); and how many times the runs
-    with it settled the journal (a ``BudgetSettled`` commit). ``tight``: the root holds
-    one fan-out's tokens, so each needs the last one's expiries final (a settle each
-    time, the worst case); else it holds plenty (the rule's bookkeeping alone)."""
+    with it settled the journal (a ``BudgetSettled`` commit) and pinned the head.
+    ``tight``: the root holds one fan-out's tokens, so each needs the last one's
+    expiries final (a head pin each time, the worst case; with ``pin_head`` off, a
+    settle commit each time, as before the head pin); else it holds plenty (the rule's
+    bookkeeping alone)."""
     journal = Journal.create(url)
+    pins = [0]
+    append = journal.append
+
+    def counted(events: Any, **kwargs: Any) -> Any:  # counts the head pins, bench side
+        pins[0] += kwargs.get("expect_head") is not None
+        return append(events, **kwargs)
+
+    journal.append = counted  # type: ignore[method-assign]
     keystore = KeyStore(home)
     tokens = 20_000 * width
     budget = HUGE.model_copy(update={"tokens": tokens}) if tight else HUGE
@@ -383,11 +405,13 @@ def bench_settled(
         width=width,
         objective="summarise each document of the corpus in one page",
         estimated_cost=Budget.parse(
-            f"tokens={tokens},wall={SETTLED_LEASE_MS * width}ms,cpu=1h,mem=1GB,egress=0"
+            f"tokens={tokens},wall={_settled_lease_ms(width) * width}ms,cpu=1h,mem=1GB,egress=0"
         ),
     )
     with_ms: list[float] = []
     without_ms: list[float] = []
+    rule_before = Settling.pin_head
+    Settling.pin_head = pin_head
     try:
         ends = 0
         for i in range(2 * runs + 4):  # two warm-ups of each
@@ -406,10 +430,14 @@ def bench_settled(
                 (with_ms if rule else without_ms).append(elapsed)
         settles = sum(1 for _ in journal.entries(types=("BudgetSettled",)))
     finally:
+        Settling.pin_head = rule_before
         journal.close()
-    if tight and settles < runs:
-        raise SystemExit(f"{settles} settles in {runs} tight runs: the worst case was not measured")
-    return with_ms, without_ms, settles
+    if tight and (pins[0] if pin_head else settles) < runs:
+        raise SystemExit(
+            f"{pins[0]} head pins and {settles} settles in {runs} tight runs: the worst "
+            "case was not measured"
+        )
+    return with_ms, without_ms, settles, pins[0]
 
 
 def settled_main(args: argparse.Namespace) -> int:
@@ -418,29 +446,43 @@ def settled_main(args: argparse.Namespace) -> int:
     ok = True
     for backend in backends:
         for width in widths:
-            for tight in (False, True):
+            for tight, pin_head in ((False, True), (True, True), (True, False)):
                 with tempfile.TemporaryDirectory() as d:
                     tmp = Path(d)
+                    home = tmp / "home"
                     if backend == "sqlite":
                         url = f"sqlite:///{tmp / 'j.db'}"
-                        result = bench_settled(url, tmp / "home", width, args.runs, tight=tight)
+                        result = bench_settled(
+                            url, home, width, args.runs, tight=tight, pin_head=pin_head
+                        )
                     else:
                         with scratch_database(args.pg) as url:
-                            result = bench_settled(url, tmp / "home", width, args.runs, tight=tight)
-                with_ms, without_ms, settles = result
+                            result = bench_settled(
+                                url, home, width, args.runs, tight=tight, pin_head=pin_head
+                            )
+                with_ms, without_ms, settles, pins = result
                 ratio = statistics.median(with_ms) / statistics.median(without_ms)
                 met = ratio <= args.settled_ratio
-                ok = ok and (met or tight)  # the worst case is reported, not held to it
-                room = "one fan-out's budget (settles each time)" if tight else "ample budget"
+                # The settle commit alone (head pin off) is reported, not held to it.
+                ok = ok and (met or not pin_head)
+                room = (
+                    "ample budget"
+                    if not tight
+                    else "one fan-out's budget (a head pin each time)"
+                    if pin_head
+                    else "one fan-out's budget, head pin off (a settle commit each time)"
+                )
                 print(
                     f"fan-out of {width} on {backend} after its last children expired, "
-                    f"{room} ({args.runs} runs each, alternated; {settles} settles):\n"
+                    f"{room} ({args.runs} runs each, alternated; {pins} head pins, "
+                    f"{settles} settles):\n"
                     f"  with settled time: p50 {statistics.median(with_ms):.1f} ms, "
                     f"p90 {percentile(with_ms, 0.9):.1f} ms\n"
                     f"  without (every expiry final): p50 {statistics.median(without_ms):.1f}"
                     f" ms, p90 {percentile(without_ms, 0.9):.1f} ms\n"
                     f"  ratio with / without: {ratio:.2f}x (target <= {args.settled_ratio}x): "
-                    f"{'met' if met else 'MISSED'}"
+                    f"{'met' if met else 'MISSED'}",
+                    flush=True,
                 )
     return 0 if ok else 1
 

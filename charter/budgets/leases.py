@@ -347,15 +347,23 @@ class LeaseBook:
         So a child that expired after ``settled_ms`` may still be charged more, and a
         decision counts it as live. Entries at or before ``settled_ms`` are final and
         dropped (callers pass a ``settled_ms`` that never decreases)."""
+        total = VEC_ZERO
+        for _, held in self._held_back(ledger, settled_ms):
+            total = vec_add(total, held)
+        return total
+
+    def _held_back(self, ledger: LedgerState, settled_ms: int) -> Iterator[tuple[int, Vec]]:
+        """``(expiry, what it holds back)`` of each child of ``ledger`` that expired after
+        ``settled_ms`` and may still be charged (in expiry order)."""
         recent = ledger.expired
         while recent and recent[0][0] <= settled_ms:
             recent.popleft()
-        total = VEC_ZERO
         for expires, lineage in recent:
             child = self._ledgers[lineage]
             if child.released_at_ms is None and child.expires_at_ms == expires:
-                total = vec_add(total, vec_sub(vec_of(child.allocation), child.ended_charge))
-        return total
+                held = vec_sub(vec_of(child.allocation), child.ended_charge)
+                if held != VEC_ZERO:
+                    yield expires, held
 
     def _subtree(self, lineage: str) -> Iterator[LedgerState]:
         stack = [lineage]
@@ -415,6 +423,20 @@ class LeaseBook:
             return False
         self.outstanding(lineage, at_ms)  # ends what expired by then
         return self._unsettled(ledger, settled_ms) != VEC_ZERO
+
+    def settles_at(self, lineage: str, at_ms: int, settled_ms: int) -> int | None:
+        """The settled time at which what ``lineage`` holds at ``at_ms`` no longer counts
+        any child as live for want of it: the latest end among its children that
+        expired after ``settled_ms`` (by ``at_ms``) and still hold budget back; None if
+        there are none. A decision may take those ends as final if its own commit is
+        stamped at or after it and nothing commits between its read and its commit
+        (a head pin: docs/decisions-and-views.md)."""
+        ledger = self.get(lineage)
+        if settled_ms >= at_ms or not ledger.active(at_ms):
+            return None
+        self.outstanding(lineage, at_ms)  # ends what expired by then
+        ends = [expires for expires, _ in self._held_back(ledger, settled_ms)]
+        return max(ends, default=None)
 
     def remaining(self, lineage: str, at_ms: int, settled_ms: int | None = None) -> Budget:
         """What ``lineage`` can still spend or lease out at ``at_ms`` (zero once ended).

@@ -30,14 +30,19 @@ decision's streams, so the bound is reached only under sustained contention."""
 class Pinned:
     """A decision to append: its events, the stream versions it was decided on (the
     append is pinned to exactly these), the earliest instant it stops being true (the
-    journal refuses a commit at or after it), if any, its batch id, if it has one, and a
-    follower's tracking position, committed with the effect it records."""
+    journal refuses a commit at or after it), if any, its batch id, if it has one, a
+    follower's tracking position, committed with the effect it records, and, for a
+    decision that took recent expiries as final, the journal's head as it read it and
+    the commit time it needs (``Journal.append``'s ``expect_head``, ``not_before_ms``;
+    ``resources.Settling``)."""
 
     events: Sequence[Event]
     expect: Mapping[str, int] = field(default_factory=dict)
     deadline_ms: int | None = None
     batch: str | None = None
     tracking: tuple[str, int] | None = None  # a follower's position, committed with it
+    expect_head: int | None = None
+    not_before_ms: int | None = None
 
 
 class Folded(Protocol):
@@ -63,16 +68,26 @@ def append_pinned(
     """Read the versions of ``streams``, then refresh the views, then decide, then
     append pinned to the versions the decision names (its ``expect``); None when it
     has nothing to append. ``decide`` may raise (a refusal: nothing is appended). A
-    commit refused with one of ``retry_on`` (a pinned stream moved; for a fan-out, also
-    a deadline that passed) is decided again."""
+    commit refused with one of ``retry_on`` (a pinned stream moved, or the pinned head:
+    HeadPinLostError is an AppendConflictError; for a fan-out, also a deadline that
+    passed) is decided again."""
     names = list(streams)
     for _ in range(RETRIES):
         with shared.lock:
-            versions = {s: journal.stream_version(s) for s in names}
+            versions = journal.stream_versions(names)  # one read for the chain
             shared.refresh(journal)  # after the versions: the views cover all they do
             decision = decide(versions)
             if decision is None or not decision.events:
                 return None
+            # The head pin only when the decision took one (most do not).
+            head = {
+                k: v
+                for k, v in (
+                    ("expect_head", decision.expect_head),
+                    ("not_before_ms", decision.not_before_ms),
+                )
+                if v is not None
+            }
             try:
                 committed = journal.append(
                     decision.events,
@@ -80,6 +95,7 @@ def append_pinned(
                     deadline_ms=decision.deadline_ms,
                     batch=decision.batch,
                     tracking=decision.tracking,
+                    **head,
                 )
             except retry_on:
                 continue

@@ -12,7 +12,7 @@ import heapq
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import NoReturn, Protocol, TypeVar
+from typing import ClassVar, NoReturn, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -57,8 +57,8 @@ __all__ = [
     "LivePopulation",
     "ResourceView",
     "Shared",
+    "Settling",
     "settle",
-    "settled",
 ]
 
 # How long a slot's release keeps deciding again while it loses races: the journal's
@@ -175,18 +175,58 @@ def settle(journal: Journal, shared: Shared, lineage: str, at_ms: int) -> bool:
     return True
 
 
-def settled(
-    journal: Journal, shared: Shared, lineage: str, at_ms: int, decide: Callable[[int], T]
-) -> T:
-    """``decide(settled_ms)``, on the views' settled time; if it is refused for want of
-    budget that recent expiries of ``lineage``'s children hold back, :func:`settle`
-    and decide again. Only then: a decision that fits without them needs nothing."""
-    try:
-        return decide(shared.resources.settled_ms)
-    except InsufficientBudgetError:
-        if not settle(journal, shared, lineage, at_ms):
-            raise
-        return decide(shared.resources.settled_ms)
+class Settling:
+    """How one decision gets the settled time it needs, across the tries of its
+    :func:`append_pinned` loop (one instance per decision).
+
+    :meth:`decide` runs ``decide(settled_ms)`` on the views' settled time. Only if that
+    is refused for want of budget that recent expiries of ``lineage``'s children hold
+    back (a quiet journal), it decides again taking those ends as final, and pins the
+    append to the journal's head as the views read it (:attr:`expect_head`) and to a
+    commit time at or after the latest of those ends (:attr:`not_before_ms`): the
+    append then commits only if nothing committed since the read, so every charge of
+    those children stamped before their end is in what was read
+    (docs/decisions-and-views.md). If the decision is made again (the pin lost, or a
+    stream moved), it settles the journal instead (:func:`settle`: one more commit):
+    under contention a head pin keeps losing, a settle commit does not."""
+
+    pin_head: ClassVar[bool] = True
+    """Whether the first try pins the head (tests and benches switch it off to run the
+    settle commit alone)."""
+
+    def __init__(self) -> None:
+        self.expect_head: int | None = None
+        self.not_before_ms: int | None = None
+        self._lost = False
+
+    def decide(
+        self,
+        journal: Journal,
+        shared: Shared,
+        lineage: str,
+        at_ms: int,
+        decide: Callable[[int | None], T],
+    ) -> T:
+        """``decide(settled_ms)``; ``decide(None)`` takes every expiry by ``at_ms`` as
+        final (the book's recent expiries are left as they are: a settled time the
+        journal has not reached is never handed to it, which drops what it passes)."""
+        if self.expect_head is not None:
+            self._lost = True  # decided again after a try that pinned the head
+        self.expect_head = self.not_before_ms = None
+        view = shared.resources
+        try:
+            return decide(view.settled_ms)
+        except InsufficientBudgetError:
+            book = view.book
+            if lineage not in book or not book.unsettled(lineage, at_ms, view.settled_ms):
+                raise
+            until = book.settles_at(lineage, at_ms, view.settled_ms)
+            if not self.pin_head or self._lost or until is None:
+                settle(journal, shared, lineage, at_ms)
+                return decide(view.settled_ms)
+            decided = decide(None)  # those ends final: true if the pin holds
+            self.expect_head, self.not_before_ms = view.position, until
+            return decided
 
 
 class _Own:

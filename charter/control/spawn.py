@@ -62,7 +62,7 @@ from charter.budgets import (
 from charter.control.directory import AgentRecord, custody_key_name
 from charter.control.handler import Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
-from charter.control.resources import settled
+from charter.control.resources import Settling
 from charter.control.views import Views
 from charter.control.workers import WorkerScheduled, WorkerSpec, task_class_of
 from charter.core import (
@@ -276,6 +276,7 @@ class SpawnService:
         claimed = caller.claimed
         decisions: list[FanoutDecision] = []
         cell_stream = f"cell:{self.cell}"
+        settling = Settling()  # across the tries: a head pin first, then a settle commit
 
         def attempt(versions: dict[str, int]) -> Pinned:
             if request_id is not None:  # every try: an earlier one may have landed since
@@ -289,7 +290,7 @@ class SpawnService:
                 policy=gate,
                 trifecta=self.trifecta,
             )
-            decision = self._lease(decision, intent, now)
+            decision = self._lease(decision, intent, now, settling)
             decision = self._schedule(decision, workers)
             decision = self._admit(decision, versions[cell_stream], workers)
             decision = self._ceilings_fail_open(decision, intent)
@@ -298,11 +299,20 @@ class SpawnService:
                 return Pinned(decision.events, decision.expect, batch=fanout_id)
             decision = decision.joined((), pins)
             decisions[-1] = decision
-            return Pinned(decision.events, decision.expect, self._deadline(state), fanout_id)
+            return Pinned(
+                decision.events,
+                decision.expect,
+                self._deadline(state),
+                fanout_id,
+                expect_head=settling.expect_head,
+                not_before_ms=settling.not_before_ms,
+            )
 
         try:
-            # A stream this decision read moved, or the parent's lease (or an
-            # ancestor's) ended before the commit: it is decided again on the state now.
+            # A stream this decision read moved (or, when it took recent expiries as
+            # final, anything committed since its read: the head pin), or the parent's
+            # lease (or an ancestor's) ended before the commit: it is decided again on
+            # the state now.
             done = append_pinned(
                 self.journal,
                 self.views,
@@ -400,7 +410,9 @@ class SpawnService:
             )
         return leaf
 
-    def _lease(self, decision: FanoutDecision, intent: SpawnIntent, now: int) -> FanoutDecision:
+    def _lease(
+        self, decision: FanoutDecision, intent: SpawnIntent, now: int, settling: Settling
+    ) -> FanoutDecision:
         """Stage 4: lease each child exactly what its grant says (the mint made the
         grant the child's share of the estimate, for that share's wall-clock time), out
         of the parent's remainder. Refuses the whole fan-out when the leases do not fit,
@@ -418,8 +430,9 @@ class SpawnService:
         ]
         try:
             # Children whose expiry the views cannot know to be final yet count as live
-            # (a usage stamped before their end may still commit: LeaseBook.remaining).
-            leases = settled(
+            # (a usage stamped before their end may still commit: LeaseBook.remaining),
+            # unless the fan-out needs them: then its append pins the journal's head.
+            leases = settling.decide(
                 self.journal,
                 self.views,
                 str(decision.parent),

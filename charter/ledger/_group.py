@@ -29,6 +29,7 @@ from charter.ledger._rows import (
     CommitPastDeadlineError,
     Guards,
     Head,
+    HeadMovedError,
     LastCommit,
     PinnedStreamMovedError,
     WriteLockTimeoutError,
@@ -73,9 +74,14 @@ def group_commit_on(value: str | None) -> bool:
 _GROUP_LIMIT = 256  # waiting batches one leader commits in one transaction
 _NAP_S = 0.05  # a waiting writer looks whether the turn is free this often (a leader died)
 
+# A batch's pin of the journal's head (Journal.append's expect_head, not_before_ms):
+# carried through the spool, checked by whichever writer leads, under the write lock.
+_PINS = ("expect_head", "not_before_ms")
+
 _REFUSALS: dict[str, type[PersistenceError]] = {
     "PinnedStreamMovedError": PinnedStreamMovedError,
     "CommitPastDeadlineError": CommitPastDeadlineError,
+    "HeadMovedError": HeadMovedError,
     "IntegrityError": IntegrityError,
     "ProgrammingError": ProgrammingError,
 }
@@ -92,16 +98,28 @@ class Batch(NamedTuple):
         kwargs = self.kwargs
         return (
             kwargs.get("tracking") is None
-            and set(kwargs) <= {"guards", "deadline_ms", "tracking"}
+            and set(kwargs) <= {"guards", "deadline_ms", "tracking", *_PINS}
             and len(self.events) > 0
         )
 
     def guards(self) -> Guards:
         return tuple(self.kwargs.get("guards") or ())
 
+    def pins(self) -> tuple[int | None, int | None]:
+        """The head pin: (``expect_head``, ``not_before_ms``), each None if not set."""
+        return self.kwargs.get("expect_head"), self.kwargs.get("not_before_ms")
+
     @classmethod
     def waiting(cls, request: Request) -> Batch:
-        return cls(request.events, {"guards": request.guards, "deadline_ms": request.deadline_ms})
+        return cls(
+            request.events,
+            {
+                "guards": request.guards,
+                "deadline_ms": request.deadline_ms,
+                "expect_head": request.expect_head,
+                "not_before_ms": request.not_before_ms,
+            },
+        )
 
     def keys(self) -> list[tuple[UUID, int]]:
         return [(as_uuid(s.originator_id), s.originator_version) for s in self.events]
@@ -220,7 +238,9 @@ class SharedCommit:
                 assert self._turn is not None
                 self._turn.mark_spool_used()  # before the batch is there: see _release
                 self._spool_used = True
-            return self._spool.offer(batch.events, batch.guards(), batch.kwargs.get("deadline_ms"))
+            return self._spool.offer(
+                batch.events, batch.guards(), batch.kwargs.get("deadline_ms"), batch.pins()
+            )
         except (OSError, ValueError):
             return None
 

@@ -49,6 +49,7 @@ from charter.ledger._rows import (
     WriteLockTimeoutError,
     batch_of,
     check_guards,
+    check_head,
     last_commit,
     set_last_commit,
     stamp_batch,
@@ -290,9 +291,9 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             "INSERT INTO {schema}.{batches} (batch, first_position, last_position) "
             "VALUES (%s, %s, %s)"
         ).format(schema=Identifier(schema), batches=Identifier(BATCHES_TABLE))
-        self._select_version = SQL(
-            "SELECT MAX(originator_version) AS version FROM {schema}.{table} "
-            "WHERE originator_id = %s"
+        self._select_versions = SQL(
+            "SELECT originator_id, MAX(originator_version) AS version FROM {schema}.{table} "
+            "WHERE originator_id = ANY(%s::uuid[]) GROUP BY originator_id"
         ).format(**ids)
         self._select_between = SQL(
             "SELECT notification_id, originator_id, originator_version, chain_hash AS chain "
@@ -490,6 +491,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
                 batch.events,
                 guards=batch.guards(),
                 deadline_ms=batch.kwargs.get("deadline_ms"),
+                expect_head=batch.kwargs.get("expect_head"),
+                not_before_ms=batch.kwargs.get("not_before_ms"),
                 locked=True,
             )
             if rows is not None and isolated:  # read now: the next batch reads the head
@@ -533,6 +536,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
                             stored_events,
                             guards=kwargs.get("guards") or (),
                             deadline_ms=kwargs.get("deadline_ms"),
+                            expect_head=kwargs.get("expect_head"),
+                            not_before_ms=kwargs.get("not_before_ms"),
                         )
                     committing = True  # the COMMIT goes out with what is still in flight
                     curs.execute("COMMIT")
@@ -562,6 +567,8 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         *,
         guards: Guards = (),
         deadline_ms: int | None = None,
+        expect_head: int | None = None,
+        not_before_ms: int | None = None,
         locked: bool = False,
         **kwargs: Any,
     ) -> psycopg.Cursor[DictRow] | None:
@@ -575,7 +582,10 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         the lock is never held across a round trip to this process. A batch with a
         deadline (or pinned streams) reads the head after the lock is taken (the read
         waits for it in the pipeline), so its time is read under the lock and the
-        deadline is checked against the time it commits, then is chained here.
+        deadline is checked against the time it commits, then is chained here. So is a
+        batch pinned to the head (``expect_head``, ``not_before_ms``): the head it
+        checks is read under the lock, in this transaction (a group's earlier batches
+        included).
 
         Returns the cursor whose rows the database chained (read after the commit), or
         None if the chain was computed here (see ``last_commit``).
@@ -584,11 +594,12 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
         if not locked:  # (a group takes the lock and notifies once)
             self._lock_table(curs)
             self._notify_channel(curs)
-        if deadline_ms is None and not guards:
+        if deadline_ms is None and not guards and expect_head is None and not_before_ms is None:
             return self._insert_on_server(curs, stored_events)
-        check_guards(guards, lambda originator: self._stream_version(curs, originator))
-        head = self._read_head(curs)
-        stamped, stamp = stamp_batch(stored_events, head.stamp, deadline_ms)
+        versions, head = self._guards_and_head(curs, guards)
+        check_guards(guards, lambda originator: versions.get(originator, 0))
+        check_head(expect_head, head.position)
+        stamped, stamp = stamp_batch(stored_events, head.stamp, deadline_ms, not_before_ms)
         self._insert_after(curs, head, stamped, stamp)
         return None
 
@@ -628,10 +639,22 @@ class ChainedPostgresApplicationRecorder(SharedCommit, PostgresApplicationRecord
             finally:
                 conn.rollback()
 
-    def _stream_version(self, curs: psycopg.Cursor[DictRow], originator: UUID) -> int:
-        curs.execute(self._select_version, (originator,))
-        row = curs.fetchone()
-        return int(row["version"] or 0) if row else 0
+    def _guards_and_head(
+        self, curs: psycopg.Cursor[DictRow], guards: Guards
+    ) -> tuple[dict[UUID, int], Head]:
+        """Under the lock, in one flight (one round trip in a pipeline, however many
+        streams are pinned): the pinned streams' versions and the head. Each round trip
+        with the lock held waits, on a loaded host, for this process and the server's
+        to be scheduled, and every other writer waits behind it."""
+        versions = None
+        if guards:
+            versions = curs.connection.cursor()
+            versions.execute(self._select_versions, ([originator for originator, _ in guards],))
+        head = self._read_head(curs)  # its fetch syncs the pipeline: both answered
+        found = {} if versions is None else {
+            r["originator_id"]: int(r["version"]) for r in versions.fetchall()
+        }  # fmt: skip
+        return found, head
 
     def _read_head(self, curs: psycopg.Cursor[DictRow]) -> Head:
         curs.execute(self._select_head)

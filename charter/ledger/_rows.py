@@ -37,9 +37,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "Guards",
     "check_guards",
+    "check_head",
     "ChainRow",
     "CommitOutcomeAmbiguousError",
     "CommitPastDeadlineError",
+    "HeadMovedError",
     "WriteLockTimeoutError",
     "BATCHES_TABLE",
     "Head",
@@ -95,26 +97,35 @@ class CommitPastDeadlineError(IntegrityError):
 
 
 def stamp_batch(
-    stored_events: Sequence[StoredEvent], floor: bytes | None, deadline_ms: int | None
+    stored_events: Sequence[StoredEvent],
+    floor: bytes | None,
+    deadline_ms: int | None,
+    not_before_ms: int | None = None,
 ) -> tuple[list[StoredEvent], bytes]:
     """Under the write lock: give the batch its commit time and write it into each
     entry's state before the chain hashes them.
 
     The time is the wall clock now, or the head's time if the clock is behind it, so
     commit times never decrease with position. A batch that would commit at or after
-    ``deadline_ms`` raises :class:`CommitPastDeadlineError` and nothing is written.
+    ``deadline_ms`` raises :class:`CommitPastDeadlineError`, one that would commit
+    before ``not_before_ms`` raises :class:`HeadMovedError`; nothing is written.
     """
     stamp = datetime.now(UTC).isoformat(timespec="microseconds").encode()
     if floor is not None and floor > stamp:
         stamp = floor
     if len(stamp) != _AT_END - _AT_START:  # years outside 1000-9999
         raise ProgrammingError(f"commit time {stamp!r} is not a fixed-width time")
-    if deadline_ms is not None:
-        at = datetime.fromisoformat(stamp.decode())
-        if (at - _EPOCH) // timedelta(milliseconds=1) >= deadline_ms:
+    if deadline_ms is not None or not_before_ms is not None:
+        at_ms = (datetime.fromisoformat(stamp.decode()) - _EPOCH) // timedelta(milliseconds=1)
+        if deadline_ms is not None and at_ms >= deadline_ms:
             raise CommitPastDeadlineError(
                 f"the batch would commit at {stamp.decode()}, at or after the deadline "
                 f"{deadline_ms} ms its decision relied on"
+            )
+        if not_before_ms is not None and at_ms < not_before_ms:
+            raise HeadMovedError(
+                f"the batch would commit at {stamp.decode()}, before {not_before_ms} ms, "
+                "the time its decision took as settled"
             )
     stamped = []
     for s in stored_events:
@@ -145,6 +156,22 @@ def batch_of(stored_events: Sequence[StoredEvent]) -> str | None:
 class PinnedStreamMovedError(IntegrityError):
     """Raised by a recorder, under its write lock, when a pinned stream that the batch
     does not write to is no longer at the version the caller decided on."""
+
+
+class HeadMovedError(PinnedStreamMovedError):
+    """Raised by a recorder, under its write lock, when a batch pinned to the journal's
+    head (``expect_head``) finds another entry there (anything committed since its
+    decision read the journal), or would commit before its ``not_before_ms``."""
+
+
+def check_head(expect_head: int | None, head: int) -> None:
+    """Under the write lock: the journal's last position is still the one the decision
+    read up to (``head``: as this transaction sees it, its group's earlier batches in)."""
+    if expect_head is not None and head != expect_head:
+        raise HeadMovedError(
+            f"the journal's head is at position {head}, not {expect_head} where the "
+            "decision read it: something committed in between"
+        )
 
 
 # A guard: (originator id, the version the caller's decision read).

@@ -45,9 +45,10 @@ from charter.ledger._rows import Guards
 
 __all__ = ["MAX_REQUEST", "Answer", "Claimed", "Request", "Spool"]
 
-_REQUEST = b"CHARTER-SPOOL-REQ-2\n"
+_REQUEST = b"CHARTER-SPOOL-REQ-3\n"
 _ANSWER = b"CHARTER-SPOOL-RES-2\n"
-_COUNTS = struct.Struct(">16sqII")  # ticket, deadline ms (-1: none), guards, events
+# ticket, deadline ms, expected head, not-before ms (each -1: none), guards, events
+_COUNTS = struct.Struct(">16sqqqII")
 _GUARD = struct.Struct(">16sq")  # originator, version
 _EVENT = struct.Struct(">16sqII")  # originator, version, topic length, state length
 _ANSWER_HEAD = struct.Struct(">I16sI32sII")  # length, ticket, entries, stamp, kind, message
@@ -70,10 +71,16 @@ class Request:
     events: tuple[StoredEvent, ...]
     guards: Guards
     deadline_ms: int | None
+    expect_head: int | None = None  # the head pin (Journal.append's expect_head)
+    not_before_ms: int | None = None
 
     def encode(self) -> bytes:
-        deadline = -1 if self.deadline_ms is None else self.deadline_ms
-        counts = _COUNTS.pack(self.ticket, deadline, len(self.guards), len(self.events))
+        deadline, head, not_before = (
+            -1 if x is None else x for x in (self.deadline_ms, self.expect_head, self.not_before_ms)
+        )
+        counts = _COUNTS.pack(
+            self.ticket, deadline, head, not_before, len(self.guards), len(self.events)
+        )
         parts = [_REQUEST, counts]
         parts += [_GUARD.pack(originator.bytes, version) for originator, version in self.guards]
         for s in self.events:
@@ -86,7 +93,7 @@ class Request:
     @classmethod
     def decode(cls, data: bytes) -> Request:
         reader = _Reader(data, _REQUEST)
-        ticket, deadline, n_guards, n_events = reader.unpack(_COUNTS)
+        ticket, deadline, head, not_before, n_guards, n_events = reader.unpack(_COUNTS)
         guards = tuple(
             (UUID(bytes=oid), version)
             for oid, version in (reader.unpack(_GUARD) for _ in range(n_guards))
@@ -98,7 +105,14 @@ class Request:
             events.append(StoredEvent(UUID(bytes=oid), version, topic, reader.take(state_len)))
         if reader.left():
             raise SpoolFormatError("trailing bytes after a request")
-        return cls(ticket, tuple(events), guards, None if deadline < 0 else deadline)
+        return cls(
+            ticket,
+            tuple(events),
+            guards,
+            None if deadline < 0 else deadline,
+            None if head < 0 else head,
+            None if not_before < 0 else not_before,
+        )
 
 
 @dataclass(frozen=True)
@@ -182,11 +196,18 @@ class Spool:
 
     # -- the waiting writer's side ---------------------------------------------------
 
-    def offer(self, events: tuple[StoredEvent, ...], guards: Guards, deadline: int | None) -> bytes:
+    def offer(
+        self,
+        events: tuple[StoredEvent, ...],
+        guards: Guards,
+        deadline: int | None,
+        pins: tuple[int | None, int | None] = (None, None),
+    ) -> bytes:
         """Leave a batch for the next leader; its ticket. OSError if the spool cannot be
-        used; ValueError if the batch is too large to wait here."""
+        used; ValueError if the batch is too large to wait here. ``pins``: the batch's
+        expected head and not-before time (Journal.append's), checked by the leader."""
         ticket = uuid4().bytes
-        data = Request(ticket, events, guards, deadline).encode()
+        data = Request(ticket, events, guards, deadline, *pins).encode()
         if len(data) > MAX_REQUEST:
             raise ValueError("batch too large for the spool")
         if not self._waiting.acquire(blocking=False):

@@ -42,6 +42,7 @@ from charter.ledger._rows import (
     WriteLockTimeoutError,
     batch_of,
     check_guards,
+    check_head,
     last_commit,
     set_last_commit,
     stamp_batch,
@@ -261,6 +262,10 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
         # Everything below runs under the write lock (BEGIN IMMEDIATE has taken it).
         check_guards(kwargs.get("guards") or (), self._stream_version(c))
         deadline = kwargs.get("deadline_ms")
+        not_before = kwargs.get("not_before_ms")
+        expect_head = kwargs.get("expect_head")
+        if expect_head is not None or not_before is not None:
+            hint = None  # pinned to the head: read it under the lock, never from a file
         if hint is not None and stored_events and not hint_is_own:
             # The hint comes from a file: use it only if it names a real entry, so the
             # insert right after it conflicts unless that entry is the head.
@@ -281,7 +286,9 @@ class ChainedSQLiteApplicationRecorder(SharedCommit, SQLiteApplicationRecorder):
         c.execute(_HEAD)
         row = c.fetchone()
         head = Head(row[0], bytes(row[1]), stamp_of(row[2])) if row else Head(0, GENESIS, None)
-        stamped, stamp = stamp_batch(stored_events, head.stamp, deadline)
+        # The head as this transaction sees it: its group's earlier batches included.
+        check_head(expect_head, head.position)
+        stamped, stamp = stamp_batch(stored_events, head.stamp, deadline, not_before)
         return self._insert_rest(
             c, self._chain(head, stamped), stamp, skip=0, batch=batch_of(stamped)
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -445,6 +445,19 @@ class SQLiteJournalStore:
     def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Any:
         with self._reading() as conn, contextlib.closing(conn.execute(sql, params)) as cur:
             return cur.fetchone()
+
+    def stream_versions(self, originators: Sequence[bytes]) -> dict[bytes, int]:
+        """The last version of each stream that has one (one read for them all)."""
+        if not originators:
+            return {}
+        marks = ",".join("?" * len(originators))
+        sql = (
+            f"SELECT originator_id, MAX(originator_version) FROM {TABLE} "
+            f"WHERE originator_id IN ({marks}) GROUP BY originator_id"
+        )
+        params = tuple(o.hex() for o in originators)
+        with self._reading() as conn, contextlib.closing(conn.execute(sql, params)) as cur:
+            return {bytes.fromhex(oid): int(version) for oid, version in cur.fetchall()}
 
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""

@@ -10,6 +10,7 @@ __all__ = [
     "AppendFailedError",
     "BatchCommittedError",
     "DeadlinePassedError",
+    "HeadPinLostError",
     "OutcomeUnknownError",
     "UndecodableEntryError",
     "UnknownSchemeError",
@@ -23,6 +24,13 @@ class AppendFailedError(UnavailableError):
 
 class AppendConflictError(StateError):
     """Another writer appended to a stream since the version the caller decided on."""
+
+
+class HeadPinLostError(AppendConflictError):
+    """The append was pinned to the journal's head as the decision read it
+    (``expect_head``), and something committed since; or it would have committed before
+    the time the decision took as settled (``not_before_ms``). Nothing was written:
+    decide again on the state now."""
 
 
 class AlreadyTrackedError(StateError):

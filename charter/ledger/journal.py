@@ -40,6 +40,7 @@ from charter.ledger._rows import (
     ChainRow,
     CommitOutcomeAmbiguousError,
     CommitPastDeadlineError,
+    HeadMovedError,
     JournalMeta,
     PinnedStreamMovedError,
     WriteLockTimeoutError,
@@ -54,6 +55,7 @@ from charter.ledger.errors import (
     AppendFailedError,
     BatchCommittedError,
     DeadlinePassedError,
+    HeadPinLostError,
     UnknownSchemeError,
     WriterStalledError,
 )
@@ -81,6 +83,14 @@ _STALE_DECISION = (
     "another writer appended to a stream this decision was based on; re-read the state "
     "and decide again"
 )
+
+
+def _conflict(error: PinnedStreamMovedError) -> AppendConflictError:
+    if isinstance(error, HeadMovedError):
+        return HeadPinLostError(
+            f"{error}; nothing written: decide again on the journal as it is now"
+        )
+    return AppendConflictError(_STALE_DECISION)
 
 
 def _checked(events: Iterable[Event]) -> tuple[Event, ...]:
@@ -245,6 +255,16 @@ class Journal(JournalReader):
         """The version of ``stream`` now (0 when it has no events)."""
         return self._version(stream_uuid(stream))
 
+    def stream_versions(self, streams: Iterable[str]) -> dict[str, int]:
+        """The version of each of ``streams`` now (0 for one with no events), in one
+        read: a decision reads its whole chain's, and on PostgreSQL each separate read
+        is a round trip (docs/performance.md, helper pin)."""
+        self._writer()  # refused when closed or read-only, like stream_version
+        names = list(dict.fromkeys(streams))
+        ids = {name: stream_uuid(name).bytes for name in names}
+        found = self._store.stream_versions(list(ids.values()))  # UnavailableError if not
+        return {name: found.get(oid, 0) for name, oid in ids.items()}
+
     def _version(self, originator: UUID) -> int:
         _, recorder = self._writer()
         try:
@@ -266,17 +286,15 @@ class Journal(JournalReader):
     def _envelopes(
         self, events: Sequence[Event], expect: Mapping[str, int], at: datetime, batch: str
     ) -> list[Envelope]:
-        versions: dict[str, int] = {}
+        written = {e.stream() for e in events} - {None} - expect.keys()
+        # The unpinned streams' versions now, in one read; the pinned ones as decided.
+        versions: dict[str, int] = {**self.stream_versions(s for s in written if s), **expect}
         envelopes = []
         for event in events:
             stream = event.stream()
             if stream is None:
                 envelopes.append(Envelope(stream_uuid(None), 1, at, event, batch))
                 continue
-            if stream not in versions:
-                versions[stream] = (
-                    expect[stream] if stream in expect else self.stream_version(stream)
-                )
             versions[stream] += 1
             envelopes.append(Envelope(stream_uuid(stream), versions[stream], at, event, batch))
         return envelopes
@@ -289,6 +307,8 @@ class Journal(JournalReader):
         tracking: tuple[str, int] | None = None,
         deadline_ms: int | None = None,
         batch: str | None = None,
+        expect_head: int | None = None,
+        not_before_ms: int | None = None,
     ) -> tuple[Committed, ...]:
         """Append ``events`` atomically; return their positions and hashes after commit.
 
@@ -313,6 +333,12 @@ class Journal(JournalReader):
         writes to them; if another writer has appended to one of them since,
         :class:`AppendConflictError` is raised and nothing is written. Streams not
         pinned are versioned automatically (retrying a lost race).
+        ``expect_head`` pins the whole journal: the batch commits only if, under the
+        write lock, the journal's last position is still ``expect_head`` (nothing
+        committed since the decision read up to it), and ``not_before_ms`` refuses a
+        commit stamped before it; either refusal raises :class:`HeadPinLostError`
+        (an :class:`AppendConflictError`) and nothing is written (a fan-out that took a
+        recent expiry as final relies on both: docs/decisions-and-views.md).
         ``tracking=(follower, position)`` commits a follower's position in the same
         transaction (exactly once: a position already recorded raises
         :class:`AlreadyTrackedError`). Any other failure raises :class:`AppendFailedError`.
@@ -349,9 +375,11 @@ class Journal(JournalReader):
                     tracking=Tracking(*tracking) if tracking else None,
                     guards=guards,
                     deadline_ms=deadline_ms,
+                    expect_head=expect_head,
+                    not_before_ms=not_before_ms,
                 )
-            except PinnedStreamMovedError as e:
-                raise AppendConflictError(_STALE_DECISION) from e
+            except PinnedStreamMovedError as e:  # a pinned stream, or the pinned head
+                raise _conflict(e) from e
             except CommitPastDeadlineError as e:
                 raise DeadlinePassedError(str(e)) from e
             except WriteLockTimeoutError as e:

@@ -89,7 +89,8 @@ def test_the_offline_auditor_loads_no_journal_and_no_driver(tmp_path: Path) -> N
         [
             sys.executable,
             "-c",
-            "from charter.ledger import Journal\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))",
+            "from charter.ledger import Journal\n"
+            "import json, sys\nprint(json.dumps(sorted(sys.modules)))",
         ],
         capture_output=True,
         text=True,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from charter.authority import (
     Clearance,
@@ -16,10 +18,13 @@ from charter.authority import (
     SpawnIntent,
     Verdict,
 )
-from charter.budgets import LEASE_EVENTS, LeaseBook
+from charter.budgets import LEASE_EVENTS, LeaseBook, LeaseGranted
 from charter.control import Caller, Ceiling, SpawnService, register_root
 from charter.core import Budget, KeyStore, entry_ms
 from charter.ledger import Journal
+
+if TYPE_CHECKING:  # not imported by the mixers' processes, which use this module too
+    import pytest
 
 ROOT_BUDGET = Budget.parse("tokens=10M,wall=10h,cpu=10h,mem=64GiB,egress=10GB")
 
@@ -71,6 +76,28 @@ def a_root_and_a_child(url: str, home: Path, root: Budget, child: Budget) -> Bri
     return Brief(journal, svc, caller, lineage, expires)
 
 
+def watch_fan_outs(
+    monkeypatch: pytest.MonkeyPatch, between: Callable[[], object] | None = None
+) -> list[tuple[int | None, int | None]]:
+    """Spy on every append that grants leases (the real append runs): each one's
+    ``(expect_head, not_before_ms)``. ``between`` runs once, just before the first that
+    pins the journal's head (a commit in the window between its read and its append)."""
+    seen: list[tuple[int | None, int | None]] = []
+    append = Journal.append
+
+    def spied(self: Journal, events: Any, **kwargs: Any) -> Any:
+        events = list(events)
+        if any(isinstance(e, LeaseGranted) for e in events):
+            pinned = kwargs.get("expect_head")
+            if between is not None and pinned is not None and not any(p for p, _ in seen):
+                between()
+            seen.append((pinned, kwargs.get("not_before_ms")))
+        return append(self, events, **kwargs)
+
+    monkeypatch.setattr(Journal, "append", spied)
+    return seen
+
+
 def check_every_position(journal: Journal) -> int:
     """Fold the lease events in order; after each, check the book's invariant at that
     entry's commit time. Returns how many positions were checked."""
@@ -118,5 +145,6 @@ __all__ = [
     "check_every_position",
     "intent",
     "register_root",
+    "watch_fan_outs",
     "service",
 ]

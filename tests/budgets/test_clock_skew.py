@@ -10,6 +10,12 @@ later; settling committed a ``BudgetSettled`` entry, so the head's time is past 
 child's end and the journal's deadline refuses the usage. The fan-out commits; the
 independent fold finds nothing at any position.
 
+Those two run the settle commit alone (``Settling.pin_head`` off): the fallback a
+fan-out takes once its head pin lost. With the head pin (the first try), the usage from
+the host behind commits between the fan-out's read and its append, so the pin loses;
+the fan-out is decided again, settles, reads the usage, and is refused: nothing is
+re-leased, and the fold finds nothing.
+
 The control settles as before this fix: the write lock taken and given back, and this
 host's clock read under it taken as the settled time (``Journal.barrier_ms``). That time
 was never committed, so the usage from the host behind is stamped before the child's
@@ -83,6 +89,7 @@ def _attack(url: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[bool
 def test_a_writer_whose_clock_is_behind_cannot_spend_what_a_settled_fan_out_re_leased(
     journal_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(resources.Settling, "pin_head", False)  # the settle commit alone
     minted, said, journal = _attack(journal_url, tmp_path / "home", monkeypatch)
     with journal:
         found = check_history(journal_history(journal))
@@ -111,9 +118,24 @@ def test_control_settled_by_this_hosts_clock_the_fold_finds_the_overspend(
     journal_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(resources, "settle", _settle_by_this_clock)
+    monkeypatch.setattr(resources.Settling, "pin_head", False)
     minted, said, journal = _attack(journal_url, tmp_path / "home", monkeypatch)
     with journal:
         found = check_history(journal_history(journal))
     assert minted
     assert said == "committed"  # stamped before the child's end, after the decision read
     assert any(p.split(": ", 1)[1].startswith("agent:root uses ") for p in found.problems)
+
+
+@pytest.mark.slow
+def test_a_usage_from_the_host_behind_makes_the_fan_out_s_head_pin_lose(
+    journal_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    minted, said, journal = _attack(journal_url, tmp_path / "home", monkeypatch)
+    with journal:
+        found = check_history(journal_history(journal))
+        settles = list(journal.entries(types=("BudgetSettled",)))
+    assert said == "committed"  # between the fan-out's read and its pinned append
+    assert not minted  # the pin lost; decided again, settled, the usage read: refused
+    assert len(settles) == 1  # the fallback's commit
+    assert found.problems == []

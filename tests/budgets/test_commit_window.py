@@ -6,8 +6,12 @@ HOLD_S after its stamp. In each scenario, one append of a kind is held while a r
 fan-out is decided on what the journal shows in that window, around a lease's expiry:
 
 - usage: a child's usage stamped just before the child's end; the parent fans out just
-  after it. Guarded by settled time: the expiry is not final until the journal has
-  committed past it (``LeaseBook.remaining(…, settled_ms)``, ``Journal.barrier_ms``).
+  after it, needing the child's budget. Guarded by settled time: the expiry is not
+  final until the journal has committed past it (``LeaseBook.remaining(…,
+  settled_ms)``), unless the fan-out's append pins the journal's head as it read it
+  (``Journal.append(expect_head=…)``): its first try does, loses to the usage's commit,
+  and the try after it settles the journal (a ``BudgetSettled`` commit) and reads the
+  usage.
 - release: a child's release; the child fans out in the window, and the grandchild it
   would mint spends. Guarded by the pins: the fan-out is pinned to the child's stream.
 - renew: the renewal, just before its end, of a lease granted without a grant digest
@@ -22,7 +26,8 @@ fan-out is decided on what the journal shows in that window, around a lease's ex
   first fan-out's commit and reads it).
 
 Both backends; the independent fold (tests/invariants.py) checks every position. The
-control switches off the guards named above (test-side: the rule's book method and the
+controls: the head pin dropped from the fan-out's append (the usage scenario); and the
+guards named above switched off (test-side: the rule's book method and the
 pins ``Journal.append`` is given), lets the racing decision through, and the fold
 reports the parent overspent.
 """
@@ -45,7 +50,7 @@ from charter.ledger import Journal
 from tests.invariants import check_history, journal_history
 
 from . import _slow
-from ._support import ceiling, intent, register_root, service
+from ._support import ceiling, intent, register_root, service, watch_fan_outs
 
 HOLD_S = 3.0  # how long a held batch's commit waits after its stamp (the window)
 ROOT = Budget.parse("tokens=100k,wall=10h,cpu=10h,mem=64GiB,egress=10GB")
@@ -294,5 +299,50 @@ def test_control_without_the_guards_the_fold_finds_the_overspend(
     scene = _scene(journal_url, tmp_path / "home")
     with scene.journal:
         assert SCENARIOS[kind](scene) is None  # the racing decision went through
+        problems = _root_problems(scene.journal)
+        assert problems, check_history(journal_history(scene.journal)).problems
+
+
+@pytest.mark.slow
+def test_the_fan_out_in_the_window_pins_the_head_loses_and_falls_back(
+    journal_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usage scenario, watched: the racing fan-out needs the expired child's
+    budget, so its first try takes the child's end as final and pins the journal's head
+    (and a commit at or after the end). The held usage commits first (the fan-out's
+    append waits for the write lock it holds), the pin loses, and the decision made
+    again settles the journal, reads the usage and is refused."""
+    appends = watch_fan_outs(monkeypatch)
+    scene = _scene(journal_url, tmp_path / "home")
+    with scene.journal:
+        before = len(appends)  # the scenario's own first spawn
+        refused = _usage(scene)
+        racing = appends[before + 1 :]
+        assert refused == "InsufficientBudgetError"
+        assert len(racing) == 1  # one try, head pinned
+        assert racing[0][0] is not None
+        assert racing[0][1] is not None
+        assert len(list(scene.journal.entries(types=("BudgetSettled",)))) == 1
+        assert check_history(journal_history(scene.journal)).problems == []
+
+
+@pytest.mark.slow
+def test_control_with_the_head_pin_weakened_the_fold_finds_the_overspend(
+    journal_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race with the head pin dropped from the append (settled time and the
+    stream pins still on): the fan-out that took the child's end as final commits after
+    the usage it never read, and re-leases what the child spent."""
+    append = Journal.append
+
+    def head_unpinned(self: Journal, events: Any, **kwargs: Any) -> Any:
+        kwargs.pop("expect_head", None)
+        return append(self, events, **kwargs)
+
+    monkeypatch.setattr(Journal, "append", head_unpinned)
+    scene = _scene(journal_url, tmp_path / "home")
+    with scene.journal:
+        assert _usage(scene) is None  # the racing decision went through
+        assert not list(scene.journal.entries(types=("BudgetSettled",)))  # no fallback
         problems = _root_problems(scene.journal)
         assert problems, check_history(journal_history(scene.journal)).problems

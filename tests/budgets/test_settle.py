@@ -1,14 +1,19 @@
 """Settling a quiet journal (both backends): a child's expiry after the last commit is not
 final until the journal commits past it, so a decision that needs the budget it held
 commits one ``BudgetSettled`` entry first, and a decision that fits without it commits
-none (settling costs a commit, paid only when it changes the answer)."""
+none (settling costs a commit, paid only when it changes the answer). A fan-out that
+needs it pins the journal's head instead (docs/decisions-and-views.md), and settles only
+once that pin lost (or with the pin switched off, as here to show the settle alone)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import pytest
+
 from charter.control import BudgetService, Caller, SpawnService
+from charter.control.resources import Settling
 from charter.core import Budget, KeyStore, now_ms
 from charter.ledger import Journal
 from tests.invariants import check_history, journal_history
@@ -41,9 +46,24 @@ def test_a_fan_out_that_fits_beside_a_recent_expiry_settles_nothing(
         assert check_history(journal_history(journal)).problems == []
 
 
-def test_a_fan_out_that_needs_the_expired_budget_settles_a_quiet_journal_once(
+def test_a_fan_out_that_needs_the_expired_budget_pins_the_head_and_settles_nothing(
     journal_url: str, tmp_path: Path
 ) -> None:
+    journal, svc, root = _after_a_quiet_expiry(journal_url, tmp_path / "home")
+    with journal:
+        head = journal.head()
+        whole = LATER.model_copy(update={"tokens": 100_000})
+        result = svc.spawn(root, intent(1, whole))  # the child's too
+        assert head is not None
+        assert result.positions[0] == head[0] + 1  # right after what it read
+        assert _settles(journal) == 0
+        assert check_history(journal_history(journal)).problems == []
+
+
+def test_a_fan_out_that_needs_the_expired_budget_settles_a_quiet_journal_once(
+    journal_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Settling, "pin_head", False)  # the fallback after a lost pin, alone
     journal, svc, root = _after_a_quiet_expiry(journal_url, tmp_path / "home")
     with journal:
         whole = LATER.model_copy(update={"tokens": 100_000})

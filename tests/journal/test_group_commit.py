@@ -27,6 +27,7 @@ from charter.audit.journal import audit_journal
 from charter.core.errors import BadInputError
 from charter.ledger import (
     AppendConflictError,
+    HeadPinLostError,
     Journal,
     OutcomeUnknownError,
     _group,
@@ -140,7 +141,7 @@ def _plant_hostile_writers(db: Path) -> int:
     os.mkfifo(spool / "evil.in")
     os.mkfifo(spool / "evil.out")
     fd = os.open(spool / "evil.in", os.O_RDWR | os.O_NONBLOCK)
-    os.write(fd, b"CHARTER-SPOOL-REQ-2\n" + b"\xff" * 64)
+    os.write(fd, b"CHARTER-SPOOL-REQ-3\n" + b"\xff" * 64)
     (spool / "plain.in").write_bytes(b"not a pipe")
     (spool / "link.in").symlink_to("/etc/passwd")
     return fd
@@ -213,6 +214,79 @@ def test_a_refused_batch_leaves_the_rest_of_its_group_whole(
         assert report.ok, report
     for j in journals:
         j.close()
+
+
+def test_writers_pinned_to_one_head_in_one_group_commit_exactly_one(
+    shared: tuple[Path, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five writers decided on the same head wait in the spool; one leads and commits
+    its own batch and the four others in one transaction, each checked under the lock
+    against the head as that transaction sees it: the first commits right after the
+    head, the others are refused alone (their savepoint), nothing of theirs written."""
+    db, url, backend = shared
+    groups = _count_groups(monkeypatch, backend)
+    journals = [Journal.open(url) for _ in range(5)]
+    journals[0].append([Ping(writer="first", batch=0, n=0)])
+    read = journals[0].head()[0]  # type: ignore[index]
+    outcomes: list[Any] = []
+    with _turn_held(db) as release, ThreadPoolExecutor(5) as pool:
+        futures = [
+            pool.submit(j.append, [Ping(writer=f"w{i}", batch=0, n=0)], expect_head=read)
+            for i, j in enumerate(journals)
+        ]
+        _waiting(db, 5)
+        release()
+        for f in futures:
+            try:
+                outcomes.append(f.result(timeout=60))
+            except HeadPinLostError as e:
+                outcomes.append(e)
+    assert max(groups) == 5, groups  # one group: the pins went through the spool
+    committed = [o for o in outcomes if not isinstance(o, Exception)]
+    assert len(committed) == 1
+    assert [c.position for c in committed[0]] == [read + 1]
+    assert sum(isinstance(o, HeadPinLostError) for o in outcomes) == 4
+    with Journal.open(url, read_only=True) as journal:
+        assert journal.head() == (read + 1, committed[0][0].hash)
+    for j in journals:
+        j.close()
+    with Journal.open(url, read_only=True) as journal:
+        report = audit_journal(journal)
+        assert report.ok, report
+
+
+def test_a_pinned_batch_waiting_behind_a_commit_loses_to_it(
+    shared: tuple[Path, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain batch and a pinned one wait in the spool together; whichever leads, the
+    pinned one commits only if it is first in the group (then at the head it read),
+    else it is refused: never committed after an entry it did not read."""
+    db, url, backend = shared
+    groups = _count_groups(monkeypatch, backend)
+    plain, pinned = Journal.open(url), Journal.open(url)
+    plain.append([Ping(writer="first", batch=0, n=0)])
+    read = plain.head()[0]  # type: ignore[index]
+    with _turn_held(db) as release, ThreadPoolExecutor(2) as pool:
+        a = pool.submit(plain.append, [Ping(writer="plain", batch=0, n=0)])
+        b = pool.submit(pinned.append, [Counter(name="c", value=1)], expect_head=read)
+        _waiting(db, 2)
+        release()
+        plain_done = a.result(timeout=60)
+        try:
+            pinned_done: Any = b.result(timeout=60)
+        except HeadPinLostError as e:
+            pinned_done = e
+    assert max(groups) == 2, groups
+    if isinstance(pinned_done, Exception):
+        assert [c.position for c in plain_done] == [read + 1]
+    else:
+        assert [c.position for c in pinned_done] == [read + 1]
+        assert [c.position for c in plain_done] == [read + 2]
+    plain.close()
+    pinned.close()
+    with Journal.open(url, read_only=True) as journal:
+        report = audit_journal(journal)
+        assert report.ok, report
 
 
 def _waiter(url: str, writer: str, nap: float, env: dict[str, str], out: Any) -> None:
