@@ -57,7 +57,7 @@ from charter.supervision import (
     CanaryTouch,
     Observation,
     Signals,
-    Standing,
+    Supervised,
     SupervisionPolicy,
     Verdict,
     WorkerProfiled,
@@ -67,8 +67,8 @@ from charter.supervision import (
     decide,
     learn,
     observe,
-    standing_after,
     supervise_stream,
+    supervised_after,
     touched,
 )
 
@@ -150,10 +150,27 @@ class _Watched:
     started: float  # monotonic, at lease
     wd: int | None = None
     profile: Signals = field(default_factory=Signals)
-    standing: Standing | None = Standing.RUNNING  # None: killed or quarantined
+    active: bool = True  # False: nothing more is decided or reported on it
+    # Its standing folded from every verdict committed on it, in journal order, whoever
+    # appended it (None: killed or quarantined); the cell's follower folds them
+    # (:meth:`Supervisor.committed`). ``pending``: this process's own verdicts appended
+    # and not folded yet (position, verdict); ``seen``: the verdicts of its stream
+    # folded so far (its stream's version, a quarantine's digest aside).
+    base: Supervised | None = field(default_factory=Supervised)
+    pending: list[tuple[int, Verdict]] = field(default_factory=list)
+    seen: int = 0
     last: Observation | None = None
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES_KEPT))
     burnt: float = 0.0  # its age (s) at its last WorkerSampled
+
+    def state(self) -> Supervised | None:
+        """Where it stands: the committed verdicts folded, then its own pending ones."""
+        state = self.base
+        for _, verdict in self.pending:
+            if state is None:
+                return None
+            state = supervised_after(state, verdict)
+        return state
 
 
 class Supervisor:
@@ -238,7 +255,7 @@ class Supervisor:
             w = self._watched.get(lineage)
         if w is None:
             return
-        w.standing = None
+        w.active = False
         if w.wd is not None:
             self.watch.unwatch(w.wd)
             w.wd = None
@@ -273,6 +290,22 @@ class Supervisor:
                     c["sign_calls"] = c.get("sign_calls", 0) + 1
                 case "result":
                     c["result_bytes"] = c.get("result_bytes", 0) + size
+
+    def committed(self, verdicts: list[tuple[int, Verdict]]) -> None:
+        """Verdicts committed on the journal (by anyone: an operator, another decider,
+        this process), each with its position, in journal order: each one on a worker
+        watched here, in its sandbox, is folded into its standing (call under the views'
+        lock, which every append of the process holds)."""
+        with self._mu:
+            watched = dict(self._watched)
+        for position, verdict in verdicts:
+            w = watched.get(verdict.lineage)
+            if w is None:
+                continue
+            w.seen += 1
+            w.pending = [(p, v) for p, v in w.pending if p != position]
+            if w.base is not None and verdict.sandbox_id == w.spec.sandbox_id:
+                w.base = supervised_after(w.base, verdict)
 
     def secret_asked(self, lineage: str, name: str) -> None:
         """``lineage`` asked the door for secret ``name``: its decoy's name is a touch."""
@@ -340,14 +373,18 @@ class Supervisor:
         if not decide_too:
             return
         self._burn(w, obs)
-        if w.standing is None:
+        state = w.state()
+        if not w.active or state is None:
             return
         if self.egress is not None and s.egress_attempts:
             for attempt in self.egress.attempts(w.spec.host_uid):
                 if w.canaries.match("egress_destination", attempt.destination):
                     self._touch(w.lineage, "egress_destination", attempt.destination)
                     return
-        verdict = decide(obs, self.baselines.get(w.task_class), self.policy, standing=w.standing)
+        verdict = decide(
+            obs, self.baselines.get(w.task_class), self.policy,
+            standing=state.standing, accepted=state.levels(),
+        )  # fmt: skip
         if verdict is not None:
             self._commit(w, verdict, retry=False)
 
@@ -389,7 +426,7 @@ class Supervisor:
         ``lineage``'s canaries of ``kind``."""
         with self._mu:
             w = self._watched.get(lineage)
-        if w is None or w.standing is None:
+        if w is None or not w.active or w.state() is None:
             return  # not ours, ended, or already being killed
         seen = CanaryTouch(
             sandbox_id=w.spec.sandbox_id, kind=kind,
@@ -406,19 +443,23 @@ class Supervisor:
 
     def _commit(self, w: _Watched, verdict: Verdict, *, retry: bool) -> None:
         """Append ``verdict`` pinned to the worker's verdict stream. A behaviour verdict
-        that lost a race is decided again at the next pass; a quarantine is tried
-        again at once."""
+        that lost a race, or was decided on a standing that misses a verdict someone
+        else committed (its stream is past what was folded), is decided again at the
+        next pass, once the follower has folded it; a quarantine is tried again at
+        once."""
         stream = supervise_stream(w.lineage)
         for _ in range(_APPEND_TRIES if retry else 1):
             with self.lock:
-                if w.standing is None:
+                if not w.active or w.state() is None:
                     return
                 version = self.journal.stream_version(stream)
+                if not retry and version > w.seen + len(w.pending):
+                    return  # decided on a stale standing: again at the next pass
                 try:
-                    self.journal.append([verdict], expect={stream: version})
+                    committed = self.journal.append([verdict], expect={stream: version})
                 except AppendConflictError:
                     continue
-                w.standing = standing_after(w.standing, verdict)
+                w.pending.append((committed[0].position, verdict))
                 self.verdicts.append(verdict)
                 return
 
