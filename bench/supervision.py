@@ -3,9 +3,12 @@
 ``--cascade N``: a cascade revoke. One parent lineage with N live workers below it (each
 `sleep 600` in its own real sandbox, run by one cell), revoked in one append
 (`Charter.revoke`); measured from the call until no process of any of their sandboxes'
-host uids is left (every sandbox frozen and killed in one pass), and until every end is
-journaled. Baseline, same run: N plain `sleep 600` processes (fork/exec, no sandbox)
-SIGKILLed together and reaped. The host has 1,000 sandbox uids and 2 cores: N is
+host uids is left (every sandbox frozen and killed in one pass), seen by an observer in
+its own process (``revoke_to_all_gone_s``) and by the bench's own thread beside the
+cell's (``…_seen_in_process_s``, late by however long the cell's waking driver
+threads hold the interpreter lock), and until every end is journaled. Baseline, same
+run: N plain `sleep 600` processes (fork/exec, no sandbox) SIGKILLed together and
+reaped. The host has 1,000 sandbox uids and 2 cores: N is
 what fits (a warm pool builds N sandboxes first).
 
 ``--cell``: supervision in the cell (real sandboxes, SQLite):
@@ -78,6 +81,61 @@ def _alive(uids: set[int]) -> int:
     return found
 
 
+# Polls /proc (the walk of _alive) from its own process, from "go" on stdin until no
+# process of the uids is left, and prints that moment's CLOCK_MONOTONIC (one clock for
+# every process of the host). In its own process, the observer shares no interpreter
+# lock with the cell's threads (a thousand drivers waking at once would otherwise delay
+# its walks), as an operator's shell does not.
+_OBSERVE = """
+import json, os, sys, time
+uids = set(json.loads(sys.stdin.readline()))
+print("ready", flush=True)
+sys.stdin.readline()
+def alive():
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid not in uids:
+                continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+    return False
+while alive():
+    time.sleep(0.001)
+print(time.monotonic(), flush=True)
+"""
+
+
+class _Observer:
+    """``_OBSERVE`` in a subprocess, for ``uids``."""
+
+    def __init__(self, uids: set[int]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _OBSERVE], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(sorted(uids)) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def gone_at(self) -> float:
+        assert self.proc.stdout is not None
+        at = float(self.proc.stdout.readline())
+        self.proc.wait(timeout=10)
+        return at
+
+
 def _intent(width: int, objective: str, fanout: int = 1) -> SpawnIntent:
     scale = width * max(fanout, 1)  # the parent's estimate covers its children's
     cost = {k: v * scale for k, v in WORKER_COST.items()} | {"egress_bytes": 0}
@@ -134,12 +192,15 @@ def cascade_revoke(n: int, state: Path) -> dict[str, float]:
                     if isinstance(e.event, SandboxLeased)
                 }
                 assert _alive(uids) >= n
+                observer = _Observer(uids)
                 began = time.monotonic()
+                observer.go()
                 charter.revoke(parent.lineage, "the bench revokes the subtree")
                 appended = time.monotonic()
                 while _alive(uids):
                     time.sleep(0.001)
-                gone = time.monotonic()
+                gone_here = time.monotonic()
+                gone = observer.gone_at()
                 while sum(1 for e in charter.journal.entries(types=("WorkerEnded",))
                           if isinstance(e.event, WorkerEnded)) < n:  # fmt: skip
                     time.sleep(0.01)
@@ -153,6 +214,7 @@ def cascade_revoke(n: int, state: Path) -> dict[str, float]:
         "start_all_s": start_s,
         "revoke_append_s": appended - began,
         "revoke_to_all_gone_s": gone - began,
+        "revoke_to_all_gone_seen_in_process_s": gone_here - began,
         "revoke_to_all_ended_s": ended - began,
     }
 

@@ -95,6 +95,12 @@ BURN_EVERY_S = 2.0
 ``BURN_EVERY_S`` of its life, from its latest sample, and never in its first
 ``BURN_EVERY_S``: one entry of about 300 bytes per live worker per 2 s at most."""
 
+LEARN_EVERY_S = 1.0
+"""The profiles of ended workers are journaled (with the baselines they teach) at most
+once every ``LEARN_EVERY_S``, each class's in one append, and at the cell's close: one
+append per class per second at most, not one per pass (a baseline is used only from
+the next pass on, so a second's batch decides exactly as a pass's would)."""
+
 RATE_SETTLED_MS = 1000
 """A life-average rate in a worker's first moments is noise (a few ms of start-up over
 a few ms of life reads as several cores): a profile takes ``cpu_permille`` only from
@@ -334,6 +340,7 @@ class Supervisor:
 
     def _run(self) -> None:
         wait = self.interval_s
+        learnt = time.monotonic()
         while not self._stop.wait(wait):
             began = time.monotonic()
             try:
@@ -342,7 +349,9 @@ class Supervisor:
                 for w in live:
                     if self.held(w.lineage):
                         self._sample(w, decide_too=True)
-                self._learn_queued()
+                if began - learnt >= LEARN_EVERY_S:
+                    learnt = began
+                    self._learn_queued()
             except Exception as e:  # noqa: BLE001 - the sampler outlives one failed pass
                 self._failed(e)
             wait = max(0.0, self.interval_s - (time.monotonic() - began))
@@ -481,28 +490,31 @@ class Supervisor:
         newer than that version makes the next try conflict too)."""
         stream = baseline_stream(task_class)
         for _ in range(_APPEND_TRIES):
-            with self.lock:
-                if task_class not in self._versions:
+            if task_class not in self._versions:
+                with self.lock:
                     self._versions[task_class] = self.journal.stream_version(stream)
                     fresh = self._read_baselines().get(task_class)
-                    if fresh is not None:
-                        self.baselines[task_class] = fresh
-                version = self._versions[task_class]
-                baseline = self.baselines.get(task_class) or Baseline.empty(task_class)
-                events: list[WorkerProfiled | BaselineChanged] = []
-                for p in profiles:
-                    events.append(p)
-                    change = learn(baseline, p)
-                    if change is not None:
-                        events.append(change)
-                        baseline = Baseline.from_event(change)
-                try:
+                if fresh is not None:
+                    self.baselines[task_class] = fresh
+            version = self._versions[task_class]
+            # What they teach is worked out off the lock (the pin makes the append fail
+            # if the stream moved meanwhile); only the append is made under it.
+            baseline = self.baselines.get(task_class) or Baseline.empty(task_class)
+            events: list[WorkerProfiled | BaselineChanged] = []
+            for p in profiles:
+                events.append(p)
+                change = learn(baseline, p)
+                if change is not None:
+                    events.append(change)
+                    baseline = Baseline.from_event(change)
+            try:
+                with self.lock:
                     self.journal.append(events, expect={stream: version})
-                except AppendConflictError:  # another writer taught it: read it again
-                    del self._versions[task_class]
-                    continue
-                self._versions[task_class] = version + len(events)
-                if baseline.version:
-                    self.baselines[task_class] = baseline
-                return
+            except AppendConflictError:  # another writer taught it: read it again
+                del self._versions[task_class]
+                continue
+            self._versions[task_class] = version + len(events)
+            if baseline.version:
+                self.baselines[task_class] = baseline
+            return
         self._failed(RuntimeError(f"profiles of {task_class} not journaled: {stream} raced"))

@@ -1,12 +1,13 @@
 """Freeze, then kill, observed (real sandboxes, both backends): a revoked subtree of
 two busy workers (each spinning and forking) is killed by the cell, and at the very
-moment the first SIGKILL is sent (the kill pass, recorded as it is called) every one of
+moment the first SIGKILL is sent (recorded as the kill module sends it) every one of
 their sandboxes reads frozen in its cgroup freezer with its processes still there: the
 freeze came first, and the kill after it, never the other way round. The control: just
 before the revoke none of them was frozen (they were running, counting)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -56,20 +57,27 @@ def test_every_sandbox_is_frozen_before_the_first_sigkill(
         )
         lineages = [str(c.lineage) for c in result.children]
         seen: list[dict[str, object]] = []
-        real = _kill._kill_pass
+        signalled: list[int] = []
 
-        def kill_pass(uids: set[int]) -> int:
-            """The first SIGKILL is sent inside this call: look first, then send."""
-            if not seen:
-                seen.append(
-                    {
-                        "frozen": {x: controls[x].frozen() for x in lineages},
-                        "alive": {x: bool(alive_under({uid_of[x]})) for x in lineages},
-                    }
-                )
-            return real(uids)
+        class Os:
+            """The kill module's ``os``, its ``kill`` looking first (the first SIGKILL
+            of the cascade is sent here, whichever way the sandbox is killed)."""
 
-        monkeypatch.setattr(_kill, "_kill_pass", kill_pass)
+            def __getattr__(self, name: str) -> object:
+                return getattr(os, name)
+
+            def kill(self, pid: int, sig: int) -> None:
+                if not seen:
+                    seen.append(
+                        {
+                            "frozen": {x: controls[x].frozen() for x in lineages},
+                            "alive": {x: bool(alive_under({uid_of[x]})) for x in lineages},
+                        }
+                    )
+                signalled.append(pid)
+                os.kill(pid, sig)
+
+        monkeypatch.setattr(_kill, "os", Os())
         with running(make_cell(charter, None, state_dir)) as cell:
             specs = {x: spec_of(cell, x) for x in lineages}
             controls = {x: SandboxControl(s) for x, s in specs.items()}
@@ -81,6 +89,7 @@ def test_every_sandbox_is_frozen_before_the_first_sigkill(
     assert before == dict.fromkeys(lineages, False)  # the control: running, not frozen
     assert seen, "no kill pass was made"
     (first,) = seen
+    assert len(signalled) >= 2 * 2  # each sandbox's stub and worker at least
     assert first["frozen"] == dict.fromkeys(lineages, True)
     assert first["alive"] == dict.fromkeys(lineages, True)  # killed after, while there
     ends = {e.event.lineage: e.event for e in entries if isinstance(e.event, WorkerEnded)}
