@@ -3,7 +3,8 @@
 ``--cascade N``: a cascade revoke. One parent lineage with N live workers below it (each
 `sleep 600` in its own real sandbox, run by one cell), revoked in one append
 (`Charter.revoke`); measured from the call until no process of any of their sandboxes'
-host uids is left (every sandbox frozen and killed in one pass), seen by an observer in
+host uids that lived before it is left alive (every sandbox frozen and killed in one
+pass; each process known by its pid and start time), seen by an observer in
 its own process (``revoke_to_all_gone_s``) and by the bench's own thread beside the
 cell's (``…_seen_in_process_s``, late by however long the cell's waking driver
 threads hold the interpreter lock), and until every end is journaled. Baseline, same
@@ -81,17 +82,36 @@ def _alive(uids: set[int]) -> int:
     return found
 
 
-# Polls /proc (the walk of _alive) from its own process, from "go" on stdin until no
-# process of the uids is left, and prints that moment's CLOCK_MONOTONIC (one clock for
-# every process of the host). In its own process, the observer shares no interpreter
-# lock with the cell's threads (a thousand drivers waking at once would otherwise delay
-# its walks), as an operator's shell does not.
+# The processes of the killed sandboxes, each by its pid and start time (so a pid the
+# kernel hands to a new process is not mistaken for one of them, nor a sandbox the pool
+# parks afterwards on a freed uid): from "go" on stdin until none of them is left alive
+# (a zombie is dead), polled from its own process, which prints that moment's
+# CLOCK_MONOTONIC (one clock for every process of the host). In its own process, the
+# observer shares no interpreter lock with the cell's threads (a thousand drivers
+# waking at once would otherwise delay its looks), as an operator's shell does not.
 _OBSERVE = """
-import json, os, sys, time
-uids = set(json.loads(sys.stdin.readline()))
+import json, sys, time
+procs = [tuple(p) for p in json.loads(sys.stdin.readline())]
 print("ready", flush=True)
 sys.stdin.readline()
-def alive():
+def alive(pid, start):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return fields[0] not in (b"Z", b"X") and fields[19] == start.encode()
+while procs:
+    procs = [p for p in procs if alive(*p)]
+    if procs:
+        time.sleep(0.001)
+print(time.monotonic(), flush=True)
+"""
+
+
+def _processes(uids: set[int]) -> list[tuple[int, str]]:
+    """The live processes of ``uids`` now: (pid, start time in clock ticks)."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -99,28 +119,39 @@ def alive():
             if os.stat(f"/proc/{entry}").st_uid not in uids:
                 continue
             with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
-                    return True
+                fields = f.read().rpartition(b")")[2].split()
+            if fields[0] not in (b"Z", b"X"):
+                found.append((int(entry), fields[19].decode()))
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
-    return False
-while alive():
-    time.sleep(0.001)
-print(time.monotonic(), flush=True)
-"""
+    return found
+
+
+def _left(procs: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Those of ``procs`` still alive (the same pid and start time, not a zombie)."""
+    left = []
+    for pid, start in procs:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if fields[0] not in (b"Z", b"X") and fields[19].decode() == start:
+            left.append((pid, start))
+    return left
 
 
 class _Observer:
-    """``_OBSERVE`` in a subprocess, for ``uids``."""
+    """``_OBSERVE`` in a subprocess, for ``procs``."""
 
-    def __init__(self, uids: set[int]) -> None:
+    def __init__(self, procs: list[tuple[int, str]]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", _OBSERVE], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(sorted(uids)) + "\n")
+        self.proc.stdin.write(json.dumps(procs) + "\n")
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == "ready"
 
@@ -191,13 +222,15 @@ def cascade_revoke(n: int, state: Path) -> dict[str, float]:
                     for e in charter.journal.entries(types=("SandboxLeased",))
                     if isinstance(e.event, SandboxLeased)
                 }
-                assert _alive(uids) >= n
-                observer = _Observer(uids)
+                procs = _processes(uids)
+                assert len(procs) >= n
+                observer = _Observer(procs)
                 began = time.monotonic()
                 observer.go()
                 charter.revoke(parent.lineage, "the bench revokes the subtree")
                 appended = time.monotonic()
-                while _alive(uids):
+                while procs:
+                    procs = _left(procs)
                     time.sleep(0.001)
                 gone_here = time.monotonic()
                 gone = observer.gone_at()

@@ -44,6 +44,7 @@ class Driver:
         self._threads: list[threading.Thread] = []
         self.forget: Callable[[str], None] = lambda lineage: None  # a start that never was
         self._quarantined: dict[str, str] = {}  # lineage -> why its sandbox is withheld
+        self._dying: set[str] = set()  # killed here, their sandboxes not destroyed yet
 
     # -- sandboxes -------------------------------------------------------------------
 
@@ -81,6 +82,12 @@ class Driver:
         with self.lock:
             return len(self._slots)
 
+    def dying(self) -> int:
+        """Sandboxes killed here whose teardown has not finished (the cell parks nothing
+        more meanwhile: the host's cores go to their teardown first)."""
+        with self.lock:
+            return len(self._dying)
+
     def give_back(self, slot: Slot, quarantined: str | None = None) -> None:
         """Discard a leased slot (never re-parked: a sandbox runs one worker), or
         destroy it as quarantined, and have the filler build its replacement off the
@@ -112,6 +119,8 @@ class Driver:
         self.custody.release(lineage)
         if slot is not None:
             self.give_back(slot, quarantined)
+        with self.lock:
+            self._dying.discard(lineage)
 
     # -- kills -----------------------------------------------------------------------
 
@@ -120,11 +129,14 @@ class Driver:
         (:func:`freeze_then_kill`; their drivers then measure and report); a lineage
         not held here is not touched."""
         with self.lock:
-            self._kill([self._slots[x] for x in set(lineages) if x in self._slots])
+            held = [x for x in set(lineages) if x in self._slots]
+            self._dying.update(held)
+            self._kill([self._slots[x] for x in held])
 
     def kill_all(self) -> None:
         """Freeze, then SIGKILL, every sandbox held here, all together."""
         with self.lock:
+            self._dying.update(self._slots)
             self._kill(list(self._slots.values()))
 
     def _kill(self, slots: list[Slot]) -> None:

@@ -439,7 +439,8 @@ class Cell:
     def _park_for_demand(self) -> None:
         """Park ahead for the workers queued here: the processing cap, plus one for each
         worker waiting for a slot, up to the pool's capacity (an idle cell parks only
-        the processing cap)."""
+        the processing cap); nothing more while sandboxes it killed are still dying (a
+        cascade's teardown is not slowed by building their replacements)."""
         if self.driver is None:
             return
         pool = self.driver.pool
@@ -447,6 +448,8 @@ class Cell:
             state = self.resources.cells.cells().get(self.cell)
             queued = len(state.queued[ResourceClass.PROCESSING]) if state is not None else 0
         want = min(pool.capacity, self._parked_base + queued)
+        if self.driver.dying():  # sandboxes it killed are still being torn down: they
+            want = min(want, pool.parked)  # have the cores first; parking resumes after
         if want != pool.parked_target:
             pool.parked_target = want
             self.driver.filler.wake()
