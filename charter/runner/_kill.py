@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from charter.sandbox import FREEZE_TIMEOUT, SandboxControl, SandboxUnavailableError
 
-__all__ = ["freeze_then_kill", "kill_uid", "kill_uids"]
+__all__ = ["Freezing", "freeze_then_kill", "kill_uid", "kill_uids"]
 
 _PARALLEL = 8  # threads of a cascade: the kernel does the work inside each cgroup write
 _CHUNK = 32  # sandboxes per task
@@ -111,7 +111,30 @@ def _frozen(control: SandboxControl, deadline: float) -> bool:
     return True
 
 
-def freeze_then_kill(controls: Sequence[SandboxControl], uids: set[int]) -> int:
+def _pool(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max(1, min(_PARALLEL, -(-n // _CHUNK))), "kill")
+
+
+class Freezing:
+    """Freezes asked of many sandboxes at once, on threads of their own, while the
+    caller goes on (a revocation's sandboxes are asked to freeze while their kills are
+    being journaled: the freeze is reversible, the kill waits for its commit)."""
+
+    def __init__(self, controls: Sequence[SandboxControl]) -> None:
+        self.controls = list(controls)
+        self._pool = _pool(len(self.controls))
+        chunks = [self.controls[i : i + _CHUNK] for i in range(0, len(self.controls), _CHUNK)]
+        self._asked = [self._pool.submit(_ask_freeze, chunk) for chunk in chunks]
+        self._pool.shutdown(wait=False)  # the threads end once the asks are done
+
+    def asked(self) -> list[SandboxControl]:
+        """Those asked (their cgroup took the freeze), once every ask is done."""
+        return [c for future in self._asked for c in future.result()]
+
+
+def freeze_then_kill(
+    controls: Sequence[SandboxControl], uids: set[int], freezing: Freezing | None = None
+) -> int:
     """Kill many live sandboxes at once, frozen first. Every one is asked to freeze,
     then waited for together (at most ``FREEZE_TIMEOUT`` in all), so none of them can
     fork or act between the first SIGKILL and the last; then every process of each
@@ -121,12 +144,18 @@ def freeze_then_kill(controls: Sequence[SandboxControl], uids: set[int]) -> int:
     thousand sandboxes is not a thousand writes in a row. A sandbox that cannot be
     frozen (its cgroup gone, the host refusing, not frozen in time) is killed all the
     same, by its host uid, again until no process of it is left. Returns how many
-    processes were signalled."""
+    processes were signalled. ``freezing``: the freezes already asked of some of them
+    (:class:`Freezing`), not asked again."""
     if not controls:
         return 0
-    pool = ThreadPoolExecutor(min(_PARALLEL, -(-len(controls) // _CHUNK)), "kill")
+    pool = _pool(len(controls))
     try:
-        asked = [c for chunk in _in_parallel(pool, _ask_freeze, controls) for c in chunk]  # type: ignore[attr-defined]
+        early = freezing.asked() if freezing is not None else []
+        done = {c.spec.sandbox_id for c in (freezing.controls if freezing is not None else ())}
+        rest = [c for c in controls if c.spec.sandbox_id not in done]
+        asked = [c for chunk in _in_parallel(pool, _ask_freeze, rest) for c in chunk]  # type: ignore[attr-defined]
+        by_id = {c.spec.sandbox_id for c in controls}
+        asked += [c for c in early if c.spec.sandbox_id in by_id]
         deadline = time.monotonic() + FREEZE_TIMEOUT
         frozen = [c for c in asked if _frozen(c, deadline)]
         killed = sum(_in_parallel(pool, _kill_members, frozen))  # type: ignore[arg-type]

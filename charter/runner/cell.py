@@ -767,7 +767,8 @@ class Cell:
         look, whoever appended it (this cell, the CLI, the API, another process).
 
         A revocation becomes a ``WorkerKilled`` for each live worker of this cell in the
-        revoked subtree, journaled (in one append) before any is killed. Then every kill
+        revoked subtree, journaled (in one append) before any is killed; their sandboxes
+        are asked to freeze while it is (a freeze is reversible; the kill is not). Then every kill
         taken from the view is carried out once: the sandboxes of started workers are
         killed together (their drivers then journal their usage and ends, as killed);
         a worker never started is ended at once and never starts. A sandbox is killed
@@ -775,11 +776,17 @@ class Cell:
         under the lock that gives slots back."""
         with self._lock:
             implied = revocation_kills(self.cell, self.view)
+            freezing = None
+            if implied and self.driver is not None:
+                # The revocation is committed: its sandboxes are asked to freeze (they
+                # can do nothing more) while their kills are journaled; the SIGKILLs
+                # wait for that commit.
+                freezing = self.driver.freeze(k.lineage for k in implied)
             if implied:
                 self.lifecycle.record(implied)
             sandboxes, never_started = kill_policy(self.cell, self.view)
             if sandboxes and self.driver is not None:
-                self.driver.kill(sandboxes)
+                self.driver.kill(sandboxes, freezing)
         for w in never_started:
             self._end(w, "killed", None, w.killed or "killed", discard=False)
 
