@@ -67,19 +67,7 @@ WORKER_COST = {"tokens": 5000, "wall_ms": 700_000, "cpu_ms": 10_000, "mem_bytes"
 def _alive(uids: set[int]) -> int:
     """Live (not zombie) processes running as any of ``uids``: counted here on purpose,
     not by the cell's own kill pass (``runner/_kill.py``), so the bench checks it."""
-    found = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid not in uids:
-                continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
-                    found += 1
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-    return found
+    return len(_processes(uids))
 
 
 # The processes of the killed sandboxes, each by its pid and start time (so a pid the
@@ -101,11 +89,12 @@ def alive(pid, start):
     except (FileNotFoundError, ProcessLookupError):
         return False
     return fields[0] not in (b"Z", b"X") and fields[19] == start.encode()
-while procs:
+began = time.monotonic()
+while procs and time.monotonic() - began < 60:
     procs = [p for p in procs if alive(*p)]
     if procs:
         time.sleep(0.001)
-print(time.monotonic(), flush=True)
+print(time.monotonic() if not procs else "nan", flush=True)
 """
 
 
@@ -202,6 +191,9 @@ def cascade_revoke(n: int, state: Path) -> dict[str, float]:
                           workers=(sleeper,))  # fmt: skip
             cell = cell_for(charter, slot_budget=SLOT, state_dir=state, ignore_host_load=True)
             cell.pool_capacity = n + 1
+            # Its claim outlasts the run: N starts and N ends each hold the views' lock,
+            # and a renewal waiting past a 15 s claim fenced the cell mid-run at 800.
+            cell.claim_s = 600.0
             stop = threading.Event()
             cell.open()
             thread = threading.Thread(target=cell.run, kwargs={"until": stop.is_set})
@@ -217,21 +209,31 @@ def cascade_revoke(n: int, state: Path) -> dict[str, float]:
                         raise TimeoutError(f"only some of {n} workers started: {counts}")
                     time.sleep(0.2)
                 start_s = time.monotonic() - built
-                uids = {
-                    e.event.host_uid
-                    for e in charter.journal.entries(types=("SandboxLeased",))
-                    if isinstance(e.event, SandboxLeased)
-                }
+                # The sandboxes of the workers running now (one that ended early, its
+                # uid since taken by a parked sandbox, is not the revoke's to kill).
+                kinds = ("SandboxLeased", "WorkerStarted", "WorkerEnded")
+                leased: dict[str, int] = {}
+                running: dict[str, str] = {}
+                for e in charter.journal.entries(types=kinds):
+                    if isinstance(e.event, SandboxLeased):
+                        leased[e.event.sandbox_id] = e.event.host_uid
+                    elif isinstance(e.event, WorkerStarted):
+                        running[e.event.lineage] = e.event.sandbox_id
+                    elif isinstance(e.event, WorkerEnded):
+                        running.pop(e.event.lineage, None)
+                uids = {leased[x] for x in running.values()}
                 procs = _processes(uids)
-                assert len(procs) >= n
+                assert len(procs) >= len(running)
                 observer = _Observer(procs)
                 began = time.monotonic()
                 observer.go()
                 charter.revoke(parent.lineage, "the bench revokes the subtree")
                 appended = time.monotonic()
-                while procs:
+                watching = time.monotonic()
+                while procs and time.monotonic() - watching < 60:
                     procs = _left(procs)
                     time.sleep(0.001)
+                assert not procs, f"{len(procs)} processes of the revoked sandboxes live on"
                 gone_here = time.monotonic()
                 gone = observer.gone_at()
                 while sum(1 for e in charter.journal.entries(types=("WorkerEnded",))
