@@ -211,10 +211,10 @@ def cascade_revoke(n: int, state: Path) -> dict[str, float]:
                 start_s = time.monotonic() - built
                 # The sandboxes of the workers running now (one that ended early, its
                 # uid since taken by a parked sandbox, is not the revoke's to kill).
-                kinds = ("SandboxLeased", "WorkerStarted", "WorkerEnded")
+                wanted = ("SandboxLeased", "WorkerStarted", "WorkerEnded")
                 leased: dict[str, int] = {}
                 running: dict[str, str] = {}
-                for e in charter.journal.entries(types=kinds):
+                for e in charter.journal.entries(types=wanted):
                     if isinstance(e.event, SandboxLeased):
                         leased[e.event.sandbox_id] = e.event.host_uid
                     elif isinstance(e.event, WorkerStarted):
