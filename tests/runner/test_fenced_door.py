@@ -57,14 +57,14 @@ def test_a_fenced_cells_door_stops_answering_before_its_sandboxes_die(
         seen: list[dict[str, object]] = []
         real = _driver.freeze_then_kill
 
-        def freeze_then_kill(controls, uids):  # type: ignore[no-untyped-def]
+        def freeze_then_kill(controls, uids, freezing=None):  # type: ignore[no-untyped-def]
             if not seen and uid in uids:
                 seen.append({
                     "connections": door.connections(),  # type: ignore[attr-defined]
                     "knows": cell.knows_uid(uid),
                     "alive": bool(alive_under({uid})),
                 })  # fmt: skip
-            return real(controls, uids)
+            return real(controls, uids, freezing)
 
         monkeypatch.setattr(_driver, "freeze_then_kill", freeze_then_kill)
         stop = threading.Event()
