@@ -3,9 +3,13 @@
 ``--cascade N``: a cascade revoke. One parent lineage with N live workers below it (each
 `sleep 600` in its own real sandbox, run by one cell), revoked in one append
 (`Charter.revoke`); measured from the call until no process of any of their sandboxes'
-host uids is left (every sandbox frozen and killed in one pass), and until every end is
-journaled. Baseline, same run: N plain `sleep 600` processes (fork/exec, no sandbox)
-SIGKILLed together and reaped. The host has 1,000 sandbox uids and 2 cores: N is
+host uids that lived before it is left alive (every sandbox frozen and killed in one
+pass; each process known by its pid and start time), seen by an observer in
+its own process (``revoke_to_all_gone_s``) and by the bench's own thread beside the
+cell's (``…_seen_in_process_s``, late by however long the cell's waking driver
+threads hold the interpreter lock), and until every end is journaled. Baseline, same
+run: N plain `sleep 600` processes (fork/exec, no sandbox) SIGKILLed together and
+reaped. The host has 1,000 sandbox uids and 2 cores: N is
 what fits (a warm pool builds N sandboxes first).
 
 ``--cell``: supervision in the cell (real sandboxes, SQLite):
@@ -63,7 +67,40 @@ WORKER_COST = {"tokens": 5000, "wall_ms": 700_000, "cpu_ms": 10_000, "mem_bytes"
 def _alive(uids: set[int]) -> int:
     """Live (not zombie) processes running as any of ``uids``: counted here on purpose,
     not by the cell's own kill pass (``runner/_kill.py``), so the bench checks it."""
-    found = 0
+    return len(_processes(uids))
+
+
+# The processes of the killed sandboxes, each by its pid and start time (so a pid the
+# kernel hands to a new process is not mistaken for one of them, nor a sandbox the pool
+# parks afterwards on a freed uid): from "go" on stdin until none of them is left alive
+# (a zombie is dead), polled from its own process, which prints that moment's
+# CLOCK_MONOTONIC (one clock for every process of the host). In its own process, the
+# observer shares no interpreter lock with the cell's threads (a thousand drivers
+# waking at once would otherwise delay its looks), as an operator's shell does not.
+_OBSERVE = """
+import json, sys, time
+procs = [tuple(p) for p in json.loads(sys.stdin.readline())]
+print("ready", flush=True)
+sys.stdin.readline()
+def alive(pid, start):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return fields[0] not in (b"Z", b"X") and fields[19] == start.encode()
+began = time.monotonic()
+while procs and time.monotonic() - began < 60:
+    procs = [p for p in procs if alive(*p)]
+    if procs:
+        time.sleep(0.001)
+print(time.monotonic() if not procs else "nan", flush=True)
+"""
+
+
+def _processes(uids: set[int]) -> list[tuple[int, str]]:
+    """The live processes of ``uids`` now: (pid, start time in clock ticks)."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -71,11 +108,52 @@ def _alive(uids: set[int]) -> int:
             if os.stat(f"/proc/{entry}").st_uid not in uids:
                 continue
             with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
-                    found += 1
+                fields = f.read().rpartition(b")")[2].split()
+            if fields[0] not in (b"Z", b"X"):
+                found.append((int(entry), fields[19].decode()))
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
     return found
+
+
+def _left(procs: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Those of ``procs`` still alive (the same pid and start time, not a zombie)."""
+    left = []
+    for pid, start in procs:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if fields[0] not in (b"Z", b"X") and fields[19].decode() == start:
+            left.append((pid, start))
+    return left
+
+
+class _Observer:
+    """``_OBSERVE`` in a subprocess, for ``procs``."""
+
+    def __init__(self, procs: list[tuple[int, str]]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _OBSERVE], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(procs) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def gone_at(self) -> float:
+        assert self.proc.stdout is not None
+        at = float(self.proc.stdout.readline())
+        self.proc.wait(timeout=10)
+        return at
 
 
 def _intent(width: int, objective: str, fanout: int = 1) -> SpawnIntent:
@@ -113,6 +191,9 @@ def cascade_revoke(n: int, state: Path) -> dict[str, float]:
                           workers=(sleeper,))  # fmt: skip
             cell = cell_for(charter, slot_budget=SLOT, state_dir=state, ignore_host_load=True)
             cell.pool_capacity = n + 1
+            # Its claim outlasts the run: N starts and N ends each hold the views' lock,
+            # and a renewal waiting past a 15 s claim fenced the cell mid-run at 800.
+            cell.claim_s = 600.0
             stop = threading.Event()
             cell.open()
             thread = threading.Thread(target=cell.run, kwargs={"until": stop.is_set})
@@ -128,18 +209,33 @@ def cascade_revoke(n: int, state: Path) -> dict[str, float]:
                         raise TimeoutError(f"only some of {n} workers started: {counts}")
                     time.sleep(0.2)
                 start_s = time.monotonic() - built
-                uids = {
-                    e.event.host_uid
-                    for e in charter.journal.entries(types=("SandboxLeased",))
-                    if isinstance(e.event, SandboxLeased)
-                }
-                assert _alive(uids) >= n
+                # The sandboxes of the workers running now (one that ended early, its
+                # uid since taken by a parked sandbox, is not the revoke's to kill).
+                wanted = ("SandboxLeased", "WorkerStarted", "WorkerEnded")
+                leased: dict[str, int] = {}
+                running: dict[str, str] = {}
+                for e in charter.journal.entries(types=wanted):
+                    if isinstance(e.event, SandboxLeased):
+                        leased[e.event.sandbox_id] = e.event.host_uid
+                    elif isinstance(e.event, WorkerStarted):
+                        running[e.event.lineage] = e.event.sandbox_id
+                    elif isinstance(e.event, WorkerEnded):
+                        running.pop(e.event.lineage, None)
+                uids = {leased[x] for x in running.values()}
+                procs = _processes(uids)
+                assert len(procs) >= len(running)
+                observer = _Observer(procs)
                 began = time.monotonic()
+                observer.go()
                 charter.revoke(parent.lineage, "the bench revokes the subtree")
                 appended = time.monotonic()
-                while _alive(uids):
+                watching = time.monotonic()
+                while procs and time.monotonic() - watching < 60:
+                    procs = _left(procs)
                     time.sleep(0.001)
-                gone = time.monotonic()
+                assert not procs, f"{len(procs)} processes of the revoked sandboxes live on"
+                gone_here = time.monotonic()
+                gone = observer.gone_at()
                 while sum(1 for e in charter.journal.entries(types=("WorkerEnded",))
                           if isinstance(e.event, WorkerEnded)) < n:  # fmt: skip
                     time.sleep(0.01)
@@ -153,6 +249,7 @@ def cascade_revoke(n: int, state: Path) -> dict[str, float]:
         "start_all_s": start_s,
         "revoke_append_s": appended - began,
         "revoke_to_all_gone_s": gone - began,
+        "revoke_to_all_gone_seen_in_process_s": gone_here - began,
         "revoke_to_all_ended_s": ended - began,
     }
 

@@ -203,6 +203,10 @@ def render_tree(report: TreeReport, console: Console) -> None:
         parent = branches.get(node.parent) if node.parent else None
         name = node.lineage.rsplit("/", 1)[-1] if parent is not None else node.lineage
         spent = f" {node.tokens_spent} tokens" if node.tokens_spent else ""
+        if node.worker is not None and node.burn is not None:  # a worker's CPU and wall
+            b = node.burn
+            live = " so far" if b.source == "sampled" else ""
+            spent += f" cpu {b.cpu_ms / 1000:.2f}s wall {b.wall_ms / 1000:.1f}s{live}"
         label = f"{_cell(name)}  {status}{spent} @{node.position}"
         branches[node.lineage] = (parent or top).add(label)
     console.print(top)

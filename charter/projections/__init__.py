@@ -7,6 +7,7 @@ any journal position. See docs/projections.md.
 from charter.projections._answers import (
     BudgetLine,
     BudgetReport,
+    Burn,
     CellSlots,
     SlotsReport,
     TreeNode,
@@ -21,6 +22,7 @@ __all__ = [
     "DEFAULT_NAME",
     "BudgetLine",
     "BudgetReport",
+    "Burn",
     "TreeNode",
     "TreeReport",
     "CellSlots",

@@ -34,6 +34,7 @@ from charter.projections._fold import (
 
 __all__ = [
     "BudgetLine",
+    "Burn",
     "BudgetReport",
     "CellSlots",
     "SlotsReport",
@@ -167,6 +168,30 @@ class BudgetReport:
 
 
 @dataclass(frozen=True)
+class Burn:
+    """What a node has used, as of the answer's position. ``source`` is ``sampled``: a
+    live worker's latest ``WorkerSampled`` (its usage so far while it runs, never
+    charged; ``position`` is that entry's), or ``charged``: what its lease has been
+    charged (a worker's measured usage, once it ended; 0 before; ``position`` is the
+    ledger version's)."""
+
+    source: str  # sampled | charged
+    cpu_ms: int
+    wall_ms: int
+    mem_bytes: int
+    position: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "cpu_ms": self.cpu_ms,
+            "wall_ms": self.wall_ms,
+            "mem_bytes": self.mem_bytes,
+            "position": self.position,
+        }
+
+
+@dataclass(frozen=True)
 class TreeNode:
     lineage: str
     parent: str | None
@@ -181,6 +206,9 @@ class TreeNode:
     worker: str | None = None
     # Tokens charged to its lease so far (the model door's calls; None: no ledger).
     tokens_spent: int | None = None
+    # Its CPU, wall clock and peak memory: sampled while it runs, charged once it ended
+    # (None: no ledger and no sample).
+    burn: Burn | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -193,6 +221,7 @@ class TreeNode:
             "status": self.status,
             "worker": self.worker,
             "tokens_spent": self.tokens_spent,
+            "burn": None if self.burn is None else self.burn.to_json(),
         }
 
 
@@ -292,6 +321,28 @@ class SlotsReport:
                 )
             )
         return cls(as_of, tuple(out))
+
+
+def burns(ledgers: Iterable[Sequence[Any]], samples: Iterable[Sequence[Any]]) -> dict[str, Burn]:
+    """Each lineage's burn from its ledger row and its current sample row (lineage,
+    valid_from, valid_to, wall_ms, cpu_ms, memory_bytes), as of one position: the sample
+    while there is one (a worker that has not ended), else the ledger's charge."""
+    out = {
+        str(row[L_LINEAGE]): Burn(
+            "charged",
+            cpu_ms=int(row[L_SPENT + 2]),
+            wall_ms=int(row[L_SPENT + 1]),
+            mem_bytes=int(row[L_SPENT + 3]),
+            position=int(row[L_FROM]),
+        )
+        for row in ledgers
+    }
+    for lineage, valid_from, _, wall_ms, cpu_ms, memory_bytes in samples:
+        out[str(lineage)] = Burn(
+            "sampled", cpu_ms=int(cpu_ms), wall_ms=int(wall_ms), mem_bytes=int(memory_bytes),
+            position=int(valid_from),
+        )  # fmt: skip
+    return out
 
 
 def gone_cells(claims: Iterable[Sequence[Any]], at_ms: int) -> set[str]:

@@ -58,9 +58,13 @@ W_STATUS = 4
 # A cell's newest incarnation and when its claim lapses (None: no bound): a reader
 # derives from it, at its reading time, whether the cell is gone.
 CLAIM_COLUMNS = ("cell", "valid_from", "valid_to", "incarnation", "until_ms")
+# A live worker's latest usage so far (its newest ``WorkerSampled`` while it has not
+# ended; the row is closed at its end, when its lease's charge says what it used).
+SAMPLE_COLUMNS = ("lineage", "valid_from", "valid_to", "wall_ms", "cpu_ms", "memory_bytes")
 # A lineage waiting for a slot; ``seq`` orders lineages queued by one event.
 QUEUE_COLUMNS = ("cell", "resource", "lineage", "valid_from", "valid_to", "seq")
 _PROCESSING = "processing"
+_NOT_ENDED = frozenset({"queued", "admitted", "running", "waiting"})
 
 
 def iso_to_ms(text: str) -> int:
@@ -95,6 +99,8 @@ class Changes:
     queue_closes: list[tuple[int, str, str, str]] = field(default_factory=list)
     claim_inserts: list[tuple[Any, ...]] = field(default_factory=list)
     claim_closes: list[tuple[int, str]] = field(default_factory=list)
+    sample_inserts: list[tuple[Any, ...]] = field(default_factory=list)
+    sample_closes: list[tuple[int, str]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -110,6 +116,7 @@ class Fold:
         self.workers: dict[str, list[Any]] = {}
         self.queue: dict[tuple[str, str, str], tuple[int, int]] = {}  # → valid_from, seq
         self.claims: dict[str, list[Any]] = {}
+        self.samples: dict[str, list[Any]] = {}
         # Current rows that are already in the database (closing them is an UPDATE).
         self.persisted_ledgers: set[str] = set()
         self.persisted_cells: set[str] = set()
@@ -117,6 +124,7 @@ class Fold:
         self.persisted_workers: set[str] = set()
         self.persisted_queue: set[tuple[str, str, str]] = set()
         self.persisted_claims: set[str] = set()
+        self.persisted_samples: set[str] = set()
         self.changes = Changes()
 
     # -- loading the current rows of an existing projection --------------------------
@@ -129,6 +137,7 @@ class Fold:
         workers: Iterable[Sequence[Any]] = (),
         queue: Iterable[Sequence[Any]] = (),
         claims: Iterable[Sequence[Any]] = (),
+        samples: Iterable[Sequence[Any]] = (),
     ) -> None:
         for row in ledgers:
             lineage = row[L_LINEAGE]
@@ -152,6 +161,9 @@ class Fold:
         for row in claims:
             self.claims[row[0]] = list(row)
             self.persisted_claims.add(row[0])
+        for row in samples:
+            self.samples[row[0]] = list(row)
+            self.persisted_samples.add(row[0])
 
     # -- versioning ----------------------------------------------------------------
 
@@ -371,6 +383,31 @@ class Fold:
         del at
         if p["lineage"] in self.workers:
             self._worker_status(p["lineage"], str(p["outcome"]), position)
+        self._close_sample(p["lineage"], position)  # its charge says what it used now
+
+    def _close_sample(self, lineage: str, position: int) -> None:
+        old = self.samples.pop(lineage, None)
+        if old is None:
+            return
+        if lineage in self.persisted_samples:
+            self.persisted_samples.discard(lineage)
+            self.changes.sample_closes.append((position, lineage))
+        else:
+            old[2] = position
+            self.changes.sample_inserts.append(tuple(old))
+
+    def _worker_sampled(self, position: int, p: dict[str, Any], at: str) -> None:
+        """A live worker's usage so far (as the cell's view folds it: only while the
+        worker has not ended)."""
+        del at
+        lineage = p["lineage"]
+        worker = self.workers.get(lineage)
+        if worker is None or worker[W_STATUS] not in _NOT_ENDED:
+            return
+        self._close_sample(lineage, position)
+        self.samples[lineage] = [
+            lineage, position, None, int(p["wall_ms"]), int(p["cpu_ms"]), int(p["memory_bytes"])
+        ]  # fmt: skip
 
     def _slot_released(self, position: int, p: dict[str, Any], at: str) -> None:
         del at
@@ -401,30 +438,26 @@ class Fold:
 
     def _persist_all(self, changes: Changes) -> None:
         """Add to ``changes`` every current row not yet in the database."""
-        for lineage, row in self.ledgers.items():
-            if lineage not in self.persisted_ledgers:
-                changes.ledger_inserts.append(tuple(row))
-                self.persisted_ledgers.add(lineage)
-        for cell, row in self.cells.items():
-            if cell not in self.persisted_cells:
-                changes.cell_inserts.append(tuple(row))
-                self.persisted_cells.add(cell)
+        versioned: tuple[tuple[dict[str, list[Any]], set[str], list[tuple[Any, ...]]], ...] = (
+            (self.ledgers, self.persisted_ledgers, changes.ledger_inserts),
+            (self.cells, self.persisted_cells, changes.cell_inserts),
+            (self.workers, self.persisted_workers, changes.worker_inserts),
+            (self.claims, self.persisted_claims, changes.claim_inserts),
+            (self.samples, self.persisted_samples, changes.sample_inserts),
+        )
+        for rows, persisted, inserts in versioned:
+            for name, row in rows.items():
+                if name not in persisted:
+                    inserts.append(tuple(row))
+                    persisted.add(name)
         for key, valid_from in self.slots.items():
             if key not in self.persisted_slots:
                 changes.slot_inserts.append((*key, valid_from, None))
                 self.persisted_slots.add(key)
-        for lineage, row in self.workers.items():
-            if lineage not in self.persisted_workers:
-                changes.worker_inserts.append(tuple(row))
-                self.persisted_workers.add(lineage)
         for key, (valid_from, seq) in self.queue.items():
             if key not in self.persisted_queue:
                 changes.queue_inserts.append((*key, valid_from, None, seq))
                 self.persisted_queue.add(key)
-        for cell, row in self.claims.items():
-            if cell not in self.persisted_claims:
-                changes.claim_inserts.append(tuple(row))
-                self.persisted_claims.add(cell)
 
 
 # A GrantMinted entry is canonical JSON with sorted keys: {"at":…,"payload":{"body":
@@ -462,6 +495,7 @@ _HANDLERS: dict[str, _Handler] = {
     "CellStarted": Fold._cell_started,
     "CellClaimRenewed": Fold._claim_renewed,
     "WorkerEnded": Fold._worker_ended,
+    "WorkerSampled": Fold._worker_sampled,
     "AgentRegistered": Fold._agent_registered,
     "GrantMinted": Fold._grant_minted,
 }

@@ -25,6 +25,7 @@ from charter.projections._fold import (
     LEDGER_COLUMNS,
     NODE_COLUMNS,
     QUEUE_COLUMNS,
+    SAMPLE_COLUMNS,
     SLOT_COLUMNS,
     WORKER_COLUMNS,
     Changes,
@@ -76,11 +77,19 @@ _DDL = [
     "PRIMARY KEY (cell, valid_from), CHECK (valid_to IS NULL OR valid_to > valid_from))",
     "CREATE UNIQUE INDEX IF NOT EXISTS {p}_claims_current ON {p}_claims (cell) "
     "WHERE valid_to IS NULL",
+    "CREATE TABLE IF NOT EXISTS {p}_samples (lineage TEXT NOT NULL, "
+    "valid_from BIGINT NOT NULL, valid_to BIGINT, wall_ms BIGINT NOT NULL, "
+    "cpu_ms BIGINT NOT NULL, memory_bytes BIGINT NOT NULL, "
+    "PRIMARY KEY (lineage, valid_from), CHECK (valid_to IS NULL OR valid_to > valid_from))",
+    "CREATE UNIQUE INDEX IF NOT EXISTS {p}_samples_current ON {p}_samples (lineage) "
+    "WHERE valid_to IS NULL",
 ]
 
-_TABLES = ("ledgers", "cells", "slots", "nodes", "counts", "workers", "queue", "claims")
+_TABLES = (
+    "ledgers", "cells", "slots", "nodes", "counts", "workers", "queue", "claims", "samples"
+)  # fmt: skip
 # The table added last: a projection made before it existed is rebuilt once on open.
-NEWEST_TABLE = "claims"
+NEWEST_TABLE = "samples"
 
 _AS_OF = "valid_from <= ? AND (valid_to IS NULL OR valid_to > ?)"
 # Lineage paths below L sort between "L/" and "L0" ('0' follows '/'): no LIKE escaping.
@@ -146,6 +155,12 @@ _STATEMENTS = {
     + ", ".join(CLAIM_COLUMNS)
     + " FROM {p}_claims WHERE valid_to IS NULL",
     "claims_as_of": "SELECT " + ", ".join(CLAIM_COLUMNS) + " FROM {p}_claims WHERE " + _AS_OF,
+    "sample_insert": _insert("samples", SAMPLE_COLUMNS),
+    "sample_close": "UPDATE {p}_samples SET valid_to = ? WHERE lineage = ? AND valid_to IS NULL",
+    "current_samples": "SELECT "
+    + ", ".join(SAMPLE_COLUMNS)
+    + " FROM {p}_samples WHERE valid_to IS NULL",
+    "samples_as_of": "SELECT " + ", ".join(SAMPLE_COLUMNS) + " FROM {p}_samples WHERE " + _AS_OF,
 }
 
 
@@ -244,8 +259,8 @@ class ProjectionStore(ABC):
         )
 
     def current(self, cur: Any) -> tuple[list[Any], ...]:
-        """The current rows of ledgers, cells, slots, workers, the queue and the claims (the order
-        :meth:`Fold.load` takes them in)."""
+        """The current rows of ledgers, cells, slots, workers, the queue, the claims and
+        the samples (the order :meth:`Fold.load` takes them in)."""
         out = []
         for key in (
             "current_ledgers",
@@ -254,6 +269,7 @@ class ProjectionStore(ABC):
             "current_workers",
             "current_queue",
             "current_claims",
+            "current_samples",
         ):
             cur.execute(self._q(self.sql[key]))
             out.append(cur.fetchall())
@@ -270,6 +286,7 @@ class ProjectionStore(ABC):
             ("worker_close", changes.worker_closes),
             ("queue_close", changes.queue_closes),
             ("claim_close", changes.claim_closes),
+            ("sample_close", changes.sample_closes),
             ("ledger_insert", changes.ledger_inserts),
             ("cell_insert", changes.cell_inserts),
             ("slot_insert", changes.slot_inserts),
@@ -277,6 +294,7 @@ class ProjectionStore(ABC):
             ("worker_insert", changes.worker_inserts),
             ("queue_insert", changes.queue_inserts),
             ("claim_insert", changes.claim_inserts),
+            ("sample_insert", changes.sample_inserts),
             ("count", list(changes.counts.items())),
         ):
             if rows:

@@ -22,6 +22,7 @@ from charter.projections._answers import (
     TreeNode,
     TreeReport,
     _status,
+    burns,
     gone_cells,
     worker_shown,
 )
@@ -208,12 +209,14 @@ class Projector:
             nodes = list(self.store.select(cur, "nodes_as_of", (p, *params), where))
             ledgers = list(self.store.select(cur, "ledgers_as_of", (p, p, *params), where))
             workers = list(self.store.select(cur, "workers_as_of", (p, p, *params), where))
+            samples = list(self.store.select(cur, "samples_as_of", (p, p, *params), where))
             claims = list(self.store.select(cur, "claims_as_of", (p, p)))
         at_ms = self._when(p, as_of)
         status = {row[L_LINEAGE]: _status(row, at_ms) for row in ledgers}
         gone = gone_cells(claims, at_ms)
         worker = {str(row[0]): worker_shown(row, gone) for row in workers}
         tokens = {row[L_LINEAGE]: int(row[L_SPENT]) for row in ledgers}  # tokens: axis 0
+        burn = burns(ledgers, samples)
         out = [
             TreeNode(
                 lineage=lin,
@@ -225,6 +228,7 @@ class Projector:
                 status=status.get(lin, "no-ledger"),
                 worker=worker.get(lin),
                 tokens_spent=tokens.get(lin),
+                burn=burn.get(lin),
             )
             for lin, parent, depth, kind, pos, fanout in nodes
         ]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from charter.core import Budget
 from charter.runner._custody import Custody
 from charter.runner._filler import PoolFiller
-from charter.runner._kill import freeze_then_kill
+from charter.runner._kill import Freezing, freeze_then_kill
 from charter.runner._logs import WorkerLogs
 from charter.runner.events import RESULT_CAP
 from charter.sandbox import EgressGrant, Outcome, SandboxControl, Slot, WarmPool
@@ -44,6 +44,7 @@ class Driver:
         self._threads: list[threading.Thread] = []
         self.forget: Callable[[str], None] = lambda lineage: None  # a start that never was
         self._quarantined: dict[str, str] = {}  # lineage -> why its sandbox is withheld
+        self._dying: set[str] = set()  # killed here, their sandboxes not destroyed yet
 
     # -- sandboxes -------------------------------------------------------------------
 
@@ -81,6 +82,12 @@ class Driver:
         with self.lock:
             return len(self._slots)
 
+    def dying(self) -> int:
+        """Sandboxes killed here whose teardown has not finished (the cell parks nothing
+        more meanwhile: the host's cores go to their teardown first)."""
+        with self.lock:
+            return len(self._dying)
+
     def give_back(self, slot: Slot, quarantined: str | None = None) -> None:
         """Discard a leased slot (never re-parked: a sandbox runs one worker), or
         destroy it as quarantined, and have the filler build its replacement off the
@@ -112,25 +119,38 @@ class Driver:
         self.custody.release(lineage)
         if slot is not None:
             self.give_back(slot, quarantined)
+        with self.lock:
+            self._dying.discard(lineage)
 
     # -- kills -----------------------------------------------------------------------
 
-    def kill(self, lineages: Iterable[str]) -> None:
+    def freeze(self, lineages: Iterable[str]) -> Freezing:
+        """Ask the held sandboxes of ``lineages`` to freeze, on threads of their own,
+        and return at once; a later :meth:`kill` of them waits for the asks instead of
+        asking again (a revocation freezes its subtree while its kills are journaled)."""
+        with self.lock:
+            held = [self._slots[x] for x in set(lineages) if x in self._slots]
+        return Freezing([SandboxControl(slot.spec) for slot in held])
+
+    def kill(self, lineages: Iterable[str], freezing: Freezing | None = None) -> None:
         """Freeze, then SIGKILL, the held sandboxes of ``lineages``, all together
         (:func:`freeze_then_kill`; their drivers then measure and report); a lineage
-        not held here is not touched."""
+        not held here is not touched. ``freezing``: asked by :meth:`freeze` already."""
         with self.lock:
-            self._kill([self._slots[x] for x in set(lineages) if x in self._slots])
+            held = [x for x in set(lineages) if x in self._slots]
+            self._dying.update(held)
+            self._kill([self._slots[x] for x in held], freezing)
 
     def kill_all(self) -> None:
         """Freeze, then SIGKILL, every sandbox held here, all together."""
         with self.lock:
+            self._dying.update(self._slots)
             self._kill(list(self._slots.values()))
 
-    def _kill(self, slots: list[Slot]) -> None:
+    def _kill(self, slots: list[Slot], freezing: Freezing | None = None) -> None:
         if slots:
             controls = [SandboxControl(slot.spec) for slot in slots]
-            freeze_then_kill(controls, {slot.host_uid for slot in slots})
+            freeze_then_kill(controls, {slot.host_uid for slot in slots}, freezing)
 
     # -- exec ------------------------------------------------------------------------
 

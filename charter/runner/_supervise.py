@@ -57,7 +57,7 @@ from charter.supervision import (
     CanaryTouch,
     Observation,
     Signals,
-    Standing,
+    Supervised,
     SupervisionPolicy,
     Verdict,
     WorkerProfiled,
@@ -67,8 +67,8 @@ from charter.supervision import (
     decide,
     learn,
     observe,
-    standing_after,
     supervise_stream,
+    supervised_after,
     touched,
 )
 
@@ -94,6 +94,12 @@ BURN_EVERY_S = 2.0
 """A live worker's usage so far is journaled (``WorkerSampled``) at most once every
 ``BURN_EVERY_S`` of its life, from its latest sample, and never in its first
 ``BURN_EVERY_S``: one entry of about 300 bytes per live worker per 2 s at most."""
+
+LEARN_EVERY_S = 1.0
+"""The profiles of ended workers are journaled (with the baselines they teach) at most
+once every ``LEARN_EVERY_S``, each class's in one append, and at the cell's close: one
+append per class per second at most, not one per pass (a baseline is used only from
+the next pass on, so a second's batch decides exactly as a pass's would)."""
 
 RATE_SETTLED_MS = 1000
 """A life-average rate in a worker's first moments is noise (a few ms of start-up over
@@ -150,10 +156,27 @@ class _Watched:
     started: float  # monotonic, at lease
     wd: int | None = None
     profile: Signals = field(default_factory=Signals)
-    standing: Standing | None = Standing.RUNNING  # None: killed or quarantined
+    active: bool = True  # False: nothing more is decided or reported on it
+    # Its standing folded from every verdict committed on it, in journal order, whoever
+    # appended it (None: killed or quarantined); the cell's follower folds them
+    # (:meth:`Supervisor.committed`). ``pending``: this process's own verdicts appended
+    # and not folded yet (position, verdict); ``seen``: the verdicts of its stream
+    # folded so far (its stream's version, a quarantine's digest aside).
+    base: Supervised | None = field(default_factory=Supervised)
+    pending: list[tuple[int, Verdict]] = field(default_factory=list)
+    seen: int = 0
     last: Observation | None = None
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES_KEPT))
     burnt: float = 0.0  # its age (s) at its last WorkerSampled
+
+    def state(self) -> Supervised | None:
+        """Where it stands: the committed verdicts folded, then its own pending ones."""
+        state = self.base
+        for _, verdict in self.pending:
+            if state is None:
+                return None
+            state = supervised_after(state, verdict)
+        return state
 
 
 class Supervisor:
@@ -238,7 +261,7 @@ class Supervisor:
             w = self._watched.get(lineage)
         if w is None:
             return
-        w.standing = None
+        w.active = False
         if w.wd is not None:
             self.watch.unwatch(w.wd)
             w.wd = None
@@ -274,6 +297,22 @@ class Supervisor:
                 case "result":
                     c["result_bytes"] = c.get("result_bytes", 0) + size
 
+    def committed(self, verdicts: list[tuple[int, Verdict]]) -> None:
+        """Verdicts committed on the journal (by anyone: an operator, another decider,
+        this process), each with its position, in journal order: each one on a worker
+        watched here, in its sandbox, is folded into its standing (call under the views'
+        lock, which every append of the process holds)."""
+        with self._mu:
+            watched = dict(self._watched)
+        for position, verdict in verdicts:
+            w = watched.get(verdict.lineage)
+            if w is None:
+                continue
+            w.seen += 1
+            w.pending = [(p, v) for p, v in w.pending if p != position]
+            if w.base is not None and verdict.sandbox_id == w.spec.sandbox_id:
+                w.base = supervised_after(w.base, verdict)
+
     def secret_asked(self, lineage: str, name: str) -> None:
         """``lineage`` asked the door for secret ``name``: its decoy's name is a touch."""
         self._touch(lineage, "secret_name", name)
@@ -301,6 +340,7 @@ class Supervisor:
 
     def _run(self) -> None:
         wait = self.interval_s
+        learnt = time.monotonic()
         while not self._stop.wait(wait):
             began = time.monotonic()
             try:
@@ -309,7 +349,9 @@ class Supervisor:
                 for w in live:
                     if self.held(w.lineage):
                         self._sample(w, decide_too=True)
-                self._learn_queued()
+                if began - learnt >= LEARN_EVERY_S:
+                    learnt = began
+                    self._learn_queued()
             except Exception as e:  # noqa: BLE001 - the sampler outlives one failed pass
                 self._failed(e)
             wait = max(0.0, self.interval_s - (time.monotonic() - began))
@@ -340,14 +382,18 @@ class Supervisor:
         if not decide_too:
             return
         self._burn(w, obs)
-        if w.standing is None:
+        state = w.state()
+        if not w.active or state is None:
             return
         if self.egress is not None and s.egress_attempts:
             for attempt in self.egress.attempts(w.spec.host_uid):
                 if w.canaries.match("egress_destination", attempt.destination):
                     self._touch(w.lineage, "egress_destination", attempt.destination)
                     return
-        verdict = decide(obs, self.baselines.get(w.task_class), self.policy, standing=w.standing)
+        verdict = decide(
+            obs, self.baselines.get(w.task_class), self.policy,
+            standing=state.standing, accepted=state.levels(),
+        )  # fmt: skip
         if verdict is not None:
             self._commit(w, verdict, retry=False)
 
@@ -389,7 +435,7 @@ class Supervisor:
         ``lineage``'s canaries of ``kind``."""
         with self._mu:
             w = self._watched.get(lineage)
-        if w is None or w.standing is None:
+        if w is None or not w.active or w.state() is None:
             return  # not ours, ended, or already being killed
         seen = CanaryTouch(
             sandbox_id=w.spec.sandbox_id, kind=kind,
@@ -406,19 +452,23 @@ class Supervisor:
 
     def _commit(self, w: _Watched, verdict: Verdict, *, retry: bool) -> None:
         """Append ``verdict`` pinned to the worker's verdict stream. A behaviour verdict
-        that lost a race is decided again at the next pass; a quarantine is tried
-        again at once."""
+        that lost a race, or was decided on a standing that misses a verdict someone
+        else committed (its stream is past what was folded), is decided again at the
+        next pass, once the follower has folded it; a quarantine is tried again at
+        once."""
         stream = supervise_stream(w.lineage)
         for _ in range(_APPEND_TRIES if retry else 1):
             with self.lock:
-                if w.standing is None:
+                if not w.active or w.state() is None:
                     return
                 version = self.journal.stream_version(stream)
+                if not retry and version > w.seen + len(w.pending):
+                    return  # decided on a stale standing: again at the next pass
                 try:
-                    self.journal.append([verdict], expect={stream: version})
+                    committed = self.journal.append([verdict], expect={stream: version})
                 except AppendConflictError:
                     continue
-                w.standing = standing_after(w.standing, verdict)
+                w.pending.append((committed[0].position, verdict))
                 self.verdicts.append(verdict)
                 return
 
@@ -440,28 +490,31 @@ class Supervisor:
         newer than that version makes the next try conflict too)."""
         stream = baseline_stream(task_class)
         for _ in range(_APPEND_TRIES):
-            with self.lock:
-                if task_class not in self._versions:
+            if task_class not in self._versions:
+                with self.lock:
                     self._versions[task_class] = self.journal.stream_version(stream)
                     fresh = self._read_baselines().get(task_class)
-                    if fresh is not None:
-                        self.baselines[task_class] = fresh
-                version = self._versions[task_class]
-                baseline = self.baselines.get(task_class) or Baseline.empty(task_class)
-                events: list[WorkerProfiled | BaselineChanged] = []
-                for p in profiles:
-                    events.append(p)
-                    change = learn(baseline, p)
-                    if change is not None:
-                        events.append(change)
-                        baseline = Baseline.from_event(change)
-                try:
+                if fresh is not None:
+                    self.baselines[task_class] = fresh
+            version = self._versions[task_class]
+            # What they teach is worked out off the lock (the pin makes the append fail
+            # if the stream moved meanwhile); only the append is made under it.
+            baseline = self.baselines.get(task_class) or Baseline.empty(task_class)
+            events: list[WorkerProfiled | BaselineChanged] = []
+            for p in profiles:
+                events.append(p)
+                change = learn(baseline, p)
+                if change is not None:
+                    events.append(change)
+                    baseline = Baseline.from_event(change)
+            try:
+                with self.lock:
                     self.journal.append(events, expect={stream: version})
-                except AppendConflictError:  # another writer taught it: read it again
-                    del self._versions[task_class]
-                    continue
-                self._versions[task_class] = version + len(events)
-                if baseline.version:
-                    self.baselines[task_class] = baseline
-                return
+            except AppendConflictError:  # another writer taught it: read it again
+                del self._versions[task_class]
+                continue
+            self._versions[task_class] = version + len(events)
+            if baseline.version:
+                self.baselines[task_class] = baseline
+            return
         self._failed(RuntimeError(f"profiles of {task_class} not journaled: {stream} raced"))

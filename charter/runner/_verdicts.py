@@ -64,15 +64,16 @@ class VerdictsFold(JournalFold):
 
     def __init__(self) -> None:
         super().__init__()
-        self._pending: list[Verdict] = []
+        self._pending: list[tuple[int, Verdict]] = []
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
-        del position, at_ms
+        del at_ms
         if isinstance(event, _VERDICTS):
-            self._pending.append(event)
+            self._pending.append((position, event))
 
-    def take(self) -> list[Verdict]:
-        """The verdicts folded since the last call, in journal order."""
+    def take(self) -> list[tuple[int, Verdict]]:
+        """The verdicts folded since the last call, with their positions, in journal
+        order."""
         taken, self._pending = self._pending, []
         return taken
 
@@ -81,7 +82,7 @@ def verdict_policy(cell: str, verdicts: list[Verdict], view: WorkersView) -> lis
     """The verdicts ``cell`` carries out: on a live worker scheduled on it and started in
     the sandbox the verdict names. Anything else (ended, never started, another cell's,
     an earlier sandbox's) is nothing."""
-    acts = []
+    acts: list[Verdict] = []
     for v in verdicts:
         w = view.workers.get(v.lineage)
         if w is None or w.scheduled.cell != cell or not w.live:
@@ -124,6 +125,9 @@ class VerdictActs:
     carry_out_kills: Callable[[], None]
     # Called before a quarantine reads the workspace (the supervisor stops watching it).
     before_digest: Callable[[str], None] = lambda lineage: None
+    # Called with every verdict committed (by anyone) and its position, in journal order,
+    # under the views' lock, before any is acted on (the supervisor folds its standing).
+    on_committed: Callable[[list[tuple[int, Verdict]]], None] = lambda verdicts: None
 
     def __post_init__(self) -> None:
         self.fold = VerdictsFold()
@@ -133,7 +137,10 @@ class VerdictActs:
     def carry_out(self) -> None:
         """Act on every verdict folded since the last look (call with the views fresh)."""
         with self.views.lock:
-            acts = verdict_policy(self.cell, self.fold.take(), self.view)
+            taken = self.fold.take()
+            if taken:
+                self.on_committed(taken)
+            acts = verdict_policy(self.cell, [v for _, v in taken], self.view)
         for verdict in acts:
             self._act(verdict)
 

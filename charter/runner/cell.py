@@ -282,17 +282,28 @@ class Cell:
             )
             self.driver.forget = self.supervisor.forget
             self.verdicts.before_digest = self.supervisor.stand_down
+            self.verdicts.on_committed = self.supervisor.committed
         filler.start()
         self.claimant.renew_every_third(self.claim_s, self._fence)
         return started
 
     def _fence(self, fenced: CellSupersededError) -> None:
-        """This incarnation is fenced: start nothing more, kill what it holds."""
+        """This incarnation is fenced: start nothing more, stop answering at the door,
+        then kill what it holds (call without holding the views' lock: the door's
+        threads may need it to end)."""
         if self.fenced is None:
-            self.fenced = fenced
+            self.fenced = fenced  # from here knows_uid says no: the door refuses all
+        self._notify()  # a door request waiting on the cell wakes, and is refused
+        self._stop_answering()
         if self.driver is not None:
             self.driver.kill_all()
         self._notify()
+
+    def _stop_answering(self) -> None:
+        """Once fenced: the door hangs up on every worker before any sandbox is killed."""
+        stop = getattr(self.key_broker, "stop_answering", None)
+        if stop is not None:
+            stop()
 
     def _own_template(self) -> Path:
         """The workspace every worker starts from: empty but for the door's client
@@ -328,11 +339,13 @@ class Cell:
                     self.lifecycle.record(kills)
                 except CellSupersededError as fenced:  # the new holder fails them
                     self.fenced = fenced
-            # Every sandbox still held here dies with the cell: those just journaled,
-            # and those another writer killed or ended (a newer incarnation failed
-            # them) whose kill this cell had not carried out yet.
-            if driver is not None:
-                driver.kill_all()
+        if self.fenced is not None:  # fenced: its door stops answering first
+            self._stop_answering()
+        # Every sandbox still held here dies with the cell: those just journaled, and
+        # those another writer killed or ended (a newer incarnation failed them) whose
+        # kill this cell had not carried out yet.
+        if driver is not None:
+            driver.kill_all()
         if self.fenced is None:
             with contextlib.suppress(CellSupersededError):
                 self._carry_out_kills()
@@ -393,7 +406,16 @@ class Cell:
     def step(self) -> int:
         """Act on every processing slot admitted on this cell since the tracked position
         (read once per process: what was passed over is final); return how many
-        workers were started."""
+        workers were started. Once this incarnation finds itself fenced it stops
+        answering at the door, kills what it holds, and raises
+        :class:`CellSupersededError`."""
+        try:
+            return self._step()
+        except CellSupersededError as fenced:
+            self._fence(fenced)
+            raise
+
+    def _step(self) -> int:
         started = 0
         self._check_not_superseded()
         with self._lock:
@@ -425,7 +447,8 @@ class Cell:
     def _park_for_demand(self) -> None:
         """Park ahead for the workers queued here: the processing cap, plus one for each
         worker waiting for a slot, up to the pool's capacity (an idle cell parks only
-        the processing cap)."""
+        the processing cap); nothing more while sandboxes it killed are still dying (a
+        cascade's teardown is not slowed by building their replacements)."""
         if self.driver is None:
             return
         pool = self.driver.pool
@@ -433,6 +456,8 @@ class Cell:
             state = self.resources.cells.cells().get(self.cell)
             queued = len(state.queued[ResourceClass.PROCESSING]) if state is not None else 0
         want = min(pool.capacity + pool.spare, self._parked_base + queued)
+        if self.driver.dying():  # sandboxes it killed are still being torn down: they
+            want = min(want, pool.parked)  # have the cores first; parking resumes after
         if want != pool.parked_target:
             pool.parked_target = want
             self.driver.filler.wake()
@@ -549,9 +574,8 @@ class Cell:
                 )
                 if took:
                     driver.hold(w.lineage, slot)
-        except CellSupersededError as fenced:  # nothing starts; the caller stops
+        except CellSupersededError:  # nothing starts; step fences this incarnation
             driver.unstarted(w.lineage, slot)
-            self._fence(fenced)
             raise
         except (AppendConflictError, AlreadyTrackedError, AppendFailedError) as error:
             # A stream it was decided on moved (killed, revoked, or only a sibling's
@@ -776,7 +800,8 @@ class Cell:
         look, whoever appended it (this cell, the CLI, the API, another process).
 
         A revocation becomes a ``WorkerKilled`` for each live worker of this cell in the
-        revoked subtree, journaled (in one append) before any is killed. Then every kill
+        revoked subtree, journaled (in one append) before any is killed; their sandboxes
+        are asked to freeze while it is (a freeze is reversible; the kill is not). Then every kill
         taken from the view is carried out once: the sandboxes of started workers are
         killed together (their drivers then journal their usage and ends, as killed);
         a worker never started is ended at once and never starts. A sandbox is killed
@@ -784,11 +809,17 @@ class Cell:
         under the lock that gives slots back."""
         with self._lock:
             implied = revocation_kills(self.cell, self.view)
+            freezing = None
+            if implied and self.driver is not None:
+                # The revocation is committed: its sandboxes are asked to freeze (they
+                # can do nothing more) while their kills are journaled; the SIGKILLs
+                # wait for that commit.
+                freezing = self.driver.freeze(k.lineage for k in implied)
             if implied:
                 self.lifecycle.record(implied)
             sandboxes, never_started = kill_policy(self.cell, self.view)
             if sandboxes and self.driver is not None:
-                self.driver.kill(sandboxes)
+                self.driver.kill(sandboxes, freezing)
         for w in never_started:
             self._end(w, "killed", None, w.killed or "killed", discard=False)
 
@@ -796,8 +827,9 @@ class Cell:
 
     def knows_uid(self, host_uid: int) -> bool:
         """Whether ``host_uid`` is the sandbox of a live worker of this cell (called on
-        the door's accepting thread: it must not block)."""
-        return self.driver is not None and self.driver.knows_uid(host_uid)
+        the door's accepting thread: it must not block). Never once fenced: a fenced
+        incarnation's door answers nobody."""
+        return self.fenced is None and self.driver is not None and self.driver.knows_uid(host_uid)
 
     def lineage_of(self, host_uid: int) -> str:
         lineage = None if self.driver is None else self.driver.lineage_of(host_uid)

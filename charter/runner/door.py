@@ -387,6 +387,18 @@ class Door(KeyBroker):
         super().close()
         self._hang_up(lambda _: True)
 
+    def stop_answering(self) -> None:
+        """The cell is fenced (its ``knows_uid`` now says no to every uid, so no frame is
+        answered and no connection accepted): hang up every connection and wait, at
+        most ``_DRAIN_S``, until no door thread serves one. The cell kills its sandboxes
+        only after this: its door stops answering before they die."""
+        self._hang_up(lambda _: True)
+        if self.model is not None:
+            self.model.hang_up(lambda _: True)
+        deadline = time.monotonic() + _DRAIN_S
+        while self.connections() and time.monotonic() < deadline:
+            time.sleep(0.001)
+
     def unregister(self, host_uid: int) -> None:
         """The sandbox on ``host_uid`` is discarded: its keys go (the key broker), and
         with it its request count and its connections (shut down: their threads end),

@@ -84,6 +84,18 @@ class SandboxControl:
             delay = min(delay * 2, 0.005)
         return time.monotonic() - start
 
+    def members(self) -> list[int]:
+        """The processes of the sandbox's freezer cgroup (v2: its one cgroup); read while
+        it is frozen, the list is whole: none of them can fork. Raises when the cgroup
+        is gone."""
+        path = self._dir("freezer" if self.mode is CgroupMode.V1 else "") / "cgroup.procs"
+        try:
+            return [int(x) for x in read_text(path).split()]
+        except OSError as e:
+            raise SandboxUnavailableError(
+                f"sandbox {self.spec.sandbox_id}: its cgroup cannot be read: {e}"
+            ) from e
+
     def thaw(self) -> None:
         """Let a frozen sandbox run again (a no-op on one that is not frozen)."""
         try:

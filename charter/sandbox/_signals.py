@@ -68,6 +68,21 @@ def workspace_bytes(pid: int) -> int:
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
+def _keyed(path: Path) -> dict[str, int]:
+    """A flat keyed kernel file (``name value`` lines) in one read; empty when it cannot
+    be read (the sandbox is gone)."""
+    try:
+        text = read_text(path)
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            out[name] = int(value)
+    return out
+
+
 def sample_signals(spec: SandboxSpec, egress: EgressBroker | None = None) -> SandboxSignals:
     """The sandbox's signals now (a counter that cannot be read, because the sandbox is
     gone, reads 0)."""
@@ -83,10 +98,11 @@ def sample_signals(spec: SandboxSpec, egress: EgressBroker | None = None) -> San
     egress_refusals = sum(a.count for a in attempts if not a.allowed)
     match spec.cgroup_mode:
         case CgroupMode.V1:
+            cpu = _keyed(at("cpu") / "cpu.stat")  # one read for both of its keys
             return SandboxSignals(
                 cpu_ms=read_int(at("cpuacct") / "cpuacct.usage") // 1_000_000,
-                cpu_throttled_ms=read_int(at("cpu") / "cpu.stat", "throttled_time") // 1_000_000,
-                cpu_throttled_periods=read_int(at("cpu") / "cpu.stat", "nr_throttled"),
+                cpu_throttled_ms=cpu.get("throttled_time", 0) // 1_000_000,
+                cpu_throttled_periods=cpu.get("nr_throttled", 0),
                 memory_bytes=read_int(at("memory") / "memory.usage_in_bytes"),
                 memory_peak_bytes=read_int(at("memory") / "memory.max_usage_in_bytes"),
                 memory_failcnt=read_int(at("memory") / "memory.failcnt"),
@@ -99,10 +115,11 @@ def sample_signals(spec: SandboxSpec, egress: EgressBroker | None = None) -> San
             )
         case CgroupMode.V2:
             d = Path(dirs[0])
+            cpu = _keyed(d / "cpu.stat")
             return SandboxSignals(
-                cpu_ms=read_int(d / "cpu.stat", "usage_usec") // 1000,
-                cpu_throttled_ms=read_int(d / "cpu.stat", "throttled_usec") // 1000,
-                cpu_throttled_periods=read_int(d / "cpu.stat", "nr_throttled"),
+                cpu_ms=cpu.get("usage_usec", 0) // 1000,
+                cpu_throttled_ms=cpu.get("throttled_usec", 0) // 1000,
+                cpu_throttled_periods=cpu.get("nr_throttled", 0),
                 memory_bytes=read_int(d / "memory.current"),
                 memory_peak_bytes=read_int(d / "memory.peak"),
                 memory_failcnt=read_int(d / "memory.events", "max"),

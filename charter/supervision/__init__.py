@@ -41,9 +41,11 @@ from charter.supervision.policy import (
     DEFAULT_RULES,
     Rule,
     Standing,
+    Supervised,
     SupervisionPolicy,
     decide,
     standing_after,
+    supervised_after,
 )
 
 __all__ = [
@@ -62,9 +64,11 @@ __all__ = [
     "DEFAULT_RULES",
     "Rule",
     "Standing",
+    "Supervised",
     "SupervisionPolicy",
     "decide",
     "standing_after",
+    "supervised_after",
     # honeytokens
     "CREDENTIAL_DIR",
     "CanaryKind",

@@ -10,7 +10,8 @@ triggers a rule** (the zero-false-positive property, tested with hypothesis).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, assert_never
 
@@ -34,9 +35,11 @@ __all__ = [
     "DEFAULT_RULES",
     "Rule",
     "Standing",
+    "Supervised",
     "SupervisionPolicy",
     "decide",
     "standing_after",
+    "supervised_after",
 ]
 
 _MiB = 1024 * 1024
@@ -130,12 +133,56 @@ def standing_after(standing: Standing, verdict: Verdict) -> Standing | None:
             return None
 
 
+def _operators(verdict: Verdict) -> bool:
+    return any(e.signal == "operator" for e in verdict.evidence)
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """Where a live worker stands after every verdict committed on it, folded in journal
+    order whoever appended it (:func:`supervised_after`), and what an operator's resume
+    accepted: ``accepted`` maps a signal to the level an operator resumed the worker at
+    (``decide`` then holds that signal against ``max(band, level)``); ``held`` is the
+    evidence of the throttles and pauses in force since it last stood running."""
+
+    standing: Standing = Standing.RUNNING
+    accepted: tuple[tuple[Signal, int], ...] = ()
+    held: tuple[Evidence, ...] = ()
+
+    def levels(self) -> dict[Signal, int]:
+        return dict(self.accepted)
+
+
+def supervised_after(state: Supervised, verdict: Verdict) -> Supervised | None:
+    """``state`` after ``verdict`` (None: it is being killed).
+
+    A throttle or pause adds its evidence to what holds the worker. A resume sets it
+    running again; an **operator's** resume (evidence ``signal="operator"``) also
+    accepts, for each signal that held it, the level observed when it was held: the
+    same evidence never throttles or pauses it again, and a rule on that signal applies
+    again only past its threshold over that level (docs/supervision.md). The
+    supervisor's own resume (every signal back within its band) accepts nothing."""
+    standing = standing_after(state.standing, verdict)
+    if standing is None:
+        return None
+    if not isinstance(verdict, ResumeVerdict):
+        return Supervised(standing, state.accepted, state.held + verdict.evidence)
+    levels = state.levels()
+    if _operators(verdict):
+        for e in state.held:
+            if e.signal not in ("canary", "operator"):
+                signal = Signal(e.signal)
+                levels[signal] = max(levels.get(signal, 0), e.observed)
+    return Supervised(Standing.RUNNING, tuple(sorted(levels.items())), ())
+
+
 def decide(
     observation: Observation,
     baseline: Baseline | None,
     policy: SupervisionPolicy,
     *,
     standing: Standing = Standing.RUNNING,
+    accepted: Mapping[Signal, int] | None = None,
 ) -> Verdict | None:
     """The verdict on ``observation`` (None: nothing to do).
 
@@ -143,7 +190,10 @@ def decide(
     the rules that trigger, the most severe action wins, with the evidence of every rule
     that asked for it; an action no stronger than where the worker already stands
     (throttling a throttled or paused worker, pausing a paused one) is none. A throttled
-    or paused worker whose every ruled signal is back within its band is resumed."""
+    or paused worker whose every ruled signal is back within its band is resumed.
+    ``accepted`` (:attr:`Supervised.accepted`): the levels an operator's resume
+    accepted; a signal is held against the higher of its band and that level (the
+    evidence's ``upper`` says which was used)."""
     if baseline is None or baseline.completed < policy.min_completed:
         return None
     if observation.task_class != baseline.task_class:
@@ -152,19 +202,23 @@ def decide(
             f"the baseline of {baseline.task_class!r}"
         )
     signals = observation.signals
+    levels = accepted or {}
+
+    def upper(signal: Signal) -> int:
+        return max(baseline.upper(signal), levels.get(signal, 0))
 
     def evidence(signal: Signal, threshold: int) -> Evidence:
         return Evidence(
-            signal=signal, observed=signals.value(signal), upper=baseline.upper(signal),
+            signal=signal, observed=signals.value(signal), upper=upper(signal),
             threshold=threshold, baseline_version=baseline.version,
             policy_version=policy.version,
         )  # fmt: skip
 
     triggered = [
-        (rule, evidence(rule.signal, rule.threshold(baseline.upper(rule.signal))))
+        (rule, evidence(rule.signal, rule.threshold(upper(rule.signal))))
         for rule in policy.rules
         if observation.wall_ms >= rule.after_ms
-        and signals.value(rule.signal) > rule.threshold(baseline.upper(rule.signal))
+        and signals.value(rule.signal) > rule.threshold(upper(rule.signal))
     ]
     common: dict[str, Any] = {
         "lineage": observation.lineage,
@@ -173,7 +227,7 @@ def decide(
         "observation": observation,
     }
     if not triggered:
-        return _resumed(observation, baseline, policy, standing, evidence, common)
+        return _resumed(observation, upper, policy, standing, evidence, common)
     action = max((rule.action for rule, _ in triggered), key=_SEVERITY.__getitem__)
     if _SEVERITY[action] <= _LEVEL[standing]:
         return None
@@ -183,7 +237,7 @@ def decide(
 
 def _resumed(
     observation: Observation,
-    baseline: Baseline,
+    upper: Callable[[Signal], int],
     policy: SupervisionPolicy,
     standing: Standing,
     evidence: Callable[[Signal, int], Evidence],
@@ -194,9 +248,9 @@ def _resumed(
     if standing is Standing.RUNNING:
         return None
     ruled = dict.fromkeys(rule.signal for rule in policy.rules)
-    if any(observation.signals.value(s) > baseline.upper(s) for s in ruled):
+    if any(observation.signals.value(s) > upper(s) for s in ruled):
         return None
-    return ResumeVerdict(evidence=tuple(evidence(s, baseline.upper(s)) for s in ruled), **common)
+    return ResumeVerdict(evidence=tuple(evidence(s, upper(s)) for s in ruled), **common)
 
 
 def _verdict(

@@ -132,7 +132,7 @@ def test_tree_and_slots_show_worker_status_and_the_queue(
             # once when opened, so its answers are whole, not only from then on.
             head = max(want)
             with incremental.store.write() as cur:
-                for table in ("workers", "queue", "claims"):
+                for table in ("workers", "queue", "claims", "samples"):
                     cur.execute(f"DROP TABLE inc_{table}")
             incremental.close()
             incremental = Projector(charter.journal, "inc")

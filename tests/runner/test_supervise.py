@@ -41,13 +41,13 @@ from charter.supervision import (
     BaselineChanged,
     CanariesPlanted,
     QuarantineVerdict,
-    Standing,
+    Supervised,
     SupervisionPolicy,
     WorkerProfiled,
     WorkerSampled,
     decide,
     learn,
-    standing_after,
+    supervised_after,
 )
 from charter.supervision import Verdict as VerdictEvent
 from tests.runner._support import cli_env, fan_out, make_cell, running, until_idle
@@ -85,12 +85,13 @@ def _write_policy(home: Path, **fields: object) -> None:
 def replay(entries: Iterable[Entry], policy: SupervisionPolicy) -> tuple[int, int]:
     """Fold the journal from zero: every ``BaselineChanged`` must be what ``learn`` gives
     on the ``WorkerProfiled`` entries before it, and every verdict what ``decide`` (or
-    the canary rule) gives on what it journals, byte for byte. Returns how many of each
-    were checked."""
+    the canary rule) gives on what it journals, byte for byte, on the standing every
+    verdict before it on that worker left (an operator's included). Returns how many of
+    each were checked."""
     baselines: dict[str, Baseline] = {}
     versions: dict[tuple[str, int], Baseline] = {}
     expected: dict[str, list[BaselineChanged]] = {}
-    standing: dict[str, Standing | None] = {}
+    standing: dict[str, Supervised | None] = {}
     planted: dict[str, CanariesPlanted] = {}
     changes = verdicts = 0
     for entry in entries:
@@ -110,10 +111,12 @@ def replay(entries: Iterable[Entry], policy: SupervisionPolicy) -> tuple[int, in
             planted[event.lineage] = event
         elif type(event).type_name in VERDICTS:
             v: VerdictEvent = event  # type: ignore[assignment]
-            now = standing.get(v.lineage, Standing.RUNNING)
+            now = standing.get(v.lineage, Supervised())
             assert now is not None, "a verdict after a kill"
             canary = v.evidence[0].canary
-            if canary is not None:  # a touch: it names one of the sandbox's own canaries
+            if v.evidence[0].signal == "operator":
+                pass  # an operator's: nothing to decide again, only to fold
+            elif canary is not None:  # a touch: it names one of the sandbox's own canaries
                 assert isinstance(v, QuarantineVerdict)
                 p = planted[v.lineage]
                 assert canary in {
@@ -126,10 +129,12 @@ def replay(entries: Iterable[Entry], policy: SupervisionPolicy) -> tuple[int, in
                 version = v.evidence[0].baseline_version
                 assert version is not None
                 base = versions[(v.task_class, version)]
-                again = decide(v.observation, base, policy, standing=now)
+                again = decide(
+                    v.observation, base, policy, standing=now.standing, accepted=now.levels()
+                )
                 assert again is not None
                 assert canonical_json(again.payload()) == canonical_json(v.payload())
-            standing[v.lineage] = standing_after(now, v)
+            standing[v.lineage] = supervised_after(now, v)
             verdicts += 1
     assert not any(expected.values()), "a profile taught a baseline that was not journaled"
     return changes, verdicts

@@ -45,6 +45,7 @@ from tests.runner._support import (
     running,
     until_idle,
 )
+from tests.runner._watching import spec_of, until
 from tests.runner.conftest import SLOT_BUDGET, initialise
 from tests.runner.programs import PRELUDE, PY, python
 
@@ -70,29 +71,11 @@ def _verdict(home: Path, state_dir: Path, url: str, lineage: str, *args: str) ->
     return int(json.loads(done.stdout)["position"])
 
 
-def _until(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
-        time.sleep(0.02)
-
-
 def _started(charter: Charter, lineage: str) -> bool:
     return any(
         isinstance(e.event, WorkerStarted) and e.event.lineage == lineage
         for e in charter.journal.entries(types=("WorkerStarted",))
     )
-
-
-def _slot_spec(cell: Cell, lineage: str):  # type: ignore[no-untyped-def]
-    _until(
-        f"{lineage}'s sandbox held",
-        lambda: cell.driver is not None and cell.driver.slot(lineage) is not None,
-    )
-    assert cell.driver is not None
-    slot = cell.driver.slot(lineage)
-    assert slot is not None
-    return slot.spec
 
 
 def _cpu_rate(spec, window: float = 1.0) -> float:  # type: ignore[no-untyped-def]
@@ -150,7 +133,7 @@ def _one_worker(
         (child,) = fan_out(charter, 1, python(source)).children
         lineage = str(child.lineage)
         with running(make_cell(charter, None, state_dir, budget=budget)) as cell:
-            spec = _slot_spec(cell, lineage)
+            spec = spec_of(cell, lineage)
             say = functools.partial(_verdict, home, state_dir, url, lineage)
             yield _Run(charter, cell, lineage, spec, say)
         _clean(charter)
@@ -166,12 +149,12 @@ def test_a_throttle_from_another_process_lowers_the_cpu_rate_and_resume_restores
         before = _best_rate(spec, above=0.25)
         assert before > 0.25  # the control: unthrottled, it runs well above the quota
         run.say("throttle", "--quota", "100", "--reason", "a hog")
-        _until("the throttle", lambda: control.cpu_quota_us() < spec.cpu_quota_us)
+        until("the throttle", lambda: control.cpu_quota_us() < spec.cpu_quota_us)
         assert control.cpu_quota_us() == spec.cpu_period_us // 10
         throttled = max(_cpu_rate(spec) for _ in range(3))
         assert throttled < 0.15  # a tenth of a core, and a little scheduling slack
         run.say("resume")
-        _until("the restore", lambda: control.cpu_quota_us() == spec.cpu_quota_us)
+        until("the restore", lambda: control.cpu_quota_us() == spec.cpu_quota_us)
         assert _best_rate(spec, above=0.25) > 0.25
 
 
@@ -181,18 +164,18 @@ def test_a_pause_from_another_process_stops_the_counter_and_resume_lets_it_count
 ) -> None:
     with _one_worker(journal_url, tmp_path, state_dir, COUNT) as run:
         spec, control = run.spec, SandboxControl(run.spec)
-        _until("the counter counting", lambda: _count(spec) > 5)
+        until("the counter counting", lambda: _count(spec) > 5)
         first = _count(spec)
         time.sleep(0.3)
         assert _count(spec) > first  # the control: it counts while not paused
         run.say("pause", "--reason", "hold on")
-        _until("the pause", control.frozen)
+        until("the pause", control.frozen)
         stopped = _count(spec)
         time.sleep(0.5)
         assert _count(spec) == stopped  # frozen: not one more count
         run.say("resume")
-        _until("the thaw", lambda: not control.frozen())
-        _until("the counter counting on", lambda: _count(spec) > stopped + 5, 10)
+        until("the thaw", lambda: not control.frozen())
+        until("the counter counting on", lambda: _count(spec) > stopped + 5, 10)
 
 
 @pytest.mark.sandbox
@@ -205,7 +188,7 @@ def test_a_kill_verdict_from_another_process_kills_a_worker_that_would_complete(
         lineage = str(child.lineage)
         began = time.monotonic()
         with running(make_cell(charter, None, state_dir)) as cell:
-            _slot_spec(cell, lineage)
+            spec_of(cell, lineage)
             at = _verdict(home, state_dir, journal_url, lineage, "kill", "--reason", "stop it")
             until_idle(cell, 30)
             took = time.monotonic() - began
@@ -271,7 +254,7 @@ def test_a_quarantine_from_another_process_digests_kills_and_revokes_the_subtree
         kids = [f"{lineage}/sa-1", f"{lineage}/sa-2"]
         cell = make_cell(charter, None, state_dir, door=True)
         with running(cell):
-            _until("a child running", lambda: any(_started(charter, k) for k in kids), 90)
+            until("a child running", lambda: any(_started(charter, k) for k in kids), 90)
             at = _verdict(home, state_dir, journal_url, lineage, "quarantine", "--reason", "x")
             until_idle(cell, 30)
         entries = list(charter.journal.entries())
@@ -318,7 +301,7 @@ def test_a_paused_worker_is_killed_at_once_by_a_kill_verdict(
     SIGKILLs, so a paused worker's kill is as quick as any (no process of it is left)."""
     with _one_worker(journal_url, tmp_path, state_dir, COUNT) as run:
         run.say("pause")
-        _until("the pause", SandboxControl(run.spec).frozen)
+        until("the pause", SandboxControl(run.spec).frozen)
         began = time.monotonic()
         run.say("kill", "--reason", "paused, then")
         until_idle(run.cell, 30)
@@ -341,7 +324,7 @@ def test_a_paused_workers_wall_clock_still_runs_in_the_cell(
     short = Budget.parse("tokens=0,wall=4s,cpu=60s,mem=256MiB,egress=0MB")
     with _one_worker(journal_url, tmp_path, state_dir, COUNT, budget=short) as run:
         run.say("pause")
-        _until("the pause", SandboxControl(run.spec).frozen)
+        until("the pause", SandboxControl(run.spec).frozen)
         until_idle(run.cell, 30)
         entries = list(run.charter.journal.entries())
     (ended,) = [e.event for e in entries if isinstance(e.event, WorkerEnded)]

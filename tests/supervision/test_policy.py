@@ -12,6 +12,7 @@ from charter.core.events import canonical_json
 from charter.supervision import (
     Baseline,
     BaselineClassError,
+    Evidence,
     KillVerdict,
     PauseVerdict,
     QuarantineVerdict,
@@ -20,12 +21,14 @@ from charter.supervision import (
     Signal,
     Signals,
     Standing,
+    Supervised,
     SupervisionPolicy,
     ThrottleVerdict,
     decide,
     learn,
     observe,
     standing_after,
+    supervised_after,
 )
 from tests.supervision._honest import honest_profiles
 
@@ -202,3 +205,57 @@ def test_every_verdict_is_reproduced_from_what_it_journals() -> None:
         )
         assert again is not None
         assert canonical_json(again.payload()) == stored
+
+
+def _resume(*, operator: bool) -> ResumeVerdict:
+    evidence = (
+        Evidence(signal="operator", observed=0, upper=0, threshold=0, policy_version=1,
+                 operator="ops", reason="it is fine")
+        if operator
+        else Evidence(signal=Signal.WORKSPACE_BYTES, observed=0, upper=1, threshold=1,
+                      baseline_version=1, policy_version=1)
+    )  # fmt: skip
+    return ResumeVerdict(lineage="w-x", sandbox_id="sbx-x", task_class="review",
+                         evidence=(evidence,))  # fmt: skip
+
+
+def test_an_operators_resume_accepts_the_level_that_paused_it() -> None:
+    """Paused for its workspace, resumed by an operator: the same evidence never pauses
+    it again (its band for that signal is now the level the operator accepted), more
+    of it past the rule's threshold over that level does. The supervisor's own resume
+    accepts nothing (control), and a running worker with nothing accepted is paused by
+    the same evidence (control)."""
+    upper = BASELINE.upper(Signal.WORKSPACE_BYTES)
+    big = upper * 3 + (1 << 20) + 1  # just past the default rule's threshold
+    full = sample(workspace_bytes=big)
+    pause = decide(full, BASELINE, POLICY)
+    assert isinstance(pause, PauseVerdict)
+    paused = supervised_after(Supervised(), pause)
+    assert paused is not None
+    assert paused.standing is Standing.PAUSED
+    resumed = supervised_after(paused, _resume(operator=True))
+    assert resumed is not None
+    assert resumed.standing is Standing.RUNNING
+    assert resumed.levels() == {Signal.WORKSPACE_BYTES: big}
+    again = decide(full, BASELINE, POLICY, standing=resumed.standing, accepted=resumed.levels())
+    assert again is None  # the same evidence: not paused again
+    assert isinstance(decide(full, BASELINE, POLICY), PauseVerdict)  # control: it would be
+    # Growth up to the threshold over the accepted level: nothing; one byte past: paused.
+    edge = sample(workspace_bytes=big * 3 + (1 << 20))
+    past = sample(workspace_bytes=big * 3 + (1 << 20) + 1)
+    levels = resumed.levels()
+    assert decide(edge, BASELINE, POLICY, accepted=levels) is None
+    second = decide(past, BASELINE, POLICY, accepted=levels)
+    assert isinstance(second, PauseVerdict)
+    assert [e.upper for e in second.evidence if e.signal == Signal.WORKSPACE_BYTES] == [big]
+    # The supervisor's own resume accepts nothing: the same evidence pauses it again.
+    own = supervised_after(paused, _resume(operator=False))
+    assert own is not None
+    assert own.levels() == {}
+    assert isinstance(decide(full, BASELINE, POLICY, accepted=own.levels()), PauseVerdict)
+    # A kill or quarantine ends it: nothing more is folded.
+    assert supervised_after(resumed, KillVerdict(**_common(), evidence=pause.evidence)) is None
+
+
+def _common() -> dict[str, str]:
+    return {"lineage": "w-x", "sandbox_id": "sbx-x", "task_class": "review"}
