@@ -229,7 +229,11 @@ class Spool:
         """The answer for ``ticket`` if it comes within ``timeout`` seconds; None if
         nothing came, or only a nudge (the turn was let go: the caller tries it after
         any wait)."""
-        if not select.select([self._out], [], [], max(0.0, timeout))[0]:
+        # poll, never select: a process holding many descriptors (a cell with a
+        # thousand sandboxes) has pipes past select()'s limit of 1023
+        poller = select.poll()
+        poller.register(self._out, select.POLLIN)
+        if not poller.poll(max(0.0, timeout) * 1000):
             return None
         return self.answer(ticket)
 
