@@ -20,8 +20,10 @@ from charter.authority import (
     PermissionMode,
     RequestedGrant,
     SealedGrant,
+    TrifectaPolicy,
     Verdict,
     attenuate,
+    check_trifecta,
     decide,
     errors,
     seal,
@@ -374,3 +376,17 @@ def test_every_refusal_class_is_exercised_here() -> None:
     assert missing == set()
     reasons = [c.reason for c in concrete]
     assert len(reasons) == len(set(reasons))  # each reason code means one thing
+
+
+def test_a_grant_holding_the_lethal_trifecta_is_refused_unless_the_policy_names_it() -> None:
+    """The mint's trifecta check (the spawn path's and the door's are in
+    test_trifecta.py): private data, an untrusted source and a way out at once are
+    refused; the same grant without the private destination, or named by the policy,
+    is not (the controls)."""
+    child = Lineage("agent:estate/sa-1")
+    egress = ("10.0.0.7:8443", "pypi.org")
+    with pytest.raises(errors.LethalTrifectaError) as refused:
+        check_trifecta(child, egress, (), TrifectaPolicy())
+    assert refused.value.reason == "lethal-trifecta"
+    check_trifecta(child, ("pypi.org",), (), TrifectaPolicy())  # no private data
+    check_trifecta(child, egress, (), TrifectaPolicy(allow=frozenset({"agent:estate"})))
