@@ -12,6 +12,7 @@ goes through a :class:`Charter`::
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -342,7 +343,9 @@ class Charter:
             cell=settings.cell,
             host_load=self._host_load,
             views=self.views,
-            trifecta=home_trifecta(keys.home),  # the lethal trifecta, refused at mint
+            # the lethal trifecta, refused at mint; the home's policy read at the first
+            # fan-out (an auditor's process never reads it)
+            trifecta=functools.cache(functools.partial(home_trifecta, keys.home)),
         )
         self._budgets = BudgetService(journal, shared=self.views)
         self._admission = AdmissionService(journal, shared=self.views, host_load=self._host_load)

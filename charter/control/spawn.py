@@ -182,12 +182,13 @@ class SpawnService:
         read_registry: RegistryRead | None = None,
         host_load: HostLoad | None = None,
         views: Views | None = None,
-        trifecta: TrifectaPolicy | None = None,
+        trifecta: Callable[[], TrifectaPolicy] | None = None,
     ) -> None:
-        """``trifecta``: the operator's policy every mint is checked against for the
-        lethal trifecta (docs/scan.md); :class:`charter.app.Charter` passes its home's
-        (:func:`charter.control.trifecta.home_trifecta`). None: not checked (a bare
-        service, as unit tests of other stages build)."""
+        """``trifecta``: gives the operator's policy every mint is checked against for
+        the lethal trifecta (docs/scan.md), asked at each fan-out (so a process that
+        never spawns, an auditor's, never reads it); :class:`charter.app.Charter` passes
+        its home's (:func:`charter.control.trifecta.home_trifecta`, read once). None:
+        not checked (a bare service, as unit tests of other stages build)."""
         self.journal = journal
         self.trifecta = trifecta
         self.keystore = keystore
@@ -288,7 +289,7 @@ class SpawnService:
                 state,
                 FanoutCommand(fanout_id, intent, now),
                 policy=gate,
-                trifecta=self.trifecta,
+                trifecta=None if self.trifecta is None else self.trifecta(),
             )
             decision = self._lease(decision, intent, now, settling)
             decision = self._schedule(decision, workers)

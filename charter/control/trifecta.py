@@ -6,8 +6,9 @@
     {"allow": ["agent:estate", "agent:ops/sa-1"]}
 
 Absent, nothing is allowed. The bindings of the held secrets a grant names come from the
-home's secret store (a secret the store does not hold is bound to nothing). Read when a
-process opens the home: restart a cell after editing it.
+home's secret store (a secret the store does not hold is bound to nothing). Read at a
+process's first fan-out (a cell's first spawn, or its door's): restart a cell after
+editing it. A process that never spawns (an auditor's) never reads it.
 """
 
 from __future__ import annotations

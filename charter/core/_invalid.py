@@ -35,3 +35,9 @@ class InvalidModelError(ValidationError, BadInputError):
         except (TypeError, ValueError, KeyError):
             return BadInputError(f"invalid {title}: {describe_invalid(error)}")
         return rebuilt
+
+
+# Its home is the errors module, where every error of the package is looked for
+# (``charter.core.errors.InvalidModelError`` loads it on first use); only its code is
+# apart, because it imports pydantic_core.
+InvalidModelError.__module__ = "charter.core.errors"

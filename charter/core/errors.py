@@ -183,3 +183,13 @@ def describe_invalid(error: ValidationError) -> str:
         message = str(item["msg"]).removeprefix("Value error, ")
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
+
+
+def __getattr__(name: str) -> object:
+    """``InvalidModelError``, loaded on first use (its code imports pydantic_core, which
+    the users of the pure errors above never load)."""
+    if name == "InvalidModelError":
+        from charter.core._invalid import InvalidModelError
+
+        return InvalidModelError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
