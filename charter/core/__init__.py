@@ -34,9 +34,9 @@ from charter.core.home import KeyStore, charter_home
 from charter.core.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from charter.core._invalid import InvalidModelError
     from charter.core._model import CheckedModel
     from charter.core.budget import Budget
+    from charter.core.errors import InvalidModelError
     from charter.core.events import Event, canonical_json, event_class
     from charter.core.lineage import MAX_LINEAGE_DEPTH, Lineage
 
@@ -80,7 +80,7 @@ __all__ = [
 
 # name -> the module that defines it, imported on first access (they import pydantic)
 _LAZY = {
-    "InvalidModelError": "charter.core._invalid",
+    "InvalidModelError": "charter.core.errors",
     "CheckedModel": "charter.core._model",
     "Budget": "charter.core.budget",
     "Event": "charter.core.events",

@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ValidationError
 
-from charter.core._invalid import InvalidModelError
+from charter.core.errors import InvalidModelError
 
 __all__ = ["CheckedModel"]
 

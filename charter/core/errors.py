@@ -13,13 +13,12 @@ its errors from these; the CLI maps each group to an exit code once (see docs/cl
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    # The error a public model's bad value raises is both pydantic's ValidationError and
-    # a BadInputError: ``InvalidModelError``, in ``_invalid`` (it imports pydantic_core;
-    # ``from charter.core import InvalidModelError`` loads it when first asked for), so
-    # the users of these pure errors load no pydantic.
+    # InvalidModelError (at the end) is also pydantic's ValidationError; it is made on
+    # first use, so the users of these pure errors load no pydantic.
     from pydantic_core import ValidationError
 
 __all__ = [
@@ -185,11 +184,62 @@ def describe_invalid(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def __getattr__(name: str) -> object:
-    """``InvalidModelError``, loaded on first use (its code imports pydantic_core, which
-    the users of the pure errors above never load)."""
-    if name == "InvalidModelError":
-        from charter.core._invalid import InvalidModelError
+# -- InvalidModelError: built on first use ---------------------------------------------
+# It is both pydantic's ValidationError and a BadInputError, so its class needs
+# pydantic_core, which the users of the pure errors above never load: the class is made
+# here, in the errors module, when first asked for (module ``__getattr__``), once.
 
-        return InvalidModelError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+if TYPE_CHECKING:
+
+    class InvalidModelError(ValidationError, BadInputError):
+        """See :func:`_build_invalid_model_error`."""
+
+        @classmethod
+        def of(cls, error: ValidationError, title: str) -> BadInputError: ...
+
+
+_building = threading.Lock()
+
+
+def _build_invalid_model_error() -> type[BadInputError]:
+    from pydantic_core import ValidationError
+
+    class InvalidModelError(ValidationError, BadInputError):
+        """A public model (``Budget``, ``Ceiling``, ``CellSetup``, ``WorkerSpec``, …) was
+        built from bad values. Its message is :func:`describe_invalid`'s one line (each
+        field and what is wrong with it), without pydantic's type codes and links; it is
+        also pydantic's ``ValidationError``, so ``.errors()`` and code that catches
+        pydantic's error keep working."""
+
+        def __str__(self) -> str:
+            # A check of the whole model has no field: its message says which.
+            text = describe_invalid(self).removeprefix(f"{self.title}: ")
+            return f"invalid {self.title}: {text}"
+
+        @classmethod
+        def of(cls, error: ValidationError, title: str) -> BadInputError:
+            """``error`` (from building ``title``) as a CharterError: a plain
+            BadInputError with the same message for an error pydantic cannot rebuild."""
+            try:
+                rebuilt: BadInputError = cls.from_exception_data(
+                    title,
+                    error.errors(include_url=False),  # type: ignore[arg-type]
+                )
+            except (TypeError, ValueError, KeyError):
+                return BadInputError(f"invalid {title}: {describe_invalid(error)}")
+            return rebuilt
+
+    InvalidModelError.__qualname__ = "InvalidModelError"
+    return InvalidModelError
+
+
+def __getattr__(name: str) -> object:
+    """``InvalidModelError``, made on first use and kept (later lookups are plain
+    attribute reads)."""
+    if name != "InvalidModelError":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _building:  # one class, however many threads ask at once
+        made = globals().get(name)
+        if made is None:
+            made = globals()[name] = _build_invalid_model_error()
+    return made
