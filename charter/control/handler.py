@@ -79,15 +79,6 @@ def append_pinned(
             decision = decide(versions)
             if decision is None or not decision.events:
                 return None
-            # The head pin only when the decision took one (most do not).
-            head = {
-                k: v
-                for k, v in (
-                    ("expect_head", decision.expect_head),
-                    ("not_before_ms", decision.not_before_ms),
-                )
-                if v is not None
-            }
             try:
                 committed = journal.append(
                     decision.events,
@@ -95,7 +86,8 @@ def append_pinned(
                     deadline_ms=decision.deadline_ms,
                     batch=decision.batch,
                     tracking=decision.tracking,
-                    **head,
+                    expect_head=decision.expect_head,
+                    not_before_ms=decision.not_before_ms,
                 )
             except retry_on:
                 continue

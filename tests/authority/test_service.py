@@ -147,8 +147,10 @@ class FailingJournal(Journal):
         tracking: tuple[str, int] | None = None,
         deadline_ms: int | None = None,
         batch: str | None = None,
+        expect_head: int | None = None,
+        not_before_ms: int | None = None,
     ) -> tuple[Committed, ...]:
-        del events, expect, tracking, deadline_ms, batch
+        del events, expect, tracking, deadline_ms, batch, expect_head, not_before_ms
         raise AppendFailedError("injected: the disk went away")
 
 
