@@ -6,6 +6,7 @@ SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -236,16 +237,32 @@ def test_an_entry_of_a_type_charter_never_writes_is_found(journal_url: str) -> N
     assert [(f.check, f.position) for f in report.findings] == [("entry-type", ping.position)]
 
 
-def test_the_generated_projection_history_keeps_every_budget_rule(sqlite_url: str) -> None:
+def test_the_generated_projection_history_keeps_every_budget_rule(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """tests/projections/history.py decides its budgets with the lease book, so every
     budget rule holds; it writes placeholder grants (no signature, no gate), which the
     auditor reports as such: an audit that passed them would be the bug."""
-    from tests.projections.history import History
+    from charter.ledger import _rows
+    from tests.projections.history import History, now_ms
 
-    history = History(7)
+    # The history decides at a time of the test's own, which also stamps its entries: a
+    # decision and its entry share one time, as the product's pinned appends ensure (on
+    # the wall clock, a usage decided just before a short lease's end could be stamped
+    # after it on a loaded machine, and the audit would rightly report it).
+    clock = [now_ms()]
+
+    class _Stamp(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> _Stamp:
+            return cls.fromtimestamp(clock[0] / 1000, tz)
+
+    monkeypatch.setattr(_rows, "datetime", _Stamp)
+    history = History(7, clock=lambda: clock[0])
     with Journal.create(sqlite_url) as j:
         j.append(history.genesis())
         for _ in range(300):
+            clock[0] += 10  # 3 s of history: its 150-600 ms leases end within it
             batch = history.step()
             if batch:
                 j.append(batch)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 from charter.authority import AgentRegistered, GrantMinted
@@ -39,7 +39,18 @@ def now_ms() -> int:
 class History:
     """Decides batches of events; each batch is one journal append."""
 
-    def __init__(self, seed: int, *, roots: int = 2, max_depth: int = 3, width: int = 4) -> None:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        roots: int = 2,
+        max_depth: int = 3,
+        width: int = 4,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        # ``clock``: the time decisions are taken at (the wall clock, or a test's own
+        # clock that also stamps the journal, so a decision and its entry share a time).
+        self.now = clock
         self.rng = random.Random(seed)
         self.book = LeaseBook()
         self.cells = Cells()
@@ -51,7 +62,7 @@ class History:
         self.inputs = CapInputs(cores=64, failover_reserve=2, load_average=1.0, live_peers=0)
 
     def _apply(self, events: list[Event]) -> list[Event]:
-        at = now_ms()
+        at = self.now()
         for event in events:
             self.book.apply(event, at)
             self.cells.apply(event)
@@ -69,7 +80,7 @@ class History:
         return self._apply(events)
 
     def _ledgers(self, *, active: bool, leases_only: bool = False) -> list[str]:
-        at = now_ms()
+        at = self.now()
         return [
             ledger.lineage
             for ledger in self.book.ledgers()
@@ -99,7 +110,7 @@ class History:
     def _spawn(self) -> list[Event]:
         parents = [lin for lin in self._ledgers(active=True) if lin.count("/") < self.max_depth]
         parent = self.rng.choice(parents)
-        at = now_ms()
+        at = self.now()
         remaining = self.book.remaining(parent, at)
         width = self.rng.randint(1, self.width)
         share = self.rng.choice([4, 8, 16, 64]) * width
@@ -134,7 +145,7 @@ class History:
 
     def _usage(self) -> list[Event]:
         lineage = self.rng.choice(self._ledgers(active=True))
-        at = now_ms()
+        at = self.now()
         held = self.book.remaining(lineage, at)
         frac = self.rng.choice([0.01, 0.1, 0.5, 1.5])
         amount = Budget(**{a: int(getattr(held, a) * frac) + 1 for a in Budget.AXES})
@@ -142,7 +153,7 @@ class History:
 
     def _release(self) -> list[Event]:
         lineage = self.rng.choice(self._ledgers(active=True, leases_only=True))
-        events: list[Event] = [self.book.decide_release(lineage, now_ms())]
+        events: list[Event] = [self.book.decide_release(lineage, self.now())]
         slot = self.slot_of.pop(lineage, None)
         if slot is not None and lineage in self.cells.get(slot[0]).holders[slot[1]]:
             events.append(self.cells.decide_release(slot[0], lineage, slot[1]))
@@ -150,7 +161,7 @@ class History:
 
     def _renew(self) -> list[Event]:
         lineage = self.rng.choice(self._ledgers(active=True, leases_only=True))
-        at = now_ms()
+        at = self.now()
         return [self.book.decide_renewal(lineage, at + self.rng.choice([100, 5_000]), at)]
 
     def _wait(self) -> list[Event]:
