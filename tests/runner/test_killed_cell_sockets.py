@@ -6,14 +6,10 @@ them (tests/sandbox/test_sweep_names.py has the naming rule's cases)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +17,8 @@ import pytest
 from charter.app import Charter
 from charter.control import WorkerSpec
 from charter.core import KeyStore
-from tests.runner._support import fan_out
+from tests.runner._support import cell_process, cli_env, fan_out
 from tests.runner.conftest import initialise
-
-WT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def own_state() -> Iterator[Path]:
-    """A sandbox state directory of this test's own (its sockets alone are in it)."""
-    path = Path(tempfile.mkdtemp(prefix="charter-killed-cell-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _reap(env: dict[str, str]) -> int:
@@ -57,17 +42,12 @@ def test_a_sigkilled_cells_sockets_are_swept_by_reap(
     home = tmp_path / "home"
     with initialise(journal_url, home, processing=1) as charter:
         fan_out(charter, 1, WorkerSpec(argv=("/bin/sleep", "120")))
-    env = {**os.environ, "CHARTER_HOME": str(home), "PYTHONPATH": str(WT),
-           "CHARTER_SANDBOX_STATE": str(own_state)}  # fmt: skip
-    cell = subprocess.Popen(
-        [sys.executable, "-m", "charter", "--db", journal_url, "--quiet", "cell", "run",
-         "--once", "--ignore-host-load"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    env = cli_env(home, own_state)
+    cell = cell_process(journal_url, env)
     try:
         deadline = time.monotonic() + 120
         while not _started(journal_url, home):
-            assert cell.poll() is None, cell.stderr.read().decode() if cell.stderr else ""
+            assert cell.poll() is None, f"the cell ended first (exit {cell.returncode})"
             assert time.monotonic() < deadline, "the worker never started"
             time.sleep(0.05)
         left = sorted(own_state.glob(f"*-{cell.pid}.sock"))
