@@ -172,12 +172,7 @@ def test_a_spawn_flood_is_refused_and_egress_pays_for_more_with_the_charge_journ
             if isinstance(e.event, UsageRecorded) and e.event.lineage == rich
         ]
         assert sum(b for _, b in charged[:-1]) == paid > 2 * 60_000
-        history = journal_history(charter.journal)
-        found = check_journal_allowance(history)
-        assert found.problems == []
-        assert found.checked > 0
-        assert check_history(history).problems == []
-        _audited_clean(charter)
+        _folded_clean(charter)
 
 
 # Four connections of one worker flood waits at once: the charge and the write it pays
@@ -238,6 +233,17 @@ def test_four_connections_racing_waits_cannot_pass_the_floor(
         _audited_clean(charter)
 
 
+def _folded_clean(charter: Charter) -> None:
+    """The independent fold finds every worker within floor + egress charged, and the
+    history sound; ``charter audit`` agrees."""
+    history = journal_history(charter.journal)
+    found = check_journal_allowance(history)
+    assert found.problems == []
+    assert found.checked > 0
+    assert check_history(history).problems == []
+    _audited_clean(charter)
+
+
 def _audited_clean(charter: Charter) -> None:
     """charter audit agrees (its journal-allowance rule is the fold's, restated)."""
     report = audit_history(charter.journal.payloads())
@@ -296,9 +302,4 @@ def test_a_childs_journal_allowance_is_its_own_floor_and_the_egress_carved_for_i
         assert 61_000 < charged <= carved  # past the floor: what the extra spawns cost
         assert sum(u.amount.egress_bytes for u in _of(entries, UsageRecorded, poor)) == 0
         assert sum(u.amount.egress_bytes for u in _of(entries, UsageRecorded, rich_parent)) == 0
-        history = journal_history(charter.journal)
-        found = check_journal_allowance(history)
-        assert found.problems == []
-        assert found.checked > 0
-        assert check_history(history).problems == []
-        _audited_clean(charter)
+        _folded_clean(charter)
