@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from charter.runner.door import INVALID_REQUEST, PARSE_ERROR
 from charter.runner.events import WorkerEnded, WorkerResult
 from tests.invariants import check_settled, check_workers, journal_history
 from tests.runner._support import fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
 from tests.runner.programs import PROTOCOL, python
+
+pytestmark = pytest.mark.sandbox
 
 
 def test_a_sandboxed_worker_speaking_raw_json_rpc_gets_the_spec(
