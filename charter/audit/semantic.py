@@ -220,6 +220,7 @@ KNOWN_TOPICS = frozenset(
         "WorkerStarted",
         "WorkerWaiting",
         "WorkspaceDigested",
+        "WorkspaceRefused",
     )
 )
 # The runner's journal allowance (charter/runner/_journal_allowance.py, decision 0012),

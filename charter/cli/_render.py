@@ -32,6 +32,7 @@ __all__ = [
     "render_budgets",
     "render_slots",
     "render_tree",
+    "rich_safe",
     "select",
     "short_budget",
 ]
@@ -64,7 +65,7 @@ def printable(text: str, *, lines: bool = False) -> str:
     return _CONTROL.sub(_escape_one, text)
 
 
-def _cell(text: str) -> str:
+def rich_safe(text: str) -> str:
     """Worker-controlled text for rich: control characters escaped, and ``[`` not
     read as rich markup."""
     from rich.markup import escape
@@ -183,8 +184,8 @@ def render_budgets(report: BudgetReport, console: Console) -> None:
     for line in report.ledgers:
         status = "exhausted" if line.exhausted and line.status == "active" else line.status
         table.add_row(
-            _cell(line.lineage),
-            _cell(status),
+            rich_safe(line.lineage),
+            rich_safe(status),
             *_axes(line.remaining),
             _until(line.expires_at_ms, report.at_ms),
         )
@@ -199,7 +200,9 @@ def render_tree(report: TreeReport, console: Console) -> None:
     for node in report.nodes:  # natural order: a parent comes before its children
         # escaped: "[active]" would otherwise be read as rich markup and vanish
         # the lease's status, then (for a scheduled worker) the worker's own
-        status = _cell(f"[{node.status}]") + (f" {_cell(node.worker)}" if node.worker else "")
+        status = rich_safe(f"[{node.status}]") + (
+            f" {rich_safe(node.worker)}" if node.worker else ""
+        )
         parent = branches.get(node.parent) if node.parent else None
         name = node.lineage.rsplit("/", 1)[-1] if parent is not None else node.lineage
         spent = f" {node.tokens_spent} tokens" if node.tokens_spent else ""
@@ -207,7 +210,7 @@ def render_tree(report: TreeReport, console: Console) -> None:
             b = node.burn
             live = " so far" if b.source == "sampled" else ""
             spent += f" cpu {b.cpu_ms / 1000:.2f}s wall {b.wall_ms / 1000:.1f}s{live}"
-        label = f"{_cell(name)}  {status}{spent} @{node.position}"
+        label = f"{rich_safe(name)}  {status}{spent} @{node.position}"
         branches[node.lineage] = (parent or top).add(label)
     console.print(top)
 
@@ -225,12 +228,12 @@ def render_slots(report: SlotsReport, console: Console) -> None:
             holders = sorted(info["holders"], key=natural_key)
             queued = list(info.get("queued", ()))  # in admission order, not sorted
             table.add_row(
-                _cell(cell.cell),
-                _cell(resource),
+                rich_safe(cell.cell),
+                rich_safe(resource),
                 str(info["occupancy"]),
                 str(info["cap"]),
-                _cell(first(holders)),
-                _cell(first(queued)),
+                rich_safe(first(holders)),
+                rich_safe(first(queued)),
             )
     console.print(table)
 

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from charter.app import CellSetup, Charter
 from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
+from charter.cli._render import printable
 from charter.core import Budget, StateError
 from charter.core.text import shown
 from charter.runner import run_cell  # registers how Charter.cell builds a cell
@@ -129,19 +130,22 @@ def status(ctx: Ctx, cell: str | None) -> None:
     with Charter.open(ctx.db) as charter:
         report = cell_status(charter.journal, cell or charter.settings.cell)
 
+    def say(line: str) -> None:
+        click.echo(printable(line))  # the lineages and reasons may quote a worker
+
     def text() -> None:
-        click.echo(f"cell {report.cell} at position {report.position}")
+        say(f"cell {report.cell} at position {report.position}")
         if report.incarnation:
-            click.echo(f"  incarnation {report.incarnation}: {report.state}")
+            say(f"  incarnation {report.incarnation}: {report.state}")
         for name, cap in report.caps.items():
             held = report.holders.get(name, [])
-            click.echo(f"  {name}: {len(held)} of {cap}")
-        click.echo(f"  queued: {len(report.queued)}")
+            say(f"  {name}: {len(held)} of {cap}")
+        say(f"  queued: {len(report.queued)}")
         if report.waits:
-            click.echo(f"  waiting because {report.waits}")
+            say(f"  waiting because {report.waits}")
         for row in report.workers:
             why = f"  ({row.why})" if row.why and row.status == "admitted" else ""
-            click.echo(f"{shown(row.lineage)}  {row.status}  {row.burn}{why}")
+            say(f"{shown(row.lineage)}  {row.status}  {row.burn}{why}")
 
     ctx.emit(report.to_json(), text)
 

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.tree import Tree
 
 from charter.cli._common import Ctx
+from charter.cli._render import printable, rich_safe
 from charter.runner.demo import DemoOutcome, run_demo
 from charter.runner.status import Row
 
@@ -36,7 +37,8 @@ def _tree(rows: list[Row]) -> Tree:
     for row in rows:
         parent = nodes.get(row.lineage.rpartition("/")[0], tree)
         style = _STYLE.get(row.status, "white")
-        label = f"{row.lineage.rpartition('/')[2]} [{style}]{row.status}[/{style}]  {row.burn}"
+        name = rich_safe(row.lineage.rpartition("/")[2])
+        label = f"{name} [{style}]{rich_safe(row.status)}[/{style}]  {rich_safe(row.burn)}"
         nodes[row.lineage] = parent.add(label)
     return tree
 
@@ -96,12 +98,14 @@ def _json(outcome: DemoOutcome) -> dict[str, object]:
 
 
 def _text(outcome: DemoOutcome) -> None:
+    """The report for people. It is the coordinator's answer (a worker's text): every
+    part of it is shown through ``printable``."""
     report = outcome.report
-    click.echo(f"risky calls in {report['files']} files of the Python standard library:")
+    click.echo(printable(f"risky calls in {report['files']} files of the Python standard library:"))
     for pattern, count in report["counts"].items():
-        click.echo(f"  {pattern:<14} {count}")
+        click.echo(printable(f"  {pattern:<14} {count}"))
     for path, line, pattern in report["findings"]:
-        click.echo(f"{path}:{line}: {pattern}")
+        click.echo(printable(f"{path}:{line}: {pattern}"))
     totals = outcome.totals
     click.echo(
         f"usage: {totals['workers']} workers, cpu {totals['cpu_ms'] / 1000:.2f}s, "

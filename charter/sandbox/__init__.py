@@ -40,6 +40,7 @@ from charter.sandbox.events import (
     SandboxQuarantined,
     SandboxStarted,
     SandboxUsage,
+    WorkspaceRefused,
 )
 from charter.sandbox.keys import KeyBroker, framed, verify_signature
 from charter.sandbox.launcher import EventSink, Launcher, MemorySink, Outcome, reap_host
@@ -136,5 +137,6 @@ __all__ = [
     "SandboxUnavailableError",
     "SlotStateError",
     "UidPoolExhaustedError",
+    "WorkspaceRefused",
     "WorkspaceRefusedError",
 ]

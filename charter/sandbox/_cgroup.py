@@ -25,6 +25,7 @@ __all__ = [
     "CgroupUsage",
     "cgroup_dirs",
     "controller_dir",
+    "cpu_join_files",
     "freeze_dirs",
     "read_int",
     "read_text",
@@ -313,6 +314,19 @@ class Cgroup:
                         raise SandboxUnavailableError(f"cannot remove cgroup {d}: {e}") from e
                     self.kill_all(timeout=0.05)
                     time.sleep(0.0005)
+
+
+def cpu_join_files(mode: CgroupMode, dirs: tuple[str, ...] | list[Path]) -> list[str]:
+    """The membership files a process writes ``0`` to, to be charged to a sandbox's CPU
+    accounting and throttled by its quota: on v1 the ``cpu`` and ``cpuacct``
+    hierarchies' ``cgroup.procs`` only (not its memory, pids or freezer cgroups: a
+    workspace copy-back joining them could be OOM-killed half-way by pages the
+    sandbox left, or frozen by a late pause); on v2 its one cgroup, memory included."""
+    match mode:
+        case CgroupMode.V1:
+            return [str(controller_dir(mode, dirs, c) / "cgroup.procs") for c in ("cpu", "cpuacct")]
+        case CgroupMode.V2:
+            return [str(Path(dirs[0]) / "cgroup.procs")]
 
 
 def cgroup_dirs(mode: CgroupMode, name: str) -> tuple[str, ...]:

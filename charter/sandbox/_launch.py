@@ -20,8 +20,9 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from charter.core.budget import Budget
+from charter.core.errors import CharterError
 from charter.core.events import Event
-from charter.sandbox._cgroup import cgroup_dirs, reap_stale, settle
+from charter.sandbox._cgroup import CgroupUsage, cgroup_dirs, cpu_join_files, reap_stale, settle
 from charter.sandbox._host import (
     allocate_uid,
     cgroup_mode,
@@ -32,12 +33,14 @@ from charter.sandbox._janitor import sweep_orphans, sweep_sockets
 from charter.sandbox._proc import HeldInterrupt, How, SandboxProcess, Stdio
 from charter.sandbox._workspace import PersistentWorkspace, unmount_stale
 from charter.sandbox.egress import EgressBroker, EgressGrant, EgressTally
+from charter.sandbox.errors import WorkspaceRefusedError
 from charter.sandbox.events import (
     SandboxDiscarded,
     SandboxExited,
     SandboxLeased,
     SandboxStarted,
     SandboxUsage,
+    WorkspaceRefused,
 )
 from charter.sandbox.keys import KeyBroker
 from charter.sandbox.spec import CgroupMode, HostFacts, SandboxSpec, compile_spec, workspace_cap
@@ -289,15 +292,11 @@ class RawLauncher:
                     grant=grant,
                     stdio=(stdin, stdout, stderr),
                     capture=max_output_bytes if capture else None,
+                    deliver=ws.commit if ws is not None else None,
                 )
         finally:
             if ws is not None:
-                try:
-                    # No process of the sandbox is left (the run waited for its cgroup
-                    # to empty): its writes go to the directory now, setuid bits cleared.
-                    ws.commit()
-                finally:
-                    ws.close()
+                ws.close()
 
     def _run_spec(
         self,
@@ -307,10 +306,18 @@ class RawLauncher:
         grant: EgressGrant | None,
         stdio: tuple[Stdio, Stdio, Stdio],
         capture: int | None,
+        deliver: Callable[[Sequence[str]], None] | None = None,
     ) -> Outcome:
         """Start, wait, journal the end. ``capture``: None, or how many bytes of each
         captured stream to read back. Whatever goes wrong after the lease was journaled,
-        the lease gets its end (``SandboxDiscarded`` at least): no lease dangles."""
+        the lease gets its end (``SandboxDiscarded`` at least): no lease dangles.
+
+        ``deliver`` (a persistent workspace's commit) runs once no process of the
+        sandbox is left, before its usage is read, given the sandbox's CPU cgroup files
+        to join: the copy-back's CPU is in the usage journaled. Its error (a refusal
+        over the limits, a failure) is raised once the end is journaled. A run that
+        never got to its wait (the sandbox could not start, or its start could not be
+        journaled) delivers nothing."""
         stdin, stdout, stderr = stdio
         egress = self.egress
         registered = ended = False
@@ -334,8 +341,7 @@ class RawLauncher:
             )
             code, how = proc.wait_or_interrupt(None, held)
             wall_ms = int((time.monotonic() - start) * 1000)
-            cg = proc.usage()
-            proc.destroy(defer_removal=True)
+            cg, undelivered = self._end(proc, deliver)
             tally = EgressTally()
             if egress is not None and registered:
                 registered = False
@@ -346,12 +352,14 @@ class RawLauncher:
                 lambda: [
                     *tally.attempts,
                     SandboxExited(sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage),
+                    *_refusals(spec.sandbox_id, undelivered),
                     SandboxDiscarded(sandbox_id=spec.sandbox_id),
                 ]
             )
             if how == "interrupted":
                 # The end is on record; now the caller learns it was interrupted.
                 raise KeyboardInterrupt  # noqa: TRY301 (the wait caught the original)
+            _raise(undelivered)
             return _outcome(spec, code, how, usage, (out_fd, err_fd), capture or 0)
         except BaseException:
             if proc is not None and proc.proc.poll() is None:
@@ -373,6 +381,24 @@ class RawLauncher:
             for fd in (out_fd, err_fd):
                 if fd is not None:
                     os.close(fd)
+
+    def _end(
+        self, proc: SandboxProcess, deliver: Callable[[Sequence[str]], None] | None
+    ) -> tuple[CgroupUsage, CharterError | None]:
+        """No process of the sandbox left, its workspace delivered (by a process in its
+        CPU cgroups), its usage read, its cgroup's removal deferred; the delivery's
+        error, if any, returned for the caller to raise once the end is journaled."""
+        try:
+            proc.end()
+            undelivered = None
+            if deliver is not None:
+                try:
+                    deliver(cpu_join_files(self.mode, proc.cgroup.dirs))
+                except CharterError as e:
+                    undelivered = e
+            return proc.usage(), undelivered
+        finally:
+            proc.destroy(defer_removal=True)
 
     def _register_brokers(self, spec: SandboxSpec, grant: EgressGrant | None) -> bool:
         """Make the sandbox known to the brokers (by uid and cgroup); True when the
@@ -433,3 +459,16 @@ def _outcome(
         sandbox_id=spec.sandbox_id, exit_code=code, how=how, usage=usage,
         stdout=out, stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut,
     )  # fmt: skip
+
+
+def _raise(error: BaseException | None) -> None:
+    if error is not None:
+        raise error
+
+
+def _refusals(sandbox_id: str, undelivered: CharterError | None) -> list[WorkspaceRefused]:
+    """The workspace's refusal to journal with the end (none for a failure to apply,
+    which the caller gets as the error it is)."""
+    if not isinstance(undelivered, WorkspaceRefusedError):
+        return []
+    return [WorkspaceRefused(sandbox_id=sandbox_id, reason=str(undelivered)[:1000])]

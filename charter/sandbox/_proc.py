@@ -304,14 +304,19 @@ class SandboxProcess:
     def usage(self) -> CgroupUsage:
         return self.cgroup.usage()
 
-    def destroy(self, *, defer_removal: bool = False) -> None:
-        """Kill whatever is left, wait until no process of the sandbox remains, and
-        remove its (then empty) cgroup, on the janitor thread if ``defer_removal``."""
+    def end(self) -> None:
+        """Kill whatever is left and wait until no process of the sandbox remains (its
+        cgroup stays, for a copy-back to join and its usage to be read)."""
         if self.proc.poll() is None:
             self.kill()
         if not self.cgroup.wait_empty():
             self.cgroup.kill_all()
         self._terminal.finish()  # no process holds the relays' pipes now
+
+    def destroy(self, *, defer_removal: bool = False) -> None:
+        """:meth:`end`, then remove the (empty) cgroup, on the janitor thread if
+        ``defer_removal``."""
+        self.end()
         if defer_removal:
             janitor.defer(self.cgroup.remove)
         else:

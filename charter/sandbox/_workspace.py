@@ -13,23 +13,24 @@ refused), the opened directory is the overlay's lower layer (given to the kernel
 descriptor, so no later swap of a path component is followed), every write lands in a
 tmpfs of the workspace cap (ENOSPC past it; both mounts nosuid), and
 :meth:`PersistentWorkspace.commit` applies the changes through descriptors, never
-following a link, clearing setuid and setgid bits.
+following a link, clearing setuid and setgid bits, in a child process placed in the
+sandbox's CPU cgroups (``_copyback.py``), so the work the sandbox's files cost is charged
+to the sandbox.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
-import secrets
 import shutil
 import stat
-import threading
-from collections.abc import Callable, Generator, Iterator, Sequence
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
+from charter.sandbox import _copyback
 from charter.sandbox.errors import SandboxUnavailableError, WorkspaceRefusedError
 
 __all__ = [
@@ -49,7 +50,6 @@ MAX_COMMIT_DEPTH = 64
 """The deepest an entry of a sandbox's changes may be nested (the workspace root's own
 entries are at depth 1, so directories go 63 levels down)."""
 
-_SETID = stat.S_ISUID | stat.S_ISGID
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -131,7 +131,7 @@ class PersistentWorkspace:
         if any(c in str(home) for c in ",:\\"):
             raise WorkspaceRefusedError(f"path {home} cannot hold an overlay layer")
         self.home = home
-        self.limits = _Limits(entries=max_entries, depth=max_depth, size_bytes=size_bytes)
+        self.limits = _copyback.Limits(entries=max_entries, depth=max_depth, size_bytes=size_bytes)
         self.dest = open_workspace(path)
         self._mounted: list[Path] = []
         try:
@@ -163,43 +163,48 @@ class PersistentWorkspace:
         """What bwrap binds at /workspace: a path only the launcher (root) makes."""
         return self.home / "merged"
 
-    def commit(self) -> None:
+    def commit(self, join: Sequence[str] = ()) -> None:
         """Apply the sandbox's changes to the directory (call it once no process of the
-        sandbox remains: nothing changes the upper layer then). Refuses
-        (:class:`WorkspaceRefusedError`), before anything of the directory is changed, an
-        upper layer over the limits: more than ``max_entries`` entries, deeper than
-        ``max_depth``, or regular files whose apparent sizes add up past the workspace
-        cap (a sparse file counts at its full size: it is never delivered bigger than
-        the cap). Symlinks and special files are not delivered.
-
-        Then every file's data is first staged in a private directory of the
-        destination (the writes that can fail: a full disk, an I/O error); a failure
-        there removes the stage and leaves the directory as it was. Only then are the
-        changes applied, as metadata: deletions, directories made, and each file
-        linked in from the stage and renamed over its name."""
+        sandbox remains: nothing changes the upper layer then), in a child process that
+        first joins the cgroups whose membership files ``join`` names (the sandbox's
+        CPU cgroups, :func:`~charter.sandbox._cgroup.cpu_join_files`): the copy-back's
+        CPU is the sandbox's, counted in its usage and throttled by its quota, not the
+        launcher's. What the child does is ``_copyback.deliver``: refused
+        (:class:`WorkspaceRefusedError`), before anything of the directory is changed,
+        when the upper layer is over the limits (entries, depth, apparent bytes);
+        symlinks and special files not delivered; data staged before any change is
+        made. Any other failure raises :class:`SandboxUnavailableError`."""
+        fds: list[int] = []
         try:
-            upper = os.open(self.home / "upper", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            try:
-                _survey(upper, self.limits)
-                dest = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self.dest)
-                try:
-                    stage_name, stage = _make_stage(dest)
-                    try:
-                        staged = _stage(upper, stage)
-                        _apply(upper, dest, stage, staged)
-                        _copy_attrs(os.fstat(upper), dest)
-                    finally:
-                        os.close(stage)
-                        with contextlib.suppress(OSError):  # not to hide the first error
-                            shutil.rmtree(stage_name, dir_fd=dest)
-                finally:
-                    os.close(dest)
-            finally:
-                os.close(upper)
+            fds.append(os.open(self.home / "upper", _RDIR))
+            fds.append(os.open(".", _RDIR, dir_fd=self.dest))
+            fds += (os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in join)
+            limits = self.limits
+            argv = [sys.executable, "-I", "-S", _copyback.__file__,
+                    str(limits.entries), str(limits.depth), str(limits.size_bytes),
+                    *map(str, fds)]  # fmt: skip
+            with subprocess.Popen(
+                argv, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, pass_fds=fds,
+            ) as child:  # fmt: skip
+                said, cried = child.communicate()
+            if child.returncode < 0:  # killed while staging: its stage is named by its pid
+                _remove_stages(fds[1], child.pid)
         except OSError as e:
             raise SandboxUnavailableError(
-                f"the sandbox's changes could not all be applied to its workspace: {e}"
+                f"the sandbox's changes could not be applied to its workspace: {e}"
             ) from e
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if child.returncode == _copyback.EXIT_REFUSED:
+            raise WorkspaceRefusedError(said.decode("utf-8", "replace"))
+        if child.returncode != 0:
+            detail = (said or cried[-2000:]).decode("utf-8", "replace").strip()
+            raise SandboxUnavailableError(
+                f"the sandbox's changes could not all be applied to its workspace: {detail} "
+                f"(copy-back exit {child.returncode})"
+            )
 
     def close(self) -> None:
         """Unmount the overlay and its tmpfs (the upper layer's bytes go with it)."""
@@ -213,8 +218,7 @@ class PersistentWorkspace:
 
 
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 0x2, 0x4, 0x2
-_WHITEOUT_DEV = 0
-_OPAQUE = "trusted.overlay.opaque"
+_RDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]  # fmt: skip
@@ -241,276 +245,11 @@ def unmount_stale(home: Path) -> None:
         shutil.rmtree(home)
 
 
-def _copy_attrs(st: os.stat_result, fd: int) -> None:
-    """Owner and mode of ``st`` onto ``fd``, never a setuid or setgid bit."""
-    os.fchown(fd, st.st_uid, st.st_gid)
-    os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~_SETID)
-
-
-def _remove(dest: int, name: str) -> None:
-    """Remove ``name`` from the directory ``dest``, a tree without following links."""
-    try:
-        st = os.stat(name, dir_fd=dest, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=dest)
-    else:
-        os.unlink(name, dir_fd=dest)
-
-
-_Staged = dict[int, str]
-"""Upper-layer inode -> its data's name in the stage. A file with several names is
-staged once and each name linked to it (a 30 MB file with a thousand links is 30 MB of
-tmpfs, not 30 GB of disk); held as names, not descriptors, so thousands of linked files
-hold no thousands of open files."""
-
-
-def _make_stage(dest: int) -> tuple[str, int]:
-    """A fresh directory of ``dest`` only root may enter, and its descriptor."""
-    while True:
-        name = f".charter-stage-{os.getpid()}-{secrets.token_hex(8)}"
-        try:
-            os.mkdir(name, 0o700, dir_fd=dest)
-        except FileExistsError:  # the sandbox made one of that name: take another
-            continue
-        try:
-            return name, os.open(name, _RDIR, dir_fd=dest)
-        except BaseException:
-            shutil.rmtree(name, dir_fd=dest, ignore_errors=True)
-            raise
-
-
-def _walk(upper: int) -> Generator[tuple[int, os.DirEntry[str], os.stat_result, int], None, None]:
-    """Every entry below ``upper``: (its directory's fd, the entry, its lstat, how many
-    directories are open above it). Iterative, one open directory per level; a
-    directory is entered after it is yielded, so a caller that raises there never
-    enters it. Use it in ``contextlib.closing`` so the fds close when the caller stops."""
-    stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = []
-    try:
-        stack.append((os.dup(upper), os.scandir(upper)))
-        while stack:
-            fd, listing = stack[-1]
-            entry = next(listing, None)
-            if entry is None:
-                stack.pop()
-                _close(fd, listing)
-                continue
-            st = entry.stat(follow_symlinks=False)
-            yield fd, entry, st, len(stack)
-            if stat.S_ISDIR(st.st_mode):
-                sub = os.open(entry.name, _RDIR, dir_fd=fd)
-                try:
-                    stack.append((sub, os.scandir(sub)))
-                except BaseException:
-                    os.close(sub)
-                    raise
-    finally:
-        for fd, listing in stack:
-            _close(fd, listing)
-
-
-def _stage(upper: int, stage: int) -> _Staged:
-    """Copy the data of every regular file of the upper layer (once per inode) into
-    ``stage``, owners and modes set, setuid and setgid cleared (the depth
-    :func:`_survey` bounded)."""
-    staged: _Staged = {}
-    with contextlib.closing(_walk(upper)) as walk:
-        for fd, entry, st, _ in walk:
-            if not stat.S_ISREG(st.st_mode) or st.st_ino in staged:
-                continue
-            name = str(len(staged))
-            src = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            try:
-                _copy_file(src, st, name, stage)
-            finally:
-                os.close(src)
-            staged[st.st_ino] = name
-    return staged
-
-
-def _copy_file(src: int, st: os.stat_result, name: str, dir_fd: int) -> None:
-    """A new file ``name`` in ``dir_fd`` (never one that exists, never through a
-    link) with ``src``'s data, owner and mode (setuid and setgid cleared)."""
-    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                  dir_fd=dir_fd)  # fmt: skip
-    try:
-        _copy_data(src, out, st.st_size)
-        _copy_attrs(st, out)
-    finally:
-        os.close(out)
-
-
-class _Limits(NamedTuple):
-    entries: int
-    depth: int
-    size_bytes: int
-
-
-_RDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _survey(upper: int, limits: _Limits) -> None:
-    """Walk the upper layer (nothing changed anywhere) and refuse it if it is over
-    ``limits``."""
-    entries = size = 0
-    sized: set[int] = set()  # inodes counted (a file with several links counts once)
-    with contextlib.closing(_walk(upper)) as walk:
-        for _, _, st, depth in walk:
-            entries += 1
-            if entries > limits.entries:
-                raise _over(f"more than {limits.entries} entries")
-            if stat.S_ISDIR(st.st_mode):
-                if depth >= limits.depth:
-                    raise _over(f"entries nested deeper than {limits.depth} levels")
-            elif stat.S_ISREG(st.st_mode) and st.st_ino not in sized:
-                sized.add(st.st_ino)
-                size += st.st_size  # apparent: holes count, they would be delivered
-                if size > limits.size_bytes:
-                    raise _over(f"files of more than {limits.size_bytes} bytes in all")
-
-
-def _over(what: str) -> WorkspaceRefusedError:
-    return WorkspaceRefusedError(
-        f"the sandbox's changes to its workspace hold {what}: none of them was applied "
-        "(the directory is as it was before the run)"
-    )
-
-
-def _close(fd: int, listing: Iterator[os.DirEntry[str]]) -> None:
-    close = getattr(listing, "close", None)
-    if close is not None:
-        close()
-    os.close(fd)
-
-
-class _Level(NamedTuple):
-    """One directory being applied: the upper layer's and the destination's, the
-    upper's listing, and the attributes the destination takes once it is done (None
-    for the root, whose attributes the caller sets)."""
-
-    upper: int
-    dest: int
-    listing: Iterator[os.DirEntry[str]]
-    st: os.stat_result | None
-
-
-def _apply(upper: int, dest: int, stage: int, staged: _Staged) -> None:
-    """Make the directory ``dest`` what the overlay showed: every entry of the upper
-    layer ``upper`` applied, through descriptors (no path is looked up twice, no
-    symlink in ``dest`` is followed), iteratively (one level of descriptors per
-    directory depth, which :func:`_survey` has bounded). Symlinks, fifos, sockets and
-    devices made in the sandbox are not delivered (whatever was at their name on the
-    host stays): a link in a host directory is followed by whoever reads it there."""
-    stack = [_Level(upper, dest, os.scandir(upper), None)]
-    try:
-        while stack:
-            level = stack[-1]
-            entry = next(level.listing, None)
-            if entry is None:
-                stack.pop()
-                close = getattr(level.listing, "close", None)
-                if close is not None:
-                    close()
-                if level.st is not None:
-                    try:
-                        _copy_attrs(level.st, level.dest)
-                    finally:
-                        os.close(level.dest)
-                        os.close(level.upper)
-                continue
-            name = entry.name
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == _WHITEOUT_DEV:
-                _remove(level.dest, name)  # deleted in the sandbox
-            elif stat.S_ISDIR(st.st_mode):
-                stack.append(_enter_dir(level, name, st))
-            elif stat.S_ISREG(st.st_mode):
-                _apply_file(level.dest, name, stage, staged[st.st_ino])
-    finally:
-        for level in stack:
-            close = getattr(level.listing, "close", None)
-            if close is not None:
-                close()
-            if level.st is not None:
-                os.close(level.dest)
-                os.close(level.upper)
-
-
-def _enter_dir(level: _Level, name: str, st: os.stat_result) -> _Level:
-    """Open the directory ``name`` on both sides (made, or replaced, in ``dest`` as the
-    sandbox left it) for :func:`_apply` to go into."""
-    upper, dest = level.upper, level.dest
-    sub_upper = os.open(name, _RDIR, dir_fd=upper)
-    try:
-        opaque = False
-        with contextlib.suppress(OSError):
-            opaque = os.getxattr(sub_upper, _OPAQUE) == b"y"
-        existing = None
-        with contextlib.suppress(FileNotFoundError):
-            existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
-        if existing is not None and (opaque or not stat.S_ISDIR(existing.st_mode)):
-            _remove(dest, name)  # replaced in the sandbox: nothing of the old one stays
-            existing = None
-        if existing is None:
-            os.mkdir(name, 0o700, dir_fd=dest)
-        sub_dest = os.open(name, _RDIR, dir_fd=dest)
-        try:
-            return _Level(sub_upper, sub_dest, os.scandir(sub_upper), st)
-        except BaseException:
-            os.close(sub_dest)
-            raise
-    except BaseException:
-        os.close(sub_upper)
-        raise
-
-
-def _apply_file(dest: int, name: str, stage: int, staged: str) -> None:
-    """Link the staged data into a fresh temporary entry of ``dest``, then rename it
-    over ``name`` (a directory there is removed first)."""
-    temp = f".charter-commit-{os.getpid()}-{threading.get_ident()}"
-    _remove(dest, temp)
-    try:
-        os.link(staged, temp, src_dir_fd=stage, dst_dir_fd=dest, follow_symlinks=False)
-    except OSError as e:
-        if e.errno != errno.EXDEV:
-            raise
-        _copy_staged(stage, staged, dest, temp)  # another file system mounted there
-    existing = None
-    with contextlib.suppress(FileNotFoundError):
-        existing = os.stat(name, dir_fd=dest, follow_symlinks=False)
-    if existing is not None and stat.S_ISDIR(existing.st_mode):
-        _remove(dest, name)
-    os.rename(temp, name, src_dir_fd=dest, dst_dir_fd=dest)
-
-
-def _copy_staged(stage: int, staged: str, dest: int, temp: str) -> None:
-    src = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stage)
-    try:
-        _copy_file(src, os.fstat(src), temp, dest)
-    finally:
-        os.close(src)
-
-
-def _copy_data(src: int, out: int, size: int) -> None:
-    """Copy only the data of ``src`` (a tmpfs file) to ``out``, holes left as holes,
-    then set the size. A sandbox can make a file of any apparent size at no cost to its
-    tmpfs (``truncate -s 1T``): copying its holes as zeros would fill the host's disk,
-    so what reaches the disk is the data the tmpfs held, which the cap bounds."""
-    offset = 0
-    while offset < size:
-        try:
-            data = os.lseek(src, offset, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # only a hole is left
-                break
-            raise
-        hole = os.lseek(src, data, os.SEEK_HOLE)
-        os.lseek(out, data, os.SEEK_SET)
-        while data < hole:
-            sent = os.sendfile(out, src, data, hole - data)
-            if sent == 0:
-                break
-            data += sent
-        offset = hole
-    os.ftruncate(out, size)
+def _remove_stages(dest: int, pid: int) -> None:
+    """Remove the stage a copy-back child ``pid`` that was killed left in ``dest``."""
+    prefix = f"{_copyback.STAGE_PREFIX}{pid}-"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(dest):
+            if name.startswith(prefix):
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(name, dir_fd=dest)

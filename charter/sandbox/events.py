@@ -20,6 +20,7 @@ __all__ = [
     "SandboxExited",
     "SandboxLeased",
     "SandboxProbeRefused",
+    "WorkspaceRefused",
     "SandboxQuarantined",
     "SandboxStarted",
     "SandboxUsage",
@@ -90,6 +91,16 @@ class SandboxExited(_SandboxEvent):
     exit_code: int
     how: Literal["exited", "signalled", "wall_clock", "interrupted"]
     usage: SandboxUsage
+
+
+class WorkspaceRefused(_SandboxEvent):
+    """The sandbox's changes to its persistent workspace were over the copy-back's
+    limits (entries, nesting depth, apparent bytes: docs/sandbox.md) and none of them
+    was applied; the directory is as it was before the run. Journaled with the
+    sandbox's end, before the refusal (``workspace-unsafe``) reaches the caller."""
+
+    type_name = "WorkspaceRefused"
+    reason: Annotated[str, StringConstraints(max_length=1000)]
 
 
 class SandboxDiscarded(_SandboxEvent):

@@ -13,13 +13,17 @@ import click
 import pytest
 from rich.console import Console
 
+from charter.audit.chain import ChainReport
+from charter.cli import demo as demo_cli
 from charter.cli._common import Ctx, run_guarded
 from charter.cli._render import brief_payload, printable, render_budgets, render_slots, render_tree
 from charter.core import Budget, StateError
 from charter.ledger import Journal
 from charter.projections import BudgetReport, SlotsReport, TreeReport
 from charter.projections._answers import BudgetLine, CellSlots, TreeNode
+from charter.runner.demo import DemoOutcome
 from charter.runner.events import WorkerResult
+from charter.runner.status import Row
 from tests.cli._run import charter
 
 TITLE = "\x1b]0;pwned\x07"  # sets the terminal's title
@@ -164,3 +168,37 @@ def test_status_and_text_output_are_escaped(capsys: pytest.CaptureFixture[str]) 
     ctx = Ctx(db=None, as_json=True, quiet=False)
     ctx.emit({"x": TITLE}, "unused")
     assert json.loads(capsys.readouterr().out) == {"x": TITLE}  # --json: exact
+
+
+def _demo_outcome(text: str) -> DemoOutcome:
+    """A demo's outcome whose report (the coordinator worker's answer) and tree rows
+    carry ``text``."""
+    return DemoOutcome(
+        home=Path("/nowhere"),
+        journal="sqlite:///nowhere",
+        report={"files": 3, "counts": {text: 1}, "findings": [[f"/lib/{text}.py", 7, text]]},
+        totals={"workers": 1, "cpu_ms": 0, "wall_ms": 0, "memory_peak_bytes": 0,
+                "egress_bytes": 0},
+        verified=ChainReport(ok=True, checked=1, head=None),
+        rows=(Row(lineage="agent:demo/" + text, depth=1, status="exited", burn=CLEAR + "[b]1"),),
+    )  # fmt: skip
+
+
+def test_the_demos_report_and_tree_escape_a_workers_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The coordinator is a worker: its answer is the report, its children the tree.
+    outcome = _demo_outcome(HOSTILE)
+    demo_cli._text(outcome)
+    said = capsys.readouterr().out
+    assert _unsafe(said) == [], said
+    assert "\\x1b]0;pwned" in said  # shown, not dropped
+    tree = io.StringIO()
+    Console(file=tree, width=400, color_system=None).print(demo_cli._tree(list(outcome.rows)))
+    assert _unsafe(tree.getvalue()) == [], tree.getvalue()
+    assert "\\x1b]0;pwned" in tree.getvalue()
+    assert "[b]1" in tree.getvalue()  # not read as rich markup
+    # Control: ordinary text is shown as it is, the very characters.
+    demo_cli._text(_demo_outcome(BENIGN))
+    plain = capsys.readouterr().out
+    assert f"/lib/{BENIGN}.py:7: {BENIGN}" in plain

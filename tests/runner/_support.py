@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -31,6 +33,16 @@ def cli_env(home: Path, state_dir: Path) -> dict[str, str]:
         "PYTHONPATH": str(ROOT_DIR),
         "CHARTER_SANDBOX_STATE": str(state_dir),
     }
+
+
+def cell_process(url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``charter cell run --once`` on the journal at ``url``, as an operator starts it
+    (``env`` from :func:`cli_env`); its output dropped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "charter", "--db", url, "--quiet", "cell", "run",
+         "--once", "--ignore-host-load"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
 
 
 def fan_out(charter: Charter, width: int, *workers: WorkerSpec, **grant: object) -> SpawnResult:

@@ -65,3 +65,13 @@ def initialise(
         settings=Settings(),
     )
     return charter
+
+
+@pytest.fixture
+def own_state() -> Iterator[Path]:
+    """A sandbox state directory of this test's own (mode 0755, as sandboxes need): its
+    uid locks and sockets are this test's alone."""
+    path = Path(tempfile.mkdtemp(prefix="charter-own-state-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

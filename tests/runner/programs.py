@@ -199,3 +199,43 @@ try:
 except client.DoorError as e:
     print("refused", e.code, e.message)
 """
+
+# Speaks raw JSON-RPC to its door from inside its sandbox (issue 23, points 4 and 8):
+# a lone surrogate, ids that are not JSON-RPC ids, a missing method, a batch, a
+# notification; reports what came back as its result, given by a notification (so the
+# journaled result is itself the proof that a notification is executed). Strict JSON
+# only: a NaN or Infinity in a reply is an error here.
+PROTOCOL = (
+    PRELUDE
+    + """
+import socket
+s = socket.socket(socket.AF_UNIX)
+s.connect(charter_door.DEFAULT_PATH)
+s.settimeout(30)
+f = s.makefile("rb")
+def refuse(name):
+    raise ValueError(name + " is not JSON")
+def ask(frame):
+    s.sendall(frame.encode() + b"\\n")
+    return json.loads(f.readline(), parse_constant=refuse)
+out = {}
+r = ask('{"jsonrpc": "2.0", "method": "result", "params": {"text": "\\\\ud800"}, "id": 1}')
+out["surrogate"] = [r["error"]["code"], r["id"]]
+out["after_surrogate"] = ask('{"jsonrpc": "2.0", "method": "whoami", "id": 2}')["result"]
+for name, rid in (("huge_id", "1e400"), ("nan_id", "NaN")):
+    r = ask('{"jsonrpc": "2.0", "method": "whoami", "id": ' + rid + '}')
+    out[name] = [r["error"]["code"], r["id"]]
+r = ask('{"jsonrpc": "2.0", "id": 3}')
+out["no_method"] = [r["error"]["code"], r["id"]]
+r = ask('[{"jsonrpc": "2.0", "method": "whoami", "id": 4}, {"jsonrpc": "2.0", "method": "x"},'
+        ' {"jsonrpc": "2.0", "method": "whoami", "id": 5}]')
+out["batch"] = sorted(x["id"] for x in r)
+s.sendall(b'{"jsonrpc": "2.0", "method": "whoami"}\\n')  # a notification: no reply
+out["after_notification"] = ask('{"jsonrpc": "2.0", "method": "whoami", "id": 6}')["id"]
+s.sendall(json.dumps({"jsonrpc": "2.0", "method": "result",
+                      "params": {"text": json.dumps(out)}}).encode() + b"\\n")
+s.sendall(b'{"jsonrpc": "2.0", "method": "whoami", "id": 7}\\n')  # waits for the result
+assert json.loads(f.readline())["id"] == 7
+print("not the result: the notification gave it")
+"""
+)

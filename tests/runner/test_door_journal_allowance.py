@@ -28,7 +28,7 @@ from tests.invariants import (
 )
 from tests.runner._support import make_cell, running, until_idle
 from tests.runner.conftest import initialise
-from tests.runner.programs import COST, PRELUDE, REASON, python
+from tests.runner.programs import COST, PRELUDE, PY, REASON, python
 
 # A worker's start: its door, and one child that echoes a number.
 ONE_CHILD = (
@@ -80,8 +80,10 @@ door.result("h" * 60_000)
 )
 
 
-def _spawn(charter: Charter, egress: int, *workers: WorkerSpec) -> SpawnResult:
-    cost = Budget.parse("tokens=200k,wall=10m,cpu=10m,mem=4GiB,egress=0MB").model_copy(
+def _spawn(
+    charter: Charter, egress: int, *workers: WorkerSpec, cost: Budget | None = None
+) -> SpawnResult:
+    cost = (cost or Budget.parse("tokens=200k,wall=10m,cpu=10m,mem=4GiB,egress=0MB")).model_copy(
         update={"egress_bytes": egress}
     )
     intent = SpawnIntent.model_validate(
@@ -170,12 +172,7 @@ def test_a_spawn_flood_is_refused_and_egress_pays_for_more_with_the_charge_journ
             if isinstance(e.event, UsageRecorded) and e.event.lineage == rich
         ]
         assert sum(b for _, b in charged[:-1]) == paid > 2 * 60_000
-        history = journal_history(charter.journal)
-        found = check_journal_allowance(history)
-        assert found.problems == []
-        assert found.checked > 0
-        assert check_history(history).problems == []
-        _audited_clean(charter)
+        _folded_clean(charter)
 
 
 # Four connections of one worker flood waits at once: the charge and the write it pays
@@ -236,7 +233,73 @@ def test_four_connections_racing_waits_cannot_pass_the_floor(
         _audited_clean(charter)
 
 
+def _folded_clean(charter: Charter) -> None:
+    """The independent fold finds every worker within floor + egress charged, and the
+    history sound; ``charter audit`` agrees."""
+    history = journal_history(charter.journal)
+    found = check_journal_allowance(history)
+    assert found.problems == []
+    assert found.checked > 0
+    assert check_history(history).problems == []
+    _audited_clean(charter)
+
+
 def _audited_clean(charter: Charter) -> None:
     """charter audit agrees (its journal-allowance rule is the fold's, restated)."""
     report = audit_history(charter.journal.payloads())
     assert report.ok, report.findings
+
+
+# A worker that spawns one child worker running FLOOD("spawn") with ``argv[1]`` bytes of
+# egress carved from its own lease, waits on it, and answers.
+CARVER = (
+    PRELUDE
+    + f"""
+door = charter_door.Door()
+flood = {FLOOD!r}
+egress = int(sys.argv[1])
+kids = door.spawn({{"width": 1, "objective": "flood the journal with large spawns below",
+                   "grant": {{"fanout": 20, "depth": 1}},
+                   "estimated_cost": {{"tokens": 100_000, "wall_ms": 1_200_000, "cpu_ms": 1_200_000,
+                                      "mem_bytes": 4 << 30, "egress_bytes": egress}}}},
+                  [{{"argv": ["{PY}", "-I", "-c", flood, "spawn"]}}])["children"]
+door.wait(kids, 240)
+door.result("waited")
+"""
+)
+
+
+@pytest.mark.sandbox
+def test_a_childs_journal_allowance_is_its_own_floor_and_the_egress_carved_for_it(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # The attack, one level down: a child floods the journal with 60 KB spawns. It gets
+    # its own lease's floor and the egress its parent carved for it, charged to its own
+    # lineage; the sibling tree carving none gets the floor alone (the control).
+    carved = 130_000
+    with initialise(journal_url, tmp_path / "home", processing=2, coordination=6) as charter:
+        # (the gate refuses a bet of over half the parent's lease on any axis)
+        lease = Budget.parse("tokens=400k,wall=50m,cpu=50m,mem=16GiB,egress=0MB")
+        parents = _spawn(
+            charter, 4 * carved, python(CARVER, str(carved)), python(CARVER, "0"), cost=lease
+        )
+        rich_parent, poor_parent = (str(c.lineage) for c in parents.children)
+        with running(make_cell(charter, None, state_dir, door=True)) as cell:
+            until_idle(cell, 400)
+        entries = list(charter.journal.entries())
+        ends = [e.event for e in entries if isinstance(e.event, WorkerEnded)]
+        rich, poor = (
+            next(x.lineage for x in ends if x.lineage.rpartition("/")[0] == p)
+            for p in (rich_parent, poor_parent)
+        )
+        rich_out, poor_out = _report(entries, rich), _report(entries, poor)
+        assert rich_out["last"] == poor_out["last"] == "journal-allowance"
+        assert poor_out["said"]["ok"] == 2  # the floor pays for two 61 KB spawns
+        assert rich_out["said"]["ok"] == 2 + carved // 61_000  # its carved egress for more
+        # Charged to the child's own lease, within what was carved for it; none to its
+        # parent's for the child's writes.
+        charged = sum(u.amount.egress_bytes for u in _of(entries, UsageRecorded, rich))
+        assert 61_000 < charged <= carved  # past the floor: what the extra spawns cost
+        assert sum(u.amount.egress_bytes for u in _of(entries, UsageRecorded, poor)) == 0
+        assert sum(u.amount.egress_bytes for u in _of(entries, UsageRecorded, rich_parent)) == 0
+        _folded_clean(charter)

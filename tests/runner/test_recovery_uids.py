@@ -7,10 +7,8 @@ under a uid nobody holds (an orphan of the dead worker) is killed."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from charter.core import KeyStore
 from charter.runner.events import WorkerEnded, WorkerKilled, WorkerStarted
 from charter.sandbox import SandboxLeased, hold_uid
 from tests.invariants import check_history, check_settled, check_workers, journal_history
-from tests.runner._support import fan_out, make_cell
+from tests.runner._support import cell_process, cli_env, fan_out, make_cell
 from tests.runner.conftest import initialise
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
@@ -56,17 +54,7 @@ def test_recovery_never_kills_a_process_whose_uid_another_holder_took(
     with initialise(journal_url, home, processing=1) as charter:
         result = fan_out(charter, 1, WorkerSpec(argv=("/bin/sleep", "60")))
     lineage = str(result.children[0].lineage)
-    env = {
-        **os.environ,
-        "CHARTER_HOME": str(home),
-        "PYTHONPATH": str(ROOT_DIR),
-        "CHARTER_SANDBOX_STATE": str(state_dir),
-    }
-    cell = subprocess.Popen(
-        [sys.executable, "-m", "charter", "--db", journal_url, "--quiet", "cell", "run",
-         "--once", "--ignore-host-load"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    cell = cell_process(journal_url, cli_env(home, state_dir))
     try:
         uid = _started_uid(journal_url, home)
     finally:

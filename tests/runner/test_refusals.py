@@ -5,13 +5,8 @@ backends; the independent fold after)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from charter.control import WorkerSpec
 from charter.runner.events import WorkerEnded, WorkerStarted
@@ -23,15 +18,6 @@ from tests.runner.conftest import initialise
 
 UID_RANGE = 1000  # charter.sandbox's reserved range of sandbox host uids
 TRUE = WorkerSpec(argv=("/bin/true",))
-
-
-@pytest.fixture
-def own_state() -> Iterator[Path]:
-    """A state directory of this test's own: its uid locks are this test's to hold."""
-    path = Path(tempfile.mkdtemp(prefix="charter-refusals-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _ends(charter: object) -> dict[str, WorkerEnded]:

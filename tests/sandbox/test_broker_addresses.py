@@ -109,6 +109,8 @@ class _Resolver:
         ("224.0.0.1", "224.0.0.1"),  # multicast
         ("fe80::1", "[fe80::/10]"),  # IPv6 link-local
         ("fd00::7", "[fc00::/7]"),  # IPv6 unique local
+        ("2002:a9fe:a9fe::1", "[2002::/16]"),  # 6to4 (of cloud metadata): is_global says yes
+        ("fec0::1", "[fec0::/10]"),  # IPv6 site-local: is_global says yes
         ("::ffff:127.0.0.1", "127.0.0.1"),  # loopback mapped into IPv6
     ],
 )

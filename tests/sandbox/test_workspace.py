@@ -7,12 +7,20 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from charter.core import Budget, RefusedError
-from charter.sandbox import Launcher, MemorySink, SandboxLeased, WorkspaceRefusedError
+from charter.sandbox import (
+    Launcher,
+    MemorySink,
+    SandboxDiscarded,
+    SandboxLeased,
+    WorkspaceRefused,
+    WorkspaceRefusedError,
+)
 from charter.sandbox._workspace import PersistentWorkspace
 from charter.sandbox.spec import workspace_cap
 
@@ -271,3 +279,69 @@ def test_a_persistent_workspace_keeps_what_the_sandbox_did(
     assert not (shared / "gone").exists()
     assert not (shared / "gone_dir").exists()
     assert not list(shared.glob(".charter-commit-*"))
+
+
+MAKE_FILES = """
+import os, sys
+for d in range(20):
+    os.mkdir(f"/workspace/d{d}")
+for i in range(int(sys.argv[1])):
+    open(f"/workspace/d{i % 20}/f{i}", "w").write("x")
+"""
+
+
+def _run_measured(launcher: Launcher, workspace: Path | None) -> tuple[int, float]:
+    """(the sandbox's journaled CPU in ms, the launcher's own thread CPU in s) of one
+    run making 4,000 files in its workspace."""
+    start = time.thread_time()
+    o = launcher.run(B, [PY, "-I", "-c", MAKE_FILES, "4000"], workspace=workspace)
+    own = time.thread_time() - start
+    assert o.exit_code == 0
+    return o.usage.cpu_ms, own
+
+
+def test_a_workspaces_copy_back_is_charged_to_the_sandbox_not_the_launcher(
+    launcher: Launcher, shared: Path
+) -> None:
+    # The attack: files that are cheap for the sandbox to make and dear for the
+    # launcher to deliver (19,800 cost it 1.12 s, 3.6x the worker's 0.31 s, outside
+    # the sandbox's cgroup). The control: the same run in a private workspace, with
+    # nothing to deliver, measured in the same way.
+    private_ms, private_own = _run_measured(launcher, None)
+    persistent_ms, persistent_own = _run_measured(launcher, shared)
+    assert len(list(shared.glob("d*/f*"))) == 4000  # delivered
+    in_sandbox_ms = persistent_ms - private_ms  # the copy-back, in the journaled usage
+    launcher_ms = (persistent_own - private_own) * 1000
+    # Before the copy-back ran in the sandbox's CPU cgroups, the launcher's side was
+    # about 4x the sandbox's difference; now the sandbox's is several times the
+    # launcher's (its tmpfs unmount and spawning the child).
+    assert in_sandbox_ms > 100, (in_sandbox_ms, launcher_ms)
+    assert launcher_ms < in_sandbox_ms / 3, (in_sandbox_ms, launcher_ms)
+
+
+def test_a_refused_copy_back_is_journaled_with_the_sandboxs_end(
+    launcher: Launcher, sink: MemorySink, shared: Path
+) -> None:
+    # The attack: a file of 100 GB apparent size (free in the tmpfs) next to an
+    # ordinary change. Refused whole, on record, the directory as it was.
+    (shared / "kept").write_text("the host's own\n")
+    (shared / "kept").chmod(0o666)
+    with pytest.raises(WorkspaceRefusedError, match="bytes in all") as refused:
+        _sh(launcher, "echo new > /workspace/kept && truncate -s 100G /workspace/sparse",
+            workspace=shared)  # fmt: skip
+    assert refused.value.reason == "workspace-unsafe"
+    assert sorted(p.name for p in shared.iterdir()) == ["kept"]
+    assert (shared / "kept").read_text() == "the host's own\n"
+    names = [type(e).__name__ for e in sink.events]
+    assert names[-3:] == ["SandboxExited", "WorkspaceRefused", "SandboxDiscarded"], names
+    event = sink.events[-2]
+    assert isinstance(event, WorkspaceRefused)
+    assert event.sandbox_id == sink.events[-1].sandbox_id  # type: ignore[attr-defined]
+    assert "bytes in all" in event.reason
+    # Control: a run within the limits is delivered and journals no refusal.
+    sink.events.clear()
+    code, text = _sh(launcher, "echo new > /workspace/kept", workspace=shared)
+    assert code == 0, text
+    assert (shared / "kept").read_text() == "new\n"
+    assert not [e for e in sink.events if isinstance(e, WorkspaceRefused)]
+    assert isinstance(sink.events[-1], SandboxDiscarded)

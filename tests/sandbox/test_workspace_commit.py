@@ -6,17 +6,25 @@ into the overlay's merged view (where its writes land)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import resource
+import signal
 import stat
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from charter.sandbox import _copyback
+from charter.sandbox._cgroup import cgroup_dirs, controller_dir, cpu_join_files, read_int
+from charter.sandbox._host import cgroup_mode
 from charter.sandbox._workspace import MAX_COMMIT_DEPTH, MAX_COMMIT_ENTRIES, PersistentWorkspace
 from charter.sandbox.errors import SandboxUnavailableError, WorkspaceRefusedError
+from charter.sandbox.spec import CgroupMode
 
 pytestmark = pytest.mark.sandbox
 
@@ -247,3 +255,130 @@ def test_changes_that_fit_the_disk_are_delivered(small_disk: Path, state_dir: Pa
     assert sorted(p.name for p in small_disk.iterdir()) == ["d", "kept.txt"]
     assert (small_disk / "kept.txt").read_text() == "overwritten\n"
     assert (small_disk / "d" / "f").stat().st_size == 256 << 10
+
+
+@pytest.fixture
+def cpu_cgroup() -> Iterator[tuple[list[str], Path]]:
+    """A fresh cgroup of the CPU controllers, as a sandbox's is (nobody in it yet): the
+    files a copy-back joins, and the file that counts its CPU."""
+    mode = cgroup_mode()
+    dirs = cgroup_dirs(mode, f"test-copyback-{os.getpid()}-{time.monotonic_ns()}")
+    made = [controller_dir(mode, dirs, c) for c in ("cpu", "cpuacct")]
+    for d in made:
+        d.mkdir(parents=True)
+    try:
+        if mode is CgroupMode.V1:
+            yield cpu_join_files(mode, dirs), controller_dir(mode, dirs, "cpuacct")
+        else:
+            yield cpu_join_files(mode, dirs), made[0]
+    finally:
+        for d in dict.fromkeys(made):
+            d.rmdir()
+
+
+@pytest.fixture
+def roomy(host: Path, state_dir: Path) -> Iterator[PersistentWorkspace]:
+    """An overlay with room for thousands of files (each takes a page of its tmpfs)."""
+    ws = PersistentWorkspace(host, state_dir / f"ws-roomy-{os.getpid()}", 64 << 20)
+    try:
+        yield ws
+    finally:
+        ws.close()
+
+
+def _cgroup_cpu_s(counter: Path) -> float:
+    if (counter / "cpuacct.usage").exists():
+        return read_int(counter / "cpuacct.usage") / 1e9
+    return read_int(counter / "cpu.stat", "usage_usec") / 1e6
+
+
+def _many_files(merged: Path, n: int) -> None:
+    for d in range(20):
+        (merged / f"d{d}").mkdir()
+    for i in range(n):
+        (merged / f"d{i % 20}" / f"f{i}").write_text("x")
+
+
+def _commit_measured(overlay: PersistentWorkspace, join: list[str]) -> tuple[float, float]:
+    """(the launcher's thread CPU, the copy-back child's whole CPU) of one commit."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.thread_time()
+    overlay.commit(join)
+    own = time.thread_time() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return own, child
+
+
+def test_the_copy_back_runs_in_the_sandboxs_cpu_cgroup(
+    roomy: PersistentWorkspace, host: Path, cpu_cgroup: tuple[list[str], Path]
+) -> None:
+    # The attack: files that cost the control plane CPU to deliver (19,800 once took
+    # the launcher 1.12 s of its own, 3.6x the worker's). Now a child joins the
+    # sandbox's CPU cgroups first and does the work there.
+    join, counter = cpu_cgroup
+    _many_files(roomy.merged, 3000)
+    own, child = _commit_measured(roomy, join)
+    assert len(list(host.glob("d*/f*"))) == 3000
+    charged = _cgroup_cpu_s(counter)
+    # Nearly all of the child's CPU is the cgroup's (only the interpreter's start
+    # precedes the join), and the launcher's own thread did next to nothing.
+    assert charged >= 0.7 * child, (charged, child)
+    assert own < 0.25 * charged, (own, charged)
+
+
+def test_a_copy_back_given_no_cgroup_charges_none(
+    roomy: PersistentWorkspace, host: Path, cpu_cgroup: tuple[list[str], Path]
+) -> None:
+    # Control: the same delivery not told to join leaves the cgroup's count at zero,
+    # so the count above is the copy-back's, not the cgroup's own.
+    _, counter = cpu_cgroup
+    _many_files(roomy.merged, 3000)
+    _, child = _commit_measured(roomy, [])
+    assert len(list(host.glob("d*/f*"))) == 3000
+    assert child > 0
+    assert _cgroup_cpu_s(counter) == 0
+
+
+def test_the_copy_back_child_imports_nothing_of_charter() -> None:
+    # It runs as `python -I -S FILE`: an import of the package would fail there, or
+    # load another tree's code than the launcher's.
+    tree = ast.parse(Path(_copyback.__file__).read_text())
+    imported = [
+        n.module if isinstance(n, ast.ImportFrom) else a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in n.names
+    ]
+    assert "os" in imported  # control: the walk sees the imports
+    assert not [m for m in imported if m and m.split(".")[0] == "charter"]
+
+
+def test_a_copy_back_child_killed_while_staging_leaves_no_stage(
+    roomy: PersistentWorkspace, host: Path
+) -> None:
+    # A copy-back killed half-way (an operator's SIGKILL; on cgroup v2 the sandbox's
+    # memory cap) cannot remove its own stage: the launcher removes it, found by the
+    # child's pid in its name.
+    _many_files(roomy.merged, 5000)
+    failed: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            roomy.commit()
+        except SandboxUnavailableError as e:
+            failed.append(e)
+
+    worker = threading.Thread(target=commit)
+    worker.start()
+    deadline = time.monotonic() + 30
+    stage = None
+    while stage is None and time.monotonic() < deadline and worker.is_alive():
+        stage = next((p for p in host.iterdir() if p.name.startswith(".charter-stage-")), None)
+    assert stage is not None, "the stage was never seen"
+    os.kill(int(stage.name.split("-")[2]), signal.SIGKILL)  # .charter-stage-PID-HEX
+    worker.join(30)
+    assert failed, "the killed copy-back was not reported"
+    assert "exit -9" in str(failed[0])
+    assert not [p for p in host.iterdir() if p.name.startswith(".charter-stage-")]
+    assert (host / "kept.txt").read_text() == "the host's own\n"  # staging changes nothing
