@@ -94,6 +94,9 @@ MAX_CONNECTIONS = 16  # per worker at a time (each holds a thread here)
 JOURNAL_BLOCK = 32 * 1024
 """Journal bytes the model door charges a lease's allowance at a time (docs/door.md)."""
 _IDLE_TIMEOUT = 300.0  # a model may think for minutes before its first byte
+SETTLE_DELAY_S = 0.05
+"""How long an answered call's settlement waits for the connection's next reservation
+to carry it (one commit for both) before it is appended on its own."""
 _DRAIN_S = 5.0
 _KEPT = 16  # idle connections kept to the model endpoint
 _ENDPOINT_FILE = "model-endpoint.json"
@@ -206,6 +209,43 @@ class ChatRequest:
 # -- reservation and settlement ----------------------------------------------------
 
 
+@dataclass
+class Settlement:
+    """A call's settlement, decided when its answer ended: journaled once (``done``
+    once it was tried; ``committed`` once it is on record)."""
+
+    reserved: ModelCallReserved
+    event: ModelCallSettled
+    done: bool = False
+    committed: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        reserved: ModelCallReserved,
+        prompt: int,
+        completion: int,
+        *,
+        estimated: bool,
+        how: SettleHow | Literal["recovered"],
+        status: int,
+        latency_ms: int,
+        first_token_ms: int | None = None,
+    ) -> Settlement:
+        event = ModelCallSettled(
+            call=reserved.call,
+            lineage=reserved.lineage,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            estimated=estimated,
+            how=how,
+            status=status,
+            latency_ms=latency_ms,
+            first_token_ms=first_token_ms,
+        )
+        return cls(reserved, event)
+
+
 class ModelMeter:
     """Reservations of one cell's model calls against their leases' tokens, and their
     settlement (docs/model-door.md)."""
@@ -221,9 +261,25 @@ class ModelMeter:
         with self._guard:
             return self._inflight.get(lineage, 0)
 
-    def reserve(self, lineage: str, request: ChatRequest) -> ModelCallReserved:
+    def reserve(
+        self, lineage: str, request: ChatRequest, after: Settlement | None = None
+    ) -> ModelCallReserved:
         """Hold the call's tokens against ``lineage``'s lease (net of its calls in
-        flight) and journal the reservation, or refuse (journaled once per lease)."""
+        flight) and journal the reservation, or refuse (journaled once per lease).
+
+        ``after``, an answered call of the same lease not yet settled (the connection's
+        previous one), is settled first, in the reservation's own append when it can be
+        (one commit for both), else on its own: always exactly once, whether this call
+        is reserved or refused. Its tokens, not its reservation, count against this one."""
+        try:
+            return self._reserve(lineage, request, after)
+        finally:
+            if after is not None and not after.done:
+                self.settle_pending(after)
+
+    def _reserve(
+        self, lineage: str, request: ChatRequest, after: Settlement | None
+    ) -> ModelCallReserved:
         cell = self._cell
         estimate = prompt_estimate(request.body)
         allowance = cell.journal_allowance
@@ -233,6 +289,10 @@ class ModelMeter:
                 remaining = cell.resources.book.remaining(lineage, now_ms())
             tokens = remaining.tokens
             left = tokens - self.in_flight(lineage)
+            if after is not None:  # settled before this one: its charge, not its hold
+                assert after.reserved.lineage == lineage
+                left += after.reserved.reserved - after.event.prompt_tokens
+                left -= after.event.completion_tokens
             max_tokens = request.max_tokens
             if max_tokens is None:
                 max_tokens = min(DEFAULT_MAX_TOKENS, left - estimate)
@@ -264,8 +324,10 @@ class ModelMeter:
             with self._guard:  # held before the append: never counted from one total twice
                 self._inflight[lineage] = self._inflight.get(lineage, 0) + need
             try:
-                with cell.changed:
-                    cell.applied(cell.journal.append([reserved]))
+                carried = after is not None and self._commit(after, carry=reserved)
+                if not carried:
+                    with cell.changed:
+                        cell.applied(cell.journal.append([reserved]))
             except BaseException:
                 self._release(lineage, need)  # not journaled: nothing is sent
                 raise
@@ -330,41 +392,55 @@ class ModelMeter:
         """Charge the call's tokens and journal its settlement in one append, pinned to
         the call's stream (None when it was settled already: never twice). The
         reservation is given back only after the charge commits."""
-        settled = ModelCallSettled(
-            call=reserved.call,
-            lineage=reserved.lineage,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            estimated=estimated,
-            how=how,
-            status=status,
-            latency_ms=latency_ms,
-            first_token_ms=first_token_ms,
-        )
+        pending = Settlement.of(
+            reserved, prompt, completion, estimated=estimated, how=how, status=status,
+            latency_ms=latency_ms, first_token_ms=first_token_ms,
+        )  # fmt: skip
+        return self.settle_pending(pending)
+
+    def settle_pending(self, pending: Settlement) -> ModelCallSettled | None:
+        """Journal ``pending`` on its own (None when it was settled already)."""
+        self._commit(pending)
+        return pending.event if pending.committed else None
+
+    def _commit(self, pending: Settlement, carry: ModelCallReserved | None = None) -> bool:
+        """Settle ``pending`` (once: it is ``done`` after this, whatever happened), with
+        ``carry`` in the same append when the charge commits; whether it was carried.
+        The reservation is given back only after the charge commits."""
+        reserved, settled = pending.reserved, pending.event
+        pending.done = True
         stream = model_call_stream(reserved.call)
         journal = self._cell.journal
+        extra: list[Event] = [] if carry is None else [carry]
+        tries = 0
 
         def also() -> tuple[list[Event], dict[str, int]]:
-            if journal.stream_version(stream) != 1:
+            # Pinned to the stream being at its reservation: the first try assumes so
+            # (a settled call's pin conflicts, and the retry reads it and stops).
+            nonlocal tries
+            tries += 1
+            if tries > 1 and journal.stream_version(stream) != 1:
                 raise ModelCallSettledError(f"model call {reserved.call} is settled already")
-            return [settled], {stream: 1}
+            return [settled, *extra], {stream: 1}
 
-        amount = Budget(
-            tokens=prompt + completion, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0
-        )
+        tokens = settled.prompt_tokens + settled.completion_tokens
+        amount = Budget(tokens=tokens, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0)
         try:
             self._cell.budgets.record_usage(reserved.lineage, amount, then=also)
+            pending.committed = True
+            return carry is not None
         except ModelCallSettledError:
-            return None
+            return False
         except CharterError:
             # The lease ended first (its refusal is journaled): the call is still
             # settled, so its tokens are on record, charged or not.
             with contextlib.suppress(CharterError), self._cell.changed:
                 if journal.stream_version(stream) == 1:
                     self._cell.applied(journal.append([settled], expect={stream: 1}))
+            pending.committed = True
+            return False
         finally:
             self._release(reserved.lineage, reserved.reserved)
-        return settled
 
     def _release(self, lineage: str, tokens: int) -> None:
         with self._guard:
@@ -470,13 +546,17 @@ class ModelDoor:
             self._conns[conn] = (holder, upstreams)
         conn.settimeout(_IDLE_TIMEOUT)
         http = h11.Connection(h11.SERVER)
+        pending = _Pending()
         try:
             with contextlib.suppress(OSError, h11.ProtocolError, _GoneError):
-                while self._one_request(conn, http, uid, holder, upstreams):
+                while self._one_request(conn, http, uid, holder, upstreams, pending):
                     http.start_next_cycle()
         finally:
-            with self._lock:
-                self._conns.pop(conn, None)
+            try:
+                pending.flush()  # the connection's last call: settled before it ends
+            finally:
+                with self._lock:
+                    self._conns.pop(conn, None)
 
     def _one_request(
         self,
@@ -485,22 +565,30 @@ class ModelDoor:
         uid: int,
         holder: _Holder,
         upstreams: list[socket.socket],
+        pending: _Pending,
     ) -> bool:
         """Serve one request; False when the connection is to close."""
-        request, body = _read_request(conn, http)
+        request, body = _read_request(conn, http, pending)
         if request is None:
             return False
         try:
-            meter, chat, reserved = self._admit(request, body, uid, holder)
+            meter, chat, reserved = self._admit(request, body, uid, holder, pending)
         except _ReplyError as e:
+            pending.flush()  # a refusal carries no settlement: the last call's goes first
             _send(conn, http, e.status, e.body)
             return e.keep and http.our_state is h11.DONE
         assert self.endpoint is not None  # _admit refused the call otherwise
-        _Call(self.endpoint, meter, reserved, chat, conn, http, upstreams, self._pool).run()
+        call = _Call(self.endpoint, meter, reserved, chat, conn, http, upstreams, self._pool)
+        call.run(pending)  # its settlement is left with ``pending``
         return http.our_state is h11.DONE
 
     def _admit(
-        self, request: h11.Request, body: bytes | None, uid: int, holder: _Holder
+        self,
+        request: h11.Request,
+        body: bytes | None,
+        uid: int,
+        holder: _Holder,
+        pending: _Pending,
     ) -> tuple[ModelMeter, ChatRequest, ModelCallReserved]:
         """The call parsed and reserved, or the reply that refuses it."""
         if self._holder(uid) != holder:
@@ -518,7 +606,7 @@ class ModelDoor:
             chat = ChatRequest.parse(body)
             if self.endpoint is None:
                 meter.refuse_unconfigured(holder[1])  # journaled once, raises
-            return meter, chat, meter.reserve(holder[1], chat)
+            return meter, chat, meter.reserve(holder[1], chat, pending.take(meter))
         except ModelRequestError as e:
             raise _ReplyError(400, "invalid-request", str(e)) from e
         except ModelTokensError as e:
@@ -538,6 +626,40 @@ class _ReplyError(Exception):
     ) -> None:  # fmt: skip
         super().__init__(message)
         self.status, self.body, self.keep = status, _error_body(code, message, kind=kind), keep
+
+
+class _Pending:
+    """A connection's answered call whose settlement is not yet journaled: carried by
+    the connection's next reservation (one commit for both), else appended on its own
+    after :data:`SETTLE_DELAY_S` without one, before a refusal is answered, and as the
+    connection ends (a worker's end waits for that: ``ModelDoor.drain``). A cell that
+    dies in between left the call reserved and unsettled, which the next incarnation
+    settles (``recovered``)."""
+
+    def __init__(self) -> None:
+        self._held: tuple[ModelMeter, Settlement] | None = None
+
+    def __bool__(self) -> bool:
+        return self._held is not None
+
+    def hold(self, meter: ModelMeter, settlement: Settlement) -> None:
+        self.flush()  # at most one: a call's is settled before the next is held
+        self._held = (meter, settlement)
+
+    def take(self, meter: ModelMeter) -> Settlement | None:
+        """The settlement for a reservation by ``meter`` to carry (it settles it)."""
+        held, self._held = self._held, None
+        if held is None:
+            return None
+        if held[0] is not meter:  # another cell's meter (a re-attached door): alone
+            held[0].settle_pending(held[1])
+            return None
+        return held[1]
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held[0].settle_pending(held[1])
 
 
 class _Pool:
@@ -600,16 +722,20 @@ class _Call:
         self.counted = 0  # completion tokens counted (one per content chunk)
         self.status = 0
         self.whole = False  # the server's answer was read to its end
+        self.pending = _Pending()  # the connection's, from run()
 
     def _ms(self, at: float | None = None) -> int:
         return int(((at if at is not None else time.monotonic()) - self.started) * 1000)
 
     def _settle(self, prompt: int, completion: int, *, estimated: bool, how: SettleHow) -> None:
-        self.meter.settle(
+        """Decide the call's settlement now (its latency ends here); it is journaled by
+        the connection (:class:`_Pending`), at the latest as the connection ends."""
+        settlement = Settlement.of(
             self.reserved, prompt, completion, estimated=estimated, how=how,
             status=self.status, latency_ms=self._ms(),
             first_token_ms=None if self.first is None else self._ms(self.first),
         )  # fmt: skip
+        self.pending.hold(self.meter, settlement)
 
     def _estimate(self, how: SettleHow) -> None:
         """No usage came: the prompt's estimate and the completion tokens counted (the
@@ -617,7 +743,9 @@ class _Call:
         completion = self.counted if how != "upstream-failed" else 0
         self._settle(self.reserved.prompt_estimate, completion, estimated=True, how=how)
 
-    def run(self) -> None:
+    def run(self, pending: _Pending) -> None:
+        """Send, relay, and leave the call's settlement with ``pending``."""
+        self.pending = pending
         url = urlsplit(self.endpoint.url)
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.endpoint.api_key:
@@ -752,16 +880,27 @@ def _no_delay(sock: socket.socket | None) -> None:
 
 
 def _read_request(
-    conn: socket.socket, http: h11.Connection
+    conn: socket.socket, http: h11.Connection, pending: _Pending
 ) -> tuple[h11.Request | None, bytes | None]:
-    """The next request and its body (None when over :data:`MAX_BODY`)."""
+    """The next request and its body (None when over :data:`MAX_BODY`). A settlement
+    pending waits for it at most :data:`SETTLE_DELAY_S`, then is journaled alone."""
     request: h11.Request | None = None
     chunks: list[bytes] = []
     size = 0
     while True:
         event = http.next_event()
         if event is h11.NEED_DATA:
-            data = conn.recv(65536)
+            if pending:
+                conn.settimeout(SETTLE_DELAY_S)
+                try:
+                    data = conn.recv(65536)
+                except TimeoutError:
+                    pending.flush()
+                    continue
+                finally:
+                    conn.settimeout(_IDLE_TIMEOUT)
+            else:
+                data = conn.recv(65536)
             http.receive_data(data)
             continue
         if isinstance(event, h11.Request):
