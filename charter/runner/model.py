@@ -399,7 +399,10 @@ class ModelMeter:
         return self.settle_pending(pending)
 
     def settle_pending(self, pending: Settlement) -> ModelCallSettled | None:
-        """Journal ``pending`` on its own (None when it was settled already)."""
+        """Journal ``pending`` on its own (None when it was settled already, by this
+        door or a later incarnation's recovery)."""
+        if pending.done:
+            return None
         self._commit(pending)
         return pending.event if pending.committed else None
 
@@ -407,6 +410,8 @@ class ModelMeter:
         """Settle ``pending`` (once: it is ``done`` after this, whatever happened), with
         ``carry`` in the same append when the charge commits; whether it was carried.
         The reservation is given back only after the charge commits."""
+        if pending.done:  # tried once already: never charged (or given back) twice
+            return False
         reserved, settled = pending.reserved, pending.event
         pending.done = True
         stream = model_call_stream(reserved.call)

@@ -330,6 +330,60 @@ def test_sixteen_concurrent_calls_on_one_lease_never_overspend_it(
         clean(charter)  # no reservation ever held more than the lease had left
 
 
+# A call on a connection it keeps open, then a streamed call on a second one (the
+# server holds it after one token); then both close.
+KEPT_OPEN = (
+    PRELUDE
+    + """
+def call(conn, content, stream):
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}],
+                       "max_tokens": 4, "stream": stream})
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    r.read()
+    return r.status
+first = charter_door.ModelConnection(timeout=120)
+one = call(first, "one", False)
+second = charter_door.ModelConnection(timeout=120)
+two = call(second, "two", True)
+first.close()
+second.close()
+charter_door.Door().result(json.dumps([one, two]))
+"""
+)
+
+
+def test_an_answered_calls_settlement_is_journaled_while_its_connection_idles(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # The first call's settlement waits for its connection's next reservation to carry
+    # it; none comes, so it is journaled on its own: while that connection is still
+    # open (the worker closes it only after the held second call ends).
+    hold = threading.Event()
+    with (
+        model_server(Behaviour(length=4, hold=hold, hold_after=1)) as (url, server),
+        initialise(journal_url, tmp_path / "home") as charter,
+    ):
+        worker = one_caller(charter, 10_000, KEPT_OPEN)
+        try:
+            with running(model_cell(charter, state_dir, ModelEndpoint(url))) as cell:
+                wait_for(lambda: len(server.seen) == 2, "the second call reached the server")
+                wait_for(lambda: bool(of_type(charter, ModelCallSettled)), "a settlement")
+                (first,) = of_type(charter, ModelCallSettled)
+                assert not hold.is_set()  # the second call is still held: both are open
+                hold.set()
+                until_idle(cell)
+        finally:
+            hold.set()
+        assert results(charter)[worker] == [200, 200]
+        reserved = of_type(charter, ModelCallReserved)
+        assert first.call == reserved[0].call
+        assert (first.how, first.estimated) == ("usage", False)
+        assert (first.prompt_tokens, first.completion_tokens) == server.reported[0]
+        assert len(of_type(charter, ModelCallSettled)) == 2
+        clean(charter)
+
+
 # Reads the first argv[1] content chunks of a stream, then hangs up and exits.
 DISCONNECT = (
     PRELUDE
