@@ -160,25 +160,40 @@ def prompt_estimate(body: bytes) -> int:
     return math.ceil(len(body) / BYTES_PER_TOKEN)
 
 
+Api = Literal["chat", "responses"]
+_PATHS: dict[str, Api] = {
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/responses": "responses",
+}
+_UPSTREAM: dict[Api, str] = {"chat": "/chat/completions", "responses": "/responses"}
+
+
 @dataclass(frozen=True)
 class ChatRequest:
-    """A chat completion as the worker sent it, checked enough to meter it."""
+    """A chat completion (or a Responses call) as the worker sent it, checked enough to
+    meter it."""
 
     body: bytes
     fields: dict[str, Any]
     model: str
     stream: bool
     max_tokens: int | None
-    max_key: str  # "max_tokens" or "max_completion_tokens"
-    include_usage: bool
+    max_key: str  # "max_tokens", "max_completion_tokens" or "max_output_tokens"
+    include_usage: bool  # a Responses stream always reports its usage
+    api: Api = "chat"
 
     @classmethod
-    def parse(cls, body: bytes) -> ChatRequest:
+    def parse(cls, body: bytes, api: Api = "chat") -> ChatRequest:
         try:
             fields = json.loads(body)
         except ValueError as e:
             raise ModelRequestError("the request body is not JSON") from e
-        if not isinstance(fields, dict) or not isinstance(fields.get("messages"), list):
+        if api == "responses":
+            if not isinstance(fields, dict) or not isinstance(fields.get("input"), str | list):
+                raise ModelRequestError("a response is a JSON object with input")
+        elif not isinstance(fields, dict) or not isinstance(fields.get("messages"), list):
             raise ModelRequestError("a chat completion is a JSON object with messages")
         model = fields.get("model", "")
         if not isinstance(model, str) or len(model) > MODEL_NAME_CAP:
@@ -186,7 +201,10 @@ class ChatRequest:
         stream = fields.get("stream", False)
         if not isinstance(stream, bool):
             raise ModelRequestError("stream is true or false")
-        key = "max_completion_tokens" if "max_completion_tokens" in fields else "max_tokens"
+        if api == "responses":
+            key = "max_output_tokens"
+        else:
+            key = "max_completion_tokens" if "max_completion_tokens" in fields else "max_tokens"
         max_tokens = fields.get(key)
         if max_tokens is not None and (
             not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
@@ -194,12 +212,12 @@ class ChatRequest:
             raise ModelRequestError(f"{key} is a positive integer")
         options = fields.get("stream_options") or {}
         include = isinstance(options, dict) and options.get("include_usage") is True
-        return cls(body, fields, model, stream, max_tokens, key, include)
+        return cls(body, fields, model, stream, max_tokens, key, include or api == "responses", api)
 
     def upstream_body(self, max_tokens: int) -> bytes:
         fields = dict(self.fields)
         fields[self.max_key] = max_tokens
-        if self.stream:
+        if self.stream and self.api == "chat":
             options = dict(fields.get("stream_options") or {})
             options["include_usage"] = True
             fields["stream_options"] = options
@@ -599,8 +617,9 @@ class ModelDoor:
         if self._holder(uid) != holder:
             raise _ReplyError(403, "not-a-worker", "the worker has ended", keep=False)
         path = request.target.decode("latin-1").split("?", 1)[0].rstrip("/")
-        if request.method != b"POST" or path not in ("/v1/chat/completions", "/chat/completions"):
-            raise _ReplyError(404, "not-found", "POST /v1/chat/completions only")
+        api = _PATHS.get(path)
+        if request.method != b"POST" or api is None:
+            raise _ReplyError(404, "not-found", "POST /v1/chat/completions or /v1/responses only")
         if body is None:
             raise _ReplyError(413, "too-large", f"a body is at most {MAX_BODY} B", keep=False)
         meter = self._meter()
@@ -608,7 +627,7 @@ class ModelDoor:
             reason = ModelNotConfiguredError.reason
             raise _ReplyError(503, reason, "the model door is not attached to a cell")
         try:
-            chat = ChatRequest.parse(body)
+            chat = ChatRequest.parse(body, api)
             if self.endpoint is None:
                 meter.refuse_unconfigured(holder[1])  # journaled once, raises
             return meter, chat, meter.reserve(holder[1], chat, pending.take(meter))
@@ -756,7 +775,7 @@ class _Call:
         if self.endpoint.api_key:
             headers["Authorization"] = f"Bearer {self.endpoint.api_key}"
         body = self.chat.upstream_body(self.reserved.max_tokens)
-        path = url.path.rstrip("/") + "/chat/completions"
+        path = url.path.rstrip("/") + _UPSTREAM[self.chat.api]
         upstream, response = None, None
         for reused in self.pool.tries():
             upstream = self.pool.take() if reused else self.pool.fresh()
@@ -842,8 +861,8 @@ class _Call:
                     if self.counted > self.reserved.max_tokens:  # past the reservation
                         self.counted = self.reserved.max_tokens  # what was relayed
                         how = "cut-at-cap"
-                        cut = _error_body("model-tokens", "cut at the lease's cap")
-                        conn.sendall(http_.send(h11.Data(data=b"data: " + cut + b"\n\n")) or b"")
+                        cut = _cut_event(self.chat.api)
+                        conn.sendall(http_.send(h11.Data(data=cut)) or b"")
                         break
                 if forward:
                     conn.sendall(http_.send(h11.Data(data=event)) or b"")
@@ -935,6 +954,18 @@ def _send(
     conn.sendall(out)
 
 
+def _cut_event(api: Api) -> bytes:
+    """The event that ends a stream cut at the lease's cap, in the API's own shape."""
+    message = "cut at the lease's cap"
+    if api == "responses":  # the Responses stream's error event
+        data = json.dumps(
+            {"type": "error", "code": "model-tokens", "message": message, "param": None,
+             "sequence_number": 0}
+        ).encode()  # fmt: skip
+        return b"event: error\ndata: " + data + b"\n\n"
+    return b"data: " + _error_body("model-tokens", message) + b"\n\n"
+
+
 def _error_body(code: str, message: str, *, kind: str = "charter_refused") -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
 
@@ -986,11 +1017,19 @@ def _chunk(data: bytes) -> dict[str, Any]:
 
 
 def _usage(chunk: dict[str, Any]) -> tuple[int, int] | None:
-    """``usage.prompt_tokens`` and ``usage.completion_tokens`` of an answer or chunk."""
+    """``usage.prompt_tokens`` and ``usage.completion_tokens`` of an answer or chunk; of
+    a Responses answer (or its stream's ``response.completed`` event, under
+    ``response``), ``usage.input_tokens`` and ``usage.output_tokens``."""
     usage = chunk.get("usage")
+    inner = chunk.get("response")
+    if usage is None and isinstance(inner, dict):
+        usage = inner.get("usage")
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if "input_tokens" in usage and "prompt_tokens" not in usage:
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    else:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if not (isinstance(prompt, int) and isinstance(completion, int)):
         return None
     if prompt < 0 or completion < 0 or isinstance(prompt, bool) or isinstance(completion, bool):
@@ -999,7 +1038,12 @@ def _usage(chunk: dict[str, Any]) -> tuple[int, int] | None:
 
 
 def _has_content(chunk: dict[str, Any]) -> bool:
-    """Whether a chunk carries generated text or a tool call (counted as one token)."""
+    """Whether a chunk carries generated text or a tool call (counted as one token): a
+    choice's delta, or a Responses stream's ``*.delta`` event (text, refusal, reasoning,
+    a function call's arguments)."""
+    kind = chunk.get("type")
+    if isinstance(kind, str) and kind.endswith(".delta"):
+        return bool(chunk.get("delta"))
     for choice in chunk.get("choices") or ():
         delta = choice.get("delta") if isinstance(choice, dict) else None
         if isinstance(delta, dict) and (
