@@ -450,8 +450,6 @@ class ModelMeter:
         amount = Budget(tokens=tokens, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0)
         try:
             self._cell.budgets.record_usage(reserved.lineage, amount, then=also)
-            pending.committed = True
-            return carry is not None
         except ModelCallSettledError:
             return False
         except CharterError:
@@ -462,6 +460,9 @@ class ModelMeter:
                     self._cell.applied(journal.append([settled], expect={stream: 1}))
             pending.committed = True
             return False
+        else:
+            pending.committed = True
+            return carry is not None
         finally:
             self._release(reserved.lineage, reserved.reserved)
 

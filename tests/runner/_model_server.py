@@ -139,7 +139,6 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             return  # the door hung up (a cut, a client gone)
 
-
     def _responses(self, body: dict[str, Any], n: int, prompt: int) -> None:
         b = self.behaviour
         usage = {
