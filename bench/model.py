@@ -6,8 +6,11 @@ keep-alive connection, timing each call (non-streamed: the whole answer; streame
 time to its first token, then the rest read). The baseline is the same client code
 making the same N calls straight to the same loopback server (the tests' own
 OpenAI-compatible server, stdlib http.server) from the host. Reported: p50 and p90 of
-each, and the door's added p50 (target <= 2 ms), non-streamed and time-to-first-token.
-The journal is SQLite (a WAL commit per reservation and per settlement).
+each, and the door's added p50 (target <= 2 ms), non-streamed and time-to-first-token;
+and the CPU the door's thread spends per call (thread time in the door's request
+handler: reading, reserving, forwarding, relaying, settling), which a loaded machine
+inflates less than it does wall-clock figures. The journal is SQLite (a WAL commit per
+call: each reservation carries the connection's previous settlement).
 
 Run as root with bubblewrap: ``python3 bench/model.py [--calls N]``. Exits 1 when a
 target is missed.
@@ -23,6 +26,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,6 +37,7 @@ from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import Ceiling, WorkerSpec
 from charter.core import Budget, KeyStore
 from charter.runner import run_cell
+from charter.runner import model as _model
 from charter.runner.model import configure_endpoint
 from tests.runner._model_server import Behaviour, model_server
 
@@ -105,6 +110,25 @@ def _direct(url: str, n: int) -> dict[str, list[float]]:
     }
 
 
+def _timed_requests(cpu: list[float]) -> Callable[[], None]:
+    """Record the door thread's CPU (ms) per request in ``cpu``; returns the undo."""
+    served = _model.ModelDoor._one_request
+
+    def timed(self: _model.ModelDoor, *args: Any, **kwargs: Any) -> bool:
+        start = time.thread_time()
+        try:
+            return served(self, *args, **kwargs)
+        finally:
+            cpu.append((time.thread_time() - start) * 1000)
+
+    _model.ModelDoor._one_request = timed  # type: ignore[method-assign]
+
+    def undo() -> None:
+        _model.ModelDoor._one_request = served  # type: ignore[method-assign]
+
+    return undo
+
+
 def _through_door(url: str, n: int, state: Path) -> dict[str, list[float]]:
     home = Path(tempfile.mkdtemp(prefix="bench-model-"))
     charter, _ = Charter.initialise(
@@ -164,17 +188,30 @@ def main() -> int:
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="bench-model-state-"))
     state.chmod(0o755)
+    cpu: list[float] = []
     with model_server(Behaviour(length=8)) as (url, _):
         direct = _direct(url, args.calls)
-        door = _through_door(url, args.calls, state)
+        undo = _timed_requests(cpu)
+        try:
+            door = _through_door(url, args.calls, state)
+        finally:
+            undo()
     commit = _figures(_raw_commits(args.calls))
-    report: dict[str, Any] = {"calls": args.calls, "raw_sqlite_commit_ms": commit}
+    report: dict[str, Any] = {
+        "calls": args.calls,
+        "load_average": round(os.getloadavg()[0], 2),
+        "raw_sqlite_commit_ms": commit,
+    }
+    # The door served each connection's calls, then saw its end (one more request
+    # read, nothing served): the whole calls first, then the streamed.
+    served = {"whole": cpu[: args.calls], "first_token": cpu[args.calls + 1 : 2 * args.calls + 1]}
     for kind in ("whole", "first_token"):
         d, m = _figures(direct[kind]), _figures(door[kind])
         report[kind] = {
             "direct_ms": d,
             "door_ms": m,
             "added_p50_ms": round(m["p50"] - d["p50"], 3),
+            "door_cpu_per_call_ms": _figures(served[kind]),
         }
     print(json.dumps(report, indent=2))
     missed = [k for k in ("whole", "first_token") if report[k]["added_p50_ms"] > TARGET_MS]

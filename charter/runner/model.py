@@ -3,27 +3,31 @@ metered against its lease's tokens (docs/model-door.md).
 
 A unix socket bound into every sandbox at ``/run/charter/model.sock``
 (``CHARTER_MODEL_SOCKET``), beside the door's, speaking HTTP/1.1 (h11):
-``POST /v1/chat/completions``, streamed (``"stream": true``, server-sent events) or not.
-The peer is identified exactly as at the door (its host uid and cgroup, by the kernel;
-the door's registration and connection allowance), and the call forwarded to the one
-endpoint the operator configured (``charter model configure``) with the API key Charter
-holds: no key is ever in a sandbox.
+``POST /v1/chat/completions`` and ``POST /v1/responses`` (the Responses shape), streamed
+(``"stream": true``, server-sent events) or not. The peer is identified exactly as at
+the door (its host uid and cgroup, by the kernel; the door's registration and
+connection allowance), and the call forwarded to the one endpoint the operator
+configured (``charter model configure``) with the API key Charter holds: no key is ever
+in a sandbox.
 
 Each call, in order:
 
 1. its reservation, ``ceil(body bytes / 4)`` (the prompt's estimate) + ``max_tokens``
-   (the worker's, else :data:`DEFAULT_MAX_TOKENS` cut to what is left), is checked
-   against the lease's tokens left net of the worker's calls in flight, under the
-   lease's lock, and journaled (``ModelCallReserved``) **before** anything is sent; a
-   lease that cannot cover it is refused (429, ``model-tokens``, journaled once per
-   lease as ``ModelCallRefused``);
-2. the call is sent with ``max_tokens`` set to the reservation's (and, streamed,
-   ``stream_options.include_usage``); a stream whose counted tokens (one per content
-   chunk) pass it is cut;
+   (``max_output_tokens``; the worker's, else :data:`DEFAULT_MAX_TOKENS` cut to what is
+   left), is checked against the lease's tokens left net of the worker's calls in
+   flight, under the lease's lock, and journaled (``ModelCallReserved``) **before**
+   anything is sent; a lease that cannot cover it is refused (429, ``model-tokens``,
+   journaled once per lease as ``ModelCallRefused``);
+2. the call is sent with ``max_tokens`` set to the reservation's (and, a streamed chat
+   completion, ``stream_options.include_usage``); a stream whose counted tokens (one per
+   content chunk or delta event) pass it is cut;
 3. it is settled once, in one append: ``UsageRecorded`` (tokens) and
    ``ModelCallSettled``, pinned to the call's stream so a second settlement cannot
    commit, from the server's reported usage, or as an estimate flagged so (cut at the
-   cap, client gone, no usage, server failed, or the cell restarted: ``recover``).
+   cap, client gone, no usage, server failed, or the cell restarted: ``recover``). The
+   settlement is decided when the answer ends and rides in the same connection's next
+   reservation (one commit for both); without one within :data:`SETTLE_DELAY_S`, before
+   a refusal, or as the connection ends, it is appended alone.
 
 A worker's end waits for its calls to settle: the door's ``unregister`` (before the cell
 returns the lease) hangs up the model connections of the sandbox and waits for their
@@ -77,6 +81,8 @@ __all__ = [
     "ModelDoor",
     "ModelEndpoint",
     "ModelMeter",
+    "SETTLE_DELAY_S",
+    "Settlement",
     "configure_endpoint",
     "load_endpoint",
     "prompt_estimate",
