@@ -36,8 +36,8 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import Ceiling, WorkerSpec
 from charter.core import Budget, KeyStore
-from charter.runner import run_cell
 from charter.runner import model as _model
+from charter.runner import run_cell
 from charter.runner.model import configure_endpoint
 from tests.runner._model_server import Behaviour, model_server
 

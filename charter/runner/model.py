@@ -299,7 +299,7 @@ class ModelMeter:
             return self._reserve(lineage, request, after)
         finally:
             if after is not None and not after.done:
-                self.settle_pending(after)
+                self.settle(after)
 
     def _reserve(
         self, lineage: str, request: ChatRequest, after: Settlement | None
@@ -401,30 +401,11 @@ class ModelMeter:
                 self._cell.applied(self._cell.journal.append([refusal]))
         raise error
 
-    def settle(
-        self,
-        reserved: ModelCallReserved,
-        prompt: int,
-        completion: int,
-        *,
-        estimated: bool,
-        how: SettleHow | Literal["recovered"],
-        status: int,
-        latency_ms: int,
-        first_token_ms: int | None = None,
-    ) -> ModelCallSettled | None:
-        """Charge the call's tokens and journal its settlement in one append, pinned to
-        the call's stream (None when it was settled already: never twice). The
-        reservation is given back only after the charge commits."""
-        pending = Settlement.of(
-            reserved, prompt, completion, estimated=estimated, how=how, status=status,
-            latency_ms=latency_ms, first_token_ms=first_token_ms,
-        )  # fmt: skip
-        return self.settle_pending(pending)
-
-    def settle_pending(self, pending: Settlement) -> ModelCallSettled | None:
-        """Journal ``pending`` on its own (None when it was settled already, by this
-        door or a later incarnation's recovery)."""
+    def settle(self, pending: Settlement) -> ModelCallSettled | None:
+        """Charge the call's tokens and journal its settlement in one append, on its
+        own, pinned to the call's stream (None when it was settled already, by this door
+        or a later incarnation's recovery: never twice). The reservation is given back
+        only after the charge commits."""
         if pending.done:
             return None
         self._commit(pending)
@@ -496,10 +477,11 @@ class ModelMeter:
         for call in reserved.values():
             with self._guard:
                 self._inflight[lineage] = self._inflight.get(lineage, 0) + call.reserved
-            done = self.settle(
+            whole = Settlement.of(
                 call, call.prompt_estimate, call.max_tokens,
                 estimated=True, how="recovered", status=0, latency_ms=0,
             )  # fmt: skip
+            done = self.settle(whole)
             settled += done is not None
         return settled
 
@@ -683,14 +665,14 @@ class _Pending:
         if held is None:
             return None
         if held[0] is not meter:  # another cell's meter (a re-attached door): alone
-            held[0].settle_pending(held[1])
+            held[0].settle(held[1])
             return None
         return held[1]
 
     def flush(self) -> None:
         held, self._held = self._held, None
         if held is not None:
-            held[0].settle_pending(held[1])
+            held[0].settle(held[1])
 
 
 class _Pool:

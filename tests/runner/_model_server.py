@@ -97,12 +97,21 @@ class _Handler(BaseHTTPRequestHandler):
                     "total_tokens": prompt + n,
                 },
             }
-            data = json.dumps(answer).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._json(answer)
+
+    def _json(self, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream_head(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
 
     def _chunk(self, payload: dict[str, Any], event: str | None = None) -> None:
         data = b"data: " + json.dumps(payload).encode() + b"\n\n"
@@ -113,10 +122,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, body: dict[str, Any], n: int, prompt: int) -> None:
         b = self.behaviour
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+        self._stream_head()
         base = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "model": "test"}
         try:
             self._chunk({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
@@ -160,17 +166,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not body.get("stream"):
             with b.lock:
                 b.reported.append((prompt, n))
-            data = json.dumps(whole).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._json(whole)
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+        self._stream_head()
         started = {**whole, "status": "in_progress", "output": [], "usage": None}
         try:
             seq = 0

@@ -91,8 +91,12 @@ def test_a_call_settles_once_and_a_second_settlement_charges_nothing(
         meter = ModelMeter(model_cell(charter, state_dir, None))
         reserved = meter.reserve(worker, ChatRequest.parse(b'{"messages": [], "max_tokens": 9}'))
         assert meter.in_flight(worker) == reserved.reserved == 9 + 9  # 34 bytes / 4 + 9
-        first = meter.settle(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
-        again = meter.settle(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
+        first = meter.settle(
+            Settlement.of(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
+        )
+        again = meter.settle(
+            Settlement.of(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
+        )
         assert first is not None
         assert again is None
         assert meter.in_flight(worker) == 0
@@ -136,7 +140,7 @@ def test_a_settlement_rides_in_the_next_reservations_append_and_counts_its_charg
             meter.reserve(worker, big, answered)
         assert answered.committed
         assert meter.in_flight(worker) == 0
-        assert meter.settle_pending(answered) is None  # never twice
+        assert meter.settle(answered) is None  # never twice
         entries = [e.event for e in charter.journal.entries()]
         settled = [e for e in entries if isinstance(e, ModelCallSettled)]
         assert [s.call for s in settled] == [first.call, second.call]
