@@ -24,6 +24,7 @@ from tests.invariants import (
 )
 from tests.runner._model_server import Behaviour, model_server
 from tests.runner.conftest import initialise
+from tests.runner.programs import PRELUDE
 from tests.runner.test_crash import _cell
 from tests.runner.test_model_door import CALLER, one_caller, wait_for
 
@@ -87,6 +88,65 @@ def test_a_call_in_flight_when_the_cell_dies_is_settled_by_the_next_one(
         history = journal_history_of(journal_url, home)
         for check in (check_history, check_workers, check_settled, check_model_calls):
             assert check(history).problems == [], check.__name__
+
+
+# Two calls on one kept-alive connection: the first answered whole, the second streamed.
+ONE_CONNECTION = (
+    PRELUDE
+    + """
+conn = charter_door.ModelConnection(timeout=300)
+for body in ({"model": "m", "messages": [{"role": "user", "content": "one two"}],
+              "max_tokens": 5},
+             {"model": "m", "messages": [{"role": "user", "content": "three"}],
+              "max_tokens": 40, "stream": True}):
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"Content-Type": "application/json"})
+    conn.getresponse().read()
+charter_door.Door().result("done")
+"""
+)
+
+
+def test_a_settlement_carried_by_the_next_reservation_survives_the_cells_death(
+    journal_url: str, tmp_path: Path
+) -> None:
+    # The first call's settlement rides in the second's reservation, which commits
+    # before the second is sent: once the second reached the server, the first is on
+    # record exactly (its usage), whatever happens next. The cell dies with the second
+    # in flight; the next incarnation recovers only that one.
+    home = tmp_path / "home"
+    hold = threading.Event()
+    with model_server(Behaviour(length=40, hold=hold, hold_after=2)) as (url, server):
+        try:
+            with initialise(journal_url, home) as charter:
+                worker = one_caller(charter, 10_000, ONE_CONNECTION)
+            configure_endpoint(home, url, None)
+            first = _cell(journal_url, home)
+            wait_for(lambda: len(server.seen) == 2, "the second call reached the server", 120)
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+            second = _cell(journal_url, home)
+            _, err = second.communicate(timeout=180)
+            assert second.returncode == 0, err
+        finally:
+            hold.set()
+        with Charter.open(journal_url, keys=KeyStore(home)) as charter:
+            entries = list(charter.journal.entries())
+    reserved = [e for e in entries if isinstance(e.event, ModelCallReserved)]
+    settled = {e.event.call: e for e in entries if isinstance(e.event, ModelCallSettled)}
+    assert len(reserved) == 2
+    one, two = (settled[r.event.call] for r in reserved)
+    assert one.batch == reserved[1].batch  # in the second's reservation's append
+    assert (one.event.how, one.event.estimated) == ("usage", False)
+    assert (one.event.prompt_tokens, one.event.completion_tokens) == server.reported[0]
+    assert (two.event.how, two.event.estimated) == ("recovered", True)
+    usage = [e.event for e in entries if isinstance(e.event, UsageRecorded)]
+    assert sum(u.amount.tokens for u in usage if u.lineage == worker) == (
+        sum(server.reported[0]) + reserved[1].event.reserved
+    )
+    history = journal_history_of(journal_url, home)
+    for check in (check_history, check_workers, check_settled, check_model_calls):
+        assert check(history).problems == [], check.__name__
 
 
 def journal_history_of(url: str, home: Path) -> list:
