@@ -5,12 +5,13 @@ A worker in a real sandbox makes N chat completions through its model door
 keep-alive connection, timing each call (non-streamed: the whole answer; streamed: the
 time to its first token, then the rest read). The baseline is the same client code
 making the same N calls straight to the same loopback server (the tests' own
-OpenAI-compatible server, stdlib http.server) from the host. Reported: p50 and p90 of
-each, and the door's added p50 (target <= 2 ms), non-streamed and time-to-first-token;
-and the CPU the door's thread spends per call (thread time in the door's request
-handler: reading, reserving, forwarding, relaying, settling), which a loaded machine
-inflates less than it does wall-clock figures. The journal is SQLite (a WAL commit per
-call: each reservation carries the connection's previous settlement).
+OpenAI-compatible server, stdlib http.server, in a process of its own) from the host.
+Reported: p50 and p90 of each, and the door's added p50 (target <= 2 ms),
+non-streamed and time-to-first-token; and the CPU the door's thread spends per call
+(thread time in the door's request handler: reading, reserving, forwarding, relaying,
+settling), which a loaded machine inflates less than it does wall-clock figures. The
+journal is SQLite (a WAL commit per call: each reservation carries the connection's
+previous settlement).
 
 Run as root with bubblewrap: ``python3 bench/model.py [--calls N]``. Exits 1 when a
 target is missed.
@@ -19,14 +20,16 @@ target is missed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,7 +42,6 @@ from charter.core import Budget, KeyStore
 from charter.runner import model as _model
 from charter.runner import run_cell
 from charter.runner.model import configure_endpoint
-from tests.runner._model_server import Behaviour, model_server
 
 ROOT_BUDGET = Budget.parse("tokens=1000M,wall=10000h,cpu=10000h,mem=100000GiB,egress=10GB")
 SLOT = Budget.parse("tokens=0,wall=600s,cpu=600s,mem=256MiB,egress=1GB")
@@ -94,6 +96,35 @@ out = {"whole": calls(charter_door.ModelConnection, n, False),
 charter_door.Door().result(json.dumps({k: [round(x, 3) for x in v] for k, v in out.items()}))
 """
 )
+
+
+# The loopback server in a process of its own (as a model server is): it shares no
+# interpreter lock with the door's threads or the direct client. Serves until its
+# stdin closes.
+SERVER = """
+import sys
+from tests.runner._model_server import Behaviour, model_server
+with model_server(Behaviour(length=8)) as (url, _):
+    print(url, flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def _server() -> Iterator[str]:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env=env, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
 
 
 def _direct(url: str, n: int) -> dict[str, list[float]]:
@@ -189,7 +220,7 @@ def main() -> int:
     state = Path(tempfile.mkdtemp(prefix="bench-model-state-"))
     state.chmod(0o755)
     cpu: list[float] = []
-    with model_server(Behaviour(length=8)) as (url, _):
+    with _server() as url:
         direct = _direct(url, args.calls)
         undo = _timed_requests(cpu)
         try:
