@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from charter.app import Charter
 from charter.budgets import LeaseReleased, UsageRecorded
 from charter.core import KeyStore
+from charter.ledger import Entry
 from charter.runner.events import ModelCallReserved, ModelCallSettled, WorkerEnded
 from charter.runner.model import configure_endpoint
 from tests.invariants import (
@@ -40,6 +42,32 @@ def _reserved(url: str, home: Path) -> list[ModelCallReserved]:
         ]
 
 
+def _killed_mid_call(
+    journal_url: str,
+    home: Path,
+    url: str,
+    sent: Callable[[], bool],
+    source: str,
+    *args: str,
+    killed: Callable[[], bool] = lambda: True,
+) -> tuple[str, list[Entry]]:
+    """One worker running ``source``; its cell SIGKILLed once ``sent`` (and ``killed``
+    holds then), and the next incarnation run to its end: the worker and the journal."""
+    with initialise(journal_url, home) as charter:
+        worker = one_caller(charter, 10_000, source, *args)
+    configure_endpoint(home, url, None)
+    first = _cell(journal_url, home)
+    wait_for(sent, "the call reached the server", 120)
+    assert killed()
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    second = _cell(journal_url, home)
+    _, err = second.communicate(timeout=180)
+    assert second.returncode == 0, err
+    with Charter.open(journal_url, keys=KeyStore(home)) as charter:
+        return worker, list(charter.journal.entries())
+
+
 def test_a_call_in_flight_when_the_cell_dies_is_settled_by_the_next_one(
     journal_url: str, tmp_path: Path
 ) -> None:
@@ -48,21 +76,12 @@ def test_a_call_in_flight_when_the_cell_dies_is_settled_by_the_next_one(
     calls = [{"content": "think hard", "stream": True, "include_usage": True, "max_tokens": 40}]
     with model_server(Behaviour(length=40, hold=hold, hold_after=2)) as (url, server):
         try:
-            with initialise(journal_url, home) as charter:
-                worker = one_caller(charter, 10_000, CALLER, json.dumps(calls))
-            configure_endpoint(home, url, None)
-            first = _cell(journal_url, home)
-            wait_for(lambda: len(server.seen) == 1, "the call reached the server", 120)
-            assert len(_reserved(journal_url, home)) == 1  # journaled before it was sent
-            first.send_signal(signal.SIGKILL)
-            first.wait(30)
-            second = _cell(journal_url, home)
-            _, err = second.communicate(timeout=180)
-            assert second.returncode == 0, err
+            worker, entries = _killed_mid_call(
+                journal_url, home, url, lambda: len(server.seen) == 1, CALLER, json.dumps(calls),
+                killed=lambda: len(_reserved(journal_url, home)) == 1,  # before it was sent
+            )  # fmt: skip
         finally:
             hold.set()
-        with Charter.open(journal_url, keys=KeyStore(home)) as charter:
-            entries = list(charter.journal.entries())
         (reserved,) = [e.event for e in entries if isinstance(e.event, ModelCallReserved)]
         settled = [
             (i, e.event) for i, e in enumerate(entries) if isinstance(e.event, ModelCallSettled)
@@ -118,20 +137,11 @@ def test_a_settlement_carried_by_the_next_reservation_survives_the_cells_death(
     hold = threading.Event()
     with model_server(Behaviour(length=40, hold=hold, hold_after=2)) as (url, server):
         try:
-            with initialise(journal_url, home) as charter:
-                worker = one_caller(charter, 10_000, ONE_CONNECTION)
-            configure_endpoint(home, url, None)
-            first = _cell(journal_url, home)
-            wait_for(lambda: len(server.seen) == 2, "the second call reached the server", 120)
-            first.send_signal(signal.SIGKILL)
-            first.wait(30)
-            second = _cell(journal_url, home)
-            _, err = second.communicate(timeout=180)
-            assert second.returncode == 0, err
+            worker, entries = _killed_mid_call(
+                journal_url, home, url, lambda: len(server.seen) == 2, ONE_CONNECTION
+            )
         finally:
             hold.set()
-        with Charter.open(journal_url, keys=KeyStore(home)) as charter:
-            entries = list(charter.journal.entries())
     reserved = [e for e in entries if isinstance(e.event, ModelCallReserved)]
     settled = {e.event.call: e for e in entries if isinstance(e.event, ModelCallSettled)}
     assert len(reserved) == 2
