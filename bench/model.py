@@ -5,9 +5,13 @@ A worker in a real sandbox makes N chat completions through its model door
 keep-alive connection, timing each call (non-streamed: the whole answer; streamed: the
 time to its first token, then the rest read). The baseline is the same client code
 making the same N calls straight to the same loopback server (the tests' own
-OpenAI-compatible server, stdlib http.server) from the host. Reported: p50 and p90 of
-each, and the door's added p50 (target <= 2 ms), non-streamed and time-to-first-token.
-The journal is SQLite (a WAL commit per reservation and per settlement).
+OpenAI-compatible server, stdlib http.server, in a process of its own) from the host.
+Reported: p50 and p90 of each, and the door's added p50 (target <= 2 ms),
+non-streamed and time-to-first-token; and the CPU the door's thread spends per call
+(thread time in the door's request handler: reading, reserving, forwarding, relaying,
+settling), which a loaded machine inflates less than it does wall-clock figures. The
+journal is SQLite (a WAL commit per call: each reservation carries the connection's
+previous settlement).
 
 Run as root with bubblewrap: ``python3 bench/model.py [--calls N]``. Exits 1 when a
 target is missed.
@@ -16,13 +20,16 @@ target is missed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,9 +39,9 @@ from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import Ceiling, WorkerSpec
 from charter.core import Budget, KeyStore
+from charter.runner import model as _model
 from charter.runner import run_cell
 from charter.runner.model import configure_endpoint
-from tests.runner._model_server import Behaviour, model_server
 
 ROOT_BUDGET = Budget.parse("tokens=1000M,wall=10000h,cpu=10000h,mem=100000GiB,egress=10GB")
 SLOT = Budget.parse("tokens=0,wall=600s,cpu=600s,mem=256MiB,egress=1GB")
@@ -91,6 +98,35 @@ charter_door.Door().result(json.dumps({k: [round(x, 3) for x in v] for k, v in o
 )
 
 
+# The loopback server in a process of its own (as a model server is): it shares no
+# interpreter lock with the door's threads or the direct client. Serves until its
+# stdin closes.
+SERVER = """
+import sys
+from tests.runner._model_server import Behaviour, model_server
+with model_server(Behaviour(length=8)) as (url, _):
+    print(url, flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def _server() -> Iterator[str]:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env=env, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
+
+
 def _direct(url: str, n: int) -> dict[str, list[float]]:
     parts = urlsplit(url)
     scope: dict[str, Any] = {}
@@ -103,6 +139,25 @@ def _direct(url: str, n: int) -> dict[str, list[float]]:
         "whole": scope["calls"](connect, n, False),
         "first_token": scope["calls"](connect, n, True),
     }
+
+
+def _timed_requests(cpu: list[float]) -> Callable[[], None]:
+    """Record the door thread's CPU (ms) per request in ``cpu``; returns the undo."""
+    served = _model.ModelDoor._one_request
+
+    def timed(self: _model.ModelDoor, *args: Any, **kwargs: Any) -> bool:
+        start = time.thread_time()
+        try:
+            return served(self, *args, **kwargs)
+        finally:
+            cpu.append((time.thread_time() - start) * 1000)
+
+    _model.ModelDoor._one_request = timed  # type: ignore[method-assign]
+
+    def undo() -> None:
+        _model.ModelDoor._one_request = served  # type: ignore[method-assign]
+
+    return undo
 
 
 def _through_door(url: str, n: int, state: Path) -> dict[str, list[float]]:
@@ -164,17 +219,30 @@ def main() -> int:
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="bench-model-state-"))
     state.chmod(0o755)
-    with model_server(Behaviour(length=8)) as (url, _):
+    cpu: list[float] = []
+    with _server() as url:
         direct = _direct(url, args.calls)
-        door = _through_door(url, args.calls, state)
+        undo = _timed_requests(cpu)
+        try:
+            door = _through_door(url, args.calls, state)
+        finally:
+            undo()
     commit = _figures(_raw_commits(args.calls))
-    report: dict[str, Any] = {"calls": args.calls, "raw_sqlite_commit_ms": commit}
+    report: dict[str, Any] = {
+        "calls": args.calls,
+        "load_average": round(os.getloadavg()[0], 2),
+        "raw_sqlite_commit_ms": commit,
+    }
+    # The door served each connection's calls, then saw its end (one more request
+    # read, nothing served): the whole calls first, then the streamed.
+    served = {"whole": cpu[: args.calls], "first_token": cpu[args.calls + 1 : 2 * args.calls + 1]}
     for kind in ("whole", "first_token"):
         d, m = _figures(direct[kind]), _figures(door[kind])
         report[kind] = {
             "direct_ms": d,
             "door_ms": m,
             "added_p50_ms": round(m["p50"] - d["p50"], 3),
+            "door_cpu_per_call_ms": _figures(served[kind]),
         }
     print(json.dumps(report, indent=2))
     missed = [k for k in ("whole", "first_token") if report[k]["added_p50_ms"] > TARGET_MS]

@@ -3,27 +3,31 @@ metered against its lease's tokens (docs/model-door.md).
 
 A unix socket bound into every sandbox at ``/run/charter/model.sock``
 (``CHARTER_MODEL_SOCKET``), beside the door's, speaking HTTP/1.1 (h11):
-``POST /v1/chat/completions``, streamed (``"stream": true``, server-sent events) or not.
-The peer is identified exactly as at the door (its host uid and cgroup, by the kernel;
-the door's registration and connection allowance), and the call forwarded to the one
-endpoint the operator configured (``charter model configure``) with the API key Charter
-holds: no key is ever in a sandbox.
+``POST /v1/chat/completions`` and ``POST /v1/responses`` (the Responses shape), streamed
+(``"stream": true``, server-sent events) or not. The peer is identified exactly as at
+the door (its host uid and cgroup, by the kernel; the door's registration and
+connection allowance), and the call forwarded to the one endpoint the operator
+configured (``charter model configure``) with the API key Charter holds: no key is ever
+in a sandbox.
 
 Each call, in order:
 
 1. its reservation, ``ceil(body bytes / 4)`` (the prompt's estimate) + ``max_tokens``
-   (the worker's, else :data:`DEFAULT_MAX_TOKENS` cut to what is left), is checked
-   against the lease's tokens left net of the worker's calls in flight, under the
-   lease's lock, and journaled (``ModelCallReserved``) **before** anything is sent; a
-   lease that cannot cover it is refused (429, ``model-tokens``, journaled once per
-   lease as ``ModelCallRefused``);
-2. the call is sent with ``max_tokens`` set to the reservation's (and, streamed,
-   ``stream_options.include_usage``); a stream whose counted tokens (one per content
-   chunk) pass it is cut;
+   (``max_output_tokens``; the worker's, else :data:`DEFAULT_MAX_TOKENS` cut to what is
+   left), is checked against the lease's tokens left net of the worker's calls in
+   flight, under the lease's lock, and journaled (``ModelCallReserved``) **before**
+   anything is sent; a lease that cannot cover it is refused (429, ``model-tokens``,
+   journaled once per lease as ``ModelCallRefused``);
+2. the call is sent with ``max_tokens`` set to the reservation's (and, a streamed chat
+   completion, ``stream_options.include_usage``); a stream whose counted tokens (one per
+   content chunk or delta event) pass it is cut;
 3. it is settled once, in one append: ``UsageRecorded`` (tokens) and
    ``ModelCallSettled``, pinned to the call's stream so a second settlement cannot
    commit, from the server's reported usage, or as an estimate flagged so (cut at the
-   cap, client gone, no usage, server failed, or the cell restarted: ``recover``).
+   cap, client gone, no usage, server failed, or the cell restarted: ``recover``). The
+   settlement is decided when the answer ends and rides in the same connection's next
+   reservation (one commit for both); without one within :data:`SETTLE_DELAY_S`, before
+   a refusal, or as the connection ends, it is appended alone.
 
 A worker's end waits for its calls to settle: the door's ``unregister`` (before the cell
 returns the lease) hangs up the model connections of the sandbox and waits for their
@@ -77,6 +81,8 @@ __all__ = [
     "ModelDoor",
     "ModelEndpoint",
     "ModelMeter",
+    "SETTLE_DELAY_S",
+    "Settlement",
     "configure_endpoint",
     "load_endpoint",
     "prompt_estimate",
@@ -94,6 +100,9 @@ MAX_CONNECTIONS = 16  # per worker at a time (each holds a thread here)
 JOURNAL_BLOCK = 32 * 1024
 """Journal bytes the model door charges a lease's allowance at a time (docs/door.md)."""
 _IDLE_TIMEOUT = 300.0  # a model may think for minutes before its first byte
+SETTLE_DELAY_S = 0.05
+"""How long an answered call's settlement waits for the connection's next reservation
+to carry it (one commit for both) before it is appended on its own."""
 _DRAIN_S = 5.0
 _KEPT = 16  # idle connections kept to the model endpoint
 _ENDPOINT_FILE = "model-endpoint.json"
@@ -157,25 +166,40 @@ def prompt_estimate(body: bytes) -> int:
     return math.ceil(len(body) / BYTES_PER_TOKEN)
 
 
+Api = Literal["chat", "responses"]
+_PATHS: dict[str, Api] = {
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/responses": "responses",
+}
+_UPSTREAM: dict[Api, str] = {"chat": "/chat/completions", "responses": "/responses"}
+
+
 @dataclass(frozen=True)
 class ChatRequest:
-    """A chat completion as the worker sent it, checked enough to meter it."""
+    """A chat completion (or a Responses call) as the worker sent it, checked enough to
+    meter it."""
 
     body: bytes
     fields: dict[str, Any]
     model: str
     stream: bool
     max_tokens: int | None
-    max_key: str  # "max_tokens" or "max_completion_tokens"
-    include_usage: bool
+    max_key: str  # "max_tokens", "max_completion_tokens" or "max_output_tokens"
+    include_usage: bool  # a Responses stream always reports its usage
+    api: Api = "chat"
 
     @classmethod
-    def parse(cls, body: bytes) -> ChatRequest:
+    def parse(cls, body: bytes, api: Api = "chat") -> ChatRequest:
         try:
             fields = json.loads(body)
         except ValueError as e:
             raise ModelRequestError("the request body is not JSON") from e
-        if not isinstance(fields, dict) or not isinstance(fields.get("messages"), list):
+        if api == "responses":
+            if not isinstance(fields, dict) or not isinstance(fields.get("input"), str | list):
+                raise ModelRequestError("a response is a JSON object with input")
+        elif not isinstance(fields, dict) or not isinstance(fields.get("messages"), list):
             raise ModelRequestError("a chat completion is a JSON object with messages")
         model = fields.get("model", "")
         if not isinstance(model, str) or len(model) > MODEL_NAME_CAP:
@@ -183,7 +207,10 @@ class ChatRequest:
         stream = fields.get("stream", False)
         if not isinstance(stream, bool):
             raise ModelRequestError("stream is true or false")
-        key = "max_completion_tokens" if "max_completion_tokens" in fields else "max_tokens"
+        if api == "responses":
+            key = "max_output_tokens"
+        else:
+            key = "max_completion_tokens" if "max_completion_tokens" in fields else "max_tokens"
         max_tokens = fields.get(key)
         if max_tokens is not None and (
             not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
@@ -191,12 +218,12 @@ class ChatRequest:
             raise ModelRequestError(f"{key} is a positive integer")
         options = fields.get("stream_options") or {}
         include = isinstance(options, dict) and options.get("include_usage") is True
-        return cls(body, fields, model, stream, max_tokens, key, include)
+        return cls(body, fields, model, stream, max_tokens, key, include or api == "responses", api)
 
     def upstream_body(self, max_tokens: int) -> bytes:
         fields = dict(self.fields)
         fields[self.max_key] = max_tokens
-        if self.stream:
+        if self.stream and self.api == "chat":
             options = dict(fields.get("stream_options") or {})
             options["include_usage"] = True
             fields["stream_options"] = options
@@ -204,6 +231,43 @@ class ChatRequest:
 
 
 # -- reservation and settlement ----------------------------------------------------
+
+
+@dataclass
+class Settlement:
+    """A call's settlement, decided when its answer ended: journaled once (``done``
+    once it was tried; ``committed`` once it is on record)."""
+
+    reserved: ModelCallReserved
+    event: ModelCallSettled
+    done: bool = False
+    committed: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        reserved: ModelCallReserved,
+        prompt: int,
+        completion: int,
+        *,
+        estimated: bool,
+        how: SettleHow | Literal["recovered"],
+        status: int,
+        latency_ms: int,
+        first_token_ms: int | None = None,
+    ) -> Settlement:
+        event = ModelCallSettled(
+            call=reserved.call,
+            lineage=reserved.lineage,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            estimated=estimated,
+            how=how,
+            status=status,
+            latency_ms=latency_ms,
+            first_token_ms=first_token_ms,
+        )
+        return cls(reserved, event)
 
 
 class ModelMeter:
@@ -221,9 +285,25 @@ class ModelMeter:
         with self._guard:
             return self._inflight.get(lineage, 0)
 
-    def reserve(self, lineage: str, request: ChatRequest) -> ModelCallReserved:
+    def reserve(
+        self, lineage: str, request: ChatRequest, after: Settlement | None = None
+    ) -> ModelCallReserved:
         """Hold the call's tokens against ``lineage``'s lease (net of its calls in
-        flight) and journal the reservation, or refuse (journaled once per lease)."""
+        flight) and journal the reservation, or refuse (journaled once per lease).
+
+        ``after``, an answered call of the same lease not yet settled (the connection's
+        previous one), is settled first, in the reservation's own append when it can be
+        (one commit for both), else on its own: always exactly once, whether this call
+        is reserved or refused. Its tokens, not its reservation, count against this one."""
+        try:
+            return self._reserve(lineage, request, after)
+        finally:
+            if after is not None and not after.done:
+                self.settle(after)
+
+    def _reserve(
+        self, lineage: str, request: ChatRequest, after: Settlement | None
+    ) -> ModelCallReserved:
         cell = self._cell
         estimate = prompt_estimate(request.body)
         allowance = cell.journal_allowance
@@ -233,6 +313,10 @@ class ModelMeter:
                 remaining = cell.resources.book.remaining(lineage, now_ms())
             tokens = remaining.tokens
             left = tokens - self.in_flight(lineage)
+            if after is not None:  # settled before this one: its charge, not its hold
+                assert after.reserved.lineage == lineage
+                left += after.reserved.reserved - after.event.prompt_tokens
+                left -= after.event.completion_tokens
             max_tokens = request.max_tokens
             if max_tokens is None:
                 max_tokens = min(DEFAULT_MAX_TOKENS, left - estimate)
@@ -264,8 +348,10 @@ class ModelMeter:
             with self._guard:  # held before the append: never counted from one total twice
                 self._inflight[lineage] = self._inflight.get(lineage, 0) + need
             try:
-                with cell.changed:
-                    cell.applied(cell.journal.append([reserved]))
+                carried = after is not None and self._commit(after, carry=reserved)
+                if not carried:
+                    with cell.changed:
+                        cell.applied(cell.journal.append([reserved]))
             except BaseException:
                 self._release(lineage, need)  # not journaled: nothing is sent
                 raise
@@ -315,56 +401,57 @@ class ModelMeter:
                 self._cell.applied(self._cell.journal.append([refusal]))
         raise error
 
-    def settle(
-        self,
-        reserved: ModelCallReserved,
-        prompt: int,
-        completion: int,
-        *,
-        estimated: bool,
-        how: SettleHow | Literal["recovered"],
-        status: int,
-        latency_ms: int,
-        first_token_ms: int | None = None,
-    ) -> ModelCallSettled | None:
-        """Charge the call's tokens and journal its settlement in one append, pinned to
-        the call's stream (None when it was settled already: never twice). The
-        reservation is given back only after the charge commits."""
-        settled = ModelCallSettled(
-            call=reserved.call,
-            lineage=reserved.lineage,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            estimated=estimated,
-            how=how,
-            status=status,
-            latency_ms=latency_ms,
-            first_token_ms=first_token_ms,
-        )
+    def settle(self, pending: Settlement) -> ModelCallSettled | None:
+        """Charge the call's tokens and journal its settlement in one append, on its
+        own, pinned to the call's stream (None when it was settled already, by this door
+        or a later incarnation's recovery: never twice). The reservation is given back
+        only after the charge commits."""
+        if pending.done:
+            return None
+        self._commit(pending)
+        return pending.event if pending.committed else None
+
+    def _commit(self, pending: Settlement, carry: ModelCallReserved | None = None) -> bool:
+        """Settle ``pending`` (once: it is ``done`` after this, whatever happened), with
+        ``carry`` in the same append when the charge commits; whether it was carried.
+        The reservation is given back only after the charge commits."""
+        if pending.done:  # tried once already: never charged (or given back) twice
+            return False
+        reserved, settled = pending.reserved, pending.event
+        pending.done = True
         stream = model_call_stream(reserved.call)
         journal = self._cell.journal
+        extra: list[Event] = [] if carry is None else [carry]
+        tries = 0
 
         def also() -> tuple[list[Event], dict[str, int]]:
-            if journal.stream_version(stream) != 1:
+            # Pinned to the stream being at its reservation: the first try assumes so
+            # (a settled call's pin conflicts, and the retry reads it and stops).
+            nonlocal tries
+            tries += 1
+            if tries > 1 and journal.stream_version(stream) != 1:
                 raise ModelCallSettledError(f"model call {reserved.call} is settled already")
-            return [settled], {stream: 1}
+            return [settled, *extra], {stream: 1}
 
-        amount = Budget(
-            tokens=prompt + completion, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0
-        )
+        tokens = settled.prompt_tokens + settled.completion_tokens
+        amount = Budget(tokens=tokens, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0)
         try:
             self._cell.budgets.record_usage(reserved.lineage, amount, then=also)
         except ModelCallSettledError:
-            return None
+            return False
         except CharterError:
             # The lease ended first (its refusal is journaled): the call is still
             # settled, so its tokens are on record, charged or not.
             with contextlib.suppress(CharterError), self._cell.changed:
                 if journal.stream_version(stream) == 1:
                     self._cell.applied(journal.append([settled], expect={stream: 1}))
+            pending.committed = True
+            return False
+        else:
+            pending.committed = True
+            return carry is not None
         finally:
             self._release(reserved.lineage, reserved.reserved)
-        return settled
 
     def _release(self, lineage: str, tokens: int) -> None:
         with self._guard:
@@ -390,10 +477,11 @@ class ModelMeter:
         for call in reserved.values():
             with self._guard:
                 self._inflight[lineage] = self._inflight.get(lineage, 0) + call.reserved
-            done = self.settle(
+            whole = Settlement.of(
                 call, call.prompt_estimate, call.max_tokens,
                 estimated=True, how="recovered", status=0, latency_ms=0,
             )  # fmt: skip
+            done = self.settle(whole)
             settled += done is not None
         return settled
 
@@ -470,13 +558,17 @@ class ModelDoor:
             self._conns[conn] = (holder, upstreams)
         conn.settimeout(_IDLE_TIMEOUT)
         http = h11.Connection(h11.SERVER)
+        pending = _Pending()
         try:
             with contextlib.suppress(OSError, h11.ProtocolError, _GoneError):
-                while self._one_request(conn, http, uid, holder, upstreams):
+                while self._one_request(conn, http, uid, holder, upstreams, pending):
                     http.start_next_cycle()
         finally:
-            with self._lock:
-                self._conns.pop(conn, None)
+            try:
+                pending.flush()  # the connection's last call: settled before it ends
+            finally:
+                with self._lock:
+                    self._conns.pop(conn, None)
 
     def _one_request(
         self,
@@ -485,29 +577,38 @@ class ModelDoor:
         uid: int,
         holder: _Holder,
         upstreams: list[socket.socket],
+        pending: _Pending,
     ) -> bool:
         """Serve one request; False when the connection is to close."""
-        request, body = _read_request(conn, http)
+        request, body = _read_request(conn, http, pending)
         if request is None:
             return False
         try:
-            meter, chat, reserved = self._admit(request, body, uid, holder)
+            meter, chat, reserved = self._admit(request, body, uid, holder, pending)
         except _ReplyError as e:
+            pending.flush()  # a refusal carries no settlement: the last call's goes first
             _send(conn, http, e.status, e.body)
             return e.keep and http.our_state is h11.DONE
         assert self.endpoint is not None  # _admit refused the call otherwise
-        _Call(self.endpoint, meter, reserved, chat, conn, http, upstreams, self._pool).run()
+        call = _Call(self.endpoint, meter, reserved, chat, conn, http, upstreams, self._pool)
+        call.run(pending)  # its settlement is left with ``pending``
         return http.our_state is h11.DONE
 
     def _admit(
-        self, request: h11.Request, body: bytes | None, uid: int, holder: _Holder
+        self,
+        request: h11.Request,
+        body: bytes | None,
+        uid: int,
+        holder: _Holder,
+        pending: _Pending,
     ) -> tuple[ModelMeter, ChatRequest, ModelCallReserved]:
         """The call parsed and reserved, or the reply that refuses it."""
         if self._holder(uid) != holder:
             raise _ReplyError(403, "not-a-worker", "the worker has ended", keep=False)
         path = request.target.decode("latin-1").split("?", 1)[0].rstrip("/")
-        if request.method != b"POST" or path not in ("/v1/chat/completions", "/chat/completions"):
-            raise _ReplyError(404, "not-found", "POST /v1/chat/completions only")
+        api = _PATHS.get(path)
+        if request.method != b"POST" or api is None:
+            raise _ReplyError(404, "not-found", "POST /v1/chat/completions or /v1/responses only")
         if body is None:
             raise _ReplyError(413, "too-large", f"a body is at most {MAX_BODY} B", keep=False)
         meter = self._meter()
@@ -515,10 +616,10 @@ class ModelDoor:
             reason = ModelNotConfiguredError.reason
             raise _ReplyError(503, reason, "the model door is not attached to a cell")
         try:
-            chat = ChatRequest.parse(body)
+            chat = ChatRequest.parse(body, api)
             if self.endpoint is None:
                 meter.refuse_unconfigured(holder[1])  # journaled once, raises
-            return meter, chat, meter.reserve(holder[1], chat)
+            return meter, chat, meter.reserve(holder[1], chat, pending.take(meter))
         except ModelRequestError as e:
             raise _ReplyError(400, "invalid-request", str(e)) from e
         except ModelTokensError as e:
@@ -538,6 +639,40 @@ class _ReplyError(Exception):
     ) -> None:  # fmt: skip
         super().__init__(message)
         self.status, self.body, self.keep = status, _error_body(code, message, kind=kind), keep
+
+
+class _Pending:
+    """A connection's answered call whose settlement is not yet journaled: carried by
+    the connection's next reservation (one commit for both), else appended on its own
+    after :data:`SETTLE_DELAY_S` without one, before a refusal is answered, and as the
+    connection ends (a worker's end waits for that: ``ModelDoor.drain``). A cell that
+    dies in between left the call reserved and unsettled, which the next incarnation
+    settles (``recovered``)."""
+
+    def __init__(self) -> None:
+        self._held: tuple[ModelMeter, Settlement] | None = None
+
+    def __bool__(self) -> bool:
+        return self._held is not None
+
+    def hold(self, meter: ModelMeter, settlement: Settlement) -> None:
+        self.flush()  # at most one: a call's is settled before the next is held
+        self._held = (meter, settlement)
+
+    def take(self, meter: ModelMeter) -> Settlement | None:
+        """The settlement for a reservation by ``meter`` to carry (it settles it)."""
+        held, self._held = self._held, None
+        if held is None:
+            return None
+        if held[0] is not meter:  # another cell's meter (a re-attached door): alone
+            held[0].settle(held[1])
+            return None
+        return held[1]
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held[0].settle(held[1])
 
 
 class _Pool:
@@ -600,16 +735,20 @@ class _Call:
         self.counted = 0  # completion tokens counted (one per content chunk)
         self.status = 0
         self.whole = False  # the server's answer was read to its end
+        self.pending = _Pending()  # the connection's, from run()
 
     def _ms(self, at: float | None = None) -> int:
         return int(((at if at is not None else time.monotonic()) - self.started) * 1000)
 
     def _settle(self, prompt: int, completion: int, *, estimated: bool, how: SettleHow) -> None:
-        self.meter.settle(
+        """Decide the call's settlement now (its latency ends here); it is journaled by
+        the connection (:class:`_Pending`), at the latest as the connection ends."""
+        settlement = Settlement.of(
             self.reserved, prompt, completion, estimated=estimated, how=how,
             status=self.status, latency_ms=self._ms(),
             first_token_ms=None if self.first is None else self._ms(self.first),
         )  # fmt: skip
+        self.pending.hold(self.meter, settlement)
 
     def _estimate(self, how: SettleHow) -> None:
         """No usage came: the prompt's estimate and the completion tokens counted (the
@@ -617,13 +756,15 @@ class _Call:
         completion = self.counted if how != "upstream-failed" else 0
         self._settle(self.reserved.prompt_estimate, completion, estimated=True, how=how)
 
-    def run(self) -> None:
+    def run(self, pending: _Pending) -> None:
+        """Send, relay, and leave the call's settlement with ``pending``."""
+        self.pending = pending
         url = urlsplit(self.endpoint.url)
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.endpoint.api_key:
             headers["Authorization"] = f"Bearer {self.endpoint.api_key}"
         body = self.chat.upstream_body(self.reserved.max_tokens)
-        path = url.path.rstrip("/") + "/chat/completions"
+        path = url.path.rstrip("/") + _UPSTREAM[self.chat.api]
         upstream, response = None, None
         for reused in self.pool.tries():
             upstream = self.pool.take() if reused else self.pool.fresh()
@@ -709,8 +850,8 @@ class _Call:
                     if self.counted > self.reserved.max_tokens:  # past the reservation
                         self.counted = self.reserved.max_tokens  # what was relayed
                         how = "cut-at-cap"
-                        cut = _error_body("model-tokens", "cut at the lease's cap")
-                        conn.sendall(http_.send(h11.Data(data=b"data: " + cut + b"\n\n")) or b"")
+                        cut = _cut_event(self.chat.api)
+                        conn.sendall(http_.send(h11.Data(data=cut)) or b"")
                         break
                 if forward:
                     conn.sendall(http_.send(h11.Data(data=event)) or b"")
@@ -752,16 +893,27 @@ def _no_delay(sock: socket.socket | None) -> None:
 
 
 def _read_request(
-    conn: socket.socket, http: h11.Connection
+    conn: socket.socket, http: h11.Connection, pending: _Pending
 ) -> tuple[h11.Request | None, bytes | None]:
-    """The next request and its body (None when over :data:`MAX_BODY`)."""
+    """The next request and its body (None when over :data:`MAX_BODY`). A settlement
+    pending waits for it at most :data:`SETTLE_DELAY_S`, then is journaled alone."""
     request: h11.Request | None = None
     chunks: list[bytes] = []
     size = 0
     while True:
         event = http.next_event()
         if event is h11.NEED_DATA:
-            data = conn.recv(65536)
+            if pending:
+                conn.settimeout(SETTLE_DELAY_S)
+                try:
+                    data = conn.recv(65536)
+                except TimeoutError:
+                    pending.flush()
+                    continue
+                finally:
+                    conn.settimeout(_IDLE_TIMEOUT)
+            else:
+                data = conn.recv(65536)
             http.receive_data(data)
             continue
         if isinstance(event, h11.Request):
@@ -789,6 +941,18 @@ def _send(
     out += http.send(h11.Data(data=body)) or b""
     out += http.send(h11.EndOfMessage()) or b""
     conn.sendall(out)
+
+
+def _cut_event(api: Api) -> bytes:
+    """The event that ends a stream cut at the lease's cap, in the API's own shape."""
+    message = "cut at the lease's cap"
+    if api == "responses":  # the Responses stream's error event
+        data = json.dumps(
+            {"type": "error", "code": "model-tokens", "message": message, "param": None,
+             "sequence_number": 0}
+        ).encode()  # fmt: skip
+        return b"event: error\ndata: " + data + b"\n\n"
+    return b"data: " + _error_body("model-tokens", message) + b"\n\n"
 
 
 def _error_body(code: str, message: str, *, kind: str = "charter_refused") -> bytes:
@@ -842,11 +1006,19 @@ def _chunk(data: bytes) -> dict[str, Any]:
 
 
 def _usage(chunk: dict[str, Any]) -> tuple[int, int] | None:
-    """``usage.prompt_tokens`` and ``usage.completion_tokens`` of an answer or chunk."""
+    """``usage.prompt_tokens`` and ``usage.completion_tokens`` of an answer or chunk; of
+    a Responses answer (or its stream's ``response.completed`` event, under
+    ``response``), ``usage.input_tokens`` and ``usage.output_tokens``."""
     usage = chunk.get("usage")
+    inner = chunk.get("response")
+    if usage is None and isinstance(inner, dict):
+        usage = inner.get("usage")
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if "input_tokens" in usage and "prompt_tokens" not in usage:
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    else:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if not (isinstance(prompt, int) and isinstance(completion, int)):
         return None
     if prompt < 0 or completion < 0 or isinstance(prompt, bool) or isinstance(completion, bool):
@@ -855,7 +1027,12 @@ def _usage(chunk: dict[str, Any]) -> tuple[int, int] | None:
 
 
 def _has_content(chunk: dict[str, Any]) -> bool:
-    """Whether a chunk carries generated text or a tool call (counted as one token)."""
+    """Whether a chunk carries generated text or a tool call (counted as one token): a
+    choice's delta, or a Responses stream's ``*.delta`` event (text, refusal, reasoning,
+    a function call's arguments)."""
+    kind = chunk.get("type")
+    if isinstance(kind, str) and kind.endswith(".delta"):
+        return bool(chunk.get("delta"))
     for choice in chunk.get("choices") or ():
         delta = choice.get("delta") if isinstance(choice, dict) else None
         if isinstance(delta, dict) and (

@@ -248,6 +248,86 @@ def test_a_spent_lease_is_refused_and_a_stream_is_cut_at_the_cap(
         clean(charter)
 
 
+# The Responses shape: the calls argv[1] names ([{"input", "stream",
+# "max_output_tokens"}]), one connection each; answers what each returned.
+RESPONDER = (
+    PRELUDE
+    + """
+out = []
+for c in json.loads(sys.argv[1]):
+    conn = charter_door.ModelConnection(timeout=60)
+    body = {"model": "test-model", "input": c["input"], "stream": c.get("stream", False),
+            "max_output_tokens": c["max_output_tokens"]}
+    conn.request("POST", "/v1/responses", json.dumps(body), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    data = r.read().decode()
+    one = {"status": r.status}
+    if c.get("stream"):
+        events = [json.loads(line[6:]) for line in data.split("\\n") if line.startswith("data: ")]
+        one["deltas"] = sum(1 for e in events if e.get("type") == "response.output_text.delta")
+        one["usage"] = [e["response"]["usage"] for e in events
+                        if e.get("type") == "response.completed"]
+        one["cut"] = [e["code"] for e in events if e.get("type") == "error"]
+    else:
+        one["usage"] = [json.loads(data)["usage"]]
+    out.append(one)
+    conn.close()
+charter_door.Door().result(json.dumps(out))
+"""
+)
+
+
+def test_the_responses_shape_is_charged_the_servers_usage_streamed_and_not(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    calls = [
+        {"input": "one two three", "max_output_tokens": 5},
+        {"input": [{"role": "user", "content": "four five"}], "stream": True,
+         "max_output_tokens": 6},
+    ]  # fmt: skip
+    with (
+        model_server(Behaviour(length=7)) as (url, server),
+        initialise(journal_url, tmp_path / "home") as charter,
+    ):
+        worker = one_caller(charter, 10_000, RESPONDER, json.dumps(calls))
+        run_to_idle(charter, state_dir, ModelEndpoint(url, API_KEY))
+        out = results(charter)[worker]
+        assert [o["status"] for o in out] == [200, 200]
+        assert out[0]["usage"][0]["input_tokens"] == 6  # the server's count, not the estimate
+        assert (out[1]["deltas"], out[1]["cut"]) == (6, [])
+        assert [(u["input_tokens"], u["output_tokens"]) for u in out[1]["usage"]] == [(5, 6)]
+        assert [s["max_output_tokens"] for s in server.seen] == [5, 6]
+        assert "stream_options" not in server.seen[1]  # a Responses stream reports usage
+        by_call = {s.call: s for s in of_type(charter, ModelCallSettled)}
+        settled = [by_call[r.call] for r in of_type(charter, ModelCallReserved)]
+        assert [(s.prompt_tokens, s.completion_tokens) for s in settled] == server.reported
+        assert all(s.how == "usage" and not s.estimated for s in settled)
+        tokens = sum(
+            u.amount.tokens for u in of_type(charter, UsageRecorded) if u.lineage == worker
+        )
+        assert tokens == sum(p + c for p, c in server.reported) == 6 + 5 + 5 + 6
+        clean(charter)
+
+
+def test_a_responses_stream_is_cut_at_the_cap(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    cut = [{"input": "x", "stream": True, "max_output_tokens": 3}]
+    with (
+        model_server(Behaviour(length=40, ignore_max_tokens=True)) as (url, _),
+        initialise(journal_url, tmp_path / "home") as charter,
+    ):
+        cutter = one_caller(charter, 10_000, RESPONDER, json.dumps(cut))
+        run_to_idle(charter, state_dir, ModelEndpoint(url, API_KEY))
+        (streamed,) = results(charter)[cutter]
+        assert (streamed["deltas"], streamed["cut"], streamed["usage"]) == (3, ["model-tokens"], [])
+        (settled,) = of_type(charter, ModelCallSettled)
+        (reserved,) = of_type(charter, ModelCallReserved)
+        assert (settled.how, settled.estimated) == ("cut-at-cap", True)
+        assert (settled.prompt_tokens, settled.completion_tokens) == (reserved.prompt_estimate, 3)
+        clean(charter)
+
+
 def test_an_unconfigured_door_refuses_and_a_malformed_call_is_bad_input(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -328,6 +408,60 @@ def test_sixteen_concurrent_calls_on_one_lease_never_overspend_it(
         assert len(settled) == admitted
         assert all(s.how == "usage" for s in settled)
         clean(charter)  # no reservation ever held more than the lease had left
+
+
+# A call on a connection it keeps open, then a streamed call on a second one (the
+# server holds it after one token); then both close.
+KEPT_OPEN = (
+    PRELUDE
+    + """
+def call(conn, content, stream):
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}],
+                       "max_tokens": 4, "stream": stream})
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    r.read()
+    return r.status
+first = charter_door.ModelConnection(timeout=120)
+one = call(first, "one", False)
+second = charter_door.ModelConnection(timeout=120)
+two = call(second, "two", True)
+first.close()
+second.close()
+charter_door.Door().result(json.dumps([one, two]))
+"""
+)
+
+
+def test_an_answered_calls_settlement_is_journaled_while_its_connection_idles(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # The first call's settlement waits for its connection's next reservation to carry
+    # it; none comes, so it is journaled on its own: while that connection is still
+    # open (the worker closes it only after the held second call ends).
+    hold = threading.Event()
+    with (
+        model_server(Behaviour(length=4, hold=hold, hold_after=1)) as (url, server),
+        initialise(journal_url, tmp_path / "home") as charter,
+    ):
+        worker = one_caller(charter, 10_000, KEPT_OPEN)
+        try:
+            with running(model_cell(charter, state_dir, ModelEndpoint(url))) as cell:
+                wait_for(lambda: len(server.seen) == 2, "the second call reached the server")
+                wait_for(lambda: bool(of_type(charter, ModelCallSettled)), "a settlement")
+                (first,) = of_type(charter, ModelCallSettled)
+                assert not hold.is_set()  # the second call is still held: both are open
+                hold.set()
+                until_idle(cell)
+        finally:
+            hold.set()
+        assert results(charter)[worker] == [200, 200]
+        reserved = of_type(charter, ModelCallReserved)
+        assert first.call == reserved[0].call
+        assert (first.how, first.estimated) == ("usage", False)
+        assert (first.prompt_tokens, first.completion_tokens) == server.reported[0]
+        assert len(of_type(charter, ModelCallSettled)) == 2
+        clean(charter)
 
 
 # Reads the first argv[1] content chunks of a stream, then hangs up and exits.

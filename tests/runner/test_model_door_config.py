@@ -14,12 +14,13 @@ import pytest
 
 from charter.budgets import UsageRecorded
 from charter.core import BadInputError
-from charter.runner.errors import ModelRequestError
-from charter.runner.events import ModelCallSettled
+from charter.runner.errors import ModelRequestError, ModelTokensError
+from charter.runner.events import ModelCallReserved, ModelCallSettled
 from charter.runner.model import (
     ChatRequest,
     ModelEndpoint,
     ModelMeter,
+    Settlement,
     load_endpoint,
     prompt_estimate,
 )
@@ -90,8 +91,12 @@ def test_a_call_settles_once_and_a_second_settlement_charges_nothing(
         meter = ModelMeter(model_cell(charter, state_dir, None))
         reserved = meter.reserve(worker, ChatRequest.parse(b'{"messages": [], "max_tokens": 9}'))
         assert meter.in_flight(worker) == reserved.reserved == 9 + 9  # 34 bytes / 4 + 9
-        first = meter.settle(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
-        again = meter.settle(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
+        first = meter.settle(
+            Settlement.of(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
+        )
+        again = meter.settle(
+            Settlement.of(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
+        )
         assert first is not None
         assert again is None
         assert meter.in_flight(worker) == 0
@@ -99,4 +104,47 @@ def test_a_call_settles_once_and_a_second_settlement_charges_nothing(
         assert sum(isinstance(e, ModelCallSettled) for e in entries) == 1
         usage = [e for e in entries if isinstance(e, UsageRecorded) and e.lineage == worker]
         assert [u.amount.tokens for u in usage] == [7]
+        assert check_model_calls(journal_history(charter.journal)).problems == []
+
+
+def test_a_settlement_rides_in_the_next_reservations_append_and_counts_its_charge(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # Each call reserves 9 (34 bytes / 4, rounded up) + 9 = 18 of a lease of 30: a
+    # second call fits only because the first's settlement (7 tokens) is counted in
+    # place of its reservation (18), in the same append.
+    call = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
+    with initialise(journal_url, tmp_path / "home") as charter:
+        (worker,) = (str(c.lineage) for c in spawn_callers(charter, 30, python("")).children)
+        meter = ModelMeter(model_cell(charter, state_dir, None))
+        first = meter.reserve(worker, call)
+        answered = Settlement.of(
+            first, 3, 4, estimated=False, how="usage", status=200, latency_ms=1
+        )
+        second = meter.reserve(worker, call, answered)
+        assert answered.committed
+        assert meter.in_flight(worker) == second.reserved == 18
+        entries = list(charter.journal.entries())
+        at = next(i for i, e in enumerate(entries) if isinstance(e.event, ModelCallSettled))
+        one = entries[at - 1 : at + 2]
+        assert [type(e.event) for e in one] == [UsageRecorded, ModelCallSettled, ModelCallReserved]
+        assert len({e.batch for e in one}) == 1  # one append: one commit for both
+        assert one[0].event.amount.tokens == 7
+        assert one[2].event.call == second.call
+        # A call refused still settles the one before it (once), and reserves nothing.
+        big = ChatRequest.parse(b'{"messages": [], "max_tokens": 99}')
+        answered = Settlement.of(
+            second, 2, 2, estimated=False, how="usage", status=200, latency_ms=1
+        )
+        with pytest.raises(ModelTokensError):
+            meter.reserve(worker, big, answered)
+        assert answered.committed
+        assert meter.in_flight(worker) == 0
+        assert meter.settle(answered) is None  # never twice
+        entries = [e.event for e in charter.journal.entries()]
+        settled = [e for e in entries if isinstance(e, ModelCallSettled)]
+        assert [s.call for s in settled] == [first.call, second.call]
+        usage = [e for e in entries if isinstance(e, UsageRecorded) and e.lineage == worker]
+        assert [u.amount.tokens for u in usage] == [7, 4]
+        assert sum(isinstance(e, ModelCallReserved) for e in entries) == 2
         assert check_model_calls(journal_history(charter.journal)).problems == []
