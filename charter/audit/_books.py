@@ -4,19 +4,22 @@ THE lease formula (:mod:`charter.budgets.formula`) defines a child's charge; the
 keep, for every ledger, the sum of the allocations of its children still counted live
 and the sum of the charges of those that ended, so checking a ledger costs O(log n)
 (expired children leave the live sum lazily, from a heap of expiries), not a walk over
-all its children and their subtrees. Pure: no journal.
+all its children and their subtrees. Each ledger also keeps its headroom (allocation −
+the children's sums) and whether it is over its allocation on some axis, recomputed
+whenever its spend or its children's sums change (:meth:`Books.rebase`): the audit's
+conservation check of a usage's whole chain then reads one flag per ledger. Pure: no
+journal.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 from dataclasses import dataclass, field
 
 from charter.budgets.formula import charge
 from charter.core.budget import VEC_ZERO, Vec, vec_add, vec_sub
 
-__all__ = ["Books", "Ledger"]
+__all__ = ["Books", "Ledger", "rebase"]
 
 
 @dataclass
@@ -37,6 +40,13 @@ class Ledger:
     expiries: list[tuple[int, int, tuple[str, ...]]] = field(default_factory=list)
     # it and its ancestors, up to the root (a ledger's parent never changes)
     path: tuple[Ledger, ...] = ()
+    # allocation − live_alloc − ended_charge, and whether spent exceeds it on an axis
+    # (own spend + Σ charge(children) > allocation): kept by Books.rebase
+    headroom: Vec = VEC_ZERO
+    over: bool = False
+
+    def __post_init__(self) -> None:
+        rebase(self)
 
     def live(self, t: int) -> bool:
         """:func:`charter.budgets.formula.is_active`, inlined: the audit's hot path."""
@@ -45,6 +55,20 @@ class Ledger:
             return False
         expires = self.expires
         return expires is None or t < expires
+
+
+def rebase(ledger: Ledger) -> None:
+    """Recompute ``ledger``'s headroom and over flag from its allocation, spend and
+    children's sums (after any of them changed)."""
+    c, live, ended, s = ledger.allocation, ledger.live_alloc, ledger.ended_charge, ledger.spent
+    h = ledger.headroom = (
+        c[0] - live[0] - ended[0],
+        c[1] - live[1] - ended[1],
+        c[2] - live[2] - ended[2],
+        c[3] - live[3] - ended[3],
+        c[4] - live[4] - ended[4],
+    )
+    ledger.over = s[0] > h[0] or s[1] > h[1] or s[2] > h[2] or s[3] > h[3] or s[4] > h[4]
 
 
 class Books:
@@ -70,6 +94,7 @@ class Books:
             child.path = (child, *parent.path)
             parent.children.append(lineage)
             parent.live_alloc = vec_add(parent.live_alloc, allocation)
+        rebase(parent)
         self._push(parent, expires, lineages)
 
     def _push(self, parent: Ledger, expires: int, lineages: tuple[str, ...]) -> None:
@@ -84,6 +109,7 @@ class Books:
         child.counted_charge = charge(child.allocation, child.subtree, False)
         parent.live_alloc = vec_sub(parent.live_alloc, child.allocation)
         parent.ended_charge = vec_add(parent.ended_charge, child.counted_charge)
+        rebase(parent)
 
     def settle(self, ledger: Ledger, t: int) -> None:
         """Move the children that expired by ``t`` from the live sum to the ended one."""
@@ -98,17 +124,26 @@ class Books:
         return ledger.path[1:]
 
     def use(self, ledger: Ledger, amount: Vec) -> None:
-        ledger.spent = vec_add(ledger.spent, amount)
+        """Charge ``amount`` to ``ledger``: its own spend and the subtree of it and each
+        ancestor; an ended ledger's charge to its parent follows its subtree (the hot
+        path: one pass over the path, the vector sums inlined)."""
+        a0, a1, a2, a3, a4 = amount
+        s = ledger.spent
+        ledger.spent = s = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
+        h = ledger.headroom
+        ledger.over = s[0] > h[0] or s[1] > h[1] or s[2] > h[2] or s[3] > h[3] or s[4] > h[4]
         path = ledger.path
-        for node in path:
-            node.subtree = vec_add(node.subtree, amount)
-        for child, parent in itertools.pairwise(path):
-            if not child.counted_live:  # an ended child's charge follows its subtree
-                new = charge(child.allocation, child.subtree, False)
+        for i, node in enumerate(path):
+            s = node.subtree
+            node.subtree = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
+            if not node.counted_live and node.parent is not None:  # ended: its charge
+                parent = path[i + 1]  # follows its subtree
+                new = charge(node.allocation, node.subtree, False)
                 parent.ended_charge = vec_add(
-                    vec_sub(parent.ended_charge, child.counted_charge), new
+                    vec_sub(parent.ended_charge, node.counted_charge), new
                 )
-                child.counted_charge = new
+                node.counted_charge = new
+                rebase(parent)
 
     def release(self, ledger: Ledger, t: int) -> None:
         stack = [ledger]
@@ -131,6 +166,7 @@ class Books:
             ledger.counted_live = True
             parent.ended_charge = vec_sub(parent.ended_charge, ledger.counted_charge)
             parent.live_alloc = vec_add(parent.live_alloc, ledger.allocation)
+            rebase(parent)
         if ledger.counted_live:
             self._push(parent, expires, (ledger.lineage,))
 

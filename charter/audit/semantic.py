@@ -64,6 +64,7 @@ position where the rule first breaks:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -234,6 +235,7 @@ _AXES = ("tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ALLOWING = ("positive", "neutral")
 _ENDS = ("SandboxExited", "SandboxQuarantined", "SandboxDiscarded")
+_loads = orjson.loads
 
 
 class Finding(BaseModel):
@@ -258,14 +260,17 @@ class AuditReport(BaseModel):
         return self.model_dump(mode="json")
 
 
+_axes_of = operator.itemgetter(*_AXES)
+
+
 def _vec(d: dict[str, Any]) -> Vec:
-    return (
-        int(d["tokens"]),
-        int(d["wall_ms"]),
-        int(d["cpu_ms"]),
-        int(d["mem_bytes"]),
-        int(d["egress_bytes"]),
-    )
+    """A budget's five axes, each through ``int`` (the hot path: the axes are read in
+    one call, and ints, what the product writes, are taken as they are)."""
+    v: Vec = _axes_of(d)
+    a, b, c, e, f = v
+    if type(a) is int and type(b) is int and type(c) is int and type(e) is int and type(f) is int:
+        return v
+    return (int(a), int(b), int(c), int(e), int(f))
 
 
 def _ms(text: str) -> int:
@@ -346,6 +351,7 @@ class _Auditor:
         self.findings: list[Finding] = []
         self._on_finding = on_finding
         self.books = Books()
+        self._ledgers = self.books.ledgers  # the hot path's look-up
         self.trust_roots: dict[str, bytes] = {}
         self.chains: dict[str, tuple[SealedGrant, ...]] = {}
         # fanout → (position, actor, verdict, width)
@@ -375,7 +381,13 @@ class _Auditor:
         # (lineage, its digest's commit time, its position): the next entry kills it
         self._must_kill: tuple[str, object, int] | None = None
         self._prev: tuple[str, dict[str, Any], object] = ("", {}, None)
-        self._handlers = self._make_handlers()
+        handlers = self._make_handlers()
+        # topic → (its type, the handler of the rules that read it, or None)
+        self._dispatch: dict[str, tuple[str, Callable[[dict[str, Any], int], None] | None]] = {
+            topic: (kind, handlers.get(kind))
+            for topic in KNOWN_TOPICS
+            for kind in (topic.partition("/")[0],)
+        }
         self.last_at = 0
         self.position = 0
         self.checked = 0
@@ -399,13 +411,19 @@ class _Auditor:
 
     def _check_path(self, path: tuple[Ledger, ...], t: int) -> None:
         """Each live ledger of ``path`` (a ledger and its ancestors) within its
-        allocation on every axis (the hot path: one usage checks its whole chain)."""
-        used_of = self.books.used
+        allocation on every axis."""
+        self._check_live_path(tuple(node for node in path if node.live(t)), t)
+
+    def _check_live_path(self, path: tuple[Ledger, ...], t: int) -> None:
+        """Each ledger of ``path``, all live at ``t``, within its allocation on every
+        axis (the hot path: one usage checks its whole chain, so each ledger's books
+        keep whether it is over, :func:`charter.audit._books.rebase`)."""
         for node in path:
-            if not node.live(t):
-                continue
-            u, cap = used_of(node, t), node.allocation
-            if u[0] > cap[0] or u[1] > cap[1] or u[2] > cap[2] or u[3] > cap[3] or u[4] > cap[4]:
+            expiries = node.expiries
+            if expiries and expiries[0][0] <= t:
+                self.books.settle(node, t)  # children that expired by t: their charge
+            if node.over:
+                u, cap = self.books.used(node, t), node.allocation
                 over = [a for a, x, c in zip(_AXES, u, cap, strict=True) if x > c]
                 self.find(
                     "conservation",
@@ -480,26 +498,30 @@ class _Auditor:
 
     def usage(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
-        egress = p["amount"]["egress_bytes"]
+        amount = p["amount"]
+        egress = amount["egress_bytes"]
         if egress:  # the hot path: one dict update, and only for egress charged
             self.egress[lineage] = self.egress.get(lineage, 0) + int(egress)
-        ledger = self.books.get(lineage)
+        ledger = self._ledgers.get(lineage)
         if ledger is None:
             self.find(
                 "usage-after-end", lineage, f"usage charged to {lineage}, which has no ledger"
             )
             return
         path = ledger.path
-        for node in path:
-            if not node.live(t):
+        for node in path:  # Ledger.live, inlined
+            released, expires = node.released, node.expires
+            if (released is not None and released <= t) or (expires is not None and t >= expires):
                 self.find(
                     "usage-after-end",
                     lineage,
                     f"usage charged to {lineage} after {node.lineage}'s lease ended",
                 )
-                break
-        self.books.use(ledger, _vec(p["amount"]))
-        self._check_path(path, t)
+                self.books.use(ledger, _vec(amount))
+                self._check_path(path, t)
+                return
+        self.books.use(ledger, _vec(amount))
+        self._check_live_path(path, t)
 
     def released_lease(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
@@ -1131,10 +1153,13 @@ class _Auditor:
     # -- the fold --------------------------------------------------------------------
 
     def apply(self, position: int, topic: str, state: bytes) -> None:
+        """One entry (the hot path: a million entries a run). Its topic is looked up
+        once, to its type and the one handler of the rules that read it (None: no rule
+        reads that type); a topic not in :data:`KNOWN_TOPICS` is not in the table."""
         self.position = position
         self.checked += 1
         try:
-            doc = orjson.loads(state)
+            doc = _loads(state)
             at = doc["at"]
             if at != self._at_text:  # a batch's entries share one commit time
                 self._at_ms, self._at_text = _ms(at), at
@@ -1149,14 +1174,16 @@ class _Auditor:
                 None,
                 f"committed at {t} ms, before the entry before it ({self.last_at} ms)",
             )
-        self.last_at = max(self.last_at, t)
-        kind = topic.partition("/")[0]
-        if topic not in KNOWN_TOPICS:
+        else:
+            self.last_at = t
+        # A topic that is not a str (a tampered column) is no key of the table either.
+        entry = self._dispatch.get(topic) if type(topic) is str else None
+        if entry is None:
             self.find("entry-type", None, f"an entry of type {topic!r}, which Charter never writes")
             return
+        kind, handler = entry
         if self._must_kill is not None:
             self._kill_with_digest(kind, p)
-        handler = self._handlers.get(kind)  # types no rule reads pass through
         if handler is not None:
             try:
                 handler(p, t)
