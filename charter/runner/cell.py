@@ -450,7 +450,9 @@ class Cell:
                 self._recover(gone, reaper)
         except CellSupersededError:
             return  # the cell itself came back (or another reaper): it fails them
-        finally:
+        except CharterError as error:  # the journal unavailable, races lost: tried again
+            print(f"charter cell {self.cell}: reaping {gone}: {error}", file=sys.stderr)
+        finally:  # (this peer's next step, once its claim is given up, or another peer)
             reaper.give_up()
         self._notify()
 

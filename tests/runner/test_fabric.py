@@ -34,12 +34,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.postgres]
 
 CELLS = ("c1", "c2", "c3")
 VICTIM = "c2"
-CLAIM_S = 3.0  # the liveness period: a cell that stops renewing is gone this long after
+CLAIM_S = 6.0  # the liveness period: a cell that stops renewing is gone this long after
 COORDINATORS = 12
 LEAVES = 24  # 12 x 24 = 288 leaves + 12 coordinators = 300 workers
-ROOT = Budget.parse("tokens=10M,wall=20h,cpu=20h,mem=64GiB,egress=1GB")
-SLOT = "tokens=0,wall=60s,cpu=60s,mem=256MiB,egress=0MB"
-LEAF_COST = {"wall_ms": 30_000, "cpu_ms": 30_000, "mem_bytes": 64 << 20, "egress_bytes": 0}
+ROOT = Budget.parse("tokens=10M,wall=100h,cpu=10h,mem=64GiB,egress=1GB")
+# A coordinator waits for its leaves the whole run: its sandbox may live ten minutes.
+SLOT = "tokens=0,wall=10m,cpu=10m,mem=256MiB,egress=0MB"
+# A lease's wall clock runs from its fan-out: ten minutes, so a leaf queued behind the
+# others (or moved off the killed cell) still has time left when it starts.
+LEAF_COST = {"wall_ms": 600_000, "cpu_ms": 20_000, "mem_bytes": 64 << 20, "egress_bytes": 0}
 
 # Says it ran (its stdout log on the host is the side file), fans out LEAVES children
 # that echo their number, waits for them all, and answers with how each ended.
@@ -129,7 +132,8 @@ def _run(url: str, home: Path, state_dir: Path, procs: dict[str, subprocess.Pope
             {
                 "width": COORDINATORS,
                 "objective": "fan out and gather",
-                "estimated_cost": Budget.parse("tokens=4M,wall=10h,cpu=10h,mem=32GiB,egress=0MB"),
+                "estimated_cost": Budget.parse("tokens=4M,wall=60h,cpu=2h,mem=32GiB,egress=0MB"),
+                "grant": {"fanout": LEAVES, "depth": 2},
             }
         )
         spec = WorkerSpec(argv=(PY, "-I", "-c", FANNER), inputs=(str(LEAVES),))
@@ -199,15 +203,35 @@ def _run(url: str, home: Path, state_dir: Path, procs: dict[str, subprocess.Pope
     moved = {lin for lin in waiting if final_cell[lin] != VICTIM}
     assert moved == waiting
     ran_moved = {lin for lin in moved if ends[lin].event.outcome == "exited"}
-    assert ran_moved, "no moved worker ran on a survivor"
+    outcomes = Counter(
+        (ends[lin].event.outcome, ends[lin].event.reason[:80], lin.rpartition("/")[0] in running)
+        for lin in moved
+    )
+    assert ran_moved, f"no moved worker ran on a survivor: {outcomes}"
+    results = {p["lineage"]: p for _, kind, p, _ in payloads if kind == "WorkerResult"}
     for lin in moved - ran_moved:
-        assert lin.rpartition("/")[0] in lost_parents | running, (lin, ends[lin].event)
+        parent = lin.rpartition("/")[0]
+        assert parent in lost_parents | running, (
+            lin,
+            ends[lin].event,
+            ends.get(parent),
+            results.get(parent),
+        )
+
     # Every other worker finished: exited; a coordinator whose children were lost was
     # told (its wait answered with their status).
+    def story(lineage: str) -> list[str]:
+        return [
+            f"{e.position} {e.event.type_name} {e.event.payload()}"[:300]
+            for e in history
+            if getattr(e.event, "lineage", None) == lineage
+        ]
+
     for lineage, end in ends.items():
-        doomed = lineage in running or lineage.rpartition("/")[0] in lost_parents | running
-        if not doomed:
-            assert end.event.outcome == "exited", (lineage, end.event)
+        parent = lineage.rpartition("/")[0]
+        doomed = lineage in running or parent in lost_parents | running
+        if not doomed and end.event.outcome != "exited":
+            pytest.fail(f"{lineage} ended {end.event}; its parent: " + "\n".join(story(parent)))
     told = 0
     results = {p["lineage"]: p for _, kind, p, _ in payloads if kind == "WorkerResult"}
     for lineage in {lin for lin in ends if lin.count("/") == 1} - running:
