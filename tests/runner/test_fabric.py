@@ -10,7 +10,6 @@ hold."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -55,11 +54,16 @@ cost = {{k: v * width for k, v in {LEAF_COST!r}.items()}}
 door = charter_door.Door()
 kids = door.spawn({{"width": width, "objective": "echo numbers",
                    "estimated_cost": {{"tokens": 10_000 * width, **cost}}}},
-                  [{{"argv": ["/bin/echo", "ran"]}} for i in range(width)])["children"]
+                  [{{"argv": ["/bin/sh", "-c", "echo ran; sleep 1"]}}
+                   for i in range(width)])["children"]
 answers = door.wait(kids, 150)["children"]
 door.result(json.dumps(sorted(answers[k]["status"] for k in kids)))
 """
 )
+
+
+def _load() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]  # the tests stub os.getloadavg
 
 
 def _cell(url: str, home: Path, state_dir: Path, cell: str) -> subprocess.Popen[bytes]:
@@ -119,8 +123,12 @@ def _run(url: str, home: Path, state_dir: Path, procs: dict[str, subprocess.Pope
     with Charter.open(url, keys=KeyStore(home)) as charter:
         journal = charter.journal
 
+        read: list = []
+
         def entries() -> list:
-            return list(journal.entries())
+            """The journal so far (read on from the last entry read)."""
+            read.extend(journal.entries(start=read[-1].position + 1 if read else None))
+            return read
 
         def started_cells() -> bool:
             return {e.event.cell for e in entries() if isinstance(e.event, CellStarted)} >= set(
@@ -142,12 +150,30 @@ def _run(url: str, home: Path, state_dir: Path, procs: dict[str, subprocess.Pope
         def ended() -> int:
             return sum(isinstance(e.event, WorkerEnded) for e in entries())
 
-        # SIGKILL the victim in the middle: a third of the workers done.
-        _wait("a third of the workers to end", lambda: ended() >= 100, 150, live)
+        def victim_runs_a_leaf_of_a_peers_coordinator() -> bool:
+            """A third of the workers done, and the victim runs a leaf whose parent runs
+            on another cell (so a parent on a live cell must be told it was lost)."""
+            history = entries()
+            if sum(isinstance(e.event, WorkerEnded) for e in history) < 100:
+                return False
+            cell = {e.event.lineage: e.event.cell for e in history
+                    if isinstance(e.event, WorkerScheduled)}  # fmt: skip
+            done = {e.event.lineage for e in history if isinstance(e.event, WorkerEnded)}
+            return any(
+                isinstance(e.event, WorkerStarted)
+                and e.event.cell == VICTIM
+                and e.event.lineage.count("/") == 2
+                and e.event.lineage not in done
+                and cell[e.event.lineage.rpartition("/")[0]] != VICTIM
+                for e in history
+            )
+
+        # SIGKILL the victim in the middle, while it runs a leaf of a peer's coordinator.
+        _wait("the middle of the run", victim_runs_a_leaf_of_a_peers_coordinator, 150, live)
         procs[VICTIM].send_signal(signal.SIGKILL)
         killed_ms = now_ms()
         procs[VICTIM].wait()
-        at_kill = entries()
+        at_kill = list(entries())
         total = COORDINATORS * (LEAVES + 1)
 
         def all_ended() -> bool:
@@ -222,7 +248,7 @@ def _run(url: str, home: Path, state_dir: Path, procs: dict[str, subprocess.Pope
     # told (its wait answered with their status).
     def story(lineage: str) -> list[str]:
         return [
-            f"{e.position} {e.event.type_name} {e.event.payload()}"[:300]
+            f"{e.position} {e.event.type_name} {e.event.payload()}"[:2000]
             for e in history
             if getattr(e.event, "lineage", None) == lineage
         ]
@@ -230,7 +256,7 @@ def _run(url: str, home: Path, state_dir: Path, procs: dict[str, subprocess.Pope
     for lineage, end in ends.items():
         parent = lineage.rpartition("/")[0]
         doomed = lineage in running or parent in lost_parents | running
-        if not doomed and end.event.outcome != "exited":
+        if not doomed and (end.event.outcome, end.event.exit_code) != ("exited", 0):
             pytest.fail(f"{lineage} ended {end.event}; its parent: " + "\n".join(story(parent)))
     told = 0
     results = {p["lineage"]: p for _, kind, p, _ in payloads if kind == "WorkerResult"}
@@ -239,6 +265,7 @@ def _run(url: str, home: Path, state_dir: Path, procs: dict[str, subprocess.Pope
         if any(k in running for k in kids):
             assert lineage in results, f"{lineage} was never told its children were lost"
             told += 1
+            assert "lost" in results[lineage]["text"], results[lineage]
     # No worker ran twice: one start each in the journal, one line each in its own log.
     starts = Counter(e.event.lineage for e in history if isinstance(e.event, WorkerStarted))
     assert max(starts.values()) == 1
@@ -261,11 +288,12 @@ def _run(url: str, home: Path, state_dir: Path, procs: dict[str, subprocess.Pope
         assert live_leases == []
         victim = view.cells.get(VICTIM)
         assert all(not held for held in victim.holders.values())
+    assert told > 0, "no parent on a live cell had a child lost with the victim"
     audit = _cli(url, home, state_dir, "--json", "audit")
     assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
     verify = _cli(url, home, state_dir, "journal", "verify")
     assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
     print(
-        f"fabric: {len(ends)} workers, {len(running)} lost with {VICTIM}, {len(moved)} moved "
-        f"({len(ran_moved)} ran), {told} parents told, os load {os.getloadavg()[0]:.1f}"
+        f"\nfabric: {len(ends)} workers, {len(running)} lost with {VICTIM}, {len(moved)} moved "
+        f"({len(ran_moved)} ran), {told} parents told, load {_load()}"
     )
