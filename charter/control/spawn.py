@@ -282,7 +282,8 @@ class SpawnService:
     ) -> SpawnResult:
         claimed = caller.claimed
         decisions: list[FanoutDecision] = []
-        # Every cell a child may be placed on: the pins are read for all of them.
+        # Every cell a child may be placed on (the views read first: a process's first
+        # fan-out knows every configured cell); their pins are read together.
         self.views.refresh(self.journal)
         cell_streams = [f"cell:{c}" for c in self._placeable(workers)]
         settling = Settling()  # across the tries: a head pin first, then a settle commit
@@ -566,7 +567,8 @@ class SpawnService:
         meanwhile is decided again), to the cells' streams and to ``fence`` (the
         reaper's claim on ``gone``). Returns how many moved (0: no live cell to take
         them, or none to move)."""
-        self.views.refresh(self.journal)
+        with self.views.lock:
+            self.views.refresh(self.journal)
         candidates = self._placeable(None)
         streams = [f"cell:{c}" for c in candidates]
         moved = 0

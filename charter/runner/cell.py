@@ -109,10 +109,10 @@ __all__ = ["DEFAULT_CLAIM_S", "Cell", "kill_uid"]
 _STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
 _SETTLE_TRIES = 5  # a failed driver's settlement, each on a fresh read of the journal
 _SETTLE_PAUSE_S = 0.2
-_DESCENDANTS_WAIT_S = 10.0
+_DESCENDANTS_WAIT_S = 10.0  # a parent's end waits this long for its killed children
 # Listening, the cell also steps this often with no commit announced: a peer's claim
 # lapses and a lease expires with nothing committed.
-_LISTEN_BACKSTOP_S = 0.25  # a parent's end waits this long for its killed children
+_LISTEN_BACKSTOP_S = 0.25
 # What refuses a worker's start (it ends failed_to_start, the cell goes on): its lease
 # spent or too small for a sandbox; or no sandbox: every host uid held, a build bwrap
 # refused, no room in the pool, a host that stopped isolating.
