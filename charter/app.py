@@ -56,6 +56,7 @@ from charter.core import (
     StateError,
     charter_home,
     describe_invalid,
+    now_ms,
 )
 from charter.ledger import Journal, JournalCreated, Location, SnapshotFile, resolve_location
 from charter.projections import Projector
@@ -348,7 +349,13 @@ class Charter:
             trifecta=functools.cache(functools.partial(home_trifecta, keys.home)),
         )
         self._budgets = BudgetService(journal, shared=self.views)
-        self._admission = AdmissionService(journal, shared=self.views, host_load=self._host_load)
+        self._admission = AdmissionService(
+            journal,
+            shared=self.views,
+            host_load=self._host_load,
+            # the other live cells on a cell's host share its cores (docs/fabric.md)
+            peers=lambda cell: self._spawner.liveness.peers_on_host(cell, now_ms()),
+        )
 
     def _host_load(self, cores: int, reserve: int) -> CapInputs:
         return self.host_load(cores, reserve)

@@ -1146,9 +1146,10 @@ class _Auditor:
             )
 
     def slot_released(self, p: dict[str, Any], _: int) -> None:
-        self._cell(str(p["cell"])).holders.setdefault(str(p["resource"]), set()).discard(
-            str(p["lineage"])
-        )
+        # a holder gives its slot back, or a queued worker leaves (moved to another cell)
+        cell, lineage, resource = self._cell(str(p["cell"])), str(p["lineage"]), str(p["resource"])
+        cell.holders.setdefault(resource, set()).discard(lineage)
+        cell.queued.setdefault(resource, {}).pop(lineage, None)
 
     # -- the fold --------------------------------------------------------------------
 

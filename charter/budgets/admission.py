@@ -190,8 +190,10 @@ class Cells:
                 state = self._cells[event.cell]
                 state.holders[event.resource].add(event.lineage)
                 state.queued[event.resource].pop(event.lineage, None)
-            case SlotReleased():
-                self._cells[event.cell].holders[event.resource].discard(event.lineage)
+            case SlotReleased():  # a holder gives its slot back, or a queued one leaves
+                state = self._cells[event.cell]
+                state.holders[event.resource].discard(event.lineage)
+                state.queued[event.resource].pop(event.lineage, None)
             case _:
                 pass
 
@@ -366,6 +368,17 @@ class Cells:
     def decide_release(self, cell: str, lineage: str, resource: ResourceClass) -> SlotReleased:
         if lineage not in self.get(cell).holders[resource]:
             raise StateError(f"{shown(lineage)} holds no {resource} slot on cell '{shown(cell)}'")
+        return SlotReleased(cell=cell, lineage=lineage, resource=resource)
+
+    def decide_leave(self, cell: str, lineage: str, resource: ResourceClass) -> SlotReleased:
+        """``lineage`` leaves ``cell`` for another (moved off a gone cell): its slot of
+        ``resource`` given back, or its place in the queue."""
+        state = self.get(cell)
+        if lineage not in state.holders[resource] and lineage not in state.queued[resource]:
+            raise StateError(
+                f"{shown(lineage)} holds no {resource} slot on cell '{shown(cell)}' and is "
+                "not queued there"
+            )
         return SlotReleased(cell=cell, lineage=lineage, resource=resource)
 
     def decide_wait_on_children(

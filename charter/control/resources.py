@@ -432,8 +432,13 @@ class AdmissionService:
         shared: Shared | None = None,
         host_load: HostLoad = host_cap_inputs,
         monotonic: Callable[[], float] = time.monotonic,
+        peers: Callable[[str], int] = lambda _cell: 0,
     ) -> None:
+        """``peers``: how many other live cells share a cell's host (the adaptive
+        cap's ``live_peers``; the composition root counts them from the cells' claims,
+        :class:`charter.control.placement.Liveness`)."""
         self.journal = journal
+        self.peers = peers
         self.monotonic = monotonic
         if shared is None:
             shared = _Own()
@@ -496,9 +501,15 @@ class AdmissionService:
         """Admissions of ``cell``'s processing queue head(s) (:func:`queue_admissions`)
         on the views as they stand (hold the lock)."""
         cells = self.view.cells
-        state = cells.get(cell)
-        inputs = self.host_load(state.cores, state.failover_reserve)
+        inputs = self.cap_inputs(cell)
         return queue_admissions(cells, cell, inputs, live, freed=freed, dead=dead)
+
+    def cap_inputs(self, cell: str) -> CapInputs:
+        """The adaptive cap's inputs for ``cell`` (configured): this host's load, and
+        its live peers."""
+        state = self.view.cells.get(cell)
+        inputs = self.host_load(state.cores, state.failover_reserve)
+        return inputs.model_copy(update={"live_peers": inputs.live_peers + self.peers(cell)})
 
     def admit_room(self, cell: str, live: Live = _everyone_live) -> bool:
         """Admit queued workers into room no release will announce (a fan-out queued
@@ -573,8 +584,7 @@ class AdmissionService:
         def decide(versions: dict[str, int]) -> Pinned:
             cells = self.view.cells
             release = cells.decide_release(cell, lineage, ResourceClass.COORDINATION)
-            state = cells.get(cell)
-            inputs = self.host_load(state.cores, state.failover_reserve)
+            inputs = self.cap_inputs(cell)
             placed = cells.decide_place(cell, [lineage], ResourceClass.PROCESSING, inputs)
             return Pinned([release, *placed], versions)
 

@@ -51,7 +51,9 @@ from charter.authority import (
 )
 from charter.authority.errors import AuthorityRefusedError
 from charter.budgets import (
+    CapInputs,
     CeilingCheckFailedOpen,
+    CellState,
     FabricCeilings,
     RegistryFacts,
     ResourceClass,
@@ -62,13 +64,15 @@ from charter.budgets import (
 from charter.control.directory import AgentRecord, custody_key_name
 from charter.control.handler import Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
+from charter.control.placement import CellRoom, Liveness, place
 from charter.control.resources import Settling
 from charter.control.views import Views
-from charter.control.workers import WorkerScheduled, WorkerSpec, task_class_of
+from charter.control.workers import WorkerScheduled, WorkerSpec, task_class_of, worker_stream
 from charter.core import (
     BadInputError,
     CharterError,
     Clock,
+    Event,
     InternalError,
     KeyStore,
     Lineage,
@@ -201,6 +205,8 @@ class SpawnService:
         self.views = views or Views()
         self.view = self.views.authority
         self.resources = self.views.resources
+        self.liveness = Liveness()  # which cells run: where children may be placed
+        self.views.watch(self.liveness)
 
     # -- the directory, as a caller sees it ------------------------------------------
 
@@ -276,7 +282,10 @@ class SpawnService:
     ) -> SpawnResult:
         claimed = caller.claimed
         decisions: list[FanoutDecision] = []
-        cell_stream = f"cell:{self.cell}"
+        # Every cell a child may be placed on (the views read first: a process's first
+        # fan-out knows every configured cell); their pins are read together.
+        self.views.refresh(self.journal)
+        cell_streams = [f"cell:{c}" for c in self._placeable(workers)]
         settling = Settling()  # across the tries: a head pin first, then a settle commit
 
         def attempt(versions: dict[str, int]) -> Pinned:
@@ -292,8 +301,9 @@ class SpawnService:
                 trifecta=None if self.trifecta is None else self.trifecta(),
             )
             decision = self._lease(decision, intent, now, settling)
-            decision = self._schedule(decision, workers)
-            decision = self._admit(decision, versions[cell_stream], workers)
+            cells = self._placement(decision, workers, versions, now)
+            decision = self._schedule(decision, workers, cells)
+            decision = self._admit(decision, versions, workers, cells)
             decision = self._ceilings_fail_open(decision, intent)
             decisions.append(decision)
             if decision.refusal is not None:  # journaled as decided, then raised
@@ -317,7 +327,7 @@ class SpawnService:
             done = append_pinned(
                 self.journal,
                 self.views,
-                [*chain, cell_stream],
+                [*chain, *cell_streams],
                 attempt,
                 what=f"a fan-out of {claimed}",
                 retry_on=(AppendConflictError, DeadlinePassedError),
@@ -447,8 +457,43 @@ class SpawnService:
         # Leases go on the parent's stream, which the mints already pinned.
         return decision.joined(leases)
 
+    def _placeable(self, workers: tuple[WorkerSpec, ...] | None) -> list[str]:
+        """The cells a fan-out may place children on: this service's own, every
+        configured one, and every one a worker names (sorted: one order of reads)."""
+        named = {w.cell for w in workers or () if w.cell is not None}
+        return sorted({self.cell, *self.resources.cells.cells(), *named})
+
+    def _placement(
+        self,
+        decision: FanoutDecision,
+        workers: tuple[WorkerSpec, ...] | None,
+        versions: dict[str, int],
+        now: int,
+    ) -> list[str]:
+        """Stage 4a's placement: the cell of each child, by the rule of
+        :mod:`charter.control.placement` over the live cells whose stream this decision
+        read (their caps now, their holders and queues)."""
+        if decision.refusal is not None or workers is None:
+            return []
+        specs = workers * len(decision.children) if len(workers) == 1 else workers
+        return place([s.cell for s in specs], self._rooms(versions, now), self.cell)
+
+    def cap_inputs(self, cell: str, now: int) -> CapInputs | None:
+        """The adaptive cap's inputs for ``cell``: this host's load, and the other live
+        cells on that cell's host (its ``live_peers``: they share its cores). None for a
+        cell with no caps."""
+        state = self.resources.cells.cells().get(cell)
+        if state is None or not state.caps:
+            return None
+        inputs = self.host_load(state.cores, state.failover_reserve)
+        peers = self.liveness.peers_on_host(cell, now)
+        return inputs.model_copy(update={"live_peers": inputs.live_peers + peers})
+
     def _schedule(
-        self, decision: FanoutDecision, workers: tuple[WorkerSpec, ...] | None
+        self,
+        decision: FanoutDecision,
+        workers: tuple[WorkerSpec, ...] | None,
+        cells: list[str],
     ) -> FanoutDecision:
         """Stage 4a: what each child runs, scheduled on the cell before its slot, so a
         cell that sees the slot has already seen the schedule (same append)."""
@@ -459,46 +504,131 @@ class SpawnService:
             WorkerScheduled(
                 fanout=decision.fanout_id,
                 lineage=str(child.lineage),
-                cell=self.cell,
+                cell=cell,
                 argv=spec.argv,
                 inputs=spec.inputs,
                 inputs_digest=spec.digest(),
                 grant_digest=child.sealed.digest.hex(),
                 task_class=spec.task_class or task_class_of(spec.argv),
                 dry_run=spec.dry_run,
+                requested=spec.cell is not None,
             )
-            for child, spec in zip(decision.children, specs, strict=True)
+            for child, spec, cell in zip(decision.children, specs, cells, strict=True)
         )
         return decision.joined(scheduled)
 
     def _admit(
         self,
         decision: FanoutDecision,
-        cell_version: int,
+        versions: dict[str, int],
         workers: tuple[WorkerSpec, ...] | None,
+        cells: list[str],
     ) -> FanoutDecision:
-        """Stage 5: a processing slot on the cell for each child while there is room, the
-        rest queued in order. Pinned to the cell's stream, so two fan-outs never take
-        the same last slot. Children with nothing to run (no workers) take no slot: a
-        slot is room to run, and one held by a child that never runs would keep a
-        scheduled worker queued behind it for as long as its lease lives."""
+        """Stage 5: on each child's cell, a processing slot while there is room, the
+        rest queued in order. Pinned to the stream of every cell it admits on, so two
+        fan-outs never take the same last slot. Children with nothing to run (no
+        workers) take no slot: a slot is room to run, and one held by a child that
+        never runs would keep a scheduled worker queued behind it for as long as its
+        lease lives."""
         if decision.refusal is not None or workers is None:
             return decision
-        cells = self.resources.cells
-        state = cells.cells().get(self.cell)
-        inputs = (
-            self.host_load(state.cores, state.failover_reserve)
-            if state is not None and state.caps
-            else None
+        now = self.clock()
+        by_cell: dict[str, list[str]] = {}
+        for child, cell in zip(decision.children, cells, strict=True):
+            by_cell.setdefault(cell, []).append(str(child.lineage))
+        for cell, lineages in by_cell.items():
+            placed = self.resources.cells.decide_place(
+                cell, lineages, ResourceClass.PROCESSING, self.cap_inputs(cell, now)
+            )
+            if not any(isinstance(e, SlotAdmitted) for e in placed):
+                # Only queued: a queue never oversubscribes, so the cell's stream is not
+                # pinned and concurrent fan-outs do not race for it (the journal orders
+                # their SlotQueued events on that stream itself).
+                decision = decision.joined(placed)
+                continue
+            stream = f"cell:{cell}"
+            if stream not in versions:  # a cell configured after the pins were read
+                raise InternalError(f"cell {cell} was placed on without its stream's pin")
+            decision = decision.joined(placed, {stream: versions[stream]})
+        return decision
+
+    def move_off(
+        self,
+        gone: str,
+        moving: Callable[[], list[tuple[WorkerScheduled, int]]],
+        fence: dict[str, int],
+    ) -> int:
+        """Move the workers of cell ``gone`` that have not started to live cells, by the
+        placement rule: in one append, each one's slot on ``gone`` given back (or its
+        place in the queue), its schedule again naming its new cell, and its slot there
+        (or its place in that queue). ``moving()`` gives, on the views as they stand,
+        each worker to move with its stream's version (its stream holds only its
+        schedules); the append is pinned to those versions (a worker killed or started
+        meanwhile is decided again), to the cells' streams and to ``fence`` (the
+        reaper's claim on ``gone``). Returns how many moved (0: no live cell to take
+        them, or none to move)."""
+        with self.views.lock:
+            self.views.refresh(self.journal)
+        candidates = self._placeable(None)
+        streams = [f"cell:{c}" for c in candidates]
+        moved = 0
+
+        def decide(versions: dict[str, int]) -> Pinned | None:
+            nonlocal moved
+            now = self.clock()
+            workers = moving()
+            if not workers:
+                return None
+            rooms = [room for room in self._rooms(versions, now) if room.cell != gone]
+            if not rooms:
+                return None  # nowhere to go: they wait on the gone cell's queue
+            targets = place([None] * len(workers), rooms, gone)
+            state = self.resources.cells.cells().get(gone) or CellState(gone, {}, 0, 0)
+            events: list[Event] = []
+            pins = {f"cell:{gone}": versions[f"cell:{gone}"], **fence}
+            by_cell: dict[str, list[str]] = {}
+            for (scheduled, version), cell in zip(workers, targets, strict=True):
+                lineage = scheduled.lineage
+                pins[worker_stream(lineage)] = version
+                if (
+                    lineage in state.holders[ResourceClass.PROCESSING]
+                    or lineage in (state.queued[ResourceClass.PROCESSING])
+                ):
+                    events.append(
+                        self.resources.cells.decide_leave(gone, lineage, ResourceClass.PROCESSING)
+                    )
+                events.append(scheduled.model_copy(update={"cell": cell}))
+                by_cell.setdefault(cell, []).append(lineage)
+            for cell, lineages in by_cell.items():
+                placed = self.resources.cells.decide_place(
+                    cell, lineages, ResourceClass.PROCESSING, self.cap_inputs(cell, now)
+                )
+                events.extend(placed)
+                if any(isinstance(e, SlotAdmitted) for e in placed):
+                    pins[f"cell:{cell}"] = versions[f"cell:{cell}"]
+            moved = len(workers)
+            return Pinned(events, pins)
+
+        done = append_pinned(
+            self.journal, self.views, streams, decide, what=f"the move off cell {gone}"
         )
-        lineages = [str(c.lineage) for c in decision.children]
-        placed = cells.decide_place(self.cell, lineages, ResourceClass.PROCESSING, inputs)
-        if not any(isinstance(e, SlotAdmitted) for e in placed):
-            # Only queued: a queue never oversubscribes, so the cell's stream is not
-            # pinned and concurrent fan-outs do not race for it (the journal orders
-            # their SlotQueued events on that stream itself).
-            return decision.joined(placed)
-        return decision.joined(placed, {f"cell:{self.cell}": cell_version})
+        return 0 if done is None else moved
+
+    def _rooms(self, versions: dict[str, int], now: int) -> list[CellRoom]:
+        """The live cells a child may be placed on (their stream read): free processing
+        slots under their cap now, less those held and queued for."""
+        rooms = []
+        for cell in self.liveness.live_cells(now):
+            state = self.resources.cells.cells().get(cell)
+            if f"cell:{cell}" not in versions or state is None or not state.caps:
+                continue
+            cap, _ = self.resources.cells.cap(
+                cell, ResourceClass.PROCESSING, self.cap_inputs(cell, now)
+            )
+            queued = len(state.queued[ResourceClass.PROCESSING])
+            free = cap - state.occupancy(ResourceClass.PROCESSING) - queued
+            rooms.append(CellRoom(cell, max(0, free), queued))
+        return rooms
 
     def _ceilings_fail_open(self, decision: FanoutDecision, intent: SpawnIntent) -> FanoutDecision:
         """Stage 6: the fabric ceilings. FAILS OPEN, on purpose (DESIGN §5): the registry

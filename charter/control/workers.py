@@ -94,6 +94,9 @@ class WorkerSpec(CheckedModel):
     # A test run: its sandbox's egress broker withholds every held credential (journaled,
     # never an empty value), and so do its descendants' (docs/credentials.md).
     dry_run: bool = False
+    # The cell it asks to run on (docs/fabric.md): placed there, live or not; None:
+    # placed by the fabric's rule (charter/control/placement.py).
+    cell: str | None = Field(default=None, min_length=1, max_length=200)
 
     @model_validator(mode="after")
     def _absolute_program(self) -> WorkerSpec:
@@ -134,12 +137,17 @@ class WorkerScheduled(Event):
     # A test run (``charter spawn --dry-run``): every held credential withheld. Left out
     # of the stored payload when false, so journals written before it keep their bytes.
     dry_run: bool = False
+    # Its worker asked for this cell (``WorkerSpec.cell``): it stays there, never moved
+    # off a gone cell (docs/fabric.md). Left out when false, like ``dry_run``.
+    requested: bool = False
 
     @model_serializer(mode="wrap")
     def _without_default_dry_run(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        if isinstance(data, dict) and not data.get("dry_run"):
-            data.pop("dry_run", None)
+        if isinstance(data, dict):
+            for flag in ("dry_run", "requested"):
+                if not data.get(flag):
+                    data.pop(flag, None)
         return data
 
     def stream(self) -> str:
@@ -232,6 +240,17 @@ class CellStarted(Event):
     pid: int
     host: str
     claim_until_ms: int | None = Field(default=None, ge=0)
+    # A live peer cell that found this cell gone by time and took it over only to fail
+    # its started workers and move the rest (docs/fabric.md); it runs nothing as this
+    # cell and gives the claim up when done. None (left out): the cell itself.
+    reaped_by: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_reaper(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("reaped_by") is None:
+            data.pop("reaped_by", None)
+        return data
 
     def stream(self) -> str:
         return cellrun_stream(self.cell)
@@ -398,6 +417,7 @@ class WorkerLifecycle:
         claim_ms: int,
         last: Callable[[], tuple[int, int | None]],
         take_over: bool = False,
+        reaped_by: str | None = None,
     ) -> CellStarted | None:
         """Journal the next incarnation of the cell holding a claim for ``claim_ms``,
         pinned to the run stream as read (two processes starting together cannot both
@@ -421,6 +441,7 @@ class WorkerLifecycle:
                 pid=pid,
                 host=host,
                 claim_until_ms=now + claim_ms,
+                reaped_by=reaped_by,
             )
             return Pinned([started], {stream: versions[stream], claims: versions[claims]})
 
@@ -486,6 +507,17 @@ class WorkerLifecycle:
             raise CellSupersededError("this cell holds no claim: open it first")
         return self.claim
 
+    def pins(self) -> dict[str, int]:
+        """The pin on this incarnation's claim (a reaper's moves carry it)."""
+        return self._fence()
+
+    def give_up(self) -> None:
+        """End this incarnation's claim now (a renewal to now), unless it was fenced or
+        lapsed: the next incarnation takes the cell at once."""
+        if self.claim is not None:
+            with contextlib.suppress(CharterError):
+                self.renew(0)
+
     def _fence(self) -> dict[str, int]:
         """The pin every decision of this incarnation carries (none before it holds a
         claim: a kill journaled then is anyone's, like the CLI's)."""
@@ -532,11 +564,14 @@ class WorkerLifecycle:
         *,
         chain: dict[str, int],
         tracking: tuple[str, int],
+        version: int = 1,
     ) -> bool:
         """Journal a worker's start (``events``) with the follower's ``tracking``
-        position, pinned to its schedule being the last entry of its stream (so it
-        starts at most once, and never after a kill), to this incarnation's claim (a
-        fenced one starts nothing; nor does one past its claim's lapse) and to
+        position, pinned to its schedule being the last entry of its stream, at
+        ``version`` (1; more for a worker moved off a gone cell, whose stream holds
+        only its schedules), so it starts at most once and never after a kill; to
+        this incarnation's claim (a fenced one starts nothing; nor does one past its
+        claim's lapse) and to
         ``chain`` (no revocation or lease change above it since). False, with nothing
         appended, when a revocation above it is already folded. A refused append
         raises (``AppendConflictError``, ``AlreadyTrackedError``,
@@ -548,7 +583,7 @@ class WorkerLifecycle:
             del versions
             if self.views.authority.revoked_above(Lineage(lineage)) is not None:
                 return None
-            expect = {worker_stream(lineage): 1, **self._fence(), **chain}
+            expect = {worker_stream(lineage): version, **self._fence(), **chain}
             return Pinned(events, expect, deadline_ms=claim.until_ms, tracking=tracking)
 
         try:

@@ -8,8 +8,9 @@ append raises :class:`~charter.ledger.errors.AppendFailedError` and leaves nothi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from uuid import UUID, uuid4
 
 from eventsourcing.persistence import IntegrityError, PersistenceError, ProcessRecorder, Tracking
@@ -49,6 +50,9 @@ from charter.ledger._rows import (
     payload_bytes,
 )
 from charter.ledger._stores import Store, refuse_existing, store_for
+
+if TYPE_CHECKING:
+    from charter.ledger._listen import CommitListener
 from charter.ledger.errors import (
     AlreadyTrackedError,
     AppendConflictError,
@@ -227,6 +231,20 @@ class Journal(JournalReader):
         if self._app is not None:
             self._app.close()
         super().close()
+
+    def listen(self, on_commit: Callable[[], None]) -> CommitListener | None:
+        """Call ``on_commit()`` after every commit any writer makes to this journal, and
+        after each (re)connection of the listener (so a follower catches up from its
+        own position): a PostgreSQL journal's ``LISTEN`` (one notification per
+        committed transaction, a group commit's included, delivered after the commit;
+        ``charter/ledger/_listen.py``). None on SQLite, which has no such channel: its
+        followers poll. Close what it returns to stop listening."""
+        if self.location.kind != "postgresql" or self.location.conninfo is None:
+            return None
+        # Loaded only here: a SQLite journal's process never loads the PostgreSQL driver.
+        from charter.ledger._listen import CommitListener
+
+        return CommitListener(self.location.conninfo, on_commit)
 
     @property
     def application(self) -> JournalApplication:

@@ -342,8 +342,9 @@ class Fold:
         lineage, cell = p["lineage"], p["cell"]
         queued = (cell, _PROCESSING, lineage) in self.queue
         row = [lineage, position, None, cell, "queued" if queued else "admitted"]
-        if lineage in self.workers:  # never twice on one stream; replace, do not fork
+        if lineage in self.workers:  # moved off a gone cell: replace, do not fork
             self._worker_status(lineage, str(row[W_STATUS]), position)
+            self.workers[lineage][3] = cell  # its new cell (docs/fabric.md)
         else:
             self.workers[lineage] = row
 
@@ -414,6 +415,8 @@ class Fold:
         key = (p["cell"], p["resource"], p["lineage"])
         if key in self.slots:
             self._close_slot(key, position)
+        if key in self.queue:  # a queued worker moved to another cell leaves the queue
+            self._close_queued(key, position)
 
     def _agent_registered(self, position: int, p: dict[str, Any], at: str) -> None:
         """The first registration's node stays (nodes are inserted or ignored)."""

@@ -8,7 +8,6 @@ saying once the incarnation is fenced.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
@@ -110,9 +109,7 @@ class Claimant:
     def give_up(self) -> None:
         """End the claim now (a renewal to now): the next incarnation takes the cell at
         once. A claim already fenced or lapsed is left as it is."""
-        if self.lifecycle.claim is not None:
-            with contextlib.suppress(CharterError):
-                self.lifecycle.renew(0)
+        self.lifecycle.give_up()
 
 
 def process_alive(pid: int) -> bool:

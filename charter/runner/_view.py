@@ -29,6 +29,9 @@ class WorkerRecord:
 
     scheduled: WorkerScheduled
     position: int
+    # Its stream's version at its (latest) schedule: 1, or more once it was moved off a
+    # gone cell (a move is pinned to the stream holding only its schedules).
+    version: int = 1
     sandbox_id: str | None = None
     host_uid: int | None = None
     exit_code: int | None = None  # its sandbox's command ended (SandboxExited)
@@ -115,9 +118,10 @@ class WorkersView(JournalFold):
                 if earlier is not None and earlier.live:  # replaced, as on_cell sees it
                     self.live_count[earlier.scheduled.cell] -= 1
                 self.live_count[event.cell] = self.live_count.get(event.cell, 0) + 1
-                self.workers[event.lineage] = WorkerRecord(event, position)
+                version = 1 if earlier is None else earlier.version + 1
+                self.workers[event.lineage] = WorkerRecord(event, position, version)
                 parent = event.lineage.rpartition("/")[0]
-                if parent in self.workers:
+                if parent in self.workers and earlier is None:
                     self.workers[parent].children.append(event.lineage)
             case GrantMinted():
                 self.grants[str(event.lineage)] = event

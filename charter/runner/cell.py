@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import threading
 import time
@@ -55,6 +56,7 @@ from charter.ledger import (
     AlreadyTrackedError,
     AppendConflictError,
     AppendFailedError,
+    CommitListener,
     Committed,
 )
 from charter.runner._caps import WorkerCaps, worker_caps
@@ -66,6 +68,7 @@ from charter.runner._follow import Follower, Settle, kill_policy, revocation_kil
 from charter.runner._journal_allowance import JournalAllowance
 from charter.runner._kill import kill_uid
 from charter.runner._logs import WorkerLogs
+from charter.runner._reap import gone_peers, movable
 from charter.runner._supervise import Supervisor, load_policy
 from charter.runner._verdicts import VerdictActs
 from charter.runner._view import WorkerRecord, WorkersView
@@ -107,6 +110,9 @@ _STDERR_TAIL = 1000  # bytes of a failed worker's stderr kept in its end event
 _SETTLE_TRIES = 5  # a failed driver's settlement, each on a fresh read of the journal
 _SETTLE_PAUSE_S = 0.2
 _DESCENDANTS_WAIT_S = 10.0  # a parent's end waits this long for its killed children
+# Listening, the cell also steps this often with no commit announced: a peer's claim
+# lapses and a lease expires with nothing committed.
+_LISTEN_BACKSTOP_S = 0.25
 # What refuses a worker's start (it ends failed_to_start, the cell goes on): its lease
 # spent or too small for a sandbox; or no sandbox: every host uid held, a build bwrap
 # refused, no room in the pool, a host that stopped isolating.
@@ -186,6 +192,8 @@ class Cell:
         self._stepped = 0  # the views' position the last step decided on
         self._parked_base = 1  # idle sandboxes parked ahead: the processing cap (open)
         self.changed = threading.Condition(self._lock)
+        self._listener: CommitListener | None = None  # a PostgreSQL journal's LISTEN
+        self._commits = 0  # commits the listener announced (the run loop's wake-ups)
         # Run for each worker recovery fails, before its lease returns (the door settles
         # the model calls a dead incarnation left unsettled: docs/model-door.md).
         self.before_recovered_end: Callable[[str], object] = lambda _lineage: None
@@ -285,6 +293,7 @@ class Cell:
             self.verdicts.on_committed = self.supervisor.committed
         filler.start()
         self.claimant.renew_every_third(self.claim_s, self._fence)
+        self._listener = self.journal.listen(self._committed)
         return started
 
     def _fence(self, fenced: CellSupersededError) -> None:
@@ -326,6 +335,8 @@ class Cell:
         if driver is not None:
             driver.filler.stop_building()
         self.claimant.stop()
+        if self._listener is not None:
+            self._listener.close()
         with self._lock:
             self.refresh()
             reason = "the cell is shutting down"
@@ -369,37 +380,81 @@ class Cell:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _recover(self) -> None:
-        """Fail every worker a previous incarnation started and did not end: journal
+    def _recover(self, cell: str | None = None, lifecycle: WorkerLifecycle | None = None) -> None:
+        """Fail every worker a previous incarnation of ``cell`` (this one's, or a gone
+        peer's this cell reaps through ``lifecycle``) started and did not end: journal
         its kill, then kill what survives of its sandbox, journal its end, return its
         lease and slot. A survivor is killed only under its host uid held here: a uid
         another holder has taken since belongs to that holder's sandbox, never to be
         touched (its processes are not the dead worker's)."""
+        cell = cell or self.cell
+        lifecycle = lifecycle or self.lifecycle
         failed: list[str] = []
         state = self.state_dir or default_state_dir()
-        for w in self.view.on_cell(self.cell):
+        for w in self.view.on_cell(cell):
             if not (w.live and w.sandbox_id is not None):
                 continue
-            reason = (
-                f"lost with its cell: incarnation {self.incarnation} of cell {self.cell} "
-                "took over from the one that started it"
-            )
+            if cell == self.cell:
+                reason = (
+                    f"lost with its cell: incarnation {self.incarnation} of cell {cell} "
+                    "took over from the one that started it"
+                )
+            else:
+                reason = f"lost with its cell: cell {self.cell} found cell {cell} gone"
             if w.killed is None:  # the kill is journaled before it is done
-                self.lifecycle.record([WorkerKilled(lineage=w.lineage, reason=reason)])
+                lifecycle.record([WorkerKilled(lineage=w.lineage, reason=reason)])
             if w.host_uid is not None:
                 held = hold_uid(state, w.host_uid)
                 if held is not None:
                     with held:
                         kill_uid(w.host_uid)
-            self.before_recovered_end(w.lineage)
+            if cell == self.cell:
+                self.before_recovered_end(w.lineage)
             if w.exit_code is None:
-                self._end(w, "lost", None, reason, discard=True)
+                self._end(w, "lost", None, reason, discard=True, lifecycle=lifecycle)
             else:  # it had exited; only its teardown was cut short
                 outcome, signal = w.exit_outcome()
-                self._end(w, outcome, w.exit_code, reason, discard=True, signal=signal)
+                self._end(w, outcome, w.exit_code, reason, discard=True, signal=signal,
+                          lifecycle=lifecycle)  # fmt: skip
             failed.append(w.lineage)
         for lineage in failed:  # nobody waits for their children any more
             self._kill_descendants(lineage, f"parent {lineage} was lost with its cell")
+
+    def _reap_gone_peers(self) -> None:
+        """Reap every peer cell found gone by time with work left (``gone_peers``)."""
+        with self._lock:
+            gone = gone_peers(self.cell, self.view, now_ms())
+        for peer in gone:
+            self._reap(peer)
+
+    def _reap(self, gone: str) -> None:
+        """Take the gone cell over as its reaper (a ``CellStarted`` with ``reaped_by``,
+        pinned like any takeover: of several peers racing, one writer wins), move its
+        workers that have not started to live cells (:meth:`SpawnService.move_off`),
+        fail those it had started, as its own next incarnation would (`_recover`:
+        their parents see their ``lost`` ends), and give its claim up at once."""
+        reaper = WorkerLifecycle(self.journal, self.app.views, self.budgets, self.admission, gone)
+        started = reaper.begin(
+            os.getpid(),
+            socket.gethostname(),
+            claim_ms=int(self.claim_s * 1000),
+            last=lambda: self.view.claim(gone),
+            reaped_by=self.cell,
+        )
+        if started is None:  # it renewed, restarted, or another peer reaps it
+            return
+        try:
+            self.app.spawn_service().move_off(gone, lambda: movable(gone, self.view), reaper.pins())
+            with self._lock:
+                self.refresh()
+                self._recover(gone, reaper)
+        except CellSupersededError:
+            return  # the cell itself came back (or another reaper): it fails them
+        except CharterError as error:  # the journal unavailable, races lost: tried again
+            print(f"charter cell {self.cell}: reaping {gone}: {error}", file=sys.stderr)
+        finally:  # (this peer's next step, once its claim is given up, or another peer)
+            reaper.give_up()
+        self._notify()
 
     # -- following -------------------------------------------------------------------
 
@@ -424,6 +479,7 @@ class Cell:
             self._admit_room()
             self._stepped = self.view.position  # what this step decides on
             admitted = self.follower.admitted()
+        self._reap_gone_peers()  # a peer gone by time: its workers failed or moved
         self._carry_out_kills()  # whoever committed them
         self.verdicts.carry_out()  # likewise every committed verdict
         self._park_for_demand()
@@ -491,22 +547,42 @@ class Cell:
         state = cells.cells().get(self.cell)
         if state is None or not state.caps or not state.queued[ResourceClass.PROCESSING]:
             return False
-        inputs = self.host_load(state.cores, state.failover_reserve)
-        cap, _ = cells.cap(self.cell, ResourceClass.PROCESSING, inputs)
+        cap, _ = cells.cap(
+            self.cell, ResourceClass.PROCESSING, self.admission.cap_inputs(self.cell)
+        )
         return state.occupancy(ResourceClass.PROCESSING) < cap
 
     def run(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.01) -> None:
         """Follow the journal until ``until()`` is true. Between steps it waits only
         while nothing was committed since the last step read the journal: a commit
         this process folded meanwhile (a driver's end admitting the next worker, as
-        the step ran) is stepped on at once, not after ``poll_s``."""
+        the step ran) is stepped on at once, not after ``poll_s``.
+
+        On a PostgreSQL journal the cell listens (``Journal.listen``): any writer's
+        commit (another cell's, the CLI's) wakes it at once, and it reads the journal
+        only then, or every :data:`_LISTEN_BACKSTOP_S` for what time alone changes
+        (a peer's claim lapsing, an expiry). On SQLite it polls the head every
+        ``poll_s``."""
         while not until():
-            if self.step() == 0:
-                head = self.journal.head()
+            commits = self._commits
+            if self.step() != 0:
+                continue
+            if self._listener is not None:
                 with self.changed:
-                    seen = self._stepped
-                    if self.view.position <= seen and (head is None or head[0] <= seen):
-                        self.changed.wait(poll_s)
+                    if self.view.position <= self._stepped and self._commits == commits:
+                        self.changed.wait(_LISTEN_BACKSTOP_S)
+                continue
+            head = self.journal.head()
+            with self.changed:
+                seen = self._stepped
+                if self.view.position <= seen and (head is None or head[0] <= seen):
+                    self.changed.wait(poll_s)
+
+    def _committed(self) -> None:
+        """A commit to the journal by anyone (the listener's thread): step again."""
+        with self.changed:
+            self._commits += 1
+            self.changed.notify_all()
 
     def running(self) -> int:
         """How many workers this cell runs now (their sandboxes held here)."""
@@ -570,7 +646,11 @@ class Cell:
                 # the schedule and nothing since; no revocation above it since; this
                 # incarnation still the newest (a superseded one never starts anything)
                 took = self.lifecycle.start(
-                    w.lineage, events, chain=chain, tracking=(self.tracking, position)
+                    w.lineage,
+                    events,
+                    chain=chain,
+                    tracking=(self.tracking, position),
+                    version=w.version,
                 )
                 if took:
                     driver.hold(w.lineage, slot)
@@ -729,11 +809,13 @@ class Cell:
         signal: int | None = None,
         exited: tuple[SandboxExited, ...] = (),
         usage: Budget | None = None,
+        lifecycle: WorkerLifecycle | None = None,
     ) -> None:
         """Journal ``w``'s end with its lease's return and its settlement, in one append
         (:meth:`WorkerLifecycle.end`), with its sandbox's ``exited`` and its ``usage``
-        charged when they are not journaled yet; never a second end."""
-        self.lifecycle.end(
+        charged when they are not journaled yet; never a second end (``lifecycle``: a
+        reaped peer's, for its workers)."""
+        (lifecycle or self.lifecycle).end(
             lineage=w.lineage,
             sandbox_id=w.sandbox_id,
             outcome=outcome,

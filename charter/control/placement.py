@@ -1,0 +1,123 @@
+"""Placement: which cell each child of a fan-out runs on (docs/fabric.md).
+
+Several cells (``charter cell run`` processes, one per host) follow one PostgreSQL
+journal. A fan-out decides, in the same append as its grants, leases and slots, the
+cell each child is scheduled on (``WorkerScheduled.cell``, then its ``SlotAdmitted`` or
+``SlotQueued`` on that cell's stream): the placement is journaled, and pinned to every
+cell stream it read, so two fan-outs never take one last slot.
+
+The rule (:func:`place`), for each child in order:
+
+1. a child whose worker names a cell (``WorkerSpec.cell``) goes to that cell, live or
+   not (it queues there until that cell runs and has room);
+2. otherwise, among the *live* cells (configured with a processing cap, their newest
+   incarnation's claim not lapsed) the one with the most free processing slots (its
+   cap now, less the slots held, less the workers queued there, less the children this
+   fan-out already placed there); ties by the cell's id. When none has a free slot,
+   the live cell with the fewest queued (ties by id) queues it;
+3. with no live cell, the spawning service's own cell (``settings.cell``), as with one
+   cell: the child queues there until that cell runs.
+
+A cell's liveness is its claim (docs/cell.md, "Gone by time"), folded here from
+``CellStarted`` and ``CellClaimRenewed`` (:class:`Liveness`). A cell found gone by a
+live peer is reaped by it (``charter/runner/_reap.py``): its started workers failed,
+the others moved by this same rule (:meth:`charter.control.SpawnService.move_off`),
+except those whose worker asked for that cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from charter.control.workers import CellClaimRenewed, CellStarted
+from charter.core.events import Event
+from charter.ledger import JournalFold
+
+__all__ = ["CellRoom", "Liveness", "place"]
+
+
+class Liveness(JournalFold):
+    """Each cell's newest incarnation and its claim: live while the claim holds."""
+
+    types = (CellStarted.type_name, CellClaimRenewed.type_name)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: dict[str, CellStarted] = {}
+        self.until: dict[str, int | None] = {}
+
+    def apply(self, event: Event, position: int, at_ms: int) -> None:
+        del position, at_ms
+        if isinstance(event, CellStarted):
+            self.started[event.cell] = event
+            self.until[event.cell] = event.claim_until_ms
+        elif isinstance(event, CellClaimRenewed):
+            newest = self.started.get(event.cell)
+            if newest is not None and newest.incarnation == event.incarnation:
+                self.until[event.cell] = event.until_ms
+
+    def live(self, cell: str, at_ms: int) -> bool:
+        """Whether ``cell``'s newest incarnation holds its claim at ``at_ms`` (one
+        written before claims existed, with no bound, counts as live). A peer reaping a
+        gone cell holds its claim but runs nothing there: not live."""
+        started = self.started.get(cell)
+        if started is None or started.reaped_by is not None:
+            return False
+        until = self.until.get(cell)
+        return until is None or at_ms < until
+
+    def live_cells(self, at_ms: int) -> list[str]:
+        return sorted(c for c in self.started if self.live(c, at_ms))
+
+    def peers_on_host(self, cell: str, at_ms: int) -> int:
+        """How many other live cells run on ``cell``'s host (its newest incarnation's):
+        the adaptive cap's ``live_peers``, since they share its cores."""
+        own = self.started.get(cell)
+        if own is None:
+            return 0
+        return sum(
+            1
+            for other, started in self.started.items()
+            if other != cell and started.host == own.host and self.live(other, at_ms)
+        )
+
+
+@dataclass
+class CellRoom:
+    """One live cell as a placement sees it: its free processing slots and its queue."""
+
+    cell: str
+    free: int
+    queued: int
+
+
+def place(requested: Sequence[str | None], live: Sequence[CellRoom], fallback: str) -> list[str]:
+    """The cell of each child (``requested[i]``: the cell its worker names, or None), by
+    the rule in the module docstring. Pure: ``live`` is updated only in a copy."""
+    rooms = {r.cell: CellRoom(r.cell, r.free, r.queued) for r in live}
+    chosen: list[str] = []
+    for asked in requested:
+        if asked is not None:
+            chosen.append(asked)
+            if asked in rooms:
+                _take(rooms[asked])
+            continue
+        if not rooms:
+            chosen.append(fallback)
+            continue
+        free = [r for r in rooms.values() if r.free > 0]
+        if free:
+            best = min(free, key=lambda r: (-r.free, r.cell))
+        else:
+            best = min(rooms.values(), key=lambda r: (r.queued, r.cell))
+        _take(best)
+        chosen.append(best.cell)
+    return chosen
+
+
+def _take(room: CellRoom) -> None:
+    if room.free > 0:
+        room.free -= 1
+    else:
+        room.queued += 1

@@ -1,0 +1,40 @@
+"""Which gone peers a cell reaps, and what of theirs moves: the follower's side of the
+fabric's failure handling (docs/fabric.md). Pure over the cell's view; the cell
+journals (``Cell._reap``), through the gone cell's own lifecycle and the spawn
+service's placement."""
+
+from __future__ import annotations
+
+from charter.control import WorkerScheduled
+from charter.runner._view import WorkersView
+
+__all__ = ["gone_peers", "movable"]
+
+
+def gone_peers(cell: str, view: WorkersView, at_ms: int) -> list[str]:
+    """The other cells gone by time at ``at_ms`` (their newest incarnation's claim
+    lapsed, none renewed it) with work a peer must take: a started worker not ended (it
+    is failed, its parent told) or one not started that may move (``movable``)."""
+    return sorted(
+        other
+        for other in view.incarnations
+        if other != cell
+        and view.gone(other, at_ms)
+        and view.live_count.get(other, 0) > 0
+        and any(w.live and (w.sandbox_id is not None or _may_move(w.scheduled, w.killed))
+                for w in view.on_cell(other))
+    )  # fmt: skip
+
+
+def movable(gone: str, view: WorkersView) -> list[tuple[WorkerScheduled, int]]:
+    """The workers of ``gone`` that move to a live cell, each with its stream's version:
+    not started, not killed, not asked for that cell by their worker."""
+    return [
+        (w.scheduled, w.version)
+        for w in view.on_cell(gone)
+        if w.live and w.sandbox_id is None and _may_move(w.scheduled, w.killed)
+    ]
+
+
+def _may_move(scheduled: WorkerScheduled, killed: str | None) -> bool:
+    return killed is None and not scheduled.requested
