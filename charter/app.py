@@ -33,6 +33,7 @@ from charter.control import (
     Caller,
     Ceiling,
     HostLoad,
+    OwnSandboxDeclared,
     SpawnResult,
     SpawnService,
     VerdictAction,
@@ -540,8 +541,37 @@ class Charter:
     def agents(self) -> list[AgentRecord]:
         return self._spawner.agents()
 
-    def add_agent(self, name: str, ceiling: Ceiling) -> AgentRecord:
-        return register_root(self.journal, self.keys, name, ceiling)
+    def add_agent(
+        self, name: str, ceiling: Ceiling, *, own_sandbox: tuple[str, ...] | None = None
+    ) -> AgentRecord:
+        """Register durable agent ``name`` under ``ceiling``. With ``own_sandbox`` (the
+        program it runs), it is an own-sandbox agent (docs/delegation.md): workers may
+        delegate to it, each delegation running that program under the ceiling (its
+        declared tools, egress and secrets) and reserving the ceiling's budget from the
+        caller; its ``OwnSandboxDeclared`` joins the registration's append."""
+        if own_sandbox is None:
+            return register_root(self.journal, self.keys, name, ceiling)
+        if ceiling.depth < 1:
+            raise BadInputError(
+                "an own-sandbox agent needs depth 1 or more: each delegation is minted one "
+                "level below it (the delegate itself gets depth 0 and cannot spawn)"
+            )
+        try:
+            argv = WorkerSpec(argv=own_sandbox).argv
+        except ValidationError as e:
+            raise BadInputError(f"the own-sandbox program: {describe_invalid(e)}") from e
+        return register_root(
+            self.journal, self.keys, name, ceiling,
+            declared=lambda lineage: (
+                OwnSandboxDeclared(name=name, lineage=lineage, argv=argv, budget=ceiling.budget),
+            ),
+        )  # fmt: skip
+
+    def delegate(self, caller: Caller, agent: str, inputs: tuple[str, ...] = ()) -> SpawnResult:
+        """``caller`` (a worker, as its door resolves it) delegates to own-sandbox agent
+        ``agent`` (:meth:`SpawnService.delegate`): one delegate scheduled on this host's
+        cell, its lease carved out of the caller's remainder."""
+        return self._spawner.delegate(caller, agent, inputs)
 
     def spawn(
         self,

@@ -10,6 +10,7 @@ import functools
 import getpass
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -24,8 +25,11 @@ from charter.authority import (
     spawn_tool_definition,
 )
 from charter.cli._common import EXIT_REFUSED, AsciiIntRange, Ctx, describe_invalid, json_option
+from charter.cli.scan import load as load_definitions
+from charter.cli.scan import scan_home as scan_definitions
 from charter.control import AgentRecord, Ceiling, WorkerSpec
 from charter.core import MAX_LINEAGE_DEPTH, Budget, CharterError, RefusedError
+from charter.core.home import charter_home
 
 __all__ = ["DEFAULT_CEILING_BUDGET", "agent_group", "grant_options", "spawn", "spawn_schema"]
 
@@ -143,15 +147,91 @@ def agent_group() -> None:
 
 @agent_group.command("add")
 @click.argument("name")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")
+@click.option(
+    "--own-sandbox",
+    "own_sandbox",
+    is_flag=True,
+    help="An agent workers delegate to (docs/delegation.md): each delegation runs "
+    "CMD ARGS in a sandbox of its own under this ceiling (its tools, egress, secrets) "
+    "and reserves --budget from the caller.",
+)
+@click.option(
+    "--from",
+    "definition",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Take NAME's profile from a definition file (docs/scan.md): its egress, "
+    "secrets, tools, run and [limits] budget replace the options; implies --own-sandbox "
+    'for sandbox = "own". The file must scan clean.',
+)
 @grant_options
 @click.pass_obj
-def agent_add(ctx: Ctx, name: str, ceiling: Ceiling) -> None:
+def agent_add(
+    ctx: Ctx,
+    name: str,
+    command: tuple[str, ...],
+    own_sandbox: bool,
+    definition: Path | None,
+    ceiling: Ceiling,
+) -> None:
     """Register durable agent NAME: a custody key in the Charter home, a directory entry
-    with its trust root, and its ceiling grant, journaled together."""
+    with its trust root, and its ceiling grant, journaled together.
+
+    With --own-sandbox and `-- CMD ARGS...` (or --from FILE), NAME is an own-sandbox
+    agent: workers delegate to it through their door, and each delegation runs CMD in a
+    sandbox of its own under NAME's ceiling, never the caller's."""
+    if definition is not None:
+        if command:
+            raise click.UsageError("--from takes the program from the file's `run`")
+        ceiling, command, own_sandbox = _from_definition(definition, name, ceiling)
+    if own_sandbox and not command:
+        raise click.UsageError("--own-sandbox runs a program: give -- CMD ARGS...")
+    if command and not own_sandbox:
+        raise click.UsageError("CMD ARGS are an own-sandbox agent's program: add --own-sandbox")
     with ctx.open_charter() as charter:
-        record = charter.add_agent(name, ceiling)
-    ctx.status(f"registered {record.lineage}")
-    ctx.emit(record.to_json(), _describe(record))
+        record = charter.add_agent(name, ceiling, own_sandbox=command if own_sandbox else None)
+    ctx.status(f"registered {record.lineage}" + (" (own sandbox)" if own_sandbox else ""))
+    ctx.emit({**record.to_json(), "own_sandbox": list(command) or None}, _describe(record))
+
+
+def _from_definition(
+    path: Path, name: str, ceiling: Ceiling
+) -> tuple[Ceiling, tuple[str, ...], bool]:
+    """NAME's ceiling and program from a definition file, which must scan clean (the
+    findings are printed and the command exits 4, as `charter scan` would)."""
+    definitions = load_definitions(path)
+    found = [a for a in definitions.agent if a.name == name]
+    if not found:
+        raise click.BadParameter(f"{path} defines no agent {name!r}", param_hint="--from")
+    scanned = scan_definitions(definitions, str(path), home=charter_home())
+    findings = [f for f in scanned if f.agent == name]
+    if findings:
+        for f in findings:
+            click.echo(f"{f.file}: {f.agent}: {f.rule}: {f.detail}", err=True)
+        click.echo(f"charter: refused: {path} does not scan clean for {name}", err=True)
+        raise click.exceptions.Exit(EXIT_REFUSED)
+    agent = found[0]
+    own = agent.sandbox == "own"
+    if own and not agent.run:
+        raise click.BadParameter(f"{path}: agent {name}: an own-sandbox agent needs `run`")
+    if own and agent.limits is not None and (agent.limits.depth or agent.limits.fanout):
+        raise click.BadParameter(
+            f"{path}: agent {name}: a delegate cannot spawn or delegate (depth one): its "
+            "[limits] depth and fanout must be 0"
+        )
+    update: dict[str, Any] = {
+        "egress": frozenset(agent.egress),
+        "secrets": frozenset(agent.secrets),
+        "tools": frozenset(agent.tools),
+    }
+    if agent.limits is not None and agent.limits.budget is not None:
+        update["budget"] = Budget.parse(agent.limits.budget)
+    try:
+        built = Ceiling.model_validate({**ceiling.model_dump(), **update})
+    except ValidationError as e:
+        raise click.BadParameter(f"{path}: {describe_invalid(e)}") from e
+    return built, agent.run, own
 
 
 @agent_group.command("list")
