@@ -154,7 +154,13 @@ def agent_group() -> None:
     is_flag=True,
     help="An agent workers delegate to (docs/delegation.md): each delegation runs "
     "CMD ARGS in a sandbox of its own under this ceiling (its tools, egress, secrets) "
-    "and reserves --budget from the caller.",
+    "and reserves --delegate-budget from the caller.",
+)
+@click.option(
+    "--delegate-budget",
+    "delegate_budget",
+    metavar="VECTOR",
+    help="What one delegation reserves from its caller (all five axes; within --budget).",
 )
 @click.option(
     "--from",
@@ -172,6 +178,7 @@ def agent_add(
     name: str,
     command: tuple[str, ...],
     own_sandbox: bool,
+    delegate_budget: str | None,
     definition: Path | None,
     ceiling: Ceiling,
 ) -> None:
@@ -181,25 +188,38 @@ def agent_add(
     With --own-sandbox and `-- CMD ARGS...` (or --from FILE), NAME is an own-sandbox
     agent: workers delegate to it through their door, and each delegation runs CMD in a
     sandbox of its own under NAME's ceiling, never the caller's."""
+    reserve = _budget(delegate_budget) if delegate_budget is not None else None
     if definition is not None:
-        if command:
-            raise click.UsageError("--from takes the program from the file's `run`")
-        ceiling, command, own_sandbox = _from_definition(definition, name, ceiling)
-    if own_sandbox and not command:
-        raise click.UsageError("--own-sandbox runs a program: give -- CMD ARGS...")
-    if command and not own_sandbox:
-        raise click.UsageError("CMD ARGS are an own-sandbox agent's program: add --own-sandbox")
+        if command or reserve is not None:
+            raise click.UsageError("--from takes the program and budget from the file")
+        ceiling, command, reserve, own_sandbox = _from_definition(definition, name, ceiling)
+    if own_sandbox and not (command and reserve is not None):
+        raise click.UsageError(
+            "--own-sandbox runs a program under a budget: give --delegate-budget and -- CMD ARGS..."
+        )
+    if (command or reserve is not None) and not own_sandbox:
+        raise click.UsageError("CMD ARGS and --delegate-budget are an own-sandbox agent's")
     with ctx.open_charter() as charter:
-        record = charter.add_agent(name, ceiling, own_sandbox=command if own_sandbox else None)
+        record = charter.add_agent(
+            name, ceiling, own_sandbox=command or None, delegate_budget=reserve
+        )
     ctx.status(f"registered {record.lineage}" + (" (own sandbox)" if own_sandbox else ""))
     ctx.emit({**record.to_json(), "own_sandbox": list(command) or None}, _describe(record))
 
 
+def _budget(text: str) -> Budget:
+    try:
+        return Budget.parse(text)
+    except (CharterError, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="--delegate-budget") from e
+
+
 def _from_definition(
     path: Path, name: str, ceiling: Ceiling
-) -> tuple[Ceiling, tuple[str, ...], bool]:
-    """NAME's ceiling and program from a definition file, which must scan clean (the
-    findings are printed and the command exits 4, as `charter scan` would)."""
+) -> tuple[Ceiling, tuple[str, ...], Budget | None, bool]:
+    """NAME's ceiling, program and delegation budget from a definition file, which must
+    scan clean (the findings are printed and the command exits 4, as `charter scan`
+    would)."""
     definitions = load_definitions(path)
     found = [a for a in definitions.agent if a.name == name]
     if not found:
@@ -212,38 +232,28 @@ def _from_definition(
         click.echo(f"charter: refused: {path} does not scan clean for {name}", err=True)
         raise click.exceptions.Exit(EXIT_REFUSED)
     agent = found[0]
-    own = agent.sandbox == "own"
-    if own and not agent.run:
+    try:
+        built = Ceiling.model_validate(
+            ceiling.model_dump()
+            | {
+                "egress": frozenset(agent.egress),
+                "secrets": frozenset(agent.secrets),
+                "tools": frozenset(agent.tools),
+            }
+        )
+    except ValidationError as e:
+        raise click.BadParameter(f"{path}: {describe_invalid(e)}") from e
+    if agent.sandbox != "own":
+        return built, (), None, False
+    limits = agent.limits
+    if not agent.run or limits is None or limits.budget is None:  # scanned: limits whole
         raise click.BadParameter(f"{path}: agent {name}: an own-sandbox agent needs `run`")
-    if own and agent.limits is not None and (agent.limits.depth or agent.limits.fanout):
+    if limits.depth or limits.fanout:
         raise click.BadParameter(
             f"{path}: agent {name}: a delegate cannot spawn or delegate (depth one): its "
             "[limits] depth and fanout must be 0"
         )
-    update: dict[str, Any] = {
-        "egress": frozenset(agent.egress),
-        "secrets": frozenset(agent.secrets),
-        "tools": frozenset(agent.tools),
-    }
-    if agent.limits is not None and agent.limits.budget is not None:
-        update["budget"] = Budget.parse(agent.limits.budget)
-    try:
-        built = Ceiling.model_validate({**ceiling.model_dump(), **update})
-    except ValidationError as e:
-        raise click.BadParameter(f"{path}: {describe_invalid(e)}") from e
-    return built, agent.run, own
-
-
-@agent_group.command("list")
-@click.pass_obj
-def agent_list(ctx: Ctx) -> None:
-    """List the durable agents in the directory."""
-    with ctx.open_charter() as charter:
-        records = charter.agents()
-    ctx.emit(
-        [r.to_json() for r in records],
-        "\n".join(_describe(r) for r in records) if records else "(no agents)",
-    )
+    return built, agent.run, Budget.parse(limits.budget), True
 
 
 def _read_grant(value: str | None) -> RequestedGrant:

@@ -8,7 +8,6 @@ with a pinned append: a decision taken on a stale view fails to commit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -188,7 +187,7 @@ def register_root(
     *,
     at_ms: int | None = None,
     budget_ledger: bool = True,
-    declared: Callable[[Lineage], tuple[Event, ...]] | None = None,
+    declared: tuple[Event, ...] = (),
 ) -> AgentRecord:
     """Register durable agent ``name``: create its custody key in the Charter home and
         journal its directory entry (trust root), self-issued ceiling grant and budget ledger
@@ -221,8 +220,7 @@ def register_root(
         )
         if budget_ledger:
             events += (BudgetLedgerOpened(lineage=str(lineage), allocation=ceiling.budget),)
-        if declared is not None:
-            events += declared(lineage)
+        events += declared
         committed = journal.append(events, expect={str(lineage): 0})
     except AppendConflictError as e:
         keystore.remove(key_name)

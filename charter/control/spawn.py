@@ -366,7 +366,10 @@ class SpawnService:
             )  # fmt: skip
         intent = SpawnIntent(
             width=1,
-            objective=f"delegated by {caller.claimed}"[:1000],
+            objective=(
+                f"delegation from {caller.claimed} to own-sandbox agent {agent}, under its "
+                "declared profile"
+            )[:1000],
             grant=RequestedGrant(depth=0, fanout=0),  # a delegate delegates nothing
             estimated_cost=profile.budget,
         )
