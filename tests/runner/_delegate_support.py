@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from charter.app import Charter
-from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.control import Ceiling
 from charter.core import Budget
 from charter.ledger import Journal
 from tests.invariants import check_history, check_settled, check_workers, journal_history
+from tests.runner._support import fan_out
 from tests.runner.programs import PRELUDE, PY, python
 
 COST = Budget.parse("tokens=50k,wall=3m,cpu=3m,mem=512MiB,egress=1MB")
@@ -179,14 +179,8 @@ def own_agent(
 
 
 def spawn_caller(charter: Charter, source: str, *args: str, egress: list[str]) -> str:
-    intent = SpawnIntent.model_validate({
-        "width": 1, "objective": "delegate to an own-sandbox agent", "estimated_cost": COST,
-        "grant": {"egress": egress, "depth": 1, "fanout": 2},
-    })  # fmt: skip
-    result = charter.spawn(
-        "agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE),
-        workers=(python(source, *args),),
-    )  # fmt: skip
+    spec = python(source, *args)
+    result = fan_out(charter, 1, spec, cost=COST, egress=egress, depth=1, fanout=2)
     return str(result.children[0].lineage)
 
 

@@ -33,9 +33,11 @@ def cli_env(home: Path, state_dir: Path) -> dict[str, str]:
     }
 
 
-def fan_out(charter: Charter, width: int, *workers: WorkerSpec, **grant: object) -> SpawnResult:
+def fan_out(
+    charter: Charter, width: int, *workers: WorkerSpec, cost: Budget = COST, **grant: object
+) -> SpawnResult:
     intent = SpawnIntent.model_validate(
-        {"width": width, "objective": "run the workers", "estimated_cost": COST, "grant": grant}
+        {"width": width, "objective": "run the workers", "estimated_cost": cost, "grant": grant}
     )
     return charter.spawn(
         "agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE), workers=tuple(workers)

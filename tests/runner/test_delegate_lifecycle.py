@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from charter.audit.semantic import audit_history
 from charter.control import DelegationReplied, DelegationRequested, WorkerKilled
 from charter.core import KeyStore
 from charter.ledger import Journal
+from charter.runner import Cell
 from charter.runner.events import WorkerEnded, WorkerResult, WorkerStarted
 from charter.sandbox.events import SandboxLeased
 from tests.runner._delegate_support import (
@@ -53,18 +56,29 @@ def _sleeper_estate(url: str, home: Path, flag: FlagServer, source: str) -> tupl
     return charter, caller
 
 
+@contextmanager
+def _delegating(
+    url: str, tmp_path: Path, state_dir: Path, flag: FlagServer, source: str
+) -> Iterator[tuple[Charter, Cell]]:
+    """A caller running ``source`` on a cell, once its sleeper delegate has started."""
+    charter, _ = _sleeper_estate(url, tmp_path / "home", flag, source)
+    with charter, running(make_cell(charter, None, state_dir, door=True, budget=SLOT)) as cell:
+        assert flag.started.wait(120), "the delegate started and reached its own server"
+        yield charter, cell
+
+
+def _pair(journal: Journal) -> tuple[str, str]:
+    """The one delegation's caller and delegate."""
+    (d,) = [e.event for e in journal.entries() if isinstance(e.event, DelegationRequested)]
+    return d.caller, d.delegate
+
+
 def _ends(journal: Journal) -> dict[str, tuple[int, WorkerEnded]]:
     return {
         e.event.lineage: (e.position, e.event)
         for e in journal.entries()
         if isinstance(e.event, WorkerEnded)
     }
-
-
-def _delegate_of(journal: Journal, caller: str) -> str:
-    (d,) = [e.event for e in journal.entries() if isinstance(e.event, DelegationRequested)]
-    assert d.caller == caller
-    return d.delegate
 
 
 def _uid_of(journal: Journal, lineage: str) -> int:
@@ -89,10 +103,8 @@ def _clean(journal: Journal) -> None:
 def test_killing_the_caller_kills_its_delegate(
     journal_url: str, tmp_path: Path, state_dir: Path, flag: FlagServer
 ) -> None:
-    charter, caller = _sleeper_estate(journal_url, tmp_path / "home", flag, WAITER)
-    with charter, running(make_cell(charter, None, state_dir, door=True, budget=SLOT)) as cell:
-        assert flag.started.wait(120), "the delegate started and reached its own server"
-        delegate = _delegate_of(charter.journal, caller)
+    with _delegating(journal_url, tmp_path, state_dir, flag, WAITER) as (charter, cell):
+        caller, delegate = _pair(charter.journal)
         uid = _uid_of(charter.journal, delegate)
         assert alive_under({uid}), "positive control: the delegate runs"
         charter.verdict(caller, "kill", reason="the test kills the caller")
@@ -112,10 +124,8 @@ def test_killing_the_caller_kills_its_delegate(
 def test_a_caller_that_stops_waiting_has_its_delegate_killed(
     journal_url: str, tmp_path: Path, state_dir: Path, flag: FlagServer
 ) -> None:
-    charter, caller = _sleeper_estate(journal_url, tmp_path / "home", flag, HANGER)
-    with charter, running(make_cell(charter, None, state_dir, door=True, budget=SLOT)) as cell:
-        assert flag.started.wait(120), "the delegate started"
-        delegate = _delegate_of(charter.journal, caller)
+    with _delegating(journal_url, tmp_path, state_dir, flag, HANGER) as (charter, cell):
+        caller, delegate = _pair(charter.journal)
         deadline = time.monotonic() + 60
         while delegate not in _ends(charter.journal):  # the caller closed its connection
             assert time.monotonic() < deadline, "the delegate outlived its caller's wait"
@@ -158,7 +168,8 @@ def test_a_cell_restart_fails_the_delegate(
         first.send_signal(signal.SIGKILL)
         first.wait(30)
     with Charter.open(journal_url, keys=KeyStore(home)) as charter:
-        delegate = _delegate_of(charter.journal, caller)
+        assert _pair(charter.journal)[0] == caller
+        delegate = _pair(charter.journal)[1]
         started = [e.event for e in charter.journal.entries() if isinstance(e.event, WorkerStarted)]
         assert {s.lineage for s in started} == {caller, delegate}  # positive control
         uid = _uid_of(charter.journal, delegate)
