@@ -72,8 +72,8 @@ class WorkerRequests:
         the processing slot goes back and a coordination slot is held meanwhile; when
         they end, the worker queues for processing again and the answer comes once it
         holds it. On timeout every child still live is killed (journaled first); so it
-        is when ``stopped()`` says the caller stopped waiting (its connection closed),
-        and :class:`WorkerGoneError` is raised (nobody is left to answer)."""
+        is when ``stopped()`` says the caller stopped waiting (its connection closed:
+        the answer then reaches nobody, but the slots are swapped back all the same)."""
         children = tuple(dict.fromkeys(children))  # each named once
         known = self.cell.workers(children)
         for child in children:
@@ -106,9 +106,7 @@ class WorkerRequests:
             if why:
                 for child in children:
                     self.cell.kill(child, f"{lineage} stopped waiting ({why})")
-        if why == "its connection closed":
-            raise WorkerGoneError(f"{lineage} stopped waiting: its connection closed")
-        timed_out = bool(why)
+        timed_out = why == "timed out"
         self._back_to_processing(lineage)
         ended = self.cell.workers(children)
         return {c: self._answer(w) for c, w in ended.items()} | {"timed_out": timed_out}
@@ -179,6 +177,8 @@ class WorkerRequests:
             started = self.cell.delegate(self.caller(lineage), agent, inputs)
         (delegate,) = (str(c.lineage) for c in started.children)
         answer = self.wait(lineage, (delegate,), timeout_s, stopped)
+        if stopped():  # nobody to reply to: no reply is journaled
+            raise WorkerGoneError(f"{lineage} stopped waiting for {delegate}")
         reply = answer[delegate]
         if not isinstance(reply, dict):  # _answer gives a dict for every child
             raise TypeError(f"no answer for {delegate}")
