@@ -24,8 +24,10 @@ from charter.control import (
     NotOwnSandboxError,
 )
 from charter.core import Budget, KeyStore
+from charter.ledger import Journal
 from charter.runner.events import WorkerEnded, WorkerStarted
 from tests.audit.test_semantic import _append, _audit, _only
+from tests.invariants import check_delegations, journal_history
 
 RESERVE = Budget.parse("tokens=10k,wall=1m,cpu=1m,mem=64MiB,egress=1MB")
 CEILING = Budget.parse("tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB")
@@ -62,7 +64,14 @@ def delegated(journal_url: str, tmp_path: Path) -> tuple[str, str, str]:
     caller, lineage = worker.claimed, delegate.claimed
     report = _audit(journal_url)
     assert report.ok, report.findings  # positive control: the product's history is clean
+    assert _independent(journal_url) == []  # and by the independent fold
     return journal_url, caller, lineage
+
+
+def _independent(url: str) -> list[str]:
+    """What the independent fold (tests/invariants.py) finds in the history."""
+    with Journal.open(url) as journal:
+        return check_delegations(journal_history(journal)).problems
 
 
 def _requested(caller: str, delegate: str) -> DelegationRequested:
@@ -88,6 +97,7 @@ def test_a_delegate_that_delegates_is_found(delegated: tuple[str, str, str]) -> 
     url, _caller, delegate = delegated
     (nested,) = _append(url, _requested(delegate, "agent:helper/sa-9"))
     assert _only(_audit(url), "delegation") == [nested]
+    assert [p.split(":")[0] for p in _independent(url)] == [str(nested)]
 
 
 def test_a_reservation_out_of_another_lease_is_found(delegated: tuple[str, str, str]) -> None:
@@ -102,6 +112,7 @@ def test_a_reservation_out_of_another_lease_is_found(delegated: tuple[str, str, 
         ),
     )  # fmt: skip
     assert _only(_audit(url), "delegation") == [lease]
+    assert [p.split(":")[0] for p in _independent(url)] == [str(lease)]
 
 
 def test_replies_out_of_order_are_found(delegated: tuple[str, str, str]) -> None:
@@ -113,6 +124,8 @@ def test_replies_out_of_order_are_found(delegated: tuple[str, str, str]) -> None
         url, WorkerStarted(lineage=delegate, cell="local", incarnation=1, sandbox_id="s" * 16)
     )
     assert _only(_audit(url), "delegation") == [never, early, twice, started]
+    found = {int(p.split(":")[0]) for p in _independent(url)}
+    assert found == {never, early, twice, started}
 
 
 def test_a_reply_after_the_end_to_its_caller_is_clean_and_to_another_is_found(

@@ -13,7 +13,13 @@ from charter.app import Charter
 from charter.control import Ceiling
 from charter.core import Budget
 from charter.ledger import Journal
-from tests.invariants import check_history, check_settled, check_workers, journal_history
+from tests.invariants import (
+    check_delegations,
+    check_history,
+    check_settled,
+    check_workers,
+    journal_history,
+)
 from tests.runner._support import fan_out
 from tests.runner.programs import PRELUDE, PY, python
 
@@ -190,6 +196,9 @@ def folds_clean(journal: Journal) -> None:
     assert check_history(history).problems == []
     assert check_workers(history).problems == []
     assert check_settled(history).problems == []
+    delegations = check_delegations(history)
+    assert delegations.problems == []
+    assert delegations.checked == len(history)
 
 
 __all__ = [
