@@ -66,7 +66,6 @@ from charter.control.delegation import (
     DelegationRefused,
     DelegationRequested,
     DelegationView,
-    OwnSandboxDeclared,
 )
 from charter.control.directory import AgentRecord, custody_key_name
 from charter.control.errors import NestedDelegationError, NotOwnSandboxError
@@ -322,13 +321,6 @@ class SpawnService:
                 self.views.watch(self._delegation)
             return self._delegation
 
-    def own_sandbox(self, name: str) -> OwnSandboxDeclared | None:
-        """``name``'s own-sandbox declaration, if it is such an agent."""
-        view = self.delegation
-        with self.views.lock:
-            self.views.refresh(self.journal)
-            return view.profiles.get(name)
-
     def delegate(
         self,
         caller: Caller,
@@ -361,7 +353,7 @@ class SpawnService:
                 caller.claimed, agent,
                 NotOwnSandboxError(
                     f"{agent!r} is not an own-sandbox agent; register one with "
-                    "`charter agent add NAME --own-sandbox -- CMD ARGS...`"
+                    "`charter agent add NAME --own-sandbox --delegate-budget VECTOR -- CMD ARGS...`"
                 ),
             )  # fmt: skip
         intent = SpawnIntent(
