@@ -256,6 +256,18 @@ def _from_definition(
     return built, agent.run, Budget.parse(limits.budget), True
 
 
+@agent_group.command("list")
+@click.pass_obj
+def agent_list(ctx: Ctx) -> None:
+    """List the durable agents in the directory."""
+    with ctx.open_charter() as charter:
+        records = charter.agents()
+    ctx.emit(
+        [r.to_json() for r in records],
+        "\n".join(_describe(r) for r in records) if records else "(no agents)",
+    )
+
+
 def _read_grant(value: str | None) -> RequestedGrant:
     if value is None:
         return RequestedGrant()
