@@ -58,7 +58,7 @@ def main() -> int:
                     "estimated_cost": CALLER,
                     "grant": {"fanout": 10 * calls},
                 }
-            ),  # fmt: skip
+            ),
             policy=FixedPolicy(Verdict.POSITIVE),
         )
         worker = root.child(made.children[0])
