@@ -33,6 +33,7 @@ from charter.control import (
     Caller,
     Ceiling,
     HostLoad,
+    OwnSandboxDeclared,
     SpawnResult,
     SpawnService,
     VerdictAction,
@@ -547,8 +548,50 @@ class Charter:
     def agents(self) -> list[AgentRecord]:
         return self._spawner.agents()
 
-    def add_agent(self, name: str, ceiling: Ceiling) -> AgentRecord:
-        return register_root(self.journal, self.keys, name, ceiling)
+    def add_agent(
+        self,
+        name: str,
+        ceiling: Ceiling,
+        *,
+        own_sandbox: tuple[str, ...] | None = None,
+        delegate_budget: Budget | None = None,
+    ) -> AgentRecord:
+        """Register durable agent ``name`` under ``ceiling``. With ``own_sandbox`` (the
+        program it runs) and ``delegate_budget``, it is an own-sandbox agent
+        (docs/delegation.md): workers may delegate to it, each delegation running that
+        program under the ceiling (its declared tools, egress and secrets) and
+        reserving ``delegate_budget`` from the caller; its ``OwnSandboxDeclared`` joins
+        the registration's append."""
+        if own_sandbox is None:
+            if delegate_budget is not None:
+                raise BadInputError("a delegation budget is for an own-sandbox agent")
+            return register_root(self.journal, self.keys, name, ceiling)
+        if delegate_budget is None:
+            raise BadInputError("an own-sandbox agent declares what one delegation reserves")
+        if ceiling.depth < 1:
+            raise BadInputError(
+                "an own-sandbox agent needs depth 1 or more: each delegation is minted one "
+                "level below it (the delegate itself gets depth 0 and cannot spawn)"
+            )
+        if not delegate_budget.fits_within(ceiling.budget):
+            raise BadInputError(
+                f"a delegation's budget {delegate_budget.render()} is more than the agent's "
+                f"ceiling {ceiling.budget.render()} holds"
+            )
+        try:
+            argv = WorkerSpec(argv=own_sandbox).argv
+        except ValidationError as e:
+            raise BadInputError(f"the own-sandbox program: {describe_invalid(e)}") from e
+        declared = OwnSandboxDeclared(
+            name=name, lineage=Lineage.root(name), argv=argv, budget=delegate_budget
+        )
+        return register_root(self.journal, self.keys, name, ceiling, declared=(declared,))
+
+    def delegate(self, caller: Caller, agent: str, inputs: tuple[str, ...] = ()) -> SpawnResult:
+        """``caller`` (a worker, as its door resolves it) delegates to own-sandbox agent
+        ``agent`` (:meth:`SpawnService.delegate`): one delegate scheduled on this host's
+        cell, its lease carved out of the caller's remainder."""
+        return self._spawner.delegate(caller, agent, inputs)
 
     def spawn(
         self,

@@ -561,3 +561,58 @@ def check_model_calls(
     if settled:
         found.problems.extend(f"call {c} was never settled" for c in open_calls)
     return found
+
+
+# -- delegation to own-sandbox agents ------------------------------------------------
+#
+# Written from docs/delegation.md, not from the pipeline's code:
+# - a delegation is journaled before its reservation, which is carved out of its
+#   caller's lease (the LeaseGranted naming the delegate has the caller as parent);
+# - a delegate starts after its reservation, and never delegates itself;
+# - its reply (at most one) follows its end, and goes to its caller.
+
+
+def check_delegations(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) -> Findings:
+    found = Findings()
+    callers: dict[str, str] = {}  # delegate -> caller
+    reserved: set[str] = set()
+    ended: set[str] = set()
+    replied: set[str] = set()
+    leased: set[str] = set()  # every lineage leased so far
+    for position, kind, p, _at in entries:
+        found.checked += 1
+        match kind:
+            case "DelegationRequested":
+                delegate, caller = p["delegate"], p["caller"]
+                if delegate in leased or delegate in callers:
+                    found.problems.append(f"{position}: {delegate} delegated after its lease")
+                if caller in callers:
+                    found.problems.append(f"{position}: delegate {caller} delegated")
+                callers[delegate] = caller
+            case "LeaseGranted":
+                for lineage in p["lineages"]:
+                    leased.add(lineage)
+                    if lineage in callers:
+                        reserved.add(lineage)
+                        if p["parent"] != callers[lineage]:
+                            found.problems.append(
+                                f"{position}: {lineage} reserved out of {p['parent']}, not "
+                                f"its caller {callers[lineage]}"
+                            )
+            case "WorkerStarted" if p["lineage"] in callers:
+                if p["lineage"] not in reserved or p["lineage"] in replied:
+                    found.problems.append(
+                        f"{position}: delegate {p['lineage']} started out of order"
+                    )
+            case "WorkerEnded":
+                ended.add(p["lineage"])
+            case "DelegationReplied":
+                delegate = p["delegate"]
+                if delegate not in ended or delegate in replied:
+                    found.problems.append(f"{position}: {delegate}'s reply out of order")
+                if callers.get(delegate) != p["caller"]:
+                    found.problems.append(f"{position}: {delegate}'s reply to {p['caller']}")
+                replied.add(delegate)
+            case _:
+                pass
+    return found

@@ -117,6 +117,7 @@ CHECKS = (
     "credential",
     "quarantine",
     "outward-call",
+    "delegation",
 )
 
 # What the control plane enforces, and the check that audits it afterwards.
@@ -161,6 +162,9 @@ RULES: tuple[tuple[str, str], ...] = (
     ("a quarantined worker's kill is committed with its workspace digest", "quarantine"),
     ("an outward call's intent is journaled once per lease and key", "outward-call"),
     ("an outward call's outcome follows its intent, once", "outward-call"),
+    ("a delegation is journaled before its reservation, out of its caller's lease", "delegation"),
+    ("a delegate never delegates: delegation is one level deep", "delegation"),
+    ("a delegation's reply follows its request and its start, once", "delegation"),
 )
 
 # Every topic Charter writes (``TypeName/vN``); any other is an ``entry-type`` finding.
@@ -197,6 +201,10 @@ KNOWN_TOPICS = frozenset(
         "ModelCallSettled",
         "OutwardIntent",
         "OutwardOutcome",
+        "OwnSandboxDeclared",
+        "DelegationRequested",
+        "DelegationRefused",
+        "DelegationReplied",
         "PauseVerdict",
         "QuarantineVerdict",
         "ResumeVerdict",
@@ -319,6 +327,12 @@ class _Worker:
 
 
 @dataclass
+class _Delegation:
+    caller: str
+    replied: bool = False
+
+
+@dataclass
 class _Claim:
     """A cell's newest incarnation and when its claim lapses (None: no bound, a
     ``CellStarted`` written before claims existed)."""
@@ -378,6 +392,7 @@ class _Auditor:
         self.killed: set[str] = set()  # lineages with a WorkerKilled
         # (lineage, key) of each outward intent → whether its outcome was journaled
         self.outward: dict[tuple[str, str], bool] = {}
+        self.delegations: dict[str, _Delegation] = {}  # by delegate
         # (lineage, its digest's commit time, its position): the next entry kills it
         self._must_kill: tuple[str, object, int] | None = None
         self._prev: tuple[str, dict[str, Any], object] = ("", {}, None)
@@ -464,6 +479,8 @@ class _Auditor:
             if ledger is None:
                 return
         self._leased_grants(p)
+        if self.delegations:
+            self._delegate_leased([str(x) for x in p["lineages"]], parent)
         fresh: list[str] = []
         for lineage in (str(lineage) for lineage in p["lineages"]):
             if self.books.get(lineage) is not None or lineage in fresh:
@@ -778,6 +795,7 @@ class _Auditor:
             self.find("worker-lifecycle", lineage, f"worker {lineage} started again")
             return
         self.workers[lineage] = _Worker(self.position)
+        self._delegate_started(lineage)
         if lineage not in self.chains:
             self.find(
                 "worker-lifecycle", lineage, f"worker {lineage} started without a verified grant"
@@ -1228,8 +1246,50 @@ class _Auditor:
             "WorkerKilled": self.worker_killed,
             "OutwardIntent": lambda p, _: self.outward_intent(p),
             "OutwardOutcome": lambda p, _: self.outward_outcome(p),
+            "DelegationRequested": lambda p, _: self.delegation_requested(p),
+            "DelegationReplied": lambda p, _: self.delegation_replied(p),
             **{end: lambda p, _: self.sandbox_ended(p) for end in _ENDS},
         }
+
+    def delegation_requested(self, p: dict[str, Any]) -> None:
+        caller, delegate = str(p["caller"]), str(p["delegate"])
+        if delegate in self.delegations or self.books.get(delegate) is not None:
+            self.find(
+                "delegation", delegate,
+                f"delegation to {delegate} journaled after it was delegated or reserved",
+            )  # fmt: skip
+            return
+        if caller in self.delegations:
+            self.find("delegation", caller, f"{caller} is a delegate and delegated to {delegate}")
+        self.delegations[delegate] = _Delegation(caller)
+
+    def _delegate_leased(self, lineages: list[str], parent: str) -> None:
+        for lineage in lineages:
+            d = self.delegations.get(lineage)
+            if d is not None and parent != d.caller:
+                self.find(
+                    "delegation", lineage,
+                    f"delegate {lineage} reserved out of {parent}, not its caller {d.caller}",
+                )  # fmt: skip
+
+    def _delegate_started(self, lineage: str) -> None:
+        d = self.delegations.get(lineage)
+        if d is not None and d.replied:
+            self.find("delegation", lineage, f"delegate {lineage} started after its reply")
+
+    def delegation_replied(self, p: dict[str, Any]) -> None:
+        delegate = str(p["delegate"])
+        d = self.delegations.get(delegate)
+        if d is None:
+            self.find("delegation", delegate, f"a reply of {delegate}, never delegated to")
+        elif d.replied:
+            self.find("delegation", delegate, f"a second reply of delegate {delegate}")
+        elif str(p["caller"]) != d.caller:
+            self.find("delegation", delegate, f"{delegate}'s reply to another than its caller")
+        else:
+            if delegate not in self.ended_workers:
+                self.find("delegation", delegate, f"{delegate} replied before it ended")
+            d.replied = True
 
     def outward_intent(self, p: dict[str, Any]) -> None:
         lineage, key = str(p["lineage"]), str(p["key"])

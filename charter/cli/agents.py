@@ -10,6 +10,7 @@ import functools
 import getpass
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -24,8 +25,11 @@ from charter.authority import (
     spawn_tool_definition,
 )
 from charter.cli._common import EXIT_REFUSED, AsciiIntRange, Ctx, describe_invalid, json_option
+from charter.cli.scan import load as load_definitions
+from charter.cli.scan import scan_home as scan_definitions
 from charter.control import AgentRecord, Ceiling, WorkerSpec
 from charter.core import MAX_LINEAGE_DEPTH, Budget, CharterError, RefusedError
+from charter.core.home import charter_home
 
 __all__ = ["DEFAULT_CEILING_BUDGET", "agent_group", "grant_options", "spawn", "spawn_schema"]
 
@@ -143,15 +147,113 @@ def agent_group() -> None:
 
 @agent_group.command("add")
 @click.argument("name")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")
+@click.option(
+    "--own-sandbox",
+    "own_sandbox",
+    is_flag=True,
+    help="An agent workers delegate to (docs/delegation.md): each delegation runs "
+    "CMD ARGS in a sandbox of its own under this ceiling (its tools, egress, secrets) "
+    "and reserves --delegate-budget from the caller.",
+)
+@click.option(
+    "--delegate-budget",
+    "delegate_budget",
+    metavar="VECTOR",
+    help="What one delegation reserves from its caller (all five axes; within --budget).",
+)
+@click.option(
+    "--from",
+    "definition",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Take NAME's profile from a definition file (docs/scan.md): its egress, "
+    "secrets, tools, run and [limits] budget replace the options; implies --own-sandbox "
+    'for sandbox = "own". The file must scan clean.',
+)
 @grant_options
 @click.pass_obj
-def agent_add(ctx: Ctx, name: str, ceiling: Ceiling) -> None:
+def agent_add(
+    ctx: Ctx,
+    name: str,
+    command: tuple[str, ...],
+    own_sandbox: bool,
+    delegate_budget: str | None,
+    definition: Path | None,
+    ceiling: Ceiling,
+) -> None:
     """Register durable agent NAME: a custody key in the Charter home, a directory entry
-    with its trust root, and its ceiling grant, journaled together."""
+    with its trust root, and its ceiling grant, journaled together.
+
+    With --own-sandbox and `-- CMD ARGS...` (or --from FILE), NAME is an own-sandbox
+    agent: workers delegate to it through their door, and each delegation runs CMD in a
+    sandbox of its own under NAME's ceiling, never the caller's."""
+    reserve = _budget(delegate_budget) if delegate_budget is not None else None
+    if definition is not None:
+        if command or reserve is not None:
+            raise click.UsageError("--from takes the program and budget from the file")
+        ceiling, command, reserve, own_sandbox = _from_definition(definition, name, ceiling)
+    if own_sandbox and not (command and reserve is not None):
+        raise click.UsageError(
+            "--own-sandbox runs a program under a budget: give --delegate-budget and -- CMD ARGS..."
+        )
+    if (command or reserve is not None) and not own_sandbox:
+        raise click.UsageError("CMD ARGS and --delegate-budget are an own-sandbox agent's")
     with ctx.open_charter() as charter:
-        record = charter.add_agent(name, ceiling)
-    ctx.status(f"registered {record.lineage}")
-    ctx.emit(record.to_json(), _describe(record))
+        record = charter.add_agent(
+            name, ceiling, own_sandbox=command or None, delegate_budget=reserve
+        )
+    ctx.status(f"registered {record.lineage}" + (" (own sandbox)" if own_sandbox else ""))
+    ctx.emit({**record.to_json(), "own_sandbox": list(command) or None}, _describe(record))
+
+
+def _budget(text: str) -> Budget:
+    try:
+        return Budget.parse(text)
+    except (CharterError, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="--delegate-budget") from e
+
+
+def _from_definition(
+    path: Path, name: str, ceiling: Ceiling
+) -> tuple[Ceiling, tuple[str, ...], Budget | None, bool]:
+    """NAME's ceiling, program and delegation budget from a definition file, which must
+    scan clean (the findings are printed and the command exits 4, as `charter scan`
+    would)."""
+    definitions = load_definitions(path)
+    found = [a for a in definitions.agent if a.name == name]
+    if not found:
+        raise click.BadParameter(f"{path} defines no agent {name!r}", param_hint="--from")
+    scanned = scan_definitions(definitions, str(path), home=charter_home())
+    findings = [f for f in scanned if f.agent == name]
+    if findings:
+        for f in findings:
+            click.echo(f"{f.file}: {f.agent}: {f.rule}: {f.detail}", err=True)
+        click.echo(f"charter: refused: {path} does not scan clean for {name}", err=True)
+        raise click.exceptions.Exit(EXIT_REFUSED)
+    agent = found[0]
+    try:
+        built = Ceiling.model_validate(
+            ceiling.model_dump()
+            | {
+                "egress": frozenset(agent.egress),
+                "secrets": frozenset(agent.secrets),
+                "tools": frozenset(agent.tools),
+            }
+        )
+    except ValidationError as e:
+        raise click.BadParameter(f"{path}: {describe_invalid(e)}") from e
+    if agent.sandbox != "own":
+        return built, (), None, False
+    limits = agent.limits
+    if not agent.run or limits is None or limits.budget is None:  # scanned: limits whole
+        raise click.BadParameter(f"{path}: agent {name}: an own-sandbox agent needs `run`")
+    if limits.depth or limits.fanout:
+        raise click.BadParameter(
+            f"{path}: agent {name}: a delegate cannot spawn or delegate (depth one): its "
+            "[limits] depth and fanout must be 0"
+        )
+    return built, agent.run, Budget.parse(limits.budget), True
 
 
 @agent_group.command("list")

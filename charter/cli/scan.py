@@ -34,7 +34,7 @@ from charter.core.errors import describe_invalid
 from charter.core.home import charter_home
 from charter.core.secrets import SecretName
 
-__all__ = ["AgentDefinition", "Definitions", "Finding", "scan", "scan_paths"]
+__all__ = ["AgentDefinition", "Definitions", "Finding", "load", "scan", "scan_home", "scan_paths"]
 
 RULES = ("trifecta", "secret-unreachable", "own-sandbox-without-limits")
 
@@ -60,6 +60,8 @@ class AgentDefinition(_Closed):
     """It reads untrusted input (issues, mail, web pages) besides what its egress brings."""
     sandbox: Literal["shared", "own"] = "shared"
     limits: Limits | None = None
+    run: tuple[str, ...] = Field(default=(), max_length=256)
+    """What an own-sandbox agent runs (``charter agent add --from``): argv, absolute."""
 
 
 class SecretBinding(_Closed):
@@ -185,6 +187,11 @@ def _missing_limits(limits: Limits | None, file: str) -> list[str]:
             raise BadInputError(f"{file}: limits.budget: {e}") from e
     missing += [k for k in ("depth", "fanout") if getattr(limits, k) is None]
     return missing
+
+
+def scan_home(definitions: Definitions, file: str, *, home: Path | None) -> list[Finding]:
+    """:func:`scan`, with the bindings and the trifecta allow of ``home`` (if any)."""
+    return scan(definitions, file, bindings=_home_bindings(home), allow=_home_allow(home))
 
 
 def scan_paths(paths: list[Path], home: Path | None) -> tuple[int, list[str], list[Finding]]:

@@ -3,6 +3,14 @@ and hand out only after the commit. The spawn pipeline, the directory, budgets
 (usage, release, renewal) and admission, over one process's shared :class:`Views`."""
 
 from charter.control._queue import queue_admissions
+from charter.control.delegation import (
+    DelegationRefused,
+    DelegationReplied,
+    DelegationRequested,
+    DelegationView,
+    OwnSandboxDeclared,
+    delegation_stream,
+)
 from charter.control.directory import (
     DEFAULT_CEILING_TTL_S,
     AgentRecord,
@@ -11,7 +19,12 @@ from charter.control.directory import (
     custody_key_name,
     register_root,
 )
-from charter.control.errors import CellSupersededError
+from charter.control.errors import (
+    CellSupersededError,
+    DelegationRefusedError,
+    NestedDelegationError,
+    NotOwnSandboxError,
+)
 from charter.control.handler import RETRIES, Folded, Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
 from charter.control.outward import OutwardCalls, OutwardIntent, OutwardOutcome
@@ -79,6 +92,15 @@ __all__ = [
     "OPERATOR_TASK_CLASS",
     "VerdictAction",
     "CellSupersededError",
+    "DelegationRefused",
+    "DelegationRefusedError",
+    "DelegationReplied",
+    "DelegationRequested",
+    "DelegationView",
+    "NestedDelegationError",
+    "NotOwnSandboxError",
+    "OwnSandboxDeclared",
+    "delegation_stream",
     "LIVE_STATUSES",
     "Outcome",
     "end_outcome",

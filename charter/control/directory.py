@@ -187,13 +187,15 @@ def register_root(
     *,
     at_ms: int | None = None,
     budget_ledger: bool = True,
+    declared: tuple[Event, ...] = (),
 ) -> AgentRecord:
     """Register durable agent ``name``: create its custody key in the Charter home and
-    journal its directory entry (trust root), self-issued ceiling grant and budget ledger
-    (the ceiling's budget), in one append. ``budget_ledger=False`` registers an agent
-    that cannot spend or spawn (tests of the fail-closed path use it).
+        journal its directory entry (trust root), self-issued ceiling grant and budget ledger
+        (the ceiling's budget), in one append. ``budget_ledger=False`` registers an agent
+        that cannot spend or spawn (tests of the fail-closed path use it). ``declared`` gives
+    more facts of the agent for the same append (an own-sandbox agent's declaration).
 
-    Refuses if the name is taken. If the append fails, the new key file is removed.
+        Refuses if the name is taken. If the append fails, the new key file is removed.
     """
     lineage = Lineage.root(name)
     if journal.stream_version(str(lineage)):  # the append below pins the same stream
@@ -218,6 +220,7 @@ def register_root(
         )
         if budget_ledger:
             events += (BudgetLedgerOpened(lineage=str(lineage), allocation=ceiling.budget),)
+        events += declared
         committed = journal.append(events, expect={str(lineage): 0})
     except AppendConflictError as e:
         keystore.remove(key_name)

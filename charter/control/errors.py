@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from charter.core.errors import RefusedError, StateError
 
-__all__ = ["CellSupersededError", "OutwardKeyReusedError", "OutwardPendingError"]
+__all__ = [
+    "CellSupersededError",
+    "DelegationRefusedError",
+    "NestedDelegationError",
+    "NotOwnSandboxError",
+    "OutwardKeyReusedError",
+    "OutwardPendingError",
+]
 
 
 class CellSupersededError(StateError):
@@ -27,3 +34,20 @@ class OutwardPendingError(RefusedError):
     its outcome once it is recorded."""
 
     reason = "outward-pending"
+
+
+class DelegationRefusedError(RefusedError, abstract=True):
+    """A ``delegate`` that did not happen (journaled as ``DelegationRefused``)."""
+
+
+class NotOwnSandboxError(DelegationRefusedError):
+    """The agent named is not a durable agent declared with its own sandbox
+    (``charter agent add NAME --own-sandbox``): nothing is delegated to it."""
+
+    reason = "not-own-sandbox"
+
+
+class NestedDelegationError(DelegationRefusedError):
+    """A delegate asked to delegate: delegation is one level deep."""
+
+    reason = "nested-delegation"

@@ -23,8 +23,10 @@ import hmac
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from nacl.signing import SigningKey
+from pydantic import ValidationError
 
 from charter.authority import (
     CostBenefitPolicy,
@@ -39,6 +41,7 @@ from charter.authority import (
     LineageRevokedError,
     MintedChild,
     ParentState,
+    RequestedGrant,
     SealedGrant,
     SpawnIntent,
     TrifectaPolicy,
@@ -61,7 +64,13 @@ from charter.budgets import (
     SlotQueued,
     check_ceilings,
 )
+from charter.control.delegation import (
+    DelegationRefused,
+    DelegationRequested,
+    DelegationView,
+)
 from charter.control.directory import AgentRecord, custody_key_name
+from charter.control.errors import NestedDelegationError, NotOwnSandboxError
 from charter.control.handler import Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
 from charter.control.placement import CellRoom, Liveness, place
@@ -77,6 +86,7 @@ from charter.core import (
     KeyStore,
     Lineage,
     RefusedError,
+    describe_invalid,
     now_ms,
 )
 from charter.ledger import AppendConflictError, AppendFailedError, DeadlinePassedError, Journal
@@ -141,6 +151,15 @@ class SpawnResult:
         }
 
 
+@dataclass(frozen=True)
+class _Payer:
+    """Who pays a delegation: the calling worker, whose remainder its delegate's lease
+    is carved out of (its chain is verified and pinned like the parent's)."""
+
+    caller: Caller
+    agent: str
+
+
 class _AskedOnce:
     """The gate of one fan-out: the policy is asked at the first attempt, and a retry
     after an append conflict carries that verdict instead of asking again."""
@@ -154,6 +173,31 @@ class _AskedOnce:
         if self.decision is None:
             self.decision = ask_gate(self.policy, question)
         return self.decision
+
+
+def _delegation_requested(decision: FanoutDecision, payer: _Payer) -> FanoutDecision:
+    """The delegation's record, joined before its reservation (nothing if refused)."""
+    if decision.refusal is not None:
+        return decision
+    (child,) = decision.children
+    requested = DelegationRequested(
+        fanout=decision.fanout_id,
+        caller=payer.caller.claimed,
+        agent=payer.agent,
+        delegate=str(child.lineage),
+        reserved=child.grant.terms.budget,
+    )
+    return decision.joined((requested,))
+
+
+def _delegation_refused(caller: str, agent: str, error: RefusedError) -> DelegationRefused:
+    return DelegationRefused(
+        caller=caller,
+        agent=agent,
+        reason=error.reason,
+        error=type(error).__name__,
+        message=str(error)[:2000],
+    )
 
 
 def _chain_streams(claimed: str) -> list[str]:
@@ -207,6 +251,7 @@ class SpawnService:
         self.resources = self.views.resources
         self.liveness = Liveness()  # which cells run: where children may be placed
         self.views.watch(self.liveness)
+        self._delegation: DelegationView | None = None  # watched at its first use
 
     # -- the directory, as a caller sees it ------------------------------------------
 
@@ -270,6 +315,84 @@ class SpawnService:
         with self.views.lock:  # the views are shared: one decision at a time
             return self._spawn(caller, intent, workers, request_id, fanout_id, gate, chain)
 
+    # -- delegation (docs/delegation.md) ---------------------------------------------
+
+    @property
+    def delegation(self) -> DelegationView:
+        """Own-sandbox agents and delegations, folded with the other views (watched at
+        first use: a process that never delegates never reads them)."""
+        with self.views.lock:
+            if self._delegation is None:
+                self._delegation = DelegationView()
+                self.views.watch(self._delegation)
+            return self._delegation
+
+    def delegate(
+        self,
+        caller: Caller,
+        agent: str,
+        inputs: tuple[str, ...] = (),
+        *,
+        request_id: str | None = None,
+    ) -> SpawnResult:
+        """Delegate from ``caller`` (a worker) to own-sandbox agent ``agent``: one child
+        of the agent, minted through every stage of the pipeline under the agent's own
+        custody key and ceiling (its declared profile), with no depth or fan-out left;
+        its lease carved out of the caller's remainder; scheduled to run the agent's
+        declared program with ``inputs`` appended. Refused, journaled as
+        ``DelegationRefused`` and with nothing minted, reserved or started, when the
+        agent has no own sandbox, the caller is itself a delegate, or the caller's
+        remainder cannot cover the agent's declared budget."""
+        fanout_id = request_id or uuid.uuid4().hex
+        view = self.delegation
+        with self.views.lock:
+            self.views.refresh(self.journal)
+            profile = view.profiles.get(agent)
+            nested = view.is_delegate(caller.claimed)
+        if nested:
+            self._refuse_delegation(
+                caller.claimed, agent,
+                NestedDelegationError(f"{caller.claimed} is a delegate: it cannot delegate"),
+            )  # fmt: skip
+        if profile is None:
+            self._refuse_delegation(
+                caller.claimed, agent,
+                NotOwnSandboxError(
+                    f"{agent!r} is not an own-sandbox agent; register one with "
+                    "`charter agent add NAME --own-sandbox --delegate-budget VECTOR -- CMD ARGS...`"
+                ),
+            )  # fmt: skip
+        intent = SpawnIntent(
+            width=1,
+            objective=(
+                f"delegation from {caller.claimed} to own-sandbox agent {agent}, under its "
+                "declared profile"
+            )[:1000],
+            grant=RequestedGrant(depth=0, fanout=0),  # a delegate delegates nothing
+            estimated_cost=profile.budget,
+        )
+        try:
+            # On the caller's own cell (placement never moves it): the cell that serves
+            # the caller's wait is the one that kills the delegate when the wait stops.
+            spec = WorkerSpec(
+                argv=profile.argv, inputs=inputs, task_class=f"delegate:{agent}", cell=self.cell
+            )
+        except ValidationError as e:
+            raise BadInputError(f"a delegation's inputs: {describe_invalid(e)}") from e
+        workers = (spec,)
+        payer = _Payer(caller, agent)
+        agent_caller = self.durable_caller(agent)
+        chain = [*_chain_streams(agent_caller.claimed), *_chain_streams(caller.claimed)]
+        gate = _AskedOnce(self.policy)
+        with self.views.lock:
+            return self._spawn(
+                agent_caller, intent, workers, request_id, fanout_id, gate, chain, payer
+            )
+
+    def _refuse_delegation(self, caller: str, agent: str, error: RefusedError) -> NoReturn:
+        self.journal.record_refusal(_delegation_refused(caller, agent, error), error)
+        raise error
+
     def _spawn(
         self,
         caller: Caller,
@@ -279,6 +402,7 @@ class SpawnService:
         fanout_id: str,
         gate: _AskedOnce,
         chain: list[str],
+        payer: _Payer | None = None,
     ) -> SpawnResult:
         claimed = caller.claimed
         decisions: list[FanoutDecision] = []
@@ -293,27 +417,24 @@ class SpawnService:
                 self.journal.require_new_batch(fanout_id)
             now = self.clock()
             pins = {s: versions[s] for s in chain}
+            paying = None if payer is None else self._paying(payer, intent, fanout_id, now)
             state = self._resolve(caller, intent, fanout_id, pins.get(claimed, 0), now)
-            decision = decide(  # the gate (once) and the mints
-                state,
-                FanoutCommand(fanout_id, intent, now),
-                policy=gate,
-                trifecta=None if self.trifecta is None else self.trifecta(),
-            )
-            decision = self._lease(decision, intent, now, settling)
-            cells = self._placement(decision, workers, versions, now)
-            decision = self._schedule(decision, workers, cells)
-            decision = self._admit(decision, versions, workers, cells)
-            decision = self._ceilings_fail_open(decision, intent)
+            decision = self._stages(
+                state, FanoutCommand(fanout_id, intent, now), gate, settling, workers,
+                versions, payer, paying,
+            )  # fmt: skip
             decisions.append(decision)
             if decision.refusal is not None:  # journaled as decided, then raised
                 return Pinned(decision.events, decision.expect, batch=fanout_id)
             decision = decision.joined((), pins)
             decisions[-1] = decision
+            deadline = self._deadline(state)
+            if paying is not None:
+                deadline = min(deadline, self._deadline(paying))
             return Pinned(
                 decision.events,
                 decision.expect,
-                self._deadline(state),
+                deadline,
                 fanout_id,
                 expect_head=settling.expect_head,
                 not_before_ms=settling.not_before_ms,
@@ -363,6 +484,37 @@ class SpawnService:
             admitted=tuple(admitted),
             queued=tuple(queued),
         )
+
+    def _stages(
+        self,
+        state: ParentState,
+        command: FanoutCommand,
+        gate: _AskedOnce,
+        settling: Settling,
+        workers: tuple[WorkerSpec, ...] | None,
+        versions: dict[str, int],
+        payer: _Payer | None,
+        paying: ParentState | None,
+    ) -> FanoutDecision:
+        """Stages 2 to 6, in order, on the resolved parent (a delegation's record joins
+        before its reservation, its refusal after the stage that refused)."""
+        decision = decide(  # the gate (once) and the mints
+            state,
+            command,
+            policy=gate,
+            trifecta=None if self.trifecta is None else self.trifecta(),
+        )
+        if payer is not None:  # the delegation, before its reservation
+            decision = _delegation_requested(decision, payer)
+        decision = self._lease(decision, command.intent, command.now_ms, settling, paying)
+        cells = self._placement(decision, workers, versions, command.now_ms)
+        decision = self._schedule(decision, workers, cells)
+        decision = self._admit(decision, versions, workers, cells)
+        decision = self._ceilings_fail_open(decision, command.intent)
+        if payer is not None and decision.refusal is not None:
+            refused = _delegation_refused(payer.caller.claimed, payer.agent, decision.refusal)
+            decision = decision.joined((refused,))
+        return decision
 
     def _deadline(self, state: ParentState) -> int:
         """The first instant the decision stops being true: the parent's grant expires,
@@ -421,15 +573,37 @@ class SpawnService:
             )
         return leaf
 
+    def _paying(self, payer: _Payer, intent: SpawnIntent, fanout_id: str, now: int) -> ParentState:
+        """A delegation's payer, checked as a parent is (its chain verified from the
+        signed bytes, journaled, not revoked); a refusal is journaled as the delegation's."""
+        try:
+            leaf = self._verified_leaf(payer.caller, now)
+        except AuthorityRefusedError as error:
+            self._journal_refusal(payer.caller.claimed, intent, error, fanout_id)
+            self.journal.record_refusal(
+                _delegation_refused(payer.caller.claimed, payer.agent, error), error
+            )
+            raise
+        return ParentState(
+            sealed=leaf, custody_seed=b"", minted=0, reserved=0, version=0
+        )  # its key is never used: the payer mints nothing
+
     def _lease(
-        self, decision: FanoutDecision, intent: SpawnIntent, now: int, settling: Settling
+        self,
+        decision: FanoutDecision,
+        intent: SpawnIntent,
+        now: int,
+        settling: Settling,
+        paying: ParentState | None = None,
     ) -> FanoutDecision:
         """Stage 4: lease each child exactly what its grant says (the mint made the
         grant the child's share of the estimate, for that share's wall-clock time), out
-        of the parent's remainder. Refuses the whole fan-out when the leases do not fit,
-        would outlive the parent's, or the parent has no ledger."""
+        of the parent's remainder (a delegation's: out of ``paying``'s, the calling
+        worker's). Refuses the whole fan-out when the leases do not fit, would outlive
+        the parent's, or the parent has no ledger."""
         if decision.refusal is not None:
             return decision
+        parent = str(decision.parent if paying is None else paying.lineage)
         children = [
             (
                 str(child.lineage),
@@ -446,15 +620,16 @@ class SpawnService:
             leases = settling.decide(
                 self.journal,
                 self.views,
-                str(decision.parent),
+                parent,
                 now,
                 lambda settled_ms: self.resources.book.decide_leases(
-                    str(decision.parent), children, now, decision.fanout_id, settled_ms
+                    parent, children, now, decision.fanout_id, settled_ms
                 ),
             )
         except RefusedError as error:
-            return decision.refused(error, str(decision.parent), intent)
-        # Leases go on the parent's stream, which the mints already pinned.
+            return decision.refused(error, parent, intent)
+        # Leases go on the parent's stream, which the mints (a delegation: its payer's
+        # chain) already pinned.
         return decision.joined(leases)
 
     def _placeable(self, workers: tuple[WorkerSpec, ...] | None) -> list[str]:

@@ -49,6 +49,7 @@ __all__ = [
     "JournalAllowance",
     "result_bytes",
     "spawn_bytes",
+    "delegate_bytes",
     "model_call_bytes",
     "wait_bytes",
 ]
@@ -90,6 +91,13 @@ def spawn_bytes(width: int, workers: Sequence[WorkerSpec]) -> int:
     return 2 * ENTRY_OVERHEAD + sum(
         len(canonical_json([list(s.argv), list(s.inputs), s.task_class or ""])) for s in specs
     )
+
+
+def delegate_bytes(inputs: Sequence[str]) -> int:
+    """What a delegation costs its caller: the inputs it hands the delegate (journaled
+    in the delegate's schedule), plus its request's, its reply's and a refusal's
+    overhead (the program is the operator's, declared with the agent)."""
+    return 3 * ENTRY_OVERHEAD + len(canonical_json(list(inputs)))
 
 
 MODEL_CALL_ENTRIES = 3

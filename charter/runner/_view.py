@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from charter.authority import GrantMinted, LineageRevoked, SealedGrant
-from charter.control import Outcome, WorkerScheduled, end_outcome
+from charter.control import DelegationRequested, Outcome, WorkerScheduled, end_outcome
 from charter.core.events import Event
 from charter.ledger import JournalFold
 from charter.runner.events import (
@@ -79,6 +79,7 @@ class WorkersView(JournalFold):
         GrantMinted.type_name,
         LineageRevoked.type_name,
         WorkerSampled.type_name,
+        DelegationRequested.type_name,
     )
 
     def __init__(self) -> None:
@@ -98,11 +99,20 @@ class WorkersView(JournalFold):
         # Kills committed (by anyone) and not yet taken by the cell that acts on them.
         self._kills: list[str] = []
         self._revocations: list[str] = []  # likewise, revoked lineages
+        # Delegations (docs/delegation.md): each delegate's caller, each caller's
+        # delegates. A delegate is the caller's dependant though its lineage is under
+        # its agent: it dies with the caller's interest, as a child does.
+        self.delegated_by: dict[str, str] = {}
+        self.delegates: dict[str, list[str]] = {}
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         del at_ms
         if isinstance(event, LineageRevoked):
             self._revocations.append(str(event.lineage))
+        elif isinstance(event, DelegationRequested):
+            if event.delegate not in self.delegated_by:
+                self.delegated_by[event.delegate] = event.caller
+                self.delegates.setdefault(event.caller, []).append(event.delegate)
         elif isinstance(event, CellClaimRenewed):
             if self.incarnations.get(event.cell) == event.incarnation:
                 self.claims[event.cell] = event.until_ms
@@ -190,10 +200,19 @@ class WorkersView(JournalFold):
 
     def live_descendants(self, lineage: str) -> list[WorkerRecord]:
         """Live workers below ``lineage``, shallowest first: a waiting parent dies before
-        its children, so it never sees them end and carries on."""
+        its children, so it never sees them end and carries on. The live delegates of
+        ``lineage`` and of those below it come last (a delegate has no children of its
+        own: it is minted with no depth left)."""
         prefix = lineage + "/"
         found = [w for k, w in self.workers.items() if k.startswith(prefix) and w.live]
-        return sorted(found, key=lambda w: w.lineage.count("/"))
+        found.sort(key=lambda w: w.lineage.count("/"))
+        if self.delegates:
+            for caller in (lineage, *(w.lineage for w in found)):
+                for delegate in self.delegates.get(caller, ()):
+                    record = self.workers.get(delegate)
+                    if record is not None and record.live:
+                        found.append(record)
+        return found
 
     def chain(self, lineage: str) -> tuple[SealedGrant, ...]:
         """The sealed grants from the root down to ``lineage``, as journaled."""

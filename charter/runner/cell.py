@@ -45,9 +45,11 @@ from charter.authority import SealedGrant, SpawnIntent
 from charter.budgets import CapInputs, ResourceClass
 from charter.control import (
     Caller,
+    DelegationReplied,
     SpawnResult,
     WorkerLifecycle,
     WorkerSpec,
+    delegation_stream,
     end_outcome,
 )
 from charter.control import Outcome as End
@@ -603,6 +605,9 @@ class Cell:
         # on that stream, and the start is pinned to them all, so a worker is never
         # started after a revocation above it committed.
         chain = self.lifecycle.chain_versions(w.lineage)
+        caller = self.view.delegated_by.get(w.lineage)
+        if caller is not None:  # a delegate's lease is its caller's: pinned likewise
+            chain |= self.lifecycle.chain_versions(caller)
         if self.lifecycle.revoked_above(w.lineage):
             self._carry_out_kills()  # the revocation ends it, journaled, never started
             return 0
@@ -933,6 +938,31 @@ class Cell:
         result = self.app.spawn(caller, intent, workers=workers)
         self._notify()
         return result
+
+    def delegate(self, caller: Caller, agent: str, inputs: tuple[str, ...]) -> SpawnResult:
+        """A worker's delegation to own-sandbox agent ``agent``, through the process's
+        one spawn pipeline (docs/delegation.md); the delegate runs on this cell."""
+        result = self.app.delegate(caller, agent, inputs)
+        self._notify()
+        return result
+
+    def delegated_by(self, lineage: str) -> str | None:
+        """The caller ``lineage`` is a delegate of (None: it is no delegate)."""
+        with self._lock:
+            self.refresh()
+            return self.view.delegated_by.get(lineage)
+
+    def delegation_replied(self, caller: str, delegate: str, outcome: str, digest: object) -> None:
+        """Journal that ``delegate``'s reply went back to ``caller``: once, pinned to its
+        delegation's stream holding just the request (a second reply is refused)."""
+        event = DelegationReplied(
+            caller=caller,
+            delegate=delegate,
+            outcome=outcome,
+            digest=digest if isinstance(digest, str) else None,
+        )
+        with self._lock:
+            self.journal.append([event], expect={delegation_stream(delegate): 1})
 
     def revoke(self, lineage: str, reason: str) -> int | None:
         """Revoke ``lineage``'s subtree (a worker's, for its descendant: the caller

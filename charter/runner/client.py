@@ -108,6 +108,15 @@ class Door:
         params = {"key": key, "method": method, "url": url, "headers": headers or {}}
         return self.call("act", params | {"body": body})
 
+    def delegate(
+        self, agent: str, inputs: list[str] | None = None, timeout_s: float = 600.0
+    ) -> Any:
+        """Delegate to own-sandbox agent ``agent`` (docs/delegation.md); returns its
+        reply (``{"delegate", "status", "reply", "digest", "timed_out"}``) once it ends.
+        Closing this connection meanwhile kills the delegate."""
+        params = {"agent": agent, "inputs": inputs or [], "timeout_s": timeout_s}
+        return self.call("delegate", params)
+
     def whoami(self) -> Any:
         return self.call("whoami")
 

@@ -19,7 +19,8 @@ parse error; an unexpected failure an internal error): no frame ends a thread.
 Methods (docs/door.md): ``spawn`` (a SpawnIntent and the children's workers), ``wait``
 (children's results), ``result`` (the worker's reply, size-capped, journaled by digest),
 ``sign`` (domain-separated, by the worker's own key), ``act`` (an outward-acting call,
-sent at most once per idempotency key: ``charter.runner._outward``), ``whoami``. Unknown fields are
+sent at most once per idempotency key: ``charter.runner._outward``), ``delegate`` (to an
+own-sandbox agent, its reply only: docs/delegation.md), ``whoami``. Unknown fields are
 refused; a worker cannot name a lineage, a parent or a cell anywhere. Each worker gets
 at most ``MAX_REQUESTS`` requests and ``MAX_CONNECTIONS`` connections at a time, so a
 flood costs it its own door, not anyone else's. Both belong to the sandbox holding the
@@ -35,6 +36,7 @@ import contextlib
 import json
 import logging
 import math
+import select
 import socket
 import threading
 import time
@@ -134,6 +136,12 @@ class RevokeParams(_Params):
     reason: str = Field(default="", max_length=1024)
 
 
+class DelegateParams(_Params):
+    agent: str = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9-]*$")
+    inputs: tuple[str, ...] = Field(default=(), max_length=64)  # checked as argv is
+    timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+
+
 class NoParams(_Params):
     pass
 
@@ -147,6 +155,7 @@ _METHODS: dict[str, type[BaseModel]] = {
     "revoke": RevokeParams,
     "whoami": NoParams,
     "act": ActParams,
+    "delegate": DelegateParams,
 }
 
 
@@ -335,6 +344,7 @@ class Door(KeyBroker):
         # What ended workers cost the door, by lineage (the last _SERVED_KEPT of them).
         self.served_history: OrderedDict[str, float] = OrderedDict()
         self._waiting = threading.local()  # per thread: CPU spent only waiting (s)
+        self._serving = threading.local()  # per thread: the connection it serves
         self._conns: dict[socket.socket, _Holder] = {}  # open connections, and whom
         self._count_lock = threading.Lock()
         self._door = PeerServer(
@@ -495,6 +505,7 @@ class Door(KeyBroker):
             return
         with self._count_lock:
             self._conns[conn] = holder
+        self._serving.conn = conn
         try:
             conn.settimeout(_IDLE_TIMEOUT)
             with contextlib.suppress(OSError), conn.makefile("rb") as reader:
@@ -654,6 +665,12 @@ class Door(KeyBroker):
                 return {"signature_hex": cell.sign(lineage, params.tag, message).hex()}
             case ActParams():
                 return self._act(cell, uid, lineage, params)
+            case DelegateParams():
+                conn = self._serving.conn
+                return requests.delegate(
+                    lineage, params.agent, params.inputs, params.timeout_s,
+                    stopped=lambda: _hung_up(conn),
+                )  # fmt: skip
             case _:
                 return {"lineage": lineage}
 
@@ -666,6 +683,20 @@ class Door(KeyBroker):
         broker = cell.egress_broker
         calls = self._outward_calls(cell)
         return act(calls, cell.journal_allowance, broker, uid, lineage, params, built)
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the peer closed ``conn`` (its caller stopped waiting): readable, and a
+    peek finds the end of the stream (a pipelined request is not an end)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        if not readable:
+            return False
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):  # reset, or closed here: nobody is waiting
+        return True
 
 
 def _test_run_children(

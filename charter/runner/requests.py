@@ -15,10 +15,15 @@ from nacl.signing import SigningKey
 from charter.authority import SpawnIntent
 from charter.control import Caller, SpawnResult, WorkerSpec
 from charter.core import Lineage, LineageError
-from charter.runner._journal_allowance import spawn_bytes, wait_bytes
+from charter.runner._journal_allowance import delegate_bytes, spawn_bytes, wait_bytes
 from charter.runner._view import WorkerRecord
 from charter.runner.cell import Cell
-from charter.runner.errors import ResultTooLargeError, RevokeRefusedError, WaitRefusedError
+from charter.runner.errors import (
+    ResultTooLargeError,
+    RevokeRefusedError,
+    WaitRefusedError,
+    WorkerGoneError,
+)
 from charter.runner.events import RESULT_CAP, WorkerWaiting
 
 __all__ = ["WorkerRequests"]
@@ -56,35 +61,52 @@ class WorkerRequests:
             allowance.charge(lineage, spawn_bytes(intent.width, workers))
             return self.cell.spawn(self.caller(lineage), intent, workers)
 
-    def wait(self, lineage: str, children: tuple[str, ...], timeout_s: float) -> dict[str, object]:
-        """Wait on ``children`` (each must be a child of ``lineage``): the processing
-        slot goes back and a coordination slot is held meanwhile; when they end, the
-        worker queues for processing again and the answer comes once it holds it. On
-        timeout every child still live is killed (journaled first)."""
+    def wait(
+        self,
+        lineage: str,
+        children: tuple[str, ...],
+        timeout_s: float,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> dict[str, object]:
+        """Wait on ``children`` (each must be a child of ``lineage``, or its delegate):
+        the processing slot goes back and a coordination slot is held meanwhile; when
+        they end, the worker queues for processing again and the answer comes once it
+        holds it. On timeout every child still live is killed (journaled first); so it
+        is when ``stopped()`` says the caller stopped waiting (its connection closed:
+        the answer then reaches nobody, but the slots are swapped back all the same)."""
         children = tuple(dict.fromkeys(children))  # each named once
         known = self.cell.workers(children)
         for child in children:
-            # Only children it spawned (so a wait's journaled size is bounded by its
-            # fan-out), never a name of one it did not.
-            if Lineage(child).parent != Lineage(lineage) or known[child] is None:
+            # Only children it spawned or delegates it started (so a wait's journaled
+            # size is bounded by its fan-out), never a name of one it did not.
+            mine = Lineage(child).parent == Lineage(lineage)
+            if not (mine or self.cell.delegated_by(child) == lineage) or known[child] is None:
                 raise WaitRefusedError(f"{child} is not a child {lineage} spawned")
         self._swap_for_coordination(lineage, children, timeout_s)
         deadline = time.monotonic() + timeout_s
-        timed_out = False
-        with self.uncharged(), self.cell.changed:
-            while True:
-                records = self.cell.workers(children).values()
-                live = [w for w in records if w is not None and w.live]
-                if not live:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    timed_out = True
-                    break
-                self.cell.changed.wait(min(left, 0.05))
-        if timed_out:
-            for child in children:
-                self.cell.kill(child, f"{lineage} stopped waiting (timed out)")
+        why = ""
+        try:
+            with self.uncharged(), self.cell.changed:
+                while True:
+                    records = self.cell.workers(children).values()
+                    live = [w for w in records if w is not None and w.live]
+                    if not live:
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        why = "timed out"
+                        break
+                    if stopped():
+                        why = "its connection closed"
+                        break
+                    self.cell.changed.wait(min(left, 0.05))
+        finally:
+            # (A caller that ended raises WorkerGoneError here: the cell kills what it
+            # waited for as it ends it, each kill journaled first.)
+            if why:
+                for child in children:
+                    self.cell.kill(child, f"{lineage} stopped waiting ({why})")
+        timed_out = why == "timed out"
         self._back_to_processing(lineage)
         ended = self.cell.workers(children)
         return {c: self._answer(w) for c, w in ended.items()} | {"timed_out": timed_out}
@@ -134,6 +156,40 @@ class WorkerRequests:
         if not below:
             raise RevokeRefusedError(f"{target} is not a descendant of {lineage}")
         return self.cell.revoke(target, reason or f"revoked by its ancestor {lineage}")
+
+    def delegate(
+        self,
+        lineage: str,
+        agent: str,
+        inputs: tuple[str, ...],
+        timeout_s: float,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> dict[str, object]:
+        """Delegate to own-sandbox agent ``agent`` (docs/delegation.md) and wait for its
+        reply, as for a child (its slot swapped for a coordination one; on timeout, or
+        when the caller stops waiting, the delegate is killed). Only the reply comes
+        back: its status and its result text, never its exit code, stderr or reason
+        (which could carry what the caller may not see); the reply is journaled
+        (``DelegationReplied``) before it is returned."""
+        allowance = self.cell.journal_allowance
+        with allowance.held(lineage):  # its inputs are the caller's bytes, charged first
+            allowance.charge(lineage, delegate_bytes(inputs))
+            started = self.cell.delegate(self.caller(lineage), agent, inputs)
+        (delegate,) = (str(c.lineage) for c in started.children)
+        answer = self.wait(lineage, (delegate,), timeout_s, stopped)
+        if stopped():  # nobody to reply to: no reply is journaled
+            raise WorkerGoneError(f"{lineage} stopped waiting for {delegate}")
+        reply = answer[delegate]
+        if not isinstance(reply, dict):  # _answer gives a dict for every child
+            raise TypeError(f"no answer for {delegate}")
+        self.cell.delegation_replied(lineage, delegate, str(reply["status"]), reply.get("digest"))
+        return {
+            "delegate": delegate,
+            "status": reply["status"],
+            "reply": reply.get("result"),
+            "digest": reply.get("digest"),
+            "timed_out": answer["timed_out"],
+        }
 
     def result(self, lineage: str, data: bytes) -> str:
         if len(data) > RESULT_CAP:

@@ -45,9 +45,11 @@ def cell_process(url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def fan_out(charter: Charter, width: int, *workers: WorkerSpec, **grant: object) -> SpawnResult:
+def fan_out(
+    charter: Charter, width: int, *workers: WorkerSpec, cost: Budget = COST, **grant: object
+) -> SpawnResult:
     intent = SpawnIntent.model_validate(
-        {"width": width, "objective": "run the workers", "estimated_cost": COST, "grant": grant}
+        {"width": width, "objective": "run the workers", "estimated_cost": cost, "grant": grant}
     )
     return charter.spawn(
         "agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE), workers=tuple(workers)
