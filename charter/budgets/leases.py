@@ -305,8 +305,10 @@ class LeaseBook:
 
     def apply(self, event: Event, at_ms: int) -> None:
         """Fold one committed event, recorded at ``at_ms``."""
-        if self._ledgers and self._touches_retired(event):
-            return
+        if not (self._ledgers and self._touches_retired(event)):
+            self._fold(event, at_ms)
+
+    def _fold(self, event: Event, at_ms: int) -> None:
         match event:
             case BudgetLedgerOpened():
                 # Write-once, as the auditor reads it: a second ledger for a lineage (only
