@@ -67,6 +67,17 @@ def _one_shot(url: str, home: Path, ceiling: int = 10**9) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+def _short_history(url: str, home: Path) -> dict[str, Any]:
+    """A journal with one width-5 spawn and its snapshot saved; a one-shot spawn on it."""
+    with _charter(url, home) as charter:
+        charter.spawn("agent:estate", FIVE, policy=FixedPolicy(Verdict.POSITIVE))
+        assert charter.views.save(every=1)
+    fresh = _one_shot(url, home)
+    assert fresh["outcome"] == "ok"
+    assert fresh["from"] > 0
+    return fresh
+
+
 def _snapshot_file(home: Path) -> Path:
     (path,) = (home / "views").glob("views-*.snapshot")
     return path
@@ -80,12 +91,7 @@ def test_a_one_shot_spawn_reads_rows_independent_of_the_journals_history(
     rows as one on a short journal: it starts from the snapshot the long-lived process
     saved when it closed. The control (no snapshot) folds from zero and fails the bound."""
     home = tmp_path / "home"
-    with _charter(journal_url, home) as charter:
-        charter.spawn("agent:estate", FIVE, policy=FixedPolicy(Verdict.POSITIVE))
-        assert charter.views.save(every=1)
-    fresh = _one_shot(journal_url, home)
-    assert fresh["outcome"] == "ok"
-    assert fresh["from"] > 0
+    fresh = _short_history(journal_url, home)
     with Charter.open(journal_url, keys=KeyStore(home), settings=UNBOUNDED) as charter:
         _unrelated(charter, fanouts=100, width=1000)  # 100,000 entries of history
     after = _one_shot(journal_url, home)
@@ -111,12 +117,7 @@ def test_a_one_shot_start_holds_leases_independent_of_how_many_ended(
     control, the lease book that keeps every lease, folded from the same journal,
     holds all 20,000."""
     home = tmp_path / "home"
-    with _charter(journal_url, home) as charter:
-        charter.spawn("agent:estate", FIVE, policy=FixedPolicy(Verdict.POSITIVE))
-        assert charter.views.save(every=1)
-    fresh = _one_shot(journal_url, home)
-    assert fresh["outcome"] == "ok"
-    assert fresh["from"] > 0
+    fresh = _short_history(journal_url, home)
     with Charter.open(journal_url, keys=KeyStore(home), settings=UNBOUNDED) as charter:
         _unrelated(charter, fanouts=20, width=1000)  # one-second leases
         last = max(

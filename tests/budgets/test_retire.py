@@ -7,37 +7,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from charter.budgets import BudgetLedgerOpened, LeaseBook, LedgerState, UsageRecorded
+from charter.budgets import BudgetLedgerOpened, LeaseBook, UsageRecorded
 from charter.control import ResourceView
 from charter.core import Budget, CharterError, Event
 from charter.core.budget import vec_of
 
-ROOT = "agent:root"
-ALLOCATION = Budget(
-    tokens=1_000_000, wall_ms=3_600_000, cpu_ms=600_000, mem_bytes=2**32, egress_bytes=10**8
-)
-DIGEST = "00" * 32
+from .test_lease_properties import ALLOCATION, DIGEST, ROOT, _pick, _scaled, op
+
 T0 = 1_800_000_000_000
-
-fraction = st.integers(min_value=0, max_value=150)
-op = st.one_of(
-    st.tuples(
-        st.just("spawn"), st.integers(0, 50), st.integers(1, 4), st.integers(0, 200), fraction
-    ),
-    st.tuples(st.just("usage"), st.integers(0, 50), fraction),
-    st.tuples(st.just("release"), st.integers(0, 50)),
-    st.tuples(st.just("renew"), st.integers(0, 50), st.integers(1, 120_000)),
-    st.tuples(st.just("advance"), st.integers(1, 90_000)),
-)
-
-
-def _scaled(budget: Budget, percent: int) -> Budget:
-    return Budget(**{a: getattr(budget, a) * percent // 100 for a in Budget.AXES})
-
-
-def _pick(book: LeaseBook, index: int) -> LedgerState:
-    ledgers = list(book.ledgers())
-    return ledgers[index % len(ledgers)]
 
 
 class _Pair:
