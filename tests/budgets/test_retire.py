@@ -4,14 +4,25 @@ does, refuses an ended lease by the same reason, and holds only the live leases.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from charter.budgets import BudgetLedgerOpened, LeaseBook, UsageRecorded
-from charter.control import ResourceView
-from charter.core import Budget, CharterError, Event
+from charter.budgets import (
+    BudgetLedgerOpened,
+    LeaseBook,
+    LeaseEndedError,
+    UnknownLeaseError,
+    UsageRecorded,
+)
+from charter.control import BudgetService, ResourceView, register_root
+from charter.core import Budget, CharterError, Event, KeyStore
 from charter.core.budget import vec_of
+from charter.ledger import Journal
 
+from ._support import ceiling, intent, service
 from .test_lease_properties import ALLOCATION, DIGEST, ROOT, _pick, _scaled, op
 
 T0 = 1_800_000_000_000
@@ -190,3 +201,44 @@ def test_a_usage_under_a_retired_lease_is_charged_to_its_ancestor_in_full() -> N
     after = view.book.remaining(ROOT, now + 5_000)
     assert before.saturating_sub(after) == _scaled(ALLOCATION, 1)
     assert view.book.get(ROOT).subtree_spent == _scaled(ALLOCATION, 1)
+
+
+def test_a_lease_that_left_the_book_is_refused_as_ended_and_journaled(
+    journal_url: str, tmp_path: Path
+) -> None:
+    """On a real journal: a released lease leaves the views at the next entry; a usage
+    of it, and a fan-out by it, are refused as ``lease-ended`` and journaled, as before
+    it left. The control: a lineage never leased is a typo, refused unjournaled."""
+    keys = KeyStore(tmp_path / "home")
+    journal = Journal.create(journal_url)
+    register_root(journal, keys, "root", ceiling())
+    svc = service(journal, keys)
+    root = svc.durable_caller("root")
+    cost = Budget.parse("tokens=1k,wall=1m,cpu=1m,mem=1MiB,egress=0")
+    minted = svc.spawn(root, intent(1, cost)).children[0]
+    child = str(minted.lineage)
+    budgets = BudgetService(journal, shared=svc.views)
+    budgets.release(child)
+    svc.spawn(root, intent(1, cost))  # one more entry: the released lease leaves
+    assert child not in svc.resources.book
+    assert svc.resources.book.retired(child)
+    head = journal.head()
+    assert head is not None
+    with pytest.raises(LeaseEndedError):
+        budgets.record_usage(child, cost)
+    (refused,) = [e.event for e in journal.entries(head[0] + 1, types=("BudgetRefused",))]
+    assert refused.reason == "lease-ended"  # type: ignore[attr-defined]
+    head = journal.head()
+    assert head is not None
+    small = Budget.parse("tokens=1,wall=1s,cpu=1s,mem=0,egress=0")
+    with pytest.raises(LeaseEndedError):
+        svc.spawn(root.child(minted), intent(1, small))
+    after = journal.head()
+    assert after is not None
+    journaled = [e.event for e in journal.entries(head[0] + 1)]
+    # The gate's decision, then the fan-out's refusal by its reason.
+    assert [getattr(e, "reason", None) for e in journaled][-1] == "lease-ended", journaled
+    with pytest.raises(UnknownLeaseError):  # the control
+        budgets.record_usage("agent:root/sa-999", cost)
+    assert journal.head() == after
+    journal.close()
