@@ -15,6 +15,7 @@ subtree spent.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from collections.abc import Iterator
@@ -184,6 +185,43 @@ LEASE_EVENTS = (BudgetLedgerOpened, LeaseGranted, UsageRecorded, LeaseReleased, 
 # -- the fold ----------------------------------------------------------------------
 
 
+def _ended_at(ledger: LedgerState) -> int | None:
+    """When ``ledger``'s lease ended (its release or its expiry; None: a durable one's)."""
+    ends = [x for x in (ledger.released_at_ms, ledger.expires_at_ms) if x is not None]
+    return min(ends, default=None)
+
+
+def _child_number(lineage: str, parent: str) -> int | None:
+    """``N`` if ``lineage`` is ``<parent>/sa-N``, else None."""
+    head, sep, number = lineage.rpartition("/sa-")
+    if not sep or head != parent or not number.isascii() or not number.isdigit():
+        return None
+    return int(number)
+
+
+def _covers(ranges: list[int], n: int) -> bool:
+    """Whether ``n`` lies in one of the flat inclusive ranges."""
+    i = bisect.bisect_right(ranges, n)
+    return i % 2 == 1 or (i > 0 and ranges[i - 1] == n)
+
+
+def _mark(ranges: list[int], n: int) -> None:
+    """Add ``n`` to the flat inclusive ranges, merging neighbours."""
+    if _covers(ranges, n):
+        return
+    i = bisect.bisect_right(ranges, n)  # even: n lies between ranges i-1 and i
+    joins_left = i > 0 and ranges[i - 1] == n - 1
+    joins_right = i < len(ranges) and ranges[i] == n + 1
+    if joins_left and joins_right:
+        del ranges[i - 1 : i + 1]
+    elif joins_left:
+        ranges[i - 1] = n
+    elif joins_right:
+        ranges[i] = n
+    else:
+        ranges[i:i] = [n, n]
+
+
 ZERO = Budget.zero()  # frozen, so one instance serves every new ledger
 
 
@@ -210,7 +248,7 @@ class LedgerState:
     subtree_spent: Budget = ZERO
     released_at_ms: int | None = None
     exhausted: bool = False
-    children: list[str] = field(default_factory=list)
+    children: dict[str, None] = field(default_factory=dict)  # an insertion-ordered set
     live: Vec = VEC_ZERO
     ended: Vec = VEC_ZERO
     horizon_ms: int = 0
@@ -220,16 +258,31 @@ class LedgerState:
     # Children ended by their expiry, in expiry order, while that end may not be final
     # yet (see LeaseBook.remaining's ``settled_ms``).
     expired: deque[tuple[int, str]] = field(default_factory=deque)
+    # Children that left the book (LeaseBook.retire): their numbers (``sa-N``) as sorted
+    # inclusive ranges, flat ``[lo, hi, lo, hi, …]``; the sum of their final charges
+    # (already in ``ended``) and of their allocations; the latest of their ends.
+    retired: list[int] = field(default_factory=list)
+    retired_charge: Vec = VEC_ZERO
+    retired_allocation: Vec = VEC_ZERO
+    retired_until_ms: int = 0
 
     def active(self, at_ms: int) -> bool:
         return formula.is_active(self.released_at_ms, self.expires_at_ms, at_ms)
 
 
 class LeaseBook:
-    """All budget ledgers, folded from lease events in journal order."""
+    """All budget ledgers, folded from lease events in journal order.
+
+    Ended leases leave the book once nothing can change them (:meth:`retire`): what
+    they cost their parent stays in its sums, and their names stay known as ranges of
+    child numbers, so the book's size follows the live leases, not the history.
+    """
 
     def __init__(self) -> None:
         self._ledgers: dict[str, LedgerState] = {}
+        # (end, lineage) of every lease that may have ended by then: a heap, with stale
+        # entries (renewed since) skipped when they come up.
+        self._ends: list[tuple[int, str]] = []
 
     def __contains__(self, lineage: str) -> bool:
         return lineage in self._ledgers
@@ -240,6 +293,8 @@ class LeaseBook:
     def get(self, lineage: str) -> LedgerState:
         ledger = self._ledgers.get(lineage)
         if ledger is None:
+            if self.retired(lineage):
+                raise LeaseEndedError(f"{shown(lineage)}'s lease has ended")
             raise NoBudgetLedgerError(
                 f"{shown(lineage)} has no budget ledger, so it cannot spend or spawn; open one "
                 "(charter init / agent add --budget) or spawn it with a lease"
@@ -250,6 +305,10 @@ class LeaseBook:
 
     def apply(self, event: Event, at_ms: int) -> None:
         """Fold one committed event, recorded at ``at_ms``."""
+        if not (self._ledgers and self._touches_retired(event)):
+            self._fold(event, at_ms)
+
+    def _fold(self, event: Event, at_ms: int) -> None:
         match event:
             case BudgetLedgerOpened():
                 # Write-once, as the auditor reads it: a second ledger for a lineage (only
@@ -271,7 +330,8 @@ class LeaseBook:
                         lineage, event.parent, event.allocation, expires, grant_end
                     )
                     heapq.heappush(parent.expiries, (expires, lineage))
-                parent.children.extend(event.lineages)
+                    heapq.heappush(self._ends, (expires, lineage))
+                parent.children.update(dict.fromkeys(event.lineages))
             case UsageRecorded():
                 ledger = self._ledgers[event.lineage]
                 # Sums on vectors: a fold never fails on events the models accept. Usage
@@ -292,6 +352,7 @@ class LeaseBook:
                     if ledger.released_at_ms is None:
                         ledger.released_at_ms = at_ms
                         self._end(ledger, at_ms)
+                        heapq.heappush(self._ends, (at_ms, ledger.lineage))
             case LeaseRenewed():
                 ledger = self._ledgers[event.lineage]
                 ledger.expires_at_ms = event.expires_at_ms
@@ -302,8 +363,115 @@ class LeaseBook:
                     parent.live = vec_add(parent.live, vec_of(ledger.allocation))
                     ledger.counted_live, ledger.ended_charge = True, VEC_ZERO
                 heapq.heappush(parent.expiries, (event.expires_at_ms, event.lineage))
+                heapq.heappush(self._ends, (event.expires_at_ms, event.lineage))
             case _:
                 pass
+
+    # -- retiring ended leases -----------------------------------------------------
+
+    def _touches_retired(self, event: Event) -> bool:
+        """Fold an event about a lease that has left the book, fail closed (True), or
+        say it is not one (False). The journal commits none (its deadline and stream
+        pins refuse them), so only a journal that broke those rules holds one, which
+        the auditor reports: a usage is charged in full to the nearest ancestor still
+        in the book (never clamped to the lease, so never less than the book would
+        have charged); leases granted under an ended lease get no ledger (they cannot
+        spend or spawn); a release or a renewal of an ended lease changes nothing."""
+        match event:
+            case UsageRecorded(lineage=lineage) if lineage not in self._ledgers:
+                if not self.retired(lineage):
+                    return False
+                self._late_usage(lineage, vec_of(event.amount))
+                return True
+            case LeaseGranted(parent=lineage) | LeaseReleased(lineage=lineage):
+                return lineage not in self._ledgers and self.retired(lineage)
+            case LeaseRenewed(lineage=lineage):
+                return lineage not in self._ledgers and self.retired(lineage)
+            case _:
+                return False
+
+    def _late_usage(self, lineage: str, amount: Vec) -> None:
+        """Charge ``amount`` spent under the retired ``lineage`` to the nearest
+        ancestor still in the book, and up its chain as a usage is."""
+        node: LedgerState | None = None
+        while node is None:
+            lineage = lineage.rpartition("/")[0]
+            node = self._ledgers.get(lineage)
+        node.ended = vec_add(node.ended, amount)  # the retired child's charge grows
+        node.retired_charge = vec_add(node.retired_charge, amount)
+        while node is not None:
+            node.subtree_spent = budget_of(vec_add(vec_of(node.subtree_spent), amount))
+            if not node.counted_live:
+                self._recharge(node)
+            node = self._ledgers.get(node.parent) if node.parent else None
+
+    def retire(self, at_ms: int) -> list[tuple[str, str]]:
+        """Take out of the book every lease that ended at or before ``at_ms``, the
+        commit time of the entry about to be folded; return ``(lineage, parent)`` of
+        each (a caller's own folds forget them too).
+
+        Nothing can change such a lease any more: its usage, renewal and release (and
+        every descendant's, and a fan-out under it) are pinned to its stream or
+        committed before its end, which the journal checks against the commit time
+        under its write lock, and commit times never decrease with position; so every
+        entry that touches it was folded before this one. What it cost its parent is
+        final and stays in the parent's ``ended`` sum; its name stays known (its number
+        in the parent's ``retired`` ranges), so a decision about it is still refused as
+        one about an ended lease. Only children numbered ``<parent>/sa-N`` (the
+        lineages Charter mints) leave; a durable agent's ledger never does."""
+        gone: list[tuple[str, str]] = []
+        ends = self._ends
+        while ends and ends[0][0] <= at_ms:
+            _, lineage = heapq.heappop(ends)
+            ledger = self._ledgers.get(lineage)
+            if ledger is not None:
+                self._retire(ledger, at_ms, gone)
+        return gone
+
+    def _retire(self, ledger: LedgerState, at_ms: int, gone: list[tuple[str, str]]) -> bool:
+        """Retire ``ledger``'s subtree, children first; False (kept) if any of it has not
+        ended by ``at_ms`` or is not named as a child of its parent."""
+        end = _ended_at(ledger)
+        if ledger.parent is None or end is None or end > at_ms:
+            return False
+        number = _child_number(ledger.lineage, ledger.parent)
+        if number is None:
+            return False
+        for child in list(ledger.children):
+            below = self._ledgers.get(child)
+            if below is not None and not self._retire(below, at_ms, gone):
+                return False
+        parent = self._ledgers[ledger.parent]
+        if ledger.counted_live:  # expired, and no query has moved it yet
+            self._end(ledger, end)
+        del self._ledgers[ledger.lineage]
+        del parent.children[ledger.lineage]
+        _mark(parent.retired, number)
+        parent.retired_charge = vec_add(parent.retired_charge, ledger.ended_charge)
+        parent.retired_allocation = vec_add(parent.retired_allocation, vec_of(ledger.allocation))
+        parent.retired_until_ms = max(parent.retired_until_ms, end)
+        recent = parent.expired  # final by now (see _unsettled)
+        while recent and recent[0][0] <= at_ms:
+            recent.popleft()
+        if len(parent.expiries) > 2 * len(parent.children) + 16:  # drop what left
+            parent.expiries = [e for e in parent.expiries if e[1] in parent.children]
+            heapq.heapify(parent.expiries)
+        gone.append((ledger.lineage, ledger.parent))
+        return True
+
+    def retired(self, lineage: str) -> bool:
+        """Whether ``lineage`` was a lease that has ended and left the book (or lies
+        under one that has: everything under an ended lease has ended)."""
+        if lineage in self._ledgers:
+            return False
+        parent, sep, _ = lineage.rpartition("/")
+        number = _child_number(lineage, parent) if sep else None
+        if number is None:
+            return False
+        ledger = self._ledgers.get(parent)
+        if ledger is None:
+            return self.retired(parent)
+        return _covers(ledger.retired, number)
 
     def _end(self, ledger: LedgerState, at_ms: int) -> None:
         """Move ``ledger`` from its parent's live sum to its ended sum, as of ``at_ms``."""
@@ -331,8 +499,8 @@ class LeaseBook:
         heap = ledger.expiries
         while heap and heap[0][0] <= at_ms:
             expires, lineage = heapq.heappop(heap)
-            child = self._ledgers[lineage]
-            if child.counted_live and child.expires_at_ms == expires:
+            child = self._ledgers.get(lineage)
+            if child is not None and child.counted_live and child.expires_at_ms == expires:
                 self._end(child, expires)
                 ledger.expired.append((expires, lineage))
         ledger.horizon_ms = max(ledger.horizon_ms, at_ms)
@@ -359,7 +527,9 @@ class LeaseBook:
         while recent and recent[0][0] <= settled_ms:
             recent.popleft()
         for expires, lineage in recent:
-            child = self._ledgers[lineage]
+            child = self._ledgers.get(lineage)
+            if child is None:  # retired: its end was final
+                continue
             if child.released_at_ms is None and child.expires_at_ms == expires:
                 held = vec_sub(vec_of(child.allocation), child.ended_charge)
                 if held != VEC_ZERO:
@@ -386,7 +556,10 @@ class LeaseBook:
     def deadline(self, lineage: str) -> int | None:
         """The first instant at which ``lineage``'s lease, or an ancestor's, expires: a
         decision that relies on the lease being live must commit before it (None when
-        nothing in the chain expires)."""
+        nothing in the chain expires; 0 for a lease that has left the book: it ended
+        before the journal's last commit, so nothing relying on it can commit)."""
+        if lineage not in self._ledgers and self.retired(lineage):
+            return 0
         ends = [x.expires_at_ms for x in self.chain(lineage) if x.expires_at_ms is not None]
         return min(ends, default=None)
 
@@ -408,9 +581,13 @@ class LeaseBook:
         return self.outstanding_by_walk(lineage, at_ms)  # a time the sums have passed
 
     def outstanding_by_walk(self, lineage: str, at_ms: int) -> Budget:
-        """:meth:`outstanding` computed child by child (exact for any time; slow)."""
-        total = VEC_ZERO
-        for child in self.get(lineage).children:
+        """:meth:`outstanding` computed child by child (exact for any time the children
+        that left the book had ended by; before that, they count as live: slow)."""
+        ledger = self.get(lineage)
+        total = (
+            ledger.retired_allocation if at_ms < ledger.retired_until_ms else ledger.retired_charge
+        )
+        for child in ledger.children:
             total = vec_add(total, vec_of(self.charge(self._ledgers[child], at_ms)))
         return budget_of(total)
 
@@ -444,6 +621,8 @@ class LeaseBook:
         With ``settled_ms`` (the commit time of the last entry the book has folded, for
         a decision about to be appended), children that expired after it count as live:
         a charge stamped before their end may not have been read yet (``_unsettled``)."""
+        if lineage not in self._ledgers and self.retired(lineage):
+            return Budget.zero()
         ledger = self.get(lineage)
         if not ledger.active(at_ms):
             return Budget.zero()

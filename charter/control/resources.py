@@ -87,13 +87,13 @@ class LivePopulation:
     def __init__(self) -> None:
         self._open: dict[str, int] = {}  # lineage -> expiry, while not known ended
         self._released: set[str] = set()
-        self._children: dict[str, list[str]] = {}
+        self._children: dict[str, dict[str, None]] = {}  # insertion-ordered sets
         self._expiries: list[tuple[int, str]] = []  # a heap; stale entries skipped
 
     def apply(self, event: Event, at_ms: int) -> None:
         match event:
             case LeaseGranted():
-                self._children.setdefault(event.parent, []).extend(event.lineages)
+                self._children.setdefault(event.parent, {}).update(dict.fromkeys(event.lineages))
                 if event.parent in self._released:
                     return  # granted under an ended parent: never live (the book agrees)
                 for lineage in event.lineages:
@@ -116,6 +116,17 @@ class LivePopulation:
                     stack.extend(self._children.get(lineage, ()))
             case _:
                 pass
+
+    def forget(self, lineage: str, parent: str) -> None:
+        """``lineage`` ended and left the lease book (LeaseBook.retire): nothing will
+        touch it again. An expiry not yet counted out stays until :meth:`live` passes it."""
+        self._released.discard(lineage)
+        self._children.pop(lineage, None)
+        siblings = self._children.get(parent)
+        if siblings is not None:
+            siblings.pop(lineage, None)
+            if not siblings:
+                del self._children[parent]
 
     def live(self, at_ms: int) -> int:
         """Leases live at ``at_ms`` (ask with a clock that does not go back)."""
@@ -140,6 +151,9 @@ class ResourceView(JournalFold):
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         del position
+        # Ended leases nothing can change any more leave the working set first.
+        for lineage, parent in self.book.retire(at_ms):
+            self.population.forget(lineage, parent)
         if isinstance(event, LEASE_EVENTS):
             self.book.apply(event, at_ms)
             self.population.apply(event, at_ms)
@@ -322,7 +336,8 @@ class BudgetService:
     ) -> E:
         with self.shared.lock:  # the views are shared: one decision at a time
             self.shared.refresh(self.journal)
-            known = lineage in self.view.book
+            book = self.view.book
+            known = lineage in book or book.retired(lineage)  # ended leases are refused
         if not known:  # a typo is not a policy decision: not journaled
             raise UnknownLeaseError(
                 f"no lease or budget ledger for {shown(lineage)} in the journal; nothing "

@@ -549,7 +549,7 @@ class WorkerLifecycle:
         node = Lineage(lineage)
         chain = [str(node), *(str(a) for a in node.ancestors())]
         with self.views.lock:
-            return {stream: self.journal.stream_version(stream) for stream in chain}
+            return self.journal.stream_versions(chain)  # one read for the whole chain
 
     def revoked_above(self, lineage: str) -> bool:
         """Whether ``lineage`` or an ancestor is revoked, as the views stand now."""

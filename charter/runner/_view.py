@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from charter.authority import GrantMinted, LineageRevoked, SealedGrant
+from charter.budgets import UsageRecorded
 from charter.control import DelegationRequested, Outcome, WorkerScheduled, end_outcome
+from charter.core import Budget
 from charter.core.events import Event
 from charter.ledger import JournalFold
 from charter.runner.events import (
@@ -43,6 +45,9 @@ class WorkerRecord:
     ended: WorkerEnded | None = None
     children: list[str] = field(default_factory=list)
     sampled: WorkerSampled | None = None  # its latest usage so far, while it runs
+    # What its lease was charged (its UsageRecorded, summed): shown once the lease has
+    # ended and left the lease book (LeaseBook.retire).
+    charged: Budget | None = None
 
     @property
     def lineage(self) -> str:
@@ -80,6 +85,7 @@ class WorkersView(JournalFold):
         LineageRevoked.type_name,
         WorkerSampled.type_name,
         DelegationRequested.type_name,
+        UsageRecorded.type_name,
     )
 
     def __init__(self) -> None:
@@ -116,6 +122,10 @@ class WorkersView(JournalFold):
         elif isinstance(event, CellClaimRenewed):
             if self.incarnations.get(event.cell) == event.incarnation:
                 self.claims[event.cell] = event.until_ms
+        elif isinstance(event, UsageRecorded):
+            w = self.workers.get(event.lineage)
+            if w is not None:
+                w.charged = event.amount if w.charged is None else w.charged + event.amount
         elif isinstance(event, WorkerScheduled | GrantMinted | SandboxLeased | CellStarted):
             self._apply_fact(event, position)
         else:

@@ -7,9 +7,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-from charter.budgets import ResourceClass
+from charter.budgets import LedgerState, ResourceClass
 from charter.control import ResourceView, WorkerStatus, host_cap_inputs
-from charter.core import now_ms
+from charter.core import Budget, now_ms
 from charter.ledger import Journal
 from charter.runner._view import WorkerRecord, WorkersView
 from charter.runner.events import CellStarted
@@ -91,9 +91,9 @@ def tree_rows(
         w = view.workers[lineage]
         status = _status(w, queued, coordinating, gone=gone)
         burn = ""
-        if lineage in resources.book:
-            ledger = resources.book.get(lineage)
-            own, whole = ledger.spent, ledger.allocation
+        charged = _charged(view, resources, lineage)
+        if charged is not None:
+            own, whole, ledger = charged
             cpu_ms, wall_ms, live = own.cpu_ms, own.wall_ms, ""
             if w.ended is None and w.sampled is not None:  # charged only at its end
                 cpu_ms, wall_ms, live = w.sampled.cpu_ms, w.sampled.wall_ms, " so far"
@@ -101,11 +101,26 @@ def tree_rows(
                 f"cpu {cpu_ms / 1000:.2f}s{live} of {whole.cpu_ms // 1000}s, "
                 f"wall {wall_ms / 1000:.1f}s{live} of {whole.wall_ms // 1000}s"
             )
-            if ledger.active(now) and ledger.children:
+            if ledger is not None and ledger.active(now) and ledger.children:
                 held = whole.cpu_ms - resources.book.remaining(lineage, now).cpu_ms
                 burn += f" (cpu {held // 1000}s out to children)"
         rows.append(Row(lineage, lineage.count("/"), status, burn))
     return rows
+
+
+def _charged(
+    view: WorkersView, resources: ResourceView, lineage: str
+) -> tuple[Budget, Budget, LedgerState | None] | None:
+    """What ``lineage``'s lease was charged and holds, and its ledger: from the lease
+    book, or, once the lease ended and left it, from the worker's record (its charges)
+    and its grant (which says what its lease held); None if neither knows."""
+    if lineage in resources.book:
+        ledger = resources.book.get(lineage)
+        return ledger.spent, ledger.allocation, ledger
+    w, minted = view.workers[lineage], view.grants.get(lineage)
+    if w.charged is None or minted is None:
+        return None
+    return w.charged, minted.sealed().grant.terms.budget, None
 
 
 def _status(

@@ -57,8 +57,25 @@ def main() -> None:
             outcome = str(getattr(e, "reason", type(e).__name__))
         started = charter.views.snapshot_position
         head = charter.journal.head()
+        held = _held(charter)
     seen = {"rows": rows, "outcome": outcome, "from": started, "head": head[0] if head else 0}
+    seen |= held
     print(json.dumps(seen))
+
+
+def _held(charter: Charter) -> dict[str, int]:
+    """What the resource view holds: its ledgers, the live population's entries, and
+    the entries of its heaps and queues (each grows with the leases it keeps)."""
+    resources = charter.views.resources
+    book, population = resources.book, resources.population
+    ledgers = list(book.ledgers())
+    return {
+        "ledgers": len(ledgers),
+        "population": sum(map(len, (population._released, population._children, population._open))),
+        "queued": len(book._ends)
+        + len(population._expiries)
+        + sum(len(x.expiries) + len(x.expired) + len(x.children) for x in ledgers),
+    }
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ import pytest
 
 from charter.app import CellSetup, Charter, Settings
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
-from charter.budgets import FabricCeilings
+from charter.budgets import LEASE_EVENTS, FabricCeilings, LeaseBook, LeaseGranted
 from charter.control import Ceiling
-from charter.core import Budget, KeyStore
+from charter.core import Budget, KeyStore, now_ms
+from charter.core.clock import entry_ms
 from charter.ledger import _snapshot as stored
 
 PLENTY = Budget.parse("tokens=1000M,wall=100000h,cpu=100000h,mem=1000GiB,egress=1000GB")
@@ -65,6 +67,17 @@ def _one_shot(url: str, home: Path, ceiling: int = 10**9) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+def _short_history(url: str, home: Path) -> dict[str, Any]:
+    """A journal with one width-5 spawn and its snapshot saved; a one-shot spawn on it."""
+    with _charter(url, home) as charter:
+        charter.spawn("agent:estate", FIVE, policy=FixedPolicy(Verdict.POSITIVE))
+        assert charter.views.save(every=1)
+    fresh = _one_shot(url, home)
+    assert fresh["outcome"] == "ok"
+    assert fresh["from"] > 0
+    return fresh
+
+
 def _snapshot_file(home: Path) -> Path:
     (path,) = (home / "views").glob("views-*.snapshot")
     return path
@@ -78,12 +91,7 @@ def test_a_one_shot_spawn_reads_rows_independent_of_the_journals_history(
     rows as one on a short journal: it starts from the snapshot the long-lived process
     saved when it closed. The control (no snapshot) folds from zero and fails the bound."""
     home = tmp_path / "home"
-    with _charter(journal_url, home) as charter:
-        charter.spawn("agent:estate", FIVE, policy=FixedPolicy(Verdict.POSITIVE))
-        assert charter.views.save(every=1)
-    fresh = _one_shot(journal_url, home)
-    assert fresh["outcome"] == "ok"
-    assert fresh["from"] > 0
+    fresh = _short_history(journal_url, home)
     with Charter.open(journal_url, keys=KeyStore(home), settings=UNBOUNDED) as charter:
         _unrelated(charter, fanouts=100, width=1000)  # 100,000 entries of history
     after = _one_shot(journal_url, home)
@@ -97,6 +105,45 @@ def test_a_one_shot_spawn_reads_rows_independent_of_the_journals_history(
     assert control["outcome"] == "ok"
     assert control["from"] == 0
     assert control["rows"] > after["head"] - 20 > fresh["rows"] + 2
+
+
+@pytest.mark.slow
+def test_a_one_shot_start_holds_leases_independent_of_how_many_ended(
+    journal_url: str, tmp_path: Path
+) -> None:
+    """A fresh process after 20,000 ended leases holds what one after a short history
+    holds, and reads as many rows: ended leases left the views before the snapshot was
+    saved (only the live ones, and each parent's settled sums, are in it). The
+    control, the lease book that keeps every lease, folded from the same journal,
+    holds all 20,000."""
+    home = tmp_path / "home"
+    fresh = _short_history(journal_url, home)
+    with Charter.open(journal_url, keys=KeyStore(home), settings=UNBOUNDED) as charter:
+        _unrelated(charter, fanouts=20, width=1000)  # one-second leases
+        last = max(
+            e.event.expires_at_ms
+            for e in charter.journal.entries(types=("LeaseGranted",))
+            if isinstance(e.event, LeaseGranted) and e.event.parent == "agent:other"
+        )
+        while now_ms() <= last:  # until every one of them has expired (by the clock)
+            time.sleep(0.05)
+        # One commit after their end: from it on, nothing can change them.
+        charter.spawn("agent:estate", FIVE, policy=FixedPolicy(Verdict.POSITIVE))
+    after = _one_shot(journal_url, home)
+    assert after["outcome"] == "ok"
+    assert after["from"] > 20_000
+    assert after["rows"] <= fresh["rows"] + 2, (after, fresh)
+    # Ten more live leases under estate (the spawn above and this one-shot's own), and
+    # nothing of the 20,000 that ended.
+    assert after["ledgers"] == fresh["ledgers"] + 10, (after, fresh)
+    assert after["population"] <= fresh["population"] + 10, (after, fresh)
+    assert after["queued"] <= fresh["queued"] + 60, (after, fresh)
+    # The control: the book that keeps every lease ever granted.
+    kept = LeaseBook()
+    with Charter.open(journal_url, keys=KeyStore(home), settings=UNBOUNDED) as charter:
+        for entry in charter.journal.entries(types=tuple(c.type_name for c in LEASE_EVENTS)):
+            kept.apply(entry.event, entry_ms(entry.recorded_at))
+    assert sum(1 for _ in kept.ledgers()) > 20_000 > fresh["ledgers"] + 10
 
 
 def _rewritten(

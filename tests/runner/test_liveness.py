@@ -128,7 +128,8 @@ def test_a_sigkilled_cell_is_gone_once_its_claim_lapses_and_the_next_fails_its_w
     with Charter.open(journal_url, keys=KeyStore(home)) as charter:
         view = ResourceView()
         view.refresh(charter.journal)
-        assert not view.book.get(lineage).active(now_ms())  # its lease came back
+        # its lease came back (and may have left the book since: ended, all the same)
+        assert view.book.retired(lineage) or not view.book.get(lineage).active(now_ms())
         state = view.cells.get(charter.settings.cell)
         assert not any(state.holders[r] for r in ResourceClass)
         history = journal_history(charter.journal)

@@ -352,6 +352,7 @@ def test_a_running_workers_burn_is_shown_while_it_runs(tmp_path: Path, state_dir
         resources.refresh(charter.journal)
         (final,) = tree_rows(view, resources, cell.cell)
     assert final.status == "exited"
+    assert final.burn.startswith("cpu "), final  # its end's charge, its lease ended
     assert "so far" not in final.burn  # its end's charge, now
     samples = [e.event for e in entries if isinstance(e.event, WorkerSampled)]
     exited = next(e.event for e in entries if isinstance(e.event, SandboxExited))
