@@ -26,6 +26,7 @@ import orjson
 from charter.authority import SealedGrant
 from charter.budgets import Cells, CellState, LeaseBook, LedgerState, ResourceClass
 from charter.control.directory import AgentRecord, AuthorityView
+from charter.control.placement import Liveness
 from charter.control.resources import LivePopulation, ResourceView
 from charter.core import Budget, Lineage
 from charter.core.budget import budget_of, vec_of
@@ -33,7 +34,7 @@ from charter.ledger import JournalFold, cyclic_gc_paused
 
 __all__ = ["FORMAT", "SnapshotRefusedError", "decode", "encode", "version"]
 
-FORMAT = 3
+FORMAT = 4
 
 # Classes rebuilt from their attributes, and the folds themselves (filled in place).
 _OBJECTS: dict[str, type] = {
@@ -41,7 +42,7 @@ _OBJECTS: dict[str, type] = {
     for cls in (LedgerState, CellState, AgentRecord, LeaseBook, Cells, LivePopulation)
 }
 _ENUMS: dict[str, type[Enum]] = {"ResourceClass": ResourceClass}
-_FOLDS = (AuthorityView, ResourceView)
+_FOLDS = (AuthorityView, ResourceView, Liveness)
 _RAW = (int, str, bool, type(None))  # stored as themselves (exact types only)
 _RAW_TYPES = frozenset(_RAW)
 
@@ -85,7 +86,7 @@ def _by_name(classes: tuple[type, ...]) -> list[tuple[str, type]]:
     return [(cls.__name__, cls) for cls in classes]
 
 
-def encode(folds: tuple[AuthorityView, ResourceView]) -> bytes:
+def encode(folds: tuple[AuthorityView, ResourceView, Liveness]) -> bytes:
     """The folds' whole state (both at the same position) as bytes."""
     encoder = _Encoder()
     with cyclic_gc_paused():
@@ -93,7 +94,7 @@ def encode(folds: tuple[AuthorityView, ResourceView]) -> bytes:
         return orjson.dumps([_layout(), encoder.budgets, states])
 
 
-def decode(body: bytes, folds: tuple[AuthorityView, ResourceView]) -> None:
+def decode(body: bytes, folds: tuple[AuthorityView, ResourceView, Liveness]) -> None:
     """Give ``folds`` the state in ``body`` (all of it, or none: SnapshotRefusedError)."""
     try:
         with cyclic_gc_paused():

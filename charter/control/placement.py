@@ -38,48 +38,54 @@ __all__ = ["CellRoom", "Liveness", "place"]
 
 
 class Liveness(JournalFold):
-    """Each cell's newest incarnation and its claim: live while the claim holds."""
+    """Each cell's newest incarnation and its claim: live while the claim holds. Plain
+    data (it is saved in the views' snapshot): per cell, its newest incarnation, host,
+    whether a peer reaped it, and the claim's end."""
 
     types = (CellStarted.type_name, CellClaimRenewed.type_name)
 
     def __init__(self) -> None:
         super().__init__()
-        self.started: dict[str, CellStarted] = {}
+        self.incarnation: dict[str, int] = {}
+        self.host: dict[str, str] = {}
+        self.reaped: dict[str, bool] = {}
         self.until: dict[str, int | None] = {}
 
     def apply(self, event: Event, position: int, at_ms: int) -> None:
         del position, at_ms
         if isinstance(event, CellStarted):
-            self.started[event.cell] = event
+            self.incarnation[event.cell] = event.incarnation
+            self.host[event.cell] = event.host
+            self.reaped[event.cell] = event.reaped_by is not None
             self.until[event.cell] = event.claim_until_ms
-        elif isinstance(event, CellClaimRenewed):
-            newest = self.started.get(event.cell)
-            if newest is not None and newest.incarnation == event.incarnation:
-                self.until[event.cell] = event.until_ms
+        elif (
+            isinstance(event, CellClaimRenewed)
+            and self.incarnation.get(event.cell) == event.incarnation
+        ):
+            self.until[event.cell] = event.until_ms
 
     def live(self, cell: str, at_ms: int) -> bool:
         """Whether ``cell``'s newest incarnation holds its claim at ``at_ms`` (one
         written before claims existed, with no bound, counts as live). A peer reaping a
         gone cell holds its claim but runs nothing there: not live."""
-        started = self.started.get(cell)
-        if started is None or started.reaped_by is not None:
+        if cell not in self.incarnation or self.reaped[cell]:
             return False
         until = self.until.get(cell)
         return until is None or at_ms < until
 
     def live_cells(self, at_ms: int) -> list[str]:
-        return sorted(c for c in self.started if self.live(c, at_ms))
+        return sorted(c for c in self.incarnation if self.live(c, at_ms))
 
     def peers_on_host(self, cell: str, at_ms: int) -> int:
         """How many other live cells run on ``cell``'s host (its newest incarnation's):
         the adaptive cap's ``live_peers``, since they share its cores."""
-        own = self.started.get(cell)
-        if own is None:
+        host = self.host.get(cell)
+        if host is None:
             return 0
         return sum(
             1
-            for other, started in self.started.items()
-            if other != cell and started.host == own.host and self.live(other, at_ms)
+            for other, on in self.host.items()
+            if other != cell and on == host and self.live(other, at_ms)
         )
 
 

@@ -73,7 +73,7 @@ from charter.control.directory import AgentRecord, custody_key_name
 from charter.control.errors import NestedDelegationError, NotOwnSandboxError
 from charter.control.handler import Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
-from charter.control.placement import CellRoom, Liveness, place
+from charter.control.placement import CellRoom, place
 from charter.control.resources import Settling
 from charter.control.views import Views
 from charter.control.workers import WorkerScheduled, WorkerSpec, task_class_of, worker_stream
@@ -249,8 +249,7 @@ class SpawnService:
         self.views = views or Views()
         self.view = self.views.authority
         self.resources = self.views.resources
-        self.liveness = Liveness()  # which cells run: where children may be placed
-        self.views.watch(self.liveness)
+        self.liveness = self.views.liveness  # which cells run: where children may be placed
         self._delegation: DelegationView | None = None  # watched at its first use
 
     # -- the directory, as a caller sees it ------------------------------------------

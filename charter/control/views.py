@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from charter.control import _snapshot
 from charter.control.directory import AuthorityView
+from charter.control.placement import Liveness
 from charter.control.resources import ResourceView
 from charter.ledger import Committed, Folds, Journal, JournalFold, SnapshotFile
 
@@ -37,7 +38,8 @@ class Views:
         self.lock = threading.RLock()
         self.authority = AuthorityView()
         self.resources = ResourceView()
-        self._folds = Folds(self.authority, self.resources)
+        self.liveness = Liveness()  # which cells run: where children may be placed
+        self._folds = Folds(self.authority, self.resources, self.liveness)
         self._snapshot = snapshot
         self._tried = snapshot is None  # the snapshot is read once, before any fold
         self.snapshot_position = 0  # the position of the snapshot loaded or saved
@@ -62,7 +64,7 @@ class Views:
 
     def _load(self) -> None:
         """Start from the snapshot if it matches the journal; else stay at zero."""
-        folds = (self.authority, self.resources)
+        folds = (self.authority, self.resources, self.liveness)
         if self._snapshot is None or any(f.position for f in folds):
             return
         found = self._snapshot.load(_snapshot.version())
@@ -89,11 +91,12 @@ class Views:
             if (
                 self._snapshot is None
                 or position != self.resources.position
+                or position != self.liveness.position
                 or position - self.snapshot_position < max(every, 1)
             ):
                 return False
             try:
-                body = _snapshot.encode((self.authority, self.resources))
+                body = _snapshot.encode((self.authority, self.resources, self.liveness))
             except _snapshot.SnapshotRefusedError:  # state it cannot encode: no snapshot
                 return False
             if not self._snapshot.save(_snapshot.version(), position, body):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import (
     ConfigDict,
@@ -27,9 +27,8 @@ from pydantic import (
 )
 
 from charter.control.errors import CellSupersededError
-from charter.control.handler import Pinned, append_pinned
+from charter.control.handler import Folded, Pinned, append_pinned
 from charter.control.resources import AdmissionService, BudgetService, Live
-from charter.control.views import Views
 from charter.core import Budget, CharterError, CheckedModel, Lineage, now_ms
 from charter.core.events import Event
 from charter.core.framing import worker_inputs_digest
@@ -371,6 +370,18 @@ class Claim:
     until_ms: int
 
 
+class _Revocations(Protocol):
+    def revoked_above(self, lineage: Lineage) -> object | None: ...
+
+
+class _Views(Folded, Protocol):
+    """What a lifecycle needs of the process's views (``charter.control.Views``; named
+    by shape: the views import the placement, which imports this module's events)."""
+
+    @property
+    def authority(self) -> _Revocations: ...
+
+
 class WorkerLifecycle:
     """The journal appends of one cell incarnation, as one command handler over the
     process's shared views (the composition root's): each goes through
@@ -391,7 +402,7 @@ class WorkerLifecycle:
     def __init__(
         self,
         journal: Journal,
-        views: Views,
+        views: _Views,
         budgets: BudgetService,
         admission: AdmissionService,
         cell: str,
