@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from charter.authority import SpawnIntent
 from charter.control import WorkerSpec
@@ -111,6 +111,16 @@ class _Params(BaseModel):
 class SpawnParams(_Params):
     intent: SpawnIntent
     workers: tuple[WorkerSpec, ...] = Field(min_length=1)
+
+    @field_validator("workers")
+    @classmethod
+    def _placed_by_the_fabric(cls, workers: tuple[WorkerSpec, ...]) -> tuple[WorkerSpec, ...]:
+        # Where a child runs is the control plane's decision (docs/fabric.md): a worker
+        # naming a cell could park its children on a dead or made-up one. Only the
+        # operator (the CLI, the Python API) may ask for a cell.
+        if any(w.cell is not None for w in workers):
+            raise ValueError("a worker cannot name the cell its children run on")
+        return workers
 
 
 class WaitParams(_Params):
