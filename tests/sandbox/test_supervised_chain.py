@@ -159,7 +159,9 @@ def test_honest_real_workers_get_no_verdict_and_dishonest_ones_do(pool: WarmPool
             lambda: decide(_observe(hoarder, sample_signals(hoarder.slot.spec)), baseline, POLICY)
         )
         assert isinstance(verdict, PauseVerdict)
-        assert verdict.evidence[0].signal == "workspace_bytes"
+        # The workspace is a tmpfs, whose pages the memory cgroup also counts: on some
+        # hosts the memory rule triggers beside the workspace's (evidence of both).
+        assert "workspace_bytes" in {e.signal for e in verdict.evidence}, verdict.evidence
         SandboxControl(hoarder.slot.spec).freeze()  # the act
         stopped = hoarder.counter()
         time.sleep(0.3)  # an observation window
