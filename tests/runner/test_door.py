@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from charter.runner.client import Door, DoorError
 from charter.authority import SpawnRefused
-from charter.runner.door import INVALID_PARAMS, INVALID_REQUEST, MAX_FRAME, PARSE_ERROR, REFUSED
 from charter.control import WorkerScheduled
+from charter.runner.client import Door, DoorError
+from charter.runner.door import INVALID_PARAMS, INVALID_REQUEST, MAX_FRAME, PARSE_ERROR, REFUSED
 from charter.runner.events import WorkerEnded, WorkerResult
 from charter.sandbox import verify_signature
 from tests.invariants import check_history, check_settled, check_workers, journal_history

@@ -95,21 +95,31 @@ def _wait(what: str, done: object, within: float, cells: list[subprocess.Popen[b
         time.sleep(0.1)
 
 
+def _fabric(
+    url: str, home: Path, ceiling: Ceiling, setup: CellSetup, cells: tuple[str, ...]
+) -> None:
+    """A fresh Charter on ``url`` (root ``estate`` under ``ceiling``), each of ``cells``
+    configured with ``setup``."""
+    charter, _ = Charter.initialise(
+        url, root="estate", ceiling=ceiling, cell=setup, keys=KeyStore(home), settings=Settings()
+    )
+    with charter:
+        for name in cells:
+            charter.configure_cell(setup, name)
+
+
 def test_three_cells_one_sigkilled_finish_a_300_worker_fan_out(
     pg_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
     home = tmp_path / "home"
-    charter, _ = Charter.initialise(
+    # 4 cores less 2 live peers on this host: a cap of 2 each
+    _fabric(
         pg_url,
-        root="estate",
-        ceiling=Ceiling(budget=ROOT, depth=4, fanout=400),
-        cell=CellSetup(cores=4, processing=4, coordination=64),
-        keys=KeyStore(home),
-        settings=Settings(),
+        home,
+        Ceiling(budget=ROOT, depth=4, fanout=400),
+        CellSetup(cores=4, processing=4, coordination=64),
+        CELLS,
     )
-    with charter:
-        for name in CELLS:  # 4 cores less 2 live peers on this host: a cap of 2 each
-            charter.configure_cell(CellSetup(cores=4, processing=4, coordination=64), name)
     procs = {name: _cell(pg_url, home, state_dir, name) for name in CELLS}
     try:
         _run(pg_url, home, state_dir, procs)
@@ -309,18 +319,14 @@ def test_two_cells_of_two_classes_each_run_their_own_classes_workers(
     cell of its class (the journal's starts and each worker's own stdout log say so),
     one asking neither runs on both, and ``charter audit`` (``cell-claim``) is clean."""
     home = tmp_path / "home"
-    charter, _ = Charter.initialise(
-        pg_url,
-        root="estate",
-        ceiling=Ceiling(budget=ROOT, depth=2, fanout=40),
-        cell=CellSetup(cores=4, processing=2, coordination=4),
-        keys=KeyStore(home),
-        settings=Settings(),
-    )
     classes = {"g": ("--class", "gpu"), "c": ("--class", "cpu", "--class", "io")}
-    with charter:
-        for name in classes:
-            charter.configure_cell(CellSetup(cores=4, processing=3, coordination=4), name)
+    _fabric(
+        pg_url,
+        home,
+        Ceiling(budget=ROOT, depth=2, fanout=40),
+        CellSetup(cores=4, processing=3, coordination=4),
+        tuple(classes),
+    )
     procs = {name: _cell(pg_url, home, state_dir, name, *opts) for name, opts in classes.items()}
     try:
         with Charter.open(pg_url, keys=KeyStore(home)) as charter:

@@ -14,8 +14,7 @@ import pytest
 
 from charter.app import CellSetup, Charter
 from charter.budgets import SlotAdmitted, SlotQueued
-from charter.control import WorkerLifecycle, WorkerScheduled, WorkerSpec
-from charter.control import NoCellOfClassError
+from charter.control import NoCellOfClassError, WorkerLifecycle, WorkerScheduled, WorkerSpec
 from charter.control.placement import Ask, CellRoom, place
 from tests.runner._support import fan_out
 from tests.runner.conftest import initialise, steady

@@ -39,7 +39,8 @@ def _live(charter: Charter, cell: str, classes: tuple[str, ...], claim_ms: int =
         os.getpid(), socket.gethostname(), claim_ms=claim_ms, last=lambda: (last, None),
         take_over=True, classes=classes,
     )  # fmt: skip
-    assert started is not None and started.classes == tuple(sorted(classes))
+    assert started is not None
+    assert started.classes == tuple(sorted(classes))
     assert started.claim_until_ms is not None
     return started.claim_until_ms
 
@@ -80,7 +81,8 @@ def test_a_class_runs_only_on_live_cells_of_it_else_the_fan_out_is_refused(
         # by free slots (2 each), ties by id, then the fewest queued: never on b or t
         assert sorted(s.cell for s in on.values()) == ["g1"] * 3 + ["g2"] * 3
         assert {s.cell_class for s in on.values()} == {"gpu"}
-        assert len(gpus.admitted) == 4 and len(gpus.queued) == 2
+        assert len(gpus.admitted) == 4
+        assert len(gpus.queued) == 2
         # an unclassed worker goes anywhere live: b has the free slots now
         assert {placed[str(c.lineage)].cell for c in plain.children} >= {"b"}
         assert {placed[str(c.lineage)].cell_class for c in plain.children} == {None}
