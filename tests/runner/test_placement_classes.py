@@ -135,3 +135,34 @@ def test_a_gone_cells_class_workers_move_only_to_a_live_cell_of_their_class(
         assert {placed[str(c.lineage)].cell_class for c in gpus.children} == {"gpu"}
         assert {placed[str(c.lineage)].cell for c in plain.children} == {"g1"}
         _clean(charter)
+
+
+def test_a_cell_restarted_without_the_class_before_the_commit_decides_it_again(
+    journal_url: str, tmp_path: Path
+) -> None:
+    """The placement is pinned to the chosen cells' run streams: g1 restarting without
+    ``gpu`` between the fan-out's read and its commit makes it decide again (on g2
+    only), so no class worker is scheduled on a cell that lost its class."""
+    with initialise(journal_url, tmp_path / "home") as charter:
+        _setup(charter, "g1", "g2")
+        _live(charter, "g1", ("gpu",))
+        _live(charter, "g2", ("gpu",))
+        journal = charter.journal
+        append = journal.append
+        raced: list[int] = []
+
+        def racing_append(events: list, **options: object) -> object:
+            if not raced and any(isinstance(e, WorkerScheduled) for e in events):
+                raced.append(1)  # once: g1 restarts with no class, after the read
+                _live(charter, "g1", ())
+            return append(events, **options)
+
+        journal.append = racing_append  # type: ignore[method-assign]
+        try:
+            gpus = fan_out(charter, 4, GPU)
+        finally:
+            del journal.append
+        assert raced
+        placed = _scheduled(charter)
+        assert {placed[str(c.lineage)].cell for c in gpus.children} == {"g2"}
+        _clean(charter)
