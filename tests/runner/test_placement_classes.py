@@ -21,6 +21,8 @@ from charter.authority import GateDecided, SpawnRefused
 from charter.control import NoCellOfClassError, WorkerLifecycle, WorkerScheduled, WorkerSpec
 from charter.control.workers import worker_stream
 from charter.core import now_ms
+from charter.runner._reap import gone_peers, movable
+from charter.runner._view import WorkersView
 from tests.runner._support import fan_out
 from tests.runner.conftest import initialise, steady
 
@@ -124,6 +126,15 @@ def test_a_gone_cells_class_workers_move_only_to_a_live_cell_of_their_class(
             versions = charter.journal.stream_versions([worker_stream(s.lineage) for s in on_g1])
             return [(s, versions[worker_stream(s.lineage)]) for s in on_g1]
 
+        # A peer reaps g1 only for what may move: its gpu workers only while gpu is live.
+        view = WorkersView()
+        view.refresh(charter.journal)
+        at = now_ms()
+        assert charter.views.liveness.live_classes(at) == frozenset()
+        assert gone_peers("b", view, at, frozenset()) == []
+        assert movable("g1", view, frozenset()) == []
+        assert gone_peers("b", view, at, frozenset({"gpu"})) == ["g1"]
+        assert len(movable("g1", view, frozenset({"gpu"}))) == 2
         # No live cell of gpu (b has none): they wait on g1's queue; nothing is journaled.
         head = charter.journal.head()[0]
         assert service.move_off("g1", moving, {}) == 0
