@@ -206,6 +206,7 @@ class CellOptions:
     template: Path | None = None
     claim_s: float | None = None
     take_over: bool = False
+    classes: tuple[str, ...] = ()  # the classes of work it takes (docs/fabric.md)
 
 
 class CellRunner(Protocol):
@@ -512,6 +513,7 @@ class Charter:
         ignore_host_load: bool = False,
         claim_s: float | None = None,
         take_over: bool = False,
+        classes: tuple[str, ...] = (),
     ) -> CellRunner:
         """A cell (not opened yet) of this host, with its door, on this root's
         services: its spawn pipeline, budgets, admission and views (the cell builds
@@ -520,7 +522,9 @@ class Charter:
         narrowed from it); ``ignore_host_load`` makes every decision of this process
         ignore the load average; the cell holds its id by a claim of ``claim_s``
         seconds it renews, and ``take_over`` fences a live incarnation at once instead
-        of waiting for its claim to lapse. Run it with ``charter.runner.run_cell`` (or
+        of waiting for its claim to lapse; ``classes`` are the classes of work it takes
+        (journaled with its incarnation: a worker asking one is placed only on a live
+        cell that has it, docs/fabric.md). Run it with ``charter.runner.run_cell`` (or
         ``open``, ``run``, ``close``). The runner builds it (:func:`provide_cells`)."""
         if not _cells:
             raise StateError(
@@ -536,6 +540,7 @@ class Charter:
             template=template,
             claim_s=claim_s,
             take_over=take_over,
+            classes=classes,
         )
         return _cells[0](self, options)
 

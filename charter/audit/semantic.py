@@ -43,7 +43,9 @@ position where the rule first breaks:
   journal allowance is refused (``BudgetRefused``, operation ``journal``) at most once.
 - ``cell-claim``: a cell's incarnations start in order (1, 2, …); a claim is renewed
   only by the cell's newest incarnation, before its claim lapses; a worker is started
-  only by its cell's newest incarnation, before its claim lapses.
+  only by its cell's newest incarnation, before its claim lapses; a worker whose
+  schedule asks a class (``cell_class``) is scheduled only on a cell whose newest
+  ``CellStarted`` has that class.
 - ``model-call``: at every reservation, the lease's own tokens charged plus its calls
   reserved and not settled (this one included) are at most its allocation of tokens, on
   a live lease; a call is reserved once and settled at most once, after its
@@ -148,6 +150,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("a cell's incarnations start in order, each fencing the one before", "cell-claim"),
     ("a claim is renewed by the newest incarnation, before it lapses", "cell-claim"),
     ("a worker is started by its cell's newest incarnation, before its claim lapses", "cell-claim"),
+    ("a worker asking a class is placed on a cell started with that class", "cell-claim"),
     ("a worker's journal bytes stay within its floor and the egress charged", "journal-allowance"),
     ("a worker's journal allowance is refused (journaled) at most once", "journal-allowance"),
     ("no commit is timed before a settle (settled time)", "commit-order"),
@@ -339,6 +342,7 @@ class _Claim:
 
     incarnation: int
     until: int | None
+    classes: frozenset[str] = frozenset()  # the classes it started with
 
 
 @dataclass
@@ -830,6 +834,9 @@ class _Auditor:
     def cell_started(self, p: dict[str, Any], _: int) -> None:
         cell, incarnation = str(p["cell"]), int(p["incarnation"])
         until = p.get("claim_until_ms")
+        listed = p.get("classes") or []
+        if not isinstance(listed, list):
+            raise TypeError(f"a CellStarted's classes are a list, not {type(listed).__name__}")
         last = self.claims.get(cell)
         expected = 1 if last is None else last.incarnation + 1
         if incarnation != expected:
@@ -839,7 +846,8 @@ class _Auditor:
                 f"cell {cell} started as incarnation {incarnation}, not {expected}",
             )
         # It moved the cell's run stream either way: it fences every earlier one.
-        self.claims[cell] = _Claim(incarnation, None if until is None else int(until))
+        classes = frozenset(str(k) for k in listed)
+        self.claims[cell] = _Claim(incarnation, None if until is None else int(until), classes)
 
     def cell_claim_renewed(self, p: dict[str, Any], t: int) -> None:
         cell, incarnation = str(p["cell"]), int(p["incarnation"])
@@ -872,6 +880,25 @@ class _Auditor:
             return False
         return True
 
+    def _placed_by_class(self, lineage: str, cell: str, asked: str) -> None:
+        """A worker asking class ``asked`` is scheduled on a cell whose newest
+        incarnation started with it (a ``cell-claim`` finding if not)."""
+        claim = self.claims.get(cell)
+        if claim is None:
+            self.find(
+                "cell-claim",
+                lineage,
+                f"{lineage} asks class {asked!r} but is placed on cell {cell}, which never started",
+            )
+        elif asked not in claim.classes:
+            has = ", ".join(sorted(claim.classes)) or "none"
+            self.find(
+                "cell-claim",
+                lineage,
+                f"{lineage} asks class {asked!r} but is placed on cell {cell}, whose "
+                f"incarnation {claim.incarnation} has classes: {has}",
+            )
+
     # -- the journal allowance ---------------------------------------------------------
 
     def _allowance(self, lineage: str) -> _Allowance:
@@ -896,6 +923,9 @@ class _Auditor:
     def worker_scheduled(self, p: dict[str, Any], _: int) -> None:
         lineage = str(p["lineage"])
         self._allowance(lineage).worker = True
+        asked = p.get("cell_class")
+        if asked is not None:
+            self._placed_by_class(lineage, str(p["cell"]), str(asked))
         parent = _parent(lineage)
         if parent is not None:  # the worker-chosen bytes of the child's schedule
             self._caused(parent, len(canonical_json([list(p["argv"]), list(p["inputs"])])))

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # imported when a command runs: `charter --help` loads no pyd
 __all__ = [
     "AsciiIntRange",
     "Ctx",
+    "cell_classes",
     "EXIT_BROKEN_PIPE",
     "EXIT_ERROR",
     "EXIT_REFUSED",
@@ -138,6 +139,22 @@ def describe_invalid(error: ValidationError) -> str:
     from charter.core.errors import describe_invalid as describe
 
     return describe(error)
+
+
+def cell_classes(
+    _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...] | str | None
+) -> Any:
+    """A ``--class NAME`` option's value (one, or a repeated option's tuple), each a
+    cell class's name (:func:`charter.control.check_cell_class`); a usage error if not.
+    Imported when needed: `charter --help` loads no pydantic."""
+    from charter.control.workers import check_cell_class
+
+    try:
+        if isinstance(value, tuple):
+            return tuple(check_cell_class(v) for v in value)
+        return None if value is None else check_cell_class(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
 
 
 M = TypeVar("M", bound="BaseModel")

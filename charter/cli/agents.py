@@ -24,7 +24,14 @@ from charter.authority import (
     SpawnIntent,
     spawn_tool_definition,
 )
-from charter.cli._common import EXIT_REFUSED, AsciiIntRange, Ctx, describe_invalid, json_option
+from charter.cli._common import (
+    EXIT_REFUSED,
+    AsciiIntRange,
+    Ctx,
+    cell_classes,
+    describe_invalid,
+    json_option,
+)
 from charter.cli.scan import load as load_definitions
 from charter.cli.scan import scan_home as scan_definitions
 from charter.control import AgentRecord, Ceiling, WorkerSpec
@@ -288,6 +295,22 @@ def _read_grant(value: str | None) -> RequestedGrant:
     help="A test run: every held credential is withheld from the workers and their "
     "descendants (journaled); those destinations are not reached.",
 )
+@click.option(
+    "--cell",
+    "cell",
+    default=None,
+    metavar="NAME",
+    help="Run the workers on this cell, live or not (they queue there until it runs).",
+)
+@click.option(
+    "--class",
+    "cell_class",
+    default=None,
+    metavar="NAME",
+    callback=cell_classes,
+    help="Run the workers only on a live cell of this class (`cell run --class`); "
+    "refused (exit 4, no-cell-of-class) when none is live.",
+)
 @click.pass_obj
 def spawn(
     ctx: Ctx,
@@ -298,12 +321,15 @@ def spawn(
     est_cost: str,
     grant: str | None,
     dry_run: bool,
+    cell: str | None,
+    cell_class: str | None,
 ) -> None:
     """Fan out WIDTH workers under a durable agent; print the minted lineages.
 
-    With `-- CMD ARGS...`, each worker is scheduled to run CMD in its own sandbox on
-    this host's cell (`charter cell run` starts it); without, the children are minted
-    and leased only. Exit 4 with the journaled reason when refused.
+    With `-- CMD ARGS...`, each worker is scheduled to run CMD in its own sandbox on a
+    live cell by the placement rule (docs/fabric.md; `charter cell run` starts it), on
+    `--cell`, or on a live cell of `--class`; without, the children are minted and
+    leased only. Exit 4 with the journaled reason when refused.
     """
     try:
         intent = SpawnIntent(
@@ -314,9 +340,18 @@ def spawn(
         )
     except ValidationError as e:
         raise click.BadParameter(describe_invalid(e)) from e
-    if dry_run and not command:
-        raise click.UsageError("--dry-run runs workers: give -- CMD ARGS...")
-    workers = (WorkerSpec(argv=command, dry_run=dry_run),) if command else None
+    for flag, given in (("--dry-run", dry_run), ("--cell", cell), ("--class", cell_class)):
+        if given and not command:
+            raise click.UsageError(f"{flag} runs workers: give -- CMD ARGS...")
+    if cell is not None and cell_class is not None:
+        raise click.UsageError(
+            "--cell names where the workers run, --class what cell they need: give one"
+        )
+    workers = (
+        (WorkerSpec(argv=command, dry_run=dry_run, cell=cell, cell_class=cell_class),)
+        if command
+        else None
+    )
     with ctx.open_charter() as charter:
         try:
             result = charter.spawn(parent, intent, workers=workers)

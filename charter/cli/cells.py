@@ -12,7 +12,7 @@ import click
 from pydantic import ValidationError
 
 from charter.app import CellSetup, Charter
-from charter.cli._common import AsciiIntRange, Ctx, describe_invalid
+from charter.cli._common import AsciiIntRange, Ctx, cell_classes, describe_invalid
 from charter.cli._render import printable
 from charter.core import Budget, StateError
 from charter.core.text import shown
@@ -62,6 +62,15 @@ def _cap(name: str, text: str) -> Callable[[FC], FC]:
     is_flag=True,
     help="Fence the cell's running incarnation at once instead of waiting for its claim to lapse.",
 )
+@click.option(
+    "--class",
+    "classes",
+    multiple=True,
+    metavar="NAME",
+    callback=cell_classes,
+    help="A class of work this cell takes (repeatable; a short lowercase token): "
+    "workers asking it (spawn --class) are placed only on live cells that have it.",
+)
 @click.pass_obj
 def run(
     ctx: Ctx,
@@ -71,11 +80,13 @@ def run(
     ignore_host_load: bool,
     claim_s: float,
     take_over: bool,
+    classes: tuple[str, ...],
 ) -> None:
     """Run a cell: follow the journal and run the workers scheduled on it (SIGTERM or
     Ctrl-C stops it; the workers still running are killed, journaled first). It holds
     the cell by a claim it renews: while another incarnation's claim holds, it waits
-    for it to lapse (or fences it at once with --take-over)."""
+    for it to lapse (or fences it at once with --take-over). Its classes are journaled
+    with its incarnation (`CellStarted.classes`)."""
     with Charter.open(ctx.db) as charter:
         runner = charter.cell(
             cell=cell,
@@ -83,6 +94,7 @@ def run(
             ignore_host_load=ignore_host_load,
             claim_s=claim_s,
             take_over=take_over,
+            classes=classes,
         )
         ctx.status(f"cell {runner.cell}: following the journal")
         run_cell(runner, once=once)

@@ -9,6 +9,7 @@ __all__ = [
     "CellSupersededError",
     "DelegationRefusedError",
     "NestedDelegationError",
+    "NoCellOfClassError",
     "NotOwnSandboxError",
     "OutwardKeyReusedError",
     "OutwardPendingError",
@@ -51,3 +52,11 @@ class NestedDelegationError(DelegationRefusedError):
     """A delegate asked to delegate: delegation is one level deep."""
 
     reason = "nested-delegation"
+
+
+class NoCellOfClassError(RefusedError):
+    """A worker of the fan-out asks a class of cell (``WorkerSpec.cell_class``) that no
+    live cell has (none runs with ``charter cell run --class NAME``): the fan-out is
+    refused, journaled, with nothing minted (docs/fabric.md)."""
+
+    reason = "no-cell-of-class"

@@ -70,13 +70,19 @@ from charter.control.delegation import (
     DelegationView,
 )
 from charter.control.directory import AgentRecord, custody_key_name
-from charter.control.errors import NestedDelegationError, NotOwnSandboxError
+from charter.control.errors import NestedDelegationError, NoCellOfClassError, NotOwnSandboxError
 from charter.control.handler import Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
-from charter.control.placement import CellRoom, place
+from charter.control.placement import Ask, CellRoom, place
 from charter.control.resources import Settling
 from charter.control.views import Views
-from charter.control.workers import WorkerScheduled, WorkerSpec, task_class_of, worker_stream
+from charter.control.workers import (
+    WorkerScheduled,
+    WorkerSpec,
+    cellrun_stream,
+    task_class_of,
+    worker_stream,
+)
 from charter.core import (
     BadInputError,
     CharterError,
@@ -408,7 +414,11 @@ class SpawnService:
         # Every cell a child may be placed on (the views read first: a process's first
         # fan-out knows every configured cell); their pins are read together.
         self.views.refresh(self.journal)
-        cell_streams = [f"cell:{c}" for c in self._placeable(workers)]
+        placeable = self._placeable(workers)
+        cell_streams = [f"cell:{c}" for c in placeable]
+        if any(w.cell_class is not None for w in workers or ()):
+            # A class child's placement read its cell's classes: pinned to its run stream.
+            cell_streams += [cellrun_stream(c) for c in placeable]
         settling = Settling()  # across the tries: a head pin first, then a settle commit
 
         def attempt(versions: dict[str, int]) -> Pinned:
@@ -506,8 +516,11 @@ class SpawnService:
         if payer is not None:  # the delegation, before its reservation
             decision = _delegation_requested(decision, payer)
         decision = self._lease(decision, command.intent, command.now_ms, settling, paying)
-        cells = self._placement(decision, workers, versions, command.now_ms)
-        decision = self._schedule(decision, workers, cells)
+        try:
+            cells = self._placement(decision, workers, versions, command.now_ms)
+        except NoCellOfClassError as error:
+            decision, cells = decision.refused(error, str(decision.parent), command.intent), []
+        decision = self._schedule(decision, workers, cells, versions)
         decision = self._admit(decision, versions, workers, cells)
         decision = self._ceilings_fail_open(decision, command.intent)
         if payer is not None and decision.refusal is not None:
@@ -650,7 +663,8 @@ class SpawnService:
         if decision.refusal is not None or workers is None:
             return []
         specs = workers * len(decision.children) if len(workers) == 1 else workers
-        return place([s.cell for s in specs], self._rooms(versions, now), self.cell)
+        asks = [Ask(s.cell, s.cell_class) for s in specs]
+        return place(asks, self._rooms(versions, now), self.cell)
 
     def cap_inputs(self, cell: str, now: int) -> CapInputs | None:
         """The adaptive cap's inputs for ``cell``: this host's load, and the other live
@@ -668,9 +682,12 @@ class SpawnService:
         decision: FanoutDecision,
         workers: tuple[WorkerSpec, ...] | None,
         cells: list[str],
+        versions: dict[str, int],
     ) -> FanoutDecision:
         """Stage 4a: what each child runs, scheduled on the cell before its slot, so a
-        cell that sees the slot has already seen the schedule (same append)."""
+        cell that sees the slot has already seen the schedule (same append). A child
+        placed by class pins its cell's run stream: a restart with other classes
+        before the commit decides the fan-out again."""
         if decision.refusal is not None or workers is None:
             return decision
         specs = workers * len(decision.children) if len(workers) == 1 else workers
@@ -686,10 +703,12 @@ class SpawnService:
                 task_class=spec.task_class or task_class_of(spec.argv),
                 dry_run=spec.dry_run,
                 requested=spec.cell is not None,
+                cell_class=spec.cell_class,
             )
             for child, spec, cell in zip(decision.children, specs, cells, strict=True)
         )
-        return decision.joined(scheduled)
+        runs = {cellrun_stream(s.cell) for s in scheduled if s.cell_class is not None}
+        return decision.joined(scheduled, {r: versions[r] for r in runs})
 
     def _admit(
         self,
@@ -744,19 +763,22 @@ class SpawnService:
         with self.views.lock:
             self.views.refresh(self.journal)
         candidates = self._placeable(None)
-        streams = [f"cell:{c}" for c in candidates]
+        streams = [f"cell:{c}" for c in candidates] + [cellrun_stream(c) for c in candidates]
         moved = 0
 
         def decide(versions: dict[str, int]) -> Pinned | None:
             nonlocal moved
             now = self.clock()
-            workers = moving()
-            if not workers:
-                return None
             rooms = [room for room in self._rooms(versions, now) if room.cell != gone]
-            if not rooms:
+            # A worker asking a class moves only to a live cell of it: with none, it
+            # waits on the gone cell's queue (docs/fabric.md).
+            classes = {k for room in rooms for k in room.classes}
+            workers = [
+                (w, v) for w, v in moving() if w.cell_class is None or w.cell_class in classes
+            ]
+            if not workers or not rooms:
                 return None  # nowhere to go: they wait on the gone cell's queue
-            targets = place([None] * len(workers), rooms, gone)
+            targets = place([Ask(cell_class=w.cell_class) for w, _ in workers], rooms, gone)
             state = self.resources.cells.cells().get(gone) or CellState(gone, {}, 0, 0)
             events: list[Event] = []
             pins = {f"cell:{gone}": versions[f"cell:{gone}"], **fence}
@@ -773,6 +795,8 @@ class SpawnService:
                     )
                 events.append(scheduled.model_copy(update={"cell": cell}))
                 by_cell.setdefault(cell, []).append(lineage)
+                if scheduled.cell_class is not None:  # placed by its cell's classes
+                    pins[cellrun_stream(cell)] = versions[cellrun_stream(cell)]
             for cell, lineages in by_cell.items():
                 placed = self.resources.cells.decide_place(
                     cell, lineages, ResourceClass.PROCESSING, self.cap_inputs(cell, now)
@@ -801,7 +825,8 @@ class SpawnService:
             )
             queued = len(state.queued[ResourceClass.PROCESSING])
             free = cap - state.occupancy(ResourceClass.PROCESSING) - queued
-            rooms.append(CellRoom(cell, max(0, free), queued))
+            classes = frozenset(self.liveness.classes.get(cell, ()))
+            rooms.append(CellRoom(cell, max(0, free), queued, classes))
         return rooms
 
     def _ceilings_fail_open(self, decision: FanoutDecision, intent: SpawnIntent) -> FanoutDecision:

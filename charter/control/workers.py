@@ -13,11 +13,13 @@ written before this event existed read unchanged.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import (
+    AfterValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
@@ -56,6 +58,9 @@ __all__ = [
     "WorkerScheduled",
     "WorkerSpec",
     "WorkerStarted",
+    "CLASS_NAME",
+    "CellClass",
+    "check_cell_class",
     "Outcome",
     "WorkerStatus",
     "WorkerWaiting",
@@ -69,6 +74,23 @@ MAX_ARGS = 256
 MAX_ARG_BYTES = 16 * 1024
 
 Arg = Annotated[str, StringConstraints(min_length=0, max_length=MAX_ARG_BYTES)]
+
+CLASS_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+"""A cell class (``charter cell run --class NAME``, ``WorkerSpec.cell_class``): a short
+lowercase token, a letter then up to 31 letters, digits, ``-`` or ``_``."""
+
+
+def check_cell_class(name: str) -> str:
+    """``name`` when it is a cell class's name; ValueError saying what one is if not."""
+    if not CLASS_NAME.fullmatch(name):
+        raise ValueError(
+            f"a cell class is a short lowercase token (a letter, then up to 31 letters, "
+            f"digits, '-' or '_'), not {name[:40]!r}"
+        )
+    return name
+
+
+CellClass = Annotated[str, AfterValidator(check_cell_class)]
 
 
 def inputs_digest(argv: tuple[str, ...], inputs: tuple[str, ...]) -> str:
@@ -96,9 +118,18 @@ class WorkerSpec(CheckedModel):
     # The cell it asks to run on (docs/fabric.md): placed there, live or not; None:
     # placed by the fabric's rule (charter/control/placement.py).
     cell: str | None = Field(default=None, min_length=1, max_length=200)
+    # The class of cell it needs (docs/fabric.md): placed only on a live cell started
+    # with that class (``charter cell run --class NAME``), the fan-out refused when none
+    # is live. A requirement, not a placement: a worker may ask one through its door.
+    cell_class: CellClass | None = None
 
     @model_validator(mode="after")
     def _absolute_program(self) -> WorkerSpec:
+        if self.cell is not None and self.cell_class is not None:
+            raise ValueError(
+                "a worker names a cell or asks a class of cell, not both (a named cell is "
+                "where it runs, whatever its classes)"
+            )
         if not self.argv[0].startswith("/"):
             raise ValueError(
                 f"argv[0], a worker's program, must be an absolute path (like "
@@ -139,12 +170,16 @@ class WorkerScheduled(Event):
     # Its worker asked for this cell (``WorkerSpec.cell``): it stays there, never moved
     # off a gone cell (docs/fabric.md). Left out when false, like ``dry_run``.
     requested: bool = False
+    # The class of cell its worker asked (``WorkerSpec.cell_class``): ``cell`` was
+    # started with it, and a move off a gone cell goes only to a live one of it. Left
+    # out when None.
+    cell_class: CellClass | None = None
 
     @model_serializer(mode="wrap")
     def _without_default_dry_run(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         if isinstance(data, dict):
-            for flag in ("dry_run", "requested"):
+            for flag in ("dry_run", "requested", "cell_class"):
                 if not data.get(flag):
                     data.pop(flag, None)
         return data
@@ -243,12 +278,25 @@ class CellStarted(Event):
     # its started workers and move the rest (docs/fabric.md); it runs nothing as this
     # cell and gives the claim up when done. None (left out): the cell itself.
     reaped_by: str | None = None
+    # The classes of work this incarnation takes (``charter cell run --class NAME``):
+    # a worker asking one is placed only on a live cell that has it (docs/fabric.md).
+    # Sorted, no repeats; left out when empty, so journals written before read as none.
+    classes: tuple[CellClass, ...] = ()
+
+    @model_validator(mode="after")
+    def _classes_sorted_once(self) -> CellStarted:
+        if list(self.classes) != sorted(set(self.classes)):
+            raise ValueError(f"a cell's classes are sorted, each once: {list(self.classes)}")
+        return self
 
     @model_serializer(mode="wrap")
     def _without_reaper(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        if isinstance(data, dict) and data.get("reaped_by") is None:
-            data.pop("reaped_by", None)
+        if isinstance(data, dict):
+            if data.get("reaped_by") is None:
+                data.pop("reaped_by", None)
+            if not data.get("classes"):
+                data.pop("classes", None)
         return data
 
     def stream(self) -> str:
@@ -429,13 +477,15 @@ class WorkerLifecycle:
         last: Callable[[], tuple[int, int | None]],
         take_over: bool = False,
         reaped_by: str | None = None,
+        classes: tuple[str, ...] = (),
     ) -> CellStarted | None:
         """Journal the next incarnation of the cell holding a claim for ``claim_ms``,
         pinned to the run stream as read (two processes starting together cannot both
         take it, and a renewal committed meanwhile is seen). ``last()`` gives the last
         incarnation and when its claim lapses (None: no bound). While that claim holds,
         nothing is appended and None is returned (wait for it to lapse), unless
-        ``take_over``: then this incarnation fences the last one at once."""
+        ``take_over``: then this incarnation fences the last one at once. ``classes``:
+        the classes of work it takes (:attr:`CellStarted.classes`)."""
         cell = self.cell
         stream = cellrun_stream(cell)
         claims = cellclaim_stream(cell)
@@ -453,6 +503,7 @@ class WorkerLifecycle:
                 host=host,
                 claim_until_ms=now + claim_ms,
                 reaped_by=reaped_by,
+                classes=tuple(sorted(set(classes))),
             )
             return Pinned([started], {stream: versions[stream], claims: versions[claims]})
 

@@ -30,8 +30,11 @@ _POLL_S = 0.5  # a start waiting for a held claim looks again this often
 class Claimant:
     """``cell``'s claim, as this process holds it through ``lifecycle``."""
 
-    def __init__(self, lifecycle: WorkerLifecycle, view: WorkersView, cell: str) -> None:
+    def __init__(
+        self, lifecycle: WorkerLifecycle, view: WorkersView, cell: str, classes: tuple[str, ...]
+    ) -> None:
         self.lifecycle = lifecycle
+        self.classes = classes  # journaled with each incarnation it starts
         self.view = view
         self.cell = cell
         self._closing = threading.Event()
@@ -51,6 +54,7 @@ class Claimant:
                 claim_ms=int(claim_s * 1000),
                 last=self.last,
                 take_over=take_over,
+                classes=self.classes,
             )
             if started is not None:
                 return started

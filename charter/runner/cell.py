@@ -48,12 +48,14 @@ from charter.control import (
     DelegationReplied,
     SpawnResult,
     WorkerLifecycle,
+    WorkerScheduled,
     WorkerSpec,
+    check_cell_class,
     delegation_stream,
     end_outcome,
 )
 from charter.control import Outcome as End
-from charter.core import Budget, CharterError, Event, now_ms
+from charter.core import BadInputError, Budget, CharterError, Event, now_ms
 from charter.ledger import (
     AlreadyTrackedError,
     AppendConflictError,
@@ -158,6 +160,7 @@ class Cell:
         claim_wait_s: float | None = None,
         policy: SupervisionPolicy | None = None,
         supervise: bool = True,
+        classes: tuple[str, ...] = (),
     ) -> None:
         # The cell receives the composition root's services and views; it builds none.
         self.app = app
@@ -180,7 +183,12 @@ class Cell:
         self.take_over = take_over  # fence a live incarnation at once instead of waiting
         self.claim_wait_s = claim_wait_s  # how long to wait for a held claim (None: ever)
         self.fenced: CellSupersededError | None = None  # set once this one is fenced
-        self.claimant = Claimant(self.lifecycle, self.view, cell)
+        # The classes of work it takes, journaled with each incarnation (docs/fabric.md).
+        try:
+            self.classes = tuple(sorted({check_cell_class(k) for k in classes}))
+        except ValueError as e:
+            raise BadInputError(f"cell {cell}: {e}") from e
+        self.claimant = Claimant(self.lifecycle, self.view, cell, self.classes)
         self.follower = Follower(cell, app.journal, self.view)
         self.tracking = self.follower.tracking
         self.incarnation = 0
@@ -425,9 +433,15 @@ class Cell:
     def _reap_gone_peers(self) -> None:
         """Reap every peer cell found gone by time with work left (``gone_peers``)."""
         with self._lock:
-            gone = gone_peers(self.cell, self.view, now_ms())
+            at = now_ms()
+            gone = gone_peers(self.cell, self.view, at, self.app.views.liveness.live_classes(at))
         for peer in gone:
             self._reap(peer)
+
+    def _movable(self, gone: str) -> Callable[[], list[tuple[WorkerScheduled, int]]]:
+        """What of ``gone`` may move, on the views as they stand (``movable``)."""
+        live = self.app.views.liveness
+        return lambda: movable(gone, self.view, live.live_classes(now_ms()))
 
     def _reap(self, gone: str) -> None:
         """Take the gone cell over as its reaper (a ``CellStarted`` with ``reaped_by``,
@@ -446,7 +460,7 @@ class Cell:
         if started is None:  # it renewed, restarted, or another peer reaps it
             return
         try:
-            self.app.spawn_service().move_off(gone, lambda: movable(gone, self.view), reaper.pins())
+            self.app.spawn_service().move_off(gone, self._movable(gone), reaper.pins())
             with self._lock:
                 self.refresh()
                 self._recover(gone, reaper)

@@ -117,7 +117,9 @@ class SpawnParams(_Params):
     def _placed_by_the_fabric(cls, workers: tuple[WorkerSpec, ...]) -> tuple[WorkerSpec, ...]:
         # Where a child runs is the control plane's decision (docs/fabric.md): a worker
         # naming a cell could park its children on a dead or made-up one. Only the
-        # operator (the CLI, the Python API) may ask for a cell.
+        # operator (the CLI, the Python API) may ask for a cell. A class of cell
+        # (``cell_class``) is a requirement, not a placement: accepted, and placed by
+        # the fabric among the live cells that have it (refused when none does).
         if any(w.cell is not None for w in workers):
             raise ValueError("a worker cannot name the cell its children run on")
         return workers

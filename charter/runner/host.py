@@ -44,6 +44,7 @@ def build_cell(charter: Charter, options: CellOptions) -> Cell:
         key_broker=door,
         claim_s=DEFAULT_CLAIM_S if options.claim_s is None else options.claim_s,
         take_over=options.take_over,
+        classes=options.classes,
     )
     door.cell = runner
     return runner

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from tests.journal.test_cli import charter
@@ -72,3 +73,47 @@ def test_a_reserve_that_leaves_no_core_is_a_usage_error(tmp_path: Path) -> None:
     result = charter("cell", "configure", "--cores", "2", "--reserve", "3", home=home)
     assert result.returncode == 2
     assert "leaves none of 2 cores" in result.stderr
+
+
+def _spawn(home: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    return charter(
+        "--json", "spawn", "--parent", "agent:root", "--width", "2",
+        "--objective", "render the frames on a gpu cell",
+        "--est-cost", "tokens=20k,wall=2m,cpu=2m,mem=64MiB,egress=2MB",
+        *options, home=home,
+    )  # fmt: skip
+
+
+def test_a_spawn_asking_a_class_no_live_cell_has_is_refused_exit_4(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert charter("init", "--cores", "2", home=home).returncode == 0
+    assert _spawn(home, "--", "/bin/true").returncode == 0  # positive control: no class
+    refused = _spawn(home, "--class", "gpu", "--", "/bin/true")
+    assert refused.returncode == 4, refused.stderr
+    doc = json.loads(refused.stdout)
+    assert doc["reason"] == "no-cell-of-class"
+    assert doc["error"] == "NoCellOfClassError"
+    assert "charter: refused (no-cell-of-class)" in refused.stderr
+    shown = charter("--json", "journal", "show", "--type", "SpawnRefused", home=home)
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [x["payload"]["reason"] for x in lines] == ["no-cell-of-class"]
+
+
+def test_class_names_and_cell_with_class_are_usage_errors(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert charter("init", "--cores", "2", home=home).returncode == 0
+    for bad in ("GPU", "gpu big", "9gpu", "g" * 33, ""):
+        result = _spawn(home, "--class", bad, "--", "/bin/true")
+        assert result.returncode == 2, (bad, result.stderr)
+        assert "a cell class is a short lowercase token" in result.stderr
+        run = charter("cell", "run", "--once", "--class", "cpu", "--class", bad, home=home)
+        assert run.returncode == 2, (bad, run.stderr)
+        assert "a cell class is a short lowercase token" in run.stderr
+    both = _spawn(home, "--cell", "a", "--class", "gpu", "--", "/bin/true")
+    assert both.returncode == 2
+    assert "give one" in both.stderr
+    bare = _spawn(home, "--class", "gpu")  # minted only: nothing runs anywhere
+    assert bare.returncode == 2
+    assert "--class runs workers" in bare.stderr
+    shown = charter("--json", "journal", "show", "--type", "SpawnRefused", home=home)
+    assert shown.stdout == ""  # usage errors journal nothing

@@ -11,7 +11,13 @@ from __future__ import annotations
 import time
 
 import charter.catalogue  # noqa: F401  (registers every event type)
-from charter.control.workers import CellClaimRenewed, CellStarted, WorkerEnded, WorkerStarted
+from charter.control.workers import (
+    CellClaimRenewed,
+    CellStarted,
+    WorkerEnded,
+    WorkerScheduled,
+    WorkerStarted,
+)
 from charter.core import now_ms
 from tests.audit.test_semantic import _append, _audit, _leased, _only, made
 
@@ -103,3 +109,39 @@ def test_a_worker_ends_at_most_once(made: tuple) -> None:
     report = _audit(url)
     assert _only(report, "worker-lifecycle") == [again]
     assert {f.position for f in report.findings} == {again}
+
+
+def _scheduled(lineage: str, cell: str, cell_class: str | None) -> WorkerScheduled:
+    return WorkerScheduled(
+        fanout="f",
+        lineage=lineage,
+        cell=cell,
+        argv=("/bin/true",),
+        inputs_digest="0" * 64,
+        grant_digest="0" * 64,
+        cell_class=cell_class,
+    )
+
+
+def test_a_worker_asking_a_class_is_placed_on_a_cell_started_with_it(made: tuple) -> None:
+    url, _, lineages = made
+    until = now_ms() + HOUR
+    gpu = CellStarted(cell="g", incarnation=1, pid=1, host="h", claim_until_ms=until,
+                      classes=("cpu", "gpu"))  # fmt: skip
+    _append(url, gpu, _started("b", 1, until))
+    _append(url, _scheduled(lineages[0], "g", "gpu"), _scheduled(lineages[1], "b", None))
+    _append(url, _scheduled(lineages[2], "g", None))  # an unclassed worker goes anywhere
+    assert _audit(url).ok  # positive control: each class worker on a cell of its class
+    (elsewhere,) = _append(url, _scheduled(lineages[3], "b", "gpu"))
+    (unborn,) = _append(url, _scheduled(lineages[4], "never", "gpu"))
+    # the cell restarted without the class: its newest incarnation is what counts
+    _append(url, gpu.model_copy(update={"incarnation": 2, "classes": ("cpu",)}))
+    (dropped,) = _append(url, _scheduled(lineages[0], "g", "gpu"))  # scheduled again
+    report = _audit(url)
+    assert _only(report, "cell-claim") == [elsewhere, unborn, dropped]
+    assert {f.check for f in report.findings} == {"cell-claim"}
+    found = {f.position: f for f in report.findings}
+    assert found[elsewhere].lineage == lineages[3]
+    assert "has classes: none" in found[elsewhere].detail
+    assert "never started" in found[unborn].detail
+    assert "incarnation 2 has classes: cpu" in found[dropped].detail

@@ -64,6 +64,7 @@ def make_cell(
     door: bool = False,
     max_requests: int = 10_000,
     budget: Budget = SLOT_BUDGET,
+    classes: tuple[str, ...] = (),
 ) -> Cell:
     # Not KIND-DIGITS.sock: the sandbox janitor sweeps sockets named like a launcher's
     # (``egress-4242.sock``) whose pid is gone, and 8 hex digits are sometimes all digits.
@@ -77,6 +78,7 @@ def make_cell(
         budget=budget,
         state_dir=state_dir,
         key_broker=broker,
+        classes=classes,
     )
     if broker is not None:
         broker.cell = cell

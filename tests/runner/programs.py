@@ -37,6 +37,33 @@ door.result(json.dumps({{"sum": total, "statuses": statuses}}))
 """
 )
 
+# Asks its door for children by cell and by class; reports each outcome as "ok" (and
+# where the child was scheduled: its lineage) or [code, reason]. argv[1]: a class its
+# cell has; argv[2]: a class no live cell has.
+CLASS_ASKER = (
+    PRELUDE
+    + f"""
+door = charter_door.Door()
+out = {{}}
+def code(f):
+    try:
+        return ["ok", f()["children"]]
+    except charter_door.DoorError as e:
+        return [e.code, (e.data or {{}}).get("reason")]
+intent = {{"width": 1, "objective": "run one child on a cell of the class asked",
+          "estimated_cost": {{"tokens": 10_000, **{COST!r}}}}}
+def ask(**worker):
+    return code(lambda: door.spawn(intent, [{{"argv": ["/bin/true"], **worker}}]))
+out["names_cell"] = ask(cell="other")
+out["names_cell_and_class"] = ask(cell="other", cell_class=sys.argv[1])
+out["asks_bad_class"] = ask(cell_class="Not A Class")
+out["asks_missing_class"] = ask(cell_class=sys.argv[2])
+out["asks_class"] = ask(cell_class=sys.argv[1])
+door.wait(out["asks_class"][1], 60) if out["asks_class"][0] == "ok" else None
+print(json.dumps(out))
+"""
+)
+
 # Fans out one child per level, argv[1] levels deep; the leaf echoes "leaf".
 CHAIN = (
     PRELUDE

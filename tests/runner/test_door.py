@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from charter.authority import SpawnRefused
+from charter.control import WorkerScheduled
 from charter.runner.client import Door, DoorError
 from charter.runner.door import INVALID_PARAMS, INVALID_REQUEST, MAX_FRAME, PARSE_ERROR, REFUSED
 from charter.runner.events import WorkerEnded, WorkerResult
@@ -15,7 +17,7 @@ from charter.sandbox import verify_signature
 from tests.invariants import check_history, check_settled, check_workers, journal_history
 from tests.runner._support import fan_out, make_cell, running, until_idle
 from tests.runner.conftest import initialise
-from tests.runner.programs import ATTACKER, BYSTANDER, COORDINATOR, python
+from tests.runner.programs import ATTACKER, BYSTANDER, CLASS_ASKER, COORDINATOR, python
 
 
 def test_a_coordinator_fans_out_through_its_door_and_merges(
@@ -85,6 +87,42 @@ def test_door_attacks_fail_and_do_not_harm_a_neighbour(
         ended = {e.event.lineage: e.event for e in entries if isinstance(e.event, WorkerEnded)}
         assert ended[attacker].exit_code == 0
         assert ended[sibling].exit_code == 0
+        history = journal_history(charter.journal)
+        assert check_workers(history).problems == []
+        assert check_settled(history).problems == []
+
+
+def test_a_worker_may_ask_a_class_through_its_door_never_a_cell(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    """A class is a requirement, not a placement: the door passes it to the fabric's
+    rule (placed on a live cell that has it, refused when none does); naming a cell,
+    alone or beside a class, is still refused before anything is decided."""
+    with initialise(journal_url, tmp_path / "home", processing=2) as charter:
+        result = fan_out(charter, 1, python(CLASS_ASKER, "gpu", "tpu"), fanout=5, depth=2)
+        (asker,) = (str(c.lineage) for c in result.children)
+        with running(make_cell(charter, None, state_dir, door=True, classes=("gpu",))) as cell:
+            until_idle(cell)
+        entries = list(charter.journal.entries())
+        results = {
+            e.event.lineage: e.event.text for e in entries if isinstance(e.event, WorkerResult)
+        }
+        out = json.loads(results[asker])
+        assert out["names_cell"] == [INVALID_PARAMS, None]
+        assert out["names_cell_and_class"] == [INVALID_PARAMS, None]
+        assert out["asks_bad_class"] == [INVALID_PARAMS, None]
+        assert out["asks_missing_class"] == [REFUSED, "no-cell-of-class"]
+        assert out["asks_class"][0] == "ok"  # the positive control: accepted and placed
+        (child,) = out["asks_class"][1]
+        scheduled = [
+            e.event for e in entries
+            if isinstance(e.event, WorkerScheduled) and e.event.lineage == child
+        ]  # fmt: skip
+        assert [(s.cell, s.cell_class) for s in scheduled] == [(charter.settings.cell, "gpu")]
+        ended = {e.event.lineage: e.event for e in entries if isinstance(e.event, WorkerEnded)}
+        assert ended[child].outcome == "exited"
+        refused = [e.event for e in entries if isinstance(e.event, SpawnRefused)]
+        assert [r.reason for r in refused] == ["no-cell-of-class"]  # journaled, once
         history = journal_history(charter.journal)
         assert check_workers(history).problems == []
         assert check_settled(history).problems == []

@@ -66,10 +66,12 @@ def _load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]  # the tests stub os.getloadavg
 
 
-def _cell(url: str, home: Path, state_dir: Path, cell: str) -> subprocess.Popen[bytes]:
+def _cell(
+    url: str, home: Path, state_dir: Path, cell: str, *options: str
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "charter", "--db", url, "--quiet", "cell", "run", "--id", cell,
-         "--claim", str(CLAIM_S), "--ignore-host-load", "--slot-budget", SLOT],
+         "--claim", str(CLAIM_S), "--ignore-host-load", "--slot-budget", SLOT, *options],
         env=cli_env(home, state_dir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
 
@@ -93,21 +95,31 @@ def _wait(what: str, done: object, within: float, cells: list[subprocess.Popen[b
         time.sleep(0.1)
 
 
+def _fabric(
+    url: str, home: Path, ceiling: Ceiling, setup: CellSetup, cells: tuple[str, ...]
+) -> None:
+    """A fresh Charter on ``url`` (root ``estate`` under ``ceiling``), each of ``cells``
+    configured with ``setup``."""
+    charter, _ = Charter.initialise(
+        url, root="estate", ceiling=ceiling, cell=setup, keys=KeyStore(home), settings=Settings()
+    )
+    with charter:
+        for name in cells:
+            charter.configure_cell(setup, name)
+
+
 def test_three_cells_one_sigkilled_finish_a_300_worker_fan_out(
     pg_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
     home = tmp_path / "home"
-    charter, _ = Charter.initialise(
+    # 4 cores less 2 live peers on this host: a cap of 2 each
+    _fabric(
         pg_url,
-        root="estate",
-        ceiling=Ceiling(budget=ROOT, depth=4, fanout=400),
-        cell=CellSetup(cores=4, processing=4, coordination=64),
-        keys=KeyStore(home),
-        settings=Settings(),
+        home,
+        Ceiling(budget=ROOT, depth=4, fanout=400),
+        CellSetup(cores=4, processing=4, coordination=64),
+        CELLS,
     )
-    with charter:
-        for name in CELLS:  # 4 cores less 2 live peers on this host: a cap of 2 each
-            charter.configure_cell(CellSetup(cores=4, processing=4, coordination=64), name)
     procs = {name: _cell(pg_url, home, state_dir, name) for name in CELLS}
     try:
         _run(pg_url, home, state_dir, procs)
@@ -297,3 +309,78 @@ def _run(url: str, home: Path, state_dir: Path, procs: dict[str, subprocess.Pope
         f"\nfabric: {len(ends)} workers, {len(running)} lost with {VICTIM}, {len(moved)} moved "
         f"({len(ran_moved)} ran), {told} parents told, load {_load()}"
     )
+
+
+def test_two_cells_of_two_classes_each_run_their_own_classes_workers(
+    pg_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    """Two ``cell run`` processes, one ``--class gpu``, one ``--class cpu --class io``,
+    on one PostgreSQL journal: a fan-out asking each class runs every worker on the
+    cell of its class (the journal's starts and each worker's own stdout log say so),
+    one asking neither runs on both, and ``charter audit`` (``cell-claim``) is clean."""
+    home = tmp_path / "home"
+    classes = {"g": ("--class", "gpu"), "c": ("--class", "cpu", "--class", "io")}
+    _fabric(
+        pg_url,
+        home,
+        Ceiling(budget=ROOT, depth=2, fanout=40),
+        CellSetup(cores=4, processing=3, coordination=4),
+        tuple(classes),
+    )
+    procs = {name: _cell(pg_url, home, state_dir, name, *opts) for name, opts in classes.items()}
+    try:
+        with Charter.open(pg_url, keys=KeyStore(home)) as charter:
+            journal = charter.journal
+
+            def started() -> set[str]:
+                return {e.event.cell for e in journal.entries(types=["CellStarted"])}
+
+            _wait("two cells to start", lambda: started() >= set(classes), 60, list(procs.values()))
+            cost = Budget.parse("tokens=60k,wall=6m,cpu=60s,mem=1536MiB,egress=0MB")
+            echo = WorkerSpec(argv=("/bin/sh", "-c", "echo ran"))
+            asked: dict[str, list[str]] = {}
+            # Unclassed first: both cells have the same room then, so ties by id split it.
+            for klass in (None, "gpu", "io"):
+                intent = SpawnIntent.model_validate(
+                    {"width": 6, "objective": f"echo on a cell of class {klass}",
+                     "estimated_cost": cost}
+                )  # fmt: skip
+                spec = echo.model_copy(update={"cell_class": klass})
+                result = charter.spawn(
+                    "agent:estate", intent, policy=FixedPolicy(Verdict.POSITIVE), workers=(spec,)
+                )
+                asked[str(klass)] = [str(c.lineage) for c in result.children]
+            everyone = {lin for kids in asked.values() for lin in kids}
+
+            def ended() -> set[str]:
+                return {e.event.lineage for e in journal.entries(types=["WorkerEnded"])}
+
+            _wait("every worker to end", lambda: ended() >= everyone, 60, list(procs.values()))
+            ran_on = {
+                e.event.lineage: e.event.cell
+                for e in journal.entries(types=["WorkerStarted"])
+                if isinstance(e.event, WorkerStarted)
+            }
+            outcomes = {
+                e.event.lineage: e.event.outcome
+                for e in journal.entries(types=["WorkerEnded"])
+                if isinstance(e.event, WorkerEnded)
+            }
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            p.wait(timeout=60)
+            assert p.returncode == 0, p.stderr.read().decode()[-2000:] if p.stderr else ""
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert {outcomes[lin] for lin in everyone} == {"exited"}
+    assert {ran_on[lin] for lin in asked["gpu"]} == {"g"}
+    assert {ran_on[lin] for lin in asked["io"]} == {"c"}
+    assert {ran_on[lin] for lin in asked["None"]} == {"g", "c"}  # the positive control
+    for lin in everyone:  # each ran once, in its own sandbox (its log on this host)
+        assert (log_dir(state_dir, lin) / "stdout").read_text().count("ran") == 1
+    audit = _cli(pg_url, home, state_dir, "--json", "audit")
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]

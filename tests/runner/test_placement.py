@@ -10,26 +10,57 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
+
 from charter.app import CellSetup, Charter
 from charter.budgets import SlotAdmitted, SlotQueued
-from charter.control import WorkerLifecycle, WorkerScheduled, WorkerSpec
-from charter.control.placement import CellRoom, place
+from charter.control import NoCellOfClassError, WorkerLifecycle, WorkerScheduled, WorkerSpec
+from charter.control.placement import Ask, CellRoom, place
 from tests.runner._support import fan_out
 from tests.runner.conftest import initialise, steady
 
 TRUE = WorkerSpec(argv=("/bin/true",))
+ANY = Ask()
 
 
 def test_the_most_free_slots_first_ties_by_id_then_the_shortest_queue() -> None:
     rooms = [CellRoom("b", 2, 0), CellRoom("a", 2, 0), CellRoom("c", 0, 5)]
-    assert place([None] * 4, rooms, "home") == ["a", "b", "a", "b"]
+    assert place([ANY] * 4, rooms, "home") == ["a", "b", "a", "b"]
     # all full: the fewest queued, ties by id
-    assert place([None] * 3, [CellRoom("b", 0, 1), CellRoom("a", 0, 2)], "home") == ["b", "a", "b"]
+    assert place([ANY] * 3, [CellRoom("b", 0, 1), CellRoom("a", 0, 2)], "home") == ["b", "a", "b"]
     # asked for: there, whatever its room (and it counts against that room)
-    assert place(["c", None, None], rooms, "home") == ["c", "a", "b"]
+    assert place([Ask("c"), ANY, ANY], rooms, "home") == ["c", "a", "b"]
     # no live cell: the service's own
-    assert place([None, None], [], "home") == ["home", "home"]
+    assert place([ANY, ANY], [], "home") == ["home", "home"]
     assert rooms[0].free == 2  # pure: the caller's rooms are untouched
+
+
+def test_a_class_goes_to_the_live_cells_of_that_class_by_the_same_rule() -> None:
+    gpu, cpu = frozenset({"gpu"}), frozenset({"cpu"})
+    rooms = [
+        CellRoom("a", 5, 0, cpu),  # the most free slots, but not a gpu cell
+        CellRoom("g2", 1, 0, gpu | cpu),
+        CellRoom("g1", 1, 0, gpu),
+        CellRoom("z", 0, 0),
+    ]
+    gpus = Ask(cell_class="gpu")
+    # the gpu cells by free slots, ties by id; then, full, the fewest queued (ties by id)
+    assert place([gpus] * 4, rooms, "home") == ["g1", "g2", "g1", "g2"]
+    # a class child's slot counts against the room the unclassed children see
+    assert place([Ask(cell_class="cpu"), ANY, ANY], rooms, "home") == ["a", "a", "a"]
+    assert place([gpus, ANY], [CellRoom("g1", 1, 0, gpu), CellRoom("b", 1, 0)], "home") == [
+        "g1",
+        "b",
+    ]
+    # an unclassed child goes anywhere, class cells included
+    assert place([ANY], [CellRoom("g1", 3, 0, gpu), CellRoom("b", 1, 0)], "home") == ["g1"]
+    # a class no live cell has: refused, even where an unclassed child would fall back
+    for live in (rooms, []):
+        with pytest.raises(NoCellOfClassError) as refused:
+            place([ANY, Ask(cell_class="tpu")], live, "home")
+        assert refused.value.reason == "no-cell-of-class"
+        assert "tpu" in str(refused.value)
+    assert rooms[1].free == 1  # pure
 
 
 def _live(charter: Charter, cell: str, *, claim_ms: int = 60_000) -> None:
