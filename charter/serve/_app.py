@@ -282,9 +282,7 @@ class _Page:
                     yield b": keep-alive\n\n"
                     continue
                 for kind, seen, body in found:
-                    yield b"id: %d@%s\nevent: %s\ndata: %s\n\n" % (
-                        seen, tag, kind.encode(), body
-                    )
+                    yield b"id: %d@%s\nevent: %s\ndata: %s\n\n" % (seen, tag, kind.encode(), body)
                 known = True
 
         return StreamingResponse(

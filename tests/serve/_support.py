@@ -27,9 +27,7 @@ WIDE = Budget(
 HOSTILE = '<img src=x onerror="window.__pwned=1"> \x1b[31mred\x1b[0m \u202eevil'
 
 
-def fan_out(
-    charter: Charter, width: int, objective: str = "", cost: Budget = COST
-) -> list[str]:
+def fan_out(charter: Charter, width: int, objective: str = "", cost: Budget = COST) -> list[str]:
     """A fan-out of ``width`` under the estate; the children's lineages."""
     result = charter.spawn(
         "agent:estate",
@@ -81,8 +79,11 @@ def sse(lines: Iterable[str]) -> Iterator[tuple[str, str, dict[str, Any], int]]:
         if line == "":
             if "data" in event:
                 data = event["data"]
-                yield event.get("event", "message"), event.get("id", ""), json.loads(data), len(
-                    data.encode()
+                yield (
+                    event.get("event", "message"),
+                    event.get("id", ""),
+                    json.loads(data),
+                    len(data.encode()),
                 )
             event = {}
         elif not line.startswith(":"):

@@ -342,6 +342,12 @@ function applyDelta(doc, delta) {
   }
 }
 
+// The live position the page holds (shown or not), for whoever watches it.
+function setLatest(data) {
+  state.latest = data;
+  document.body.dataset.latest = data.position;
+}
+
 function setHead(head) {
   state.head = Math.max(state.head, head);
   document.getElementById("head").textContent = safe(state.head);
@@ -381,7 +387,7 @@ function onSnapshot(message) {
   const data = JSON.parse(message.data);
   state.snapshots += 1;
   document.body.dataset.snapshots = state.snapshots;
-  state.latest = data;
+  setLatest(data);
   setHead(data.head);
   if (state.live) { render(data); setMode("live"); }
 }
@@ -397,6 +403,7 @@ function onDelta(message) {
     return;
   }
   applyDelta(live, delta);
+  setLatest(live);
   state.deltas += 1;
   document.body.dataset.deltas = state.deltas;
   document.body.dataset.updateBytes = message.data.length;
