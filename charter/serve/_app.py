@@ -6,9 +6,11 @@ Routes (every one GET; any other method is refused with 405 before routing):
 - ``/api/head``: ``{"position": HEAD}``;
 - ``/api/fabric[?as_of=POS]``: everything the page shows, with the ``position`` it
   reflects (the head, or POS);
-- ``/api/stream[?after=POS]``: server-sent events: one ``fabric`` event (``id`` its
-  position) each time the journal moves past what the client has seen (``after`` or
-  ``Last-Event-ID``), pushed as soon as the follower has folded the new commits.
+- ``/api/stream[?after=POS]``: server-sent events (``id`` the position each reflects):
+  a ``snapshot`` (the ``/api/fabric`` document) first, unless the client names a live
+  position the server still holds the deltas from (``Last-Event-ID``, else ``after``);
+  then a ``delta`` (:mod:`charter.serve._delta`) each time the follower has folded new
+  commits.
 
 Access (docs/serve.md, "Binding and the token"): with a token file, every request needs
 the token: ``Authorization: Bearer TOKEN``, or the session cookie the page gets by
@@ -25,6 +27,8 @@ import hashlib
 import hmac
 import json
 import logging
+import secrets
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from charter.core import BadInputError, CharterError
 from charter.mcp import file_token_matches, read_token_file
+from charter.serve._delta import diff
 from charter.serve._fabric import Fabric
 
 __all__ = ["COOKIE", "LOOPBACK_HOSTS", "build_app", "session_value"]
@@ -48,6 +53,7 @@ COOKIE = "charter_serve"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 _POLL_S = 0.02  # how often the follower reads the journal head
 _KEEPALIVE_S = 15.0
+_RETAINED = 256  # deltas held for a client that reconnects behind the head
 _SECURITY = {
     "content-security-policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -120,25 +126,49 @@ def _refusal(status: int, why: str, headers: dict[str, str] | None = None) -> Re
 
 
 class _Hub:
-    """The newest live fabric, and a wake-up for every stream waiting for a newer one."""
+    """The newest live fabric, the deltas that led to it, and a wake-up for every
+    stream waiting for a newer one."""
 
     def __init__(self) -> None:
         self.position = -1
         self.body = b""
+        # (base, position, body) of the newest deltas, each based on the one before
+        self.deltas: deque[tuple[int, int, bytes]] = deque(maxlen=_RETAINED)
         self.changed = asyncio.Condition()
+        # names this process's fabrics in event ids: another process's fabric at the
+        # same position may differ (its burn-down was sampled apart), so no delta of
+        # ours applies to it
+        self.tag = secrets.token_hex(4)
 
-    async def publish(self, position: int, body: bytes) -> None:
+    async def publish(self, position: int, body: bytes, delta: bytes | None) -> None:
+        """The live fabric at ``position`` (``body``), and the delta to it from the one
+        published before (None: none expresses it; the chain starts again)."""
         async with self.changed:
+            if delta is None:
+                self.deltas.clear()
+            else:
+                self.deltas.append((self.position, position, delta))
             self.position, self.body = position, body
             self.changed.notify_all()
 
-    async def newer(self, after: int, timeout: float) -> tuple[int, bytes] | None:
+    async def newer(
+        self, after: int, timeout: float, *, held: bool
+    ) -> list[tuple[str, int, bytes]]:
+        """What takes a client past ``after`` to the newest live fabric: the deltas
+        since, when it holds this hub's fabric at ``after`` (``held``) and they are
+        still here, else the snapshot. Empty if nothing newer came within ``timeout``."""
         async with self.changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self.changed.wait_for(lambda: self.position > after), timeout
                 )
-            return (self.position, self.body) if self.position > after else None
+            if self.position <= after:
+                return []
+            chain = list(self.deltas) if held else []
+            for i, (base, _, _) in enumerate(chain):
+                if base == after:
+                    return [("delta", position, body) for _, position, body in chain[i:]]
+            return [("snapshot", self.position, self.body)]
 
 
 def _dumps(data: Any) -> bytes:
@@ -179,14 +209,22 @@ class _Page:
         return await asyncio.wrap_future(self.fabric.submit(fn, *args))
 
     async def follow(self) -> None:
-        """Fold each new commit and publish the live fabric, as soon as the head moves."""
+        """Fold each new commit and publish the live fabric and the delta to it from
+        the one before, as soon as the head moves."""
         hub = self.hub
+        last: dict[str, Any] | None = None
         while True:
             try:
                 head = await self.run(self.fabric.head)
                 if head != hub.position:
                     data = await self.run(self.fabric.fabric, None)
-                    await hub.publish(int(data["position"]), _dumps(data))
+                    delta = None if last is None else diff(last, data)
+                    await hub.publish(
+                        int(data["position"]),
+                        _dumps(data),
+                        None if delta is None else _dumps(delta),
+                    )
+                    last = data
                     continue
             except CharterError as e:  # the database is away: say so, try again
                 logger.warning("charter serve: reading the journal failed: %s", e)
@@ -228,25 +266,38 @@ class _Page:
         return Response(body, media_type="application/json")
 
     async def stream(self, request: Request) -> Response:
-        after = _position(
-            request.query_params.get("after") or request.headers.get("last-event-id"), "after"
+        # the browser's reconnection names the last event it got: newer than any ?after=
+        after, held = self._resume(
+            request.headers.get("last-event-id") or request.query_params.get("after")
         )
         hub = self.hub
 
         async def events() -> AsyncIterator[bytes]:
-            seen = -1 if after is None else after
+            seen, known = after, held
+            tag = hub.tag.encode()
             yield b"retry: 1000\n\n"
             while not await request.is_disconnected():
-                found = await hub.newer(seen, _KEEPALIVE_S)
-                if found is None:
+                found = await hub.newer(seen, _KEEPALIVE_S, held=known)
+                if not found:
                     yield b": keep-alive\n\n"
                     continue
-                seen, body = found
-                yield b"id: %d\nevent: fabric\ndata: %s\n\n" % (seen, body)
+                for kind, seen, body in found:
+                    yield b"id: %d@%s\nevent: %s\ndata: %s\n\n" % (seen, tag, kind.encode(), body)
+                known = True
 
         return StreamingResponse(
             events(), media_type="text/event-stream", headers={"x-accel-buffering": "no"}
         )
+
+    def _resume(self, text: str | None) -> tuple[int, bool]:
+        """Where a stream starts: past the position named (``POS``, or an event id
+        ``POS@TAG``; -1 when none), and whether the client holds this hub's fabric
+        there (its tag is this hub's), so deltas from it apply."""
+        position, _, tag = (text or "").partition("@")
+        found = _position(position, "after")
+        if found is None:
+            return -1, False
+        return found, tag == self.hub.tag
 
     async def icon(self, request: Request) -> Response:
         del request

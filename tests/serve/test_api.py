@@ -1,22 +1,20 @@
 """The page's JSON endpoints with starlette's TestClient, on SQLite and PostgreSQL:
 every answer carries the position it reflects, as-of answers the earlier state, worker
 text is escaped, nothing but GET is served, and the token is required where it must be
-(each refusal beside its positive control). The stream over a real socket."""
+(each refusal beside its positive control). The stream: tests/serve/test_stream.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
-import httpx
 from starlette.testclient import TestClient
 
 from charter.app import Charter
 from charter.mcp import issue_token_file
 from charter.serve import COOKIE, Fabric, build_app, session_value
-from tests.serve._support import HOSTILE, fan_out, head, node_lineages, served
+from tests.serve._support import HOSTILE, fan_out, head, node_lineages
 
 LOOPBACK = "http://127.0.0.1"
 
@@ -148,58 +146,3 @@ def test_a_token_is_needed_when_there_is_one(
         os.chmod(token_file, 0o644)
         readable = client.get("/api/head", headers={"authorization": f"Bearer {fresh}"})
         assert readable.status_code == 401
-
-
-def _events(lines: object, wanted: int) -> list[dict[str, object]]:
-    found: list[dict[str, object]] = []
-    event: dict[str, str] = {}
-    for line in lines:  # type: ignore[attr-defined]
-        if line == "":
-            if event.get("event") == "fabric":
-                data = json.loads(event["data"])
-                assert int(event["id"]) == data["position"]
-                found.append(data)
-                if len(found) == wanted:
-                    return found
-            event = {}
-            continue
-        name, _, value = line.partition(":")
-        event[name] = value.removeprefix(" ")
-    return found
-
-
-def test_the_stream_pushes_each_commit(estate: Charter, fabric: Fabric) -> None:
-    fan_out(estate, 2)
-    with (
-        served(fabric) as url,
-        httpx.Client(base_url=url, timeout=10) as client,
-        client.stream("GET", "/api/stream", params={"after": 0}) as stream,
-    ):
-        assert stream.headers["content-type"].startswith("text/event-stream")
-        lines = stream.iter_lines()
-        [first] = _events(lines, 1)
-        assert first["position"] == head(estate)
-        started = time.monotonic()
-        children = fan_out(estate, 3)
-        committed = head(estate)
-        [pushed] = _events(lines, 1)
-        elapsed = time.monotonic() - started
-        while pushed["position"] < committed:  # (a commit between the two reads)
-            [pushed] = _events(lines, 1)
-        assert set(children) <= node_lineages(pushed)
-        assert elapsed < 1.0, f"pushed {elapsed:.3f} s after the commit"
-
-
-def test_the_stream_resumes_from_the_clients_position(estate: Charter, fabric: Fabric) -> None:
-    fan_out(estate, 1)
-    now = head(estate)
-    # a client that has seen the head gets nothing until the next commit
-    with (
-        served(fabric) as url,
-        httpx.Client(base_url=url, timeout=10) as client,
-        client.stream("GET", "/api/stream", headers={"last-event-id": str(now)}) as stream,
-    ):
-        lines = stream.iter_lines()
-        fan_out(estate, 1)
-        [pushed] = _events(lines, 1)
-        assert pushed["position"] > now

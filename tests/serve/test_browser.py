@@ -1,7 +1,9 @@
 """The page in headless Chromium (Debian's ``chromium``, driven by playwright; no
 browser is ever downloaded): the tree shows a fan-out's workers and a new commit
-within 1 s, the as-of slider shows an earlier state, hostile worker text stays text,
-every request the page makes goes to 127.0.0.1, and a screenshot is kept in
+within 1 s (a delta: the rows it does not name are not redrawn), a gap in the deltas
+brings a snapshot, the as-of slider shows an earlier state, hostile worker text stays
+text (arriving in a delta), every request the page makes goes to 127.0.0.1, and a
+screenshot is kept in
 ``tests/artifacts/serve/`` (gitignored; CI keeps it).
 
 Where Chromium or playwright is missing, these tests skip with the reason, except in
@@ -18,12 +20,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import httpx
 import pytest
 
 from charter.app import Charter
 from charter.serve import Fabric
 from tests.conftest import PG_REQUIRED
-from tests.serve._support import HOSTILE, fan_out, head, served
+from tests.serve._support import HOSTILE, WIDE, fan_out, head, served
 
 CHROMIUM = os.environ.get("CHARTER_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "serve"
@@ -60,7 +63,18 @@ def _row(lineage: str) -> str:
     return f'#tree tr[data-lineage="{lineage}"]'
 
 
+_POSITIONS = "items => items.map(i => i.dataset.position)"
+
+
+def _count(page: Any, name: str) -> int:
+    """One of the page's counters (``body[data-NAME]``): snapshots, deltas, gaps."""
+    return int(page.evaluate(f"document.body.dataset.{name} || '0'"))
+
+
 def test_the_page_in_chromium(estate: Charter, fabric: Fabric, browser: Any, backend: str) -> None:
+    filler = fan_out(estate, 60, cost=WIDE)
+    for lineage in filler:  # the list of 60 events is full: each new one drops the oldest
+        estate.revoke(lineage, reason="fill the page's list of events")
     first = fan_out(estate, 4)
     between = head(estate)
     requests: list[str] = []
@@ -75,7 +89,13 @@ def test_the_page_in_chromium(estate: Charter, fabric: Fabric, browser: Any, bac
         for child in first:
             page.wait_for_selector(_row(child), timeout=5_000)
         page.wait_for_selector('body[data-mode="live"]', timeout=5_000)
-        assert page.locator("#tree tbody tr").count() == 1 + len(first)
+        assert page.locator("#tree tbody tr").count() == 1 + len(filler) + len(first)
+
+        assert _count(page, "snapshots") == 1
+        opened = page.eval_on_selector_all("#events li", _POSITIONS)
+        assert len(opened) == 60
+        # a row no update names keeps its element: only what changed is drawn again
+        page.eval_on_selector(_row(first[0]), "row => { row.__kept = true; }")
 
         # a new commit reaches the DOM within 1 s (measured from before the spawn)
         started = time.monotonic()
@@ -86,6 +106,9 @@ def test_the_page_in_chromium(estate: Charter, fabric: Fabric, browser: Any, bac
         assert elapsed < 1.0, f"the tree showed the commit {elapsed:.3f} s after it"
         after = time.monotonic() - committed
         print(f"commit -> DOM: {elapsed * 1000:.0f} ms ({after * 1000:.0f} ms after the spawn)")
+        assert _count(page, "snapshots") == 1  # it came as a delta
+        assert _count(page, "deltas") >= 1
+        assert page.eval_on_selector(_row(first[0]), "row => row.__kept === true")
 
         # hostile worker text is shown as text: no element made, no script run
         [target] = fan_out(estate, 1, objective=HOSTILE)
@@ -102,6 +125,23 @@ def test_the_page_in_chromium(estate: Charter, fabric: Fabric, browser: Any, bac
             assert "\u202e" not in shown
         assert page.locator("#events img, #tree img").count() == 0
         assert page.evaluate("window.__pwned") is None
+        assert _count(page, "snapshots") == 1  # the hostile text came in deltas
+        # drawn item by item, the list is the snapshot's: the new events in, the oldest out
+        listed = page.eval_on_selector_all("#events li", _POSITIONS)
+        assert listed == [
+            str(e["position"]) for e in httpx.get(url + "/api/fabric").json()["events"]
+        ]
+        assert opened[-1] not in listed  # (the list was full: the oldest went)
+
+        # a delta that is not from the state the page holds (a gap): a snapshot instead
+        page.evaluate(
+            "onDelta({data: JSON.stringify({base: -7, position: 10 ** 9, "
+            "set: {position: 10 ** 9}, upsert: {}, drop: {}})})"
+        )
+        page.wait_for_selector('body[data-snapshots="2"]', timeout=3_000)
+        assert _count(page, "gaps") == 1
+        page.wait_for_selector(f'body[data-position="{now}"]', timeout=2_000)
+        assert page.locator(_row(second[-1])).count() == 1
 
         # the as-of slider shows the earlier state
         page.eval_on_selector(
@@ -118,13 +158,36 @@ def test_the_page_in_chromium(estate: Charter, fabric: Fabric, browser: Any, bac
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"as-of-{backend}.png"), full_page=True)
 
-        # and back to live
+        # a commit while the page shows the past: its delta is kept, not shown
+        deltas = _count(page, "deltas")
+        third = fan_out(estate, 2)
+        now = head(estate)
+        page.wait_for_selector(f'body[data-latest="{now}"]', timeout=2_000)
+        assert _count(page, "deltas") > deltas
+        assert page.locator(f'body[data-position="{between}"]').count() == 1
+        assert page.locator(_row(third[0])).count() == 0
+
+        # and back to live: the kept state, the commit made meanwhile in it
         page.click("#live")
         page.wait_for_selector(f'body[data-position="{now}"]', timeout=3_000)
         page.wait_for_selector(_row(second[0]), timeout=1_000)
+        page.wait_for_selector(_row(third[-1]), timeout=1_000)
+        # the page's own application of every delta since its snapshot is the snapshot,
+        # and the list shows its events, the dropped ones gone
+        latest = httpx.get(url + "/api/fabric").json()
+        assert page.evaluate("state.latest") == latest
+        listed = page.eval_on_selector_all("#events li", _POSITIONS)
+        assert listed == [str(e["position"]) for e in latest["events"]]
+        assert len(listed) == 60
         shot = ARTIFACTS / f"page-{backend}.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
+        # the control: markup parsed as HTML would have made an element the checks find
+        page.evaluate(
+            "html => document.getElementById('events').insertAdjacentHTML('beforeend', html)",
+            f"<li>{HOSTILE}</li>",
+        )
+        assert page.locator("#events img").count() == 1
         context.close()
     assert errors == []
     assert requests, "the page made no request"
