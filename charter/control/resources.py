@@ -335,9 +335,14 @@ class BudgetService:
         charge: Callable[[int], UsageRecorded] | None = None,
     ) -> E:
         with self.shared.lock:  # the views are shared: one decision at a time
-            self.shared.refresh(self.journal)
             book = self.view.book
+            # A lease the views know stays known (an ended one as retired): only an
+            # unknown name needs the journal read first. The decision itself is made
+            # on views refreshed after its streams' versions (append_pinned).
             known = lineage in book or book.retired(lineage)  # ended leases are refused
+            if not known:
+                self.shared.refresh(self.journal)
+                known = lineage in book or book.retired(lineage)
         if not known:  # a typo is not a policy decision: not journaled
             raise UnknownLeaseError(
                 f"no lease or budget ledger for {shown(lineage)} in the journal; nothing "

@@ -43,6 +43,11 @@ class JournalFold:
     """
 
     types: ClassVar[tuple[str, ...]] = ()
+    _wanted: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._wanted = frozenset(cls.types)  # a class's, never an instance's (snapshots)
 
     def __init__(self) -> None:
         self.position = 0
@@ -62,10 +67,14 @@ class JournalFold:
             self.settled_ms = max(self.settled_ms, settled)
 
     def applied(self, committed: Sequence[Committed]) -> None:
+        """Fold the caller's own commit, giving :meth:`apply` only the entries of
+        ``types``, as :meth:`refresh` does."""
         if committed and committed[0].position == self.position + 1:
             at_ms = entry_ms(committed[0].recorded_at)  # one commit, one time
+            wanted = self._wanted
             for c in committed:
-                self.apply(c.event, c.position, at_ms)
+                if c.event.type_name in wanted:
+                    self.apply(c.event, c.position, at_ms)
             self.position = committed[-1].position
             self.settled_ms = max(self.settled_ms, at_ms)
 

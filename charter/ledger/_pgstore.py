@@ -281,12 +281,14 @@ class PostgresJournalStore:
         waits for two processes to be scheduled)."""
         if not originators:
             return {}
+        # One MAX per stream, each a descent of the primary key's index (a MAX grouped
+        # by stream reads every entry of each: a lease's stream grows with its usage).
         query = self._q(
-            "SELECT originator_id, MAX(originator_version) FROM {schema}.{table} "
-            "WHERE originator_id = ANY(%s::uuid[]) GROUP BY originator_id"
+            "SELECT ids.id, (SELECT MAX(originator_version) FROM {schema}.{table} "
+            "WHERE originator_id = ids.id) FROM unnest(%s::uuid[]) AS ids(id)"
         )
         rows = self._fetch(query, ([UUID(bytes=o) for o in originators],))
-        return {oid.bytes: int(version) for oid, version in rows}
+        return {oid.bytes: int(version) for oid, version in rows if version is not None}
 
     def find(self, originator: bytes, version: int) -> ChainRow | None:
         """The entry of one stream version, if it is in the journal."""

@@ -47,7 +47,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +57,7 @@ import h11
 
 from charter.core import BadInputError, Budget, CharterError, Event, now_ms
 from charter.runner._journal_allowance import model_call_bytes
+from charter.runner._sse import body_pieces, data_of, split_events
 from charter.runner.errors import (
     ModelCallSettledError,
     ModelNotConfiguredError,
@@ -349,9 +350,10 @@ class ModelMeter:
                 self._inflight[lineage] = self._inflight.get(lineage, 0) + need
             try:
                 carried = after is not None and self._commit(after, carry=reserved)
-                if not carried:
+                if not carried:  # its stream is new: pinned at 0, never read first
                     with cell.changed:
-                        cell.applied(cell.journal.append([reserved]))
+                        fresh = {reserved.stream(): 0}
+                        cell.applied(cell.journal.append([reserved], expect=fresh))
             except BaseException:
                 self._release(lineage, need)  # not journaled: nothing is sent
                 raise
@@ -422,6 +424,9 @@ class ModelMeter:
         stream = model_call_stream(reserved.call)
         journal = self._cell.journal
         extra: list[Event] = [] if carry is None else [carry]
+        # The carried reservation's stream is new (a fresh call id): pinned at 0, so
+        # the append does not read its version first.
+        pins = {stream: 1} if carry is None else {stream: 1, carry.stream(): 0}
         tries = 0
 
         def also() -> tuple[list[Event], dict[str, int]]:
@@ -431,7 +436,7 @@ class ModelMeter:
             tries += 1
             if tries > 1 and journal.stream_version(stream) != 1:
                 raise ModelCallSettledError(f"model call {reserved.call} is settled already")
-            return [settled, *extra], {stream: 1}
+            return [settled, *extra], pins
 
         tokens = settled.prompt_tokens + settled.completion_tokens
         amount = Budget(tokens=tokens, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0)
@@ -683,6 +688,13 @@ class _Pool:
         self._url = urlsplit(endpoint.url) if endpoint is not None else None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
+        # Each API's path at the endpoint, and the headers every call sends (the held
+        # key's among them): derived once, not per call.
+        base = self._url.path.rstrip("/") if self._url is not None else ""
+        self.paths: dict[Api, str] = {api: base + tail for api, tail in _UPSTREAM.items()}
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if endpoint is not None and endpoint.api_key:
+            self.headers["Authorization"] = f"Bearer {endpoint.api_key}"
 
     def tries(self) -> tuple[bool, ...]:
         """A kept connection first (when one is idle), then a fresh one."""
@@ -759,12 +771,8 @@ class _Call:
     def run(self, pending: _Pending) -> None:
         """Send, relay, and leave the call's settlement with ``pending``."""
         self.pending = pending
-        url = urlsplit(self.endpoint.url)
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.endpoint.api_key:
-            headers["Authorization"] = f"Bearer {self.endpoint.api_key}"
         body = self.chat.upstream_body(self.reserved.max_tokens)
-        path = url.path.rstrip("/") + _UPSTREAM[self.chat.api]
+        path, headers = self.pool.paths[self.chat.api], self.pool.headers
         upstream, response = None, None
         for reused in self.pool.tries():
             upstream = self.pool.take() if reused else self.pool.fresh()
@@ -829,35 +837,13 @@ class _Call:
 
     def _relay_stream(self, response: http.client.HTTPResponse) -> None:
         http_, conn = self.http, self.conn
-        usage: tuple[int, int] | None = None
-        how: SettleHow = "no-usage"
         try:
             head = h11.Response(
                 status_code=200,
                 headers=[("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")],
             )
             conn.sendall(http_.send(head) or b"")
-            for event in _events(response):
-                chunk = _chunk(_data_of(event))
-                found = _usage(chunk)
-                forward = True
-                if found is not None:
-                    usage = found  # the usage chunk: relayed only when asked for
-                    forward = self.chat.include_usage or bool(chunk.get("choices"))
-                if _has_content(chunk):
-                    self.first = self.first or time.monotonic()
-                    self.counted += 1
-                    if self.counted > self.reserved.max_tokens:  # past the reservation
-                        self.counted = self.reserved.max_tokens  # what was relayed
-                        how = "cut-at-cap"
-                        cut = _cut_event(self.chat.api)
-                        conn.sendall(http_.send(h11.Data(data=cut)) or b"")
-                        break
-                if forward:
-                    conn.sendall(http_.send(h11.Data(data=event)) or b"")
-            else:
-                how = "usage" if usage is not None else "no-usage"
-                self.whole = True
+            usage, how = self._relay_events(response)
             conn.sendall(http_.send(h11.EndOfMessage()) or b"")
         except (OSError, h11.LocalProtocolError) as e:
             # The worker went away mid-stream (or its sandbox was hung up); a read of
@@ -867,13 +853,68 @@ class _Call:
         except (http.client.HTTPException, ValueError):
             # The server's stream broke (or the door hung it up, the worker's sandbox
             # going): charged as counted.
-            how = "no-usage"
+            usage, how = None, "no-usage"
             try:
                 conn.sendall(http_.send(h11.EndOfMessage()) or b"")
             except (OSError, h11.LocalProtocolError) as e:
                 self._settle_stream(None, "client-gone")
                 raise _GoneError from e
         self._settle_stream(usage, how)
+
+    def _relay_events(
+        self, response: http.client.HTTPResponse
+    ) -> tuple[tuple[int, int] | None, SettleHow]:
+        """Relay the stream's events, each read's in one write (what one read gave,
+        every whole event in it), up to the cut at the reservation; its usage, and how
+        it ended."""
+        usage: tuple[int, int] | None = None
+        rest = b""
+        for piece in body_pieces(response):
+            events, rest = split_events(rest + piece)
+            usage, cut = self._forward(events, usage)
+            if cut:
+                return usage, "cut-at-cap"
+        if rest:  # the stream ended without the last event's blank line
+            usage, cut = self._forward([rest], usage)
+            if cut:
+                return usage, "cut-at-cap"
+        self.whole = True
+        return usage, "usage" if usage is not None else "no-usage"
+
+    def _forward(
+        self, events: list[bytes], usage: tuple[int, int] | None
+    ) -> tuple[tuple[int, int] | None, bool]:
+        """Relay ``events`` in one write (the cut's event in place of the first past the
+        reservation, and none after it); the usage seen so far, and whether it was cut."""
+        out: list[bytes] = []
+        cut = False
+        for event in events:
+            found, forward, cut = self._metered(event)
+            usage = found if found is not None else usage
+            if cut:
+                out.append(_cut_event(self.chat.api))
+                break
+            if forward:
+                out.append(event)
+        if out:
+            self.conn.sendall(self.http.send(h11.Data(data=b"".join(out))) or b"")
+        return usage, cut
+
+    def _metered(self, event: bytes) -> tuple[tuple[int, int] | None, bool, bool]:
+        """One event of the stream: its usage (if it carries one), whether it is
+        relayed, and whether it is past the reservation (the stream is cut before it)."""
+        chunk = _chunk(data_of(event))
+        found = _usage(chunk)
+        forward = True
+        if found is not None:  # the usage chunk: relayed only when asked for
+            forward = self.chat.include_usage or bool(chunk.get("choices"))
+        if _has_content(chunk):
+            self.first = self.first or time.monotonic()
+            self.counted += 1
+            if self.counted > self.reserved.max_tokens:  # past the reservation
+                self.counted = self.reserved.max_tokens  # what was relayed
+                return found, False, True
+        return found, forward, False
 
     def _settle_stream(self, usage: tuple[int, int] | None, how: SettleHow) -> None:
         if usage is not None and how == "usage":
@@ -971,27 +1012,6 @@ def _refused(uid: int, why: Refusal) -> bytes:
     del uid
     status = 403 if why in ("unknown", "outside") else 429
     return _simple(status, f"door-{why}", f"refused by the door ({why})")
-
-
-def _events(response: http.client.HTTPResponse) -> Iterator[bytes]:
-    """The server-sent events of ``response``, each with its closing blank line."""
-    lines: list[bytes] = []
-    while True:
-        line = response.readline(MAX_BODY)
-        if not line:
-            if lines:
-                yield b"".join(lines)
-            return
-        lines.append(line)
-        if line in (b"\n", b"\r\n"):
-            yield b"".join(lines)
-            lines = []
-
-
-def _data_of(event: bytes) -> bytes:
-    """The JSON of an event's ``data:`` lines (empty for ``[DONE]`` and comments)."""
-    data = b"\n".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
-    return b"" if data == b"[DONE]" else data
 
 
 def _chunk(data: bytes) -> dict[str, Any]:

@@ -109,6 +109,24 @@ def test_stale_decision_conflicts_and_writes_nothing(journal_url: str) -> None:
         assert values == [1, 2, 3]
 
 
+def test_a_chains_stream_versions_read_at_once_are_each_streams_last(journal_url: str) -> None:
+    # One read for several streams (a decision's chain), each its last version; a
+    # stream with no entries is 0, named twice it is answered once.
+    rng = random.Random(7)
+    names = ["a", "b", "c", "d"]
+    with Journal.create(journal_url) as j:
+        for value in range(60):
+            j.append([Counter(name=rng.choice(names[:3]), value=value)])
+        streams = [f"counter:{n}" for n in [*names, "a"]]
+        one_read = j.stream_versions(streams)
+        assert one_read == {s: j.stream_version(s) for s in streams}
+        assert one_read["counter:d"] == 0
+        assert sorted(one_read.values())[1:] == sorted(
+            Tally(e.event.stream() for e in j.entries(types=("TestCounter",))).values()
+        )
+        assert j.stream_versions([]) == {}
+
+
 def test_handles_with_stale_head_hints_chain_onto_the_real_head(journal_url: str) -> None:
     """Each handle chains its next commit onto the head it last wrote; after another
     handle has appended, that hint is stale and the commit must land on the real head."""
