@@ -206,6 +206,7 @@ KNOWN_TOPICS = frozenset(
         "DelegationRefused",
         "DelegationReplied",
         "PauseVerdict",
+        "PopulationGrew",
         "QuarantineVerdict",
         "ResumeVerdict",
         "SandboxDiscarded",
