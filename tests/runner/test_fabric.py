@@ -66,11 +66,15 @@ def _load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]  # the tests stub os.getloadavg
 
 
-def _cell(url: str, home: Path, state_dir: Path, cell: str) -> subprocess.Popen[bytes]:
+def _cell(
+    url: str, home: Path, state_dir: Path, cell: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``charter cell run --id CELL``, with ``env`` added to a test's environment."""
     return subprocess.Popen(
         [sys.executable, "-m", "charter", "--db", url, "--quiet", "cell", "run", "--id", cell,
          "--claim", str(CLAIM_S), "--ignore-host-load", "--slot-budget", SLOT],
-        env=cli_env(home, state_dir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=cli_env(home, state_dir) | (env or {}), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )  # fmt: skip
 
 
