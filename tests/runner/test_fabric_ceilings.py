@@ -2,10 +2,11 @@
 processes on one PostgreSQL journal, configured with a population ceiling of 8 and a
 depth ceiling of 2, run a two-level fan-out: the operator's 6 coordinators, each
 spawning 2 leaves through its door (on whichever cell runs it), all at one instant
-(they race for the room the ceiling leaves), then retrying while the fabric is full; each leaf tries to spawn a third level. The independent folds over the
-journal show the fabric never held more than 6 live workers and none deeper than 2;
-the coordinators were refused ``population-ceiling`` on the way (the ceiling was
-reached), the leaves ``depth-ceiling``; ``charter audit`` is clean."""
+(they race for the room the ceiling leaves), then retrying while the fabric is full;
+each leaf tries to spawn a third level. The independent folds over the journal show the
+fabric never held more than 8 live workers and none deeper than 2; the coordinators
+were refused ``population-ceiling`` on the way (the ceiling was reached), the leaves
+``depth-ceiling``; ``charter audit`` is clean."""
 
 from __future__ import annotations
 
