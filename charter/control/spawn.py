@@ -56,9 +56,9 @@ from charter.authority import (
 )
 from charter.authority.errors import AuthorityRefusedError
 from charter.budgets import (
+    POPULATION_STREAM,
     CapInputs,
     CeilingCheckFailedOpen,
-    POPULATION_STREAM,
     CellState,
     FabricCeilings,
     PopulationGrew,
