@@ -36,6 +36,16 @@ Alternated in the same run with the same fan-out with the rule switched off (ben
 side: ``tests/budgets/_slow.settled_time_off``, every expiry final at once, as before).
 Prints p50/p90 of each and the ratio; exits 1 if a p50 ratio with the head pin
 exceeds ``--settled-ratio`` (the settle commit alone is printed beside them).
+
+    python3 bench/spawn.py --ceiling 5,1000 [--backend sqlite|postgres|both] [--runs 30]
+        [--pg URL]
+
+What an exact population ceiling costs a fan-out (docs/fabric.md): two spawn services
+on one journal, one with a population ceiling configured (each fan-out reads the
+``fabric:population`` stream and appends ``PopulationGrew`` pinned to it), one without,
+alternated in the same run under two roots. Prints wall-clock p50/p90 and the CPU time
+per fan-out of each, and their ratios (uncontended: one writer; a fan-out that loses
+the stream to another writer is decided again, which this does not measure).
 """
 
 from __future__ import annotations
@@ -77,9 +87,10 @@ from charter.core import Budget, KeyStore
 from charter.ledger import Journal
 from tests.budgets._slow import settled_time_off
 
-# The benches start tens of thousands of workers that never end: past the default
-# population ceiling, which every spawn meets.
-UNBOUNDED_POPULATION = FabricCeilings(population=10**9)
+# The benches start tens of thousands of workers that never end: no population ceiling
+# (none is configured by default; one that is serializes fan-outs, see --ceiling).
+UNBOUNDED_POPULATION = FabricCeilings()
+CEILING_NEVER_MET = FabricCeilings(population=10**9)  # configured, so paid, never reached
 
 
 class Plain(Aggregate):
@@ -487,6 +498,69 @@ def settled_main(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def bench_ceiling(url: str, width: int, runs: int) -> dict[str, dict[str, list[float]]]:
+    """Width-``width`` fan-outs with and without a population ceiling, alternated on one
+    journal (each service under its own root): wall and CPU milliseconds of each."""
+    journal = Journal.create(url)
+    with tempfile.TemporaryDirectory() as d:
+        keystore = KeyStore(Path(d) / "home")
+        ceiling = Ceiling(budget=HUGE, fanout=(runs + 3) * width, depth=4)
+        services = {}
+        for name, ceilings in (("none", UNBOUNDED_POPULATION), ("ceiling", CEILING_NEVER_MET)):
+            register_root(journal, keystore, f"root-{name}", ceiling)
+            service = SpawnService(
+                journal, keystore=keystore, policy=FixedPolicy(Verdict.POSITIVE),
+                ceilings=ceilings,
+            )  # fmt: skip
+            services[name] = (service, service.durable_caller(f"root-{name}"))
+        intent = SpawnIntent(
+            width=width,
+            objective="summarise each document of the corpus in one page",
+            estimated_cost=Budget.parse(f"tokens={20_000 * width},wall=1h,cpu=1h,mem=0,egress=0"),
+        )
+        seen: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in services}
+        for i in range(runs + 2):  # two warm-up rounds
+            order = list(services) if i % 2 == 0 else list(reversed(services))
+            for name in order:
+                service, caller = services[name]
+                wall, cpu = time.perf_counter(), time.process_time()
+                service.spawn(caller, intent)
+                if i >= 2:
+                    seen[name]["wall"].append((time.perf_counter() - wall) * 1000)
+                    seen[name]["cpu"].append((time.process_time() - cpu) * 1000)
+        grew = journal.stream_versions(["fabric:population"])["fabric:population"]
+        if grew != runs + 2:
+            raise SystemExit(f"the ceiling's service grew the fabric {grew} times, not {runs + 2}")
+    journal.close()
+    return seen
+
+
+def ceiling_main(args: argparse.Namespace) -> int:
+    load = Path("/proc/loadavg").read_text().split()[0]
+    for backend in ("sqlite", "postgres") if args.backend == "both" else (args.backend,):
+        for width in (int(w) for w in args.ceiling.split(",")):
+            if backend == "sqlite":
+                with tempfile.TemporaryDirectory() as d:
+                    seen = bench_ceiling(f"sqlite:///{Path(d) / 'journal.db'}", width, args.runs)
+            else:
+                with scratch_database(args.pg) as url:
+                    seen = bench_ceiling(url, width, args.runs)
+            print(f"{backend}, width {width}, {args.runs} alternated pairs (load {load}):")
+            for name in ("none", "ceiling"):
+                wall, cpu = seen[name]["wall"], seen[name]["cpu"]
+                print(
+                    f"  {name:8} wall p50 {statistics.median(wall):7.2f} ms, "
+                    f"p90 {percentile(wall, 0.9):7.2f} ms; cpu p50 {statistics.median(cpu):7.2f} ms"
+                )
+            ratio = {
+                k: statistics.median(seen["ceiling"][k]) / statistics.median(seen["none"][k])
+                for k in ("wall", "cpu")
+            }
+            print(f"  ratio ceiling / none: wall {ratio['wall']:.2f}x, cpu {ratio['cpu']:.2f}x")
+            load = Path("/proc/loadavg").read_text().split()[0]
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--history", default=None, help="journal lengths, e.g. 1000,100000")
@@ -500,6 +574,7 @@ def main() -> int:
     parser.add_argument("--depth-ratio", type=float, default=1.2)
     parser.add_argument("--settled", default=None, help="fan-out widths, e.g. 5,1000")
     parser.add_argument("--settled-ratio", type=float, default=1.2)
+    parser.add_argument("--ceiling", default=None, help="fan-out widths, e.g. 5,1000")
     parser.add_argument("--one-shot", nargs=2, metavar=("URL", "HOME"), default=None)
     parser.add_argument("--one-shots", type=int, default=5, help="fresh processes per length")
     parser.add_argument(
@@ -512,6 +587,8 @@ def main() -> int:
         return history_main(args)
     if args.settled:
         return settled_main(args)
+    if args.ceiling:
+        return ceiling_main(args)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         totals, decides, body_len = bench_spawn(tmp, args.width, args.runs)

@@ -616,3 +616,82 @@ def check_delegations(entries: Iterable[tuple[int, str, dict[str, Any], datetime
             case _:
                 pass
     return found
+
+
+# -- the fabric's population and depth ceilings ----------------------------------------
+#
+# Written from docs/fabric.md, not from LivePopulation: a worker is live from the
+# commit of its lease's grant until its lease (or an ancestor's) is released, or its
+# expiry (as granted, or as last renewed while it was live) passes. At every position,
+# the live workers are at most the population ceiling in force: the one the latest
+# ``PopulationGrew`` recorded. Each ``PopulationGrew``'s own count is no lower than
+# the live workers at its commit (a decision never counts fewer than there are).
+
+
+def check_population(entries: Iterable[tuple[int, str, dict[str, Any], datetime]]) -> Findings:
+    found = Findings()
+    expiry: dict[str, int] = {}  # live (not known ended) lineage -> its expiry
+    released: set[str] = set()
+    children: dict[str, list[str]] = {}
+    heap: list[tuple[int, str]] = []
+    ceiling: int | None = None
+
+    def live(t: int) -> int:
+        while heap and heap[0][0] <= t:
+            at, lineage = heapq.heappop(heap)
+            if expiry.get(lineage) == at:
+                del expiry[lineage]
+        return len(expiry)
+
+    for position, kind, p, at in entries:
+        t = _ms(at)
+        match kind:
+            case "LeaseGranted":
+                children.setdefault(p["parent"], []).extend(p["lineages"])
+                if p["parent"] not in released:
+                    for lineage in p["lineages"]:
+                        expiry[lineage] = int(p["expires_at_ms"])
+                        heapq.heappush(heap, (int(p["expires_at_ms"]), lineage))
+            case "LeaseRenewed":
+                lineage, until = p["lineage"], int(p["expires_at_ms"])
+                if lineage not in released and t < until:
+                    expiry[lineage] = until
+                    heapq.heappush(heap, (until, lineage))
+            case "LeaseReleased":
+                stack = [p["lineage"]]
+                while stack:
+                    lineage = stack.pop()
+                    if lineage not in released:
+                        released.add(lineage)
+                        expiry.pop(lineage, None)
+                        stack.extend(children.get(lineage, ()))
+            case "PopulationGrew":
+                ceiling = int(p["ceiling"])
+                if live(t) > int(p["live"]):
+                    found.problems.append(
+                        f"{position}: {live(t)} workers live, but the fan-out counted {p['live']}"
+                    )
+        found.checked += 1
+        if ceiling is not None and live(t) > ceiling:
+            found.problems.append(
+                f"{position}: {live(t)} workers live, over the population ceiling of {ceiling}"
+            )
+    return found
+
+
+def check_depth(
+    entries: Iterable[tuple[int, str, dict[str, Any], datetime]], ceiling: int
+) -> Findings:
+    """No worker (a leased lineage) deeper than the depth ceiling (a root is depth 0)."""
+    found = Findings()
+    for position, kind, p, _at in entries:
+        if kind != "LeaseGranted":
+            continue
+        found.checked += 1
+        for lineage in p["lineages"]:
+            if lineage.count("/") > ceiling:
+                found.problems.append(
+                    f"{position}: {lineage} is {lineage.count('/')} deep, over the depth "
+                    f"ceiling of {ceiling}"
+                )
+    return found

@@ -209,6 +209,7 @@ KNOWN_TOPICS = frozenset(
         "DelegationRefused",
         "DelegationReplied",
         "PauseVerdict",
+        "PopulationGrew",
         "QuarantineVerdict",
         "ResumeVerdict",
         "SandboxDiscarded",

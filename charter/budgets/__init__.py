@@ -19,9 +19,10 @@ from charter.budgets.admission import (
 )
 from charter.budgets.ceilings import (
     DEFAULT_DEPTH_CEILING,
-    DEFAULT_POPULATION_CEILING,
+    POPULATION_STREAM,
     CeilingCheckFailedOpen,
     FabricCeilings,
+    PopulationGrew,
     RegistryFacts,
     check_ceilings,
 )
@@ -83,9 +84,10 @@ __all__ = [
     "processing_cap",
     # ceilings
     "DEFAULT_DEPTH_CEILING",
-    "DEFAULT_POPULATION_CEILING",
+    "POPULATION_STREAM",
     "CeilingCheckFailedOpen",
     "FabricCeilings",
+    "PopulationGrew",
     "RegistryFacts",
     "check_ceilings",
     # errors

@@ -10,7 +10,9 @@ Its stages are named, typed and required, and run in this order in :meth:`spawn`
 4a. **schedule** with workers named, what each child runs (``WorkerScheduled``);
 5. **admission** each child admitted to a slot of its cell, or queued (never over a cap);
 6. **ceilings** the fabric's population and depth ceilings (FAILS OPEN on a registry
-   read error, journaled as ``CeilingCheckFailedOpen``; DESIGN §5).
+   read error, journaled as ``CeilingCheckFailedOpen``; DESIGN §5); under a configured
+   population ceiling, the fan-out's ``PopulationGrew`` on the fabric-wide stream,
+   pinned to the version its count was read at.
 
 Everything a fan-out decides goes to the journal in one append pinned to the streams
 it read; grants are handed out only after that append commits. A refusal at any stage
@@ -54,10 +56,12 @@ from charter.authority import (
 )
 from charter.authority.errors import AuthorityRefusedError
 from charter.budgets import (
+    POPULATION_STREAM,
     CapInputs,
     CeilingCheckFailedOpen,
     CellState,
     FabricCeilings,
+    PopulationGrew,
     RegistryFacts,
     ResourceClass,
     SlotAdmitted,
@@ -419,6 +423,10 @@ class SpawnService:
         if any(w.cell_class is not None for w in workers or ()):
             # A class child's placement read its cell's classes: pinned to its run stream.
             cell_streams += [cellrun_stream(c) for c in placeable]
+        # Under a population ceiling the count is read at a version of the fabric-wide
+        # stream, and the growth appended pinned to it (stage 6): one serialization
+        # point for the whole fabric, paid only when a ceiling is configured.
+        population = [] if self.ceilings.population is None else [POPULATION_STREAM]
         settling = Settling()  # across the tries: a head pin first, then a settle commit
 
         def attempt(versions: dict[str, int]) -> Pinned:
@@ -457,7 +465,7 @@ class SpawnService:
             done = append_pinned(
                 self.journal,
                 self.views,
-                [*chain, *cell_streams],
+                [*chain, *cell_streams, *population],
                 attempt,
                 what=f"a fan-out of {claimed}",
                 retry_on=(AppendConflictError, DeadlinePassedError),
@@ -522,7 +530,7 @@ class SpawnService:
             decision, cells = decision.refused(error, str(decision.parent), command.intent), []
         decision = self._schedule(decision, workers, cells, versions)
         decision = self._admit(decision, versions, workers, cells)
-        decision = self._ceilings_fail_open(decision, command.intent)
+        decision = self._ceilings_fail_open(decision, command.intent, versions)
         if payer is not None and decision.refusal is not None:
             refused = _delegation_refused(payer.caller.claimed, payer.agent, decision.refusal)
             decision = decision.joined((refused,))
@@ -829,12 +837,19 @@ class SpawnService:
             rooms.append(CellRoom(cell, max(0, free), queued, classes))
         return rooms
 
-    def _ceilings_fail_open(self, decision: FanoutDecision, intent: SpawnIntent) -> FanoutDecision:
+    def _ceilings_fail_open(
+        self, decision: FanoutDecision, intent: SpawnIntent, versions: dict[str, int]
+    ) -> FanoutDecision:
         """Stage 6: the fabric ceilings. FAILS OPEN, on purpose (DESIGN §5): the registry
         may lag or be unreachable, and a fabric that stops spawning whenever it is would
         turn a read-side fault into an outage. When the read fails, the fan-out proceeds
         and ``CeilingCheckFailedOpen`` joins its append. Budgets and admission, which
-        protect the host and the money, stay fail-closed."""
+        protect the host and the money, stay fail-closed.
+
+        Under a population ceiling (its stream read with the others), the growth joins
+        the append as ``PopulationGrew``, pinned to the stream's version: a fan-out
+        under any other root that read the same count conflicts, and is decided again on
+        the views refreshed (the count now, every end folded in)."""
         if decision.refusal is not None:
             return decision
         try:
@@ -847,7 +862,15 @@ class SpawnService:
         refusal = check_ceilings(facts, decision.parent, intent.width)
         if refusal is not None:
             return decision.refused(refusal, str(decision.parent), intent)
-        return decision
+        if facts.population_ceiling is None or POPULATION_STREAM not in versions:
+            return decision
+        grew = PopulationGrew(
+            fanout=decision.fanout_id,
+            live=facts.live_population + intent.width,
+            width=intent.width,
+            ceiling=facts.population_ceiling,
+        )
+        return decision.joined((grew,), {POPULATION_STREAM: versions[POPULATION_STREAM]})
 
     def _registry_from_leases(self) -> RegistryFacts:
         """The registry as this service's own fold sees it: live workers are the leases

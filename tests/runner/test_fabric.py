@@ -67,12 +67,19 @@ def _load() -> str:
 
 
 def _cell(
-    url: str, home: Path, state_dir: Path, cell: str, *options: str
+    url: str,
+    home: Path,
+    state_dir: Path,
+    cell: str,
+    *options: str,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
+    """``charter cell run --id CELL OPTIONS...``, with ``env`` added to a test's environment."""
     return subprocess.Popen(
         [sys.executable, "-m", "charter", "--db", url, "--quiet", "cell", "run", "--id", cell,
          "--claim", str(CLAIM_S), "--ignore-host-load", "--slot-budget", SLOT, *options],
-        env=cli_env(home, state_dir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=cli_env(home, state_dir) | (env or {}), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )  # fmt: skip
 
 
