@@ -8,7 +8,7 @@ import http.client
 import re
 from collections.abc import Iterator
 
-__all__ = ["READ", "Dechunker", "body_pieces", "data_of", "split_events"]
+__all__ = ["READ", "Dechunker", "body_pieces", "data_of", "event_batches", "split_events"]
 
 READ = 65536  # bytes asked of the socket at a time
 _MAX_LINE = 4096  # a chunk-size or trailer line the reader accepts
@@ -101,6 +101,19 @@ class Dechunker:
         self._left = int(size, 16)
         self._last = not self._left
         return True
+
+
+def event_batches(response: http.client.HTTPResponse) -> Iterator[list[bytes]]:
+    """The server-sent events of ``response``, in the batches the reads gave them (the
+    whole events each read completed, each with its closing blank line); a last event
+    the stream ended without that blank line comes alone, at the end."""
+    rest = b""
+    for piece in body_pieces(response):
+        events, rest = split_events(rest + piece)
+        if events:
+            yield events
+    if rest:
+        yield [rest]
 
 
 def split_events(buf: bytes) -> tuple[list[bytes], bytes]:

@@ -57,7 +57,7 @@ import h11
 
 from charter.core import BadInputError, Budget, CharterError, Event, now_ms
 from charter.runner._journal_allowance import model_call_bytes
-from charter.runner._sse import body_pieces, data_of, split_events
+from charter.runner._sse import data_of, event_batches
 from charter.runner.errors import (
     ModelCallSettledError,
     ModelNotConfiguredError,
@@ -868,14 +868,8 @@ class _Call:
         every whole event in it), up to the cut at the reservation; its usage, and how
         it ended."""
         usage: tuple[int, int] | None = None
-        rest = b""
-        for piece in body_pieces(response):
-            events, rest = split_events(rest + piece)
+        for events in event_batches(response):
             usage, cut = self._forward(events, usage)
-            if cut:
-                return usage, "cut-at-cap"
-        if rest:  # the stream ended without the last event's blank line
-            usage, cut = self._forward([rest], usage)
             if cut:
                 return usage, "cut-at-cap"
         self.whole = True
