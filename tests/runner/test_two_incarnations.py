@@ -181,7 +181,10 @@ def test_a_second_incarnation_waits_while_the_first_renews(
     not journaled, past several claim lengths); once the first stops (its claim ends
     with it), the second takes the cell at once and runs what is left."""
     home = tmp_path / "home"
-    with initialise(journal_url, home, processing=2) as charter:
+    # One processing slot: the sleeper holds it, so the worker fanned out later waits
+    # in the queue for the second (with two, the first could start it and kill it as
+    # it stops, and the test would be about a race, not the hand-over).
+    with initialise(journal_url, home, processing=1) as charter:
         fan_out(charter, 1, WorkerSpec(argv=("/bin/sleep", "120")))
     first = _cell(journal_url, home, state_dir)
     second: subprocess.Popen[str] | None = None
@@ -210,8 +213,12 @@ def test_a_second_incarnation_waits_while_the_first_renews(
                 proc.kill()
     entries = _entries(journal_url, home)
     assert [e.event.incarnation for e in entries if isinstance(e.event, CellStarted)] == [1, 2]
-    outcomes = sorted(e.event.outcome for e in entries if isinstance(e.event, WorkerEnded))
-    assert outcomes == ["exited", "killed"]  # the sleeper killed by the first, /bin/true ran
+    ends = [e.event for e in entries if isinstance(e.event, WorkerEnded)]
+    outcomes = sorted(end.outcome for end in ends)
+    # the sleeper killed by the first, /bin/true ran (started by the second)
+    assert outcomes == ["exited", "killed"], [(end.outcome, end.reason) for end in ends]
+    starts = [e.event.incarnation for e in entries if isinstance(e.event, WorkerStarted)]
+    assert starts == [1, 2], starts
     assert any(isinstance(e.event, WorkerKilled) for e in entries)
     _settled(journal_url, home, entries)
 
