@@ -14,6 +14,7 @@ that fails, ``OSError``.
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
 from collections.abc import Generator, Iterator, Mapping
@@ -27,6 +28,8 @@ MAX_HEAD = 64 * 1024  # an answer's status line and header fields, at most
 _MAX_FIELDS = 100  # header fields in one answer, at most (as http.client)
 # Answers that have no body whatever their header fields say (RFC 9112 §6.3).
 _NO_BODY = frozenset({204, 304})
+# The blank line that ends a head (CRLF, or a bare LF as http.client also accepts).
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
 
 
 class UpstreamProtocolError(ValueError):
@@ -99,7 +102,7 @@ class UpstreamConnection:
         one's values joined by commas) and whether its connection stays open."""
         buf = self._buf
         start = 0
-        while (end := buf.find(b"\r\n\r\n", start)) < 0:
+        while (end := _HEAD_END.search(buf, start)) is None:
             if len(buf) > MAX_HEAD:
                 raise UpstreamProtocolError(f"an answer's head is over {MAX_HEAD} B")
             start = max(0, len(buf) - 3)
@@ -107,8 +110,8 @@ class UpstreamConnection:
             if not more:
                 raise UpstreamProtocolError("the server closed the connection before answering")
             buf += more
-        head, self._buf = buf[:end], buf[end + 4 :]
-        lines = head.decode("latin-1").split("\r\n")
+        head, self._buf = buf[: end.start()], buf[end.end() :]
+        lines = [line.removesuffix("\r") for line in head.decode("latin-1").split("\n")]
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
         if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit() or rest[3:4] not in (

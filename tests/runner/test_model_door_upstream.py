@@ -122,6 +122,15 @@ def test_close_an_old_version_or_no_length_ends_the_connection() -> None:
         assert conn.reusable
 
 
+def test_a_head_whose_lines_end_in_a_bare_lf_is_read() -> None:
+    with answered(b"HTTP/1.1 200 OK\nContent-Length: 2\nX-A: b\n\nok", close=False) as (
+        answer, conn,
+    ):  # fmt: skip
+        assert (answer.status, answer.header("x-a", "")) == (200, "b")
+        assert answer.read(1024) == b"ok"
+        assert conn.reusable
+
+
 def test_an_interim_answer_is_skipped_and_a_no_content_answer_has_no_body() -> None:
     raw = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"
     with answered(raw, close=False) as (answer, conn):
