@@ -1,50 +1,20 @@
-"""A model server's streamed answer as it arrives: its body in the pieces each read of
-the socket gives (the chunked framing taken off), and those pieces cut into server-sent
-events, so the model door relays what came in one write, not one per line or event."""
+"""A model server's streamed answer as it arrives: the chunked framing taken off the
+pieces each read of the socket gives (charter/runner/_upstream.py reads them), and
+those pieces cut into server-sent events, so the model door relays what came in one
+write, not one per line or event."""
 
 from __future__ import annotations
 
-import http.client
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
-__all__ = ["READ", "Dechunker", "body_pieces", "data_of", "event_batches", "split_events"]
+__all__ = ["READ", "Dechunker", "data_of", "event_batches", "split_events"]
 
 READ = 65536  # bytes asked of the socket at a time
 _MAX_LINE = 4096  # a chunk-size or trailer line the reader accepts
 _SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")  # a chunk's size, before any extension
 # The end of an event: a line's end, then a blank line (LF or CRLF).
 _EVENT_END = re.compile(rb"\n\r?\n")
-
-
-def body_pieces(response: http.client.HTTPResponse) -> Iterator[bytes]:
-    """The body of ``response``, each piece all that one read gave (never empty).
-
-    Chunked, the framing is read here, off ``response.fp``: http.client's own reads
-    return one chunk at a time, and a server writes one event per chunk. Read to its
-    end (the last chunk and the trailers), the response is closed, so its connection
-    can carry the next request; a body that ends early raises ``IncompleteRead``, a
-    malformed frame ``ValueError``."""
-    if not response.chunked:
-        while piece := response.read1(READ):
-            yield piece
-        if tail := response.read():  # nothing is left; this closes it (read1 does not)
-            yield tail
-        return
-    fp = response.fp
-    if fp is None:
-        return
-    chunks = Dechunker()
-    while not chunks.done:
-        more = fp.read1(READ)
-        if not more:
-            raise http.client.IncompleteRead(b"")
-        data = chunks.feed(more)
-        if data:
-            yield data
-    if chunks.extra:  # bytes past the response: its connection is not reused
-        response.will_close = True
-    response.close()
 
 
 class Dechunker:
@@ -103,12 +73,12 @@ class Dechunker:
         return True
 
 
-def event_batches(response: http.client.HTTPResponse) -> Iterator[list[bytes]]:
-    """The server-sent events of ``response``, in the batches the reads gave them (the
+def event_batches(pieces: Iterable[bytes]) -> Iterator[list[bytes]]:
+    """The server-sent events of a body read in ``pieces``, in the batches the reads gave them (the
     whole events each read completed, each with its closing blank line); a last event
     the stream ended without that blank line comes alone, at the end."""
     rest = b""
-    for piece in body_pieces(response):
+    for piece in pieces:
         events, rest = split_events(rest + piece)
         if events:
             yield events

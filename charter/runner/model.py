@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import json
 import logging
 import math
@@ -58,6 +57,11 @@ import h11
 from charter.core import BadInputError, Budget, CharterError, Event, now_ms
 from charter.runner._journal_allowance import model_call_bytes
 from charter.runner._sse import data_of, event_batches
+from charter.runner._upstream import (
+    Answer,
+    UpstreamConnection,
+    request_head,
+)
 from charter.runner.errors import (
     ModelCallSettledError,
     ModelNotConfiguredError,
@@ -686,32 +690,34 @@ class _Pool:
 
     def __init__(self, endpoint: ModelEndpoint | None) -> None:
         self._url = urlsplit(endpoint.url) if endpoint is not None else None
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[UpstreamConnection] = []
         self._lock = threading.Lock()
-        # Each API's path at the endpoint, and the headers every call sends (the held
-        # key's among them): derived once, not per call.
-        base = self._url.path.rstrip("/") if self._url is not None else ""
-        self.paths: dict[Api, str] = {api: base + tail for api, tail in _UPSTREAM.items()}
-        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        # Each API's request head at the endpoint (its path, and the header fields
+        # every call sends, the held key's among them): derived once, not per call.
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if endpoint is not None and endpoint.api_key:
-            self.headers["Authorization"] = f"Bearer {endpoint.api_key}"
+            headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        self.heads: dict[Api, bytes] = {}
+        if self._url is not None:
+            base = self._url.path.rstrip("/")
+            for api, tail in _UPSTREAM.items():
+                self.heads[api] = request_head(self._url, base + tail, headers)
 
     def tries(self) -> tuple[bool, ...]:
         """A kept connection first (when one is idle), then a fresh one."""
         with self._lock:
             return (True, False) if self._idle else (False,)
 
-    def take(self) -> http.client.HTTPConnection | None:
+    def take(self) -> UpstreamConnection | None:
         with self._lock:
             return self._idle.pop() if self._idle else None
 
-    def fresh(self) -> http.client.HTTPConnection:
+    def fresh(self) -> UpstreamConnection:
         url = self._url
         assert url is not None
-        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-        return kind(url.hostname or "", url.port, timeout=_IDLE_TIMEOUT)
+        return UpstreamConnection(url, _IDLE_TIMEOUT)
 
-    def give(self, conn: http.client.HTTPConnection) -> None:
+    def give(self, conn: UpstreamConnection) -> None:
         with self._lock:
             if len(self._idle) < _KEPT:
                 self._idle.append(conn)
@@ -772,8 +778,8 @@ class _Call:
         """Send, relay, and leave the call's settlement with ``pending``."""
         self.pending = pending
         body = self.chat.upstream_body(self.reserved.max_tokens)
-        path, headers = self.pool.paths[self.chat.api], self.pool.headers
-        upstream, response = None, None
+        head = self.pool.heads[self.chat.api]
+        upstream, answer = None, None
         for reused in self.pool.tries():
             upstream = self.pool.take() if reused else self.pool.fresh()
             if upstream is None:
@@ -781,13 +787,11 @@ class _Call:
             try:
                 if upstream.sock is None:
                     upstream.connect()
-                    _no_delay(upstream.sock)
                 if upstream.sock is not None:
                     self.upstreams.append(upstream.sock)
-                upstream.request("POST", path, body, headers)
-                response = upstream.getresponse()
+                answer = upstream.request(head, body)
                 break
-            except (OSError, http.client.HTTPException) as e:
+            except (OSError, ValueError) as e:
                 self._forget(upstream)
                 upstream.close()
                 if not reused:  # a kept connection the server had closed: once more
@@ -795,35 +799,35 @@ class _Call:
                     _send(self.conn, self.http, 502, _error_body("upstream-failed", str(e)[:200]))
                     return
         assert upstream is not None
-        assert response is not None
+        assert answer is not None
         try:
-            self.status = response.status
-            if self.chat.stream and response.status == 200:
-                self._relay_stream(response)
+            self.status = answer.status
+            if self.chat.stream and answer.status == 200:
+                self._relay_stream(answer)
             else:
-                self._relay_whole(response)
+                self._relay_whole(answer)
         finally:
             self._forget(upstream)
-            if response.isclosed() and not response.will_close and self.whole:
+            if upstream.reusable and self.whole:
                 self.pool.give(upstream)  # read to its end: kept for the next call
             else:
                 upstream.close()
 
-    def _forget(self, upstream: http.client.HTTPConnection) -> None:
+    def _forget(self, upstream: UpstreamConnection) -> None:
         with contextlib.suppress(ValueError):
             if upstream.sock is not None:
                 self.upstreams.remove(upstream.sock)
 
-    def _relay_whole(self, response: http.client.HTTPResponse) -> None:
+    def _relay_whole(self, response: Answer) -> None:
         try:
             data = response.read(MAX_RESPONSE)
-            self.whole = response.isclosed()
-        except (OSError, http.client.HTTPException):
+            self.whole = response.done
+        except (OSError, ValueError):
             self._estimate("upstream-failed")
             _send(self.conn, self.http, 502, _error_body("upstream-failed", "the answer broke"))
             return
         usage = _usage(_chunk(data))
-        kind = response.getheader("Content-Type", "application/json")
+        kind = response.header("Content-Type", "application/json")
         try:
             _send(self.conn, self.http, response.status, data, kind)
         finally:  # settled after the answer is relayed, whether or not it arrived
@@ -835,7 +839,7 @@ class _Call:
             else:  # refused by the server, which reported no usage: nothing generated
                 self._estimate("upstream-failed")
 
-    def _relay_stream(self, response: http.client.HTTPResponse) -> None:
+    def _relay_stream(self, response: Answer) -> None:
         http_, conn = self.http, self.conn
         try:
             head = h11.Response(
@@ -850,7 +854,7 @@ class _Call:
             # the server that broke (the hang-up shuts it too) ends here as well.
             self._settle_stream(None, "client-gone")
             raise _GoneError from e
-        except (http.client.HTTPException, ValueError):
+        except ValueError:  # UpstreamProtocolError, a malformed chunk
             # The server's stream broke (or the door hung it up, the worker's sandbox
             # going): charged as counted.
             usage, how = None, "no-usage"
@@ -861,14 +865,12 @@ class _Call:
                 raise _GoneError from e
         self._settle_stream(usage, how)
 
-    def _relay_events(
-        self, response: http.client.HTTPResponse
-    ) -> tuple[tuple[int, int] | None, SettleHow]:
+    def _relay_events(self, response: Answer) -> tuple[tuple[int, int] | None, SettleHow]:
         """Relay the stream's events, each read's in one write (what one read gave,
         every whole event in it), up to the cut at the reservation; its usage, and how
         it ended."""
         usage: tuple[int, int] | None = None
-        for events in event_batches(response):
+        for events in event_batches(response.pieces()):
             usage, cut = self._forward(events, usage)
             if cut:
                 return usage, "cut-at-cap"
@@ -918,13 +920,6 @@ class _Call:
 
 
 # -- HTTP helpers ------------------------------------------------------------------------
-
-
-def _no_delay(sock: socket.socket | None) -> None:
-    """Each write of a request goes at once (no Nagle stall behind a delayed ACK)."""
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _read_request(

@@ -3,15 +3,13 @@ as bytes come, in any split, and the events cut out unchanged, whatever the read
 
 from __future__ import annotations
 
-import http.client
 import itertools
-import socket
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from charter.runner._sse import Dechunker, body_pieces, split_events
+from charter.runner._sse import Dechunker, split_events
 
 
 def chunked(pieces: list[bytes], trailers: list[bytes] = ()) -> bytes:  # type: ignore[assignment]
@@ -94,34 +92,3 @@ def test_events_are_cut_at_blank_lines_and_their_bytes_kept(
     assert b"".join(got) + rest == stream  # nothing lost, nothing added
     assert all(e.endswith((b"\n\n", b"\n\r\n")) for e in got)
     assert len(got) == sum(1 for e in whole if e.endswith((b"\n\n", b"\n\r\n")))
-
-
-def _response(raw: bytes) -> http.client.HTTPResponse:
-    a, b = socket.socketpair()
-    a.sendall(raw)
-    a.close()
-    response = http.client.HTTPResponse(b)
-    response.begin()
-    b.close()
-    return response
-
-
-def test_a_chunked_response_read_to_its_end_is_closed_for_reuse() -> None:
-    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    response = _response(head + chunked([b"data: 1\n\n", b"data: 2\n\n"]))
-    assert b"".join(body_pieces(response)) == b"data: 1\n\ndata: 2\n\n"
-    assert response.isclosed()
-    assert not response.will_close  # the connection can carry the next request
-
-
-def test_a_chunked_response_cut_short_raises() -> None:
-    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    response = _response(head + b"9\r\ndata: 1\n\n\r\n5\r\ndat")
-    with pytest.raises(http.client.IncompleteRead):
-        list(body_pieces(response))
-
-
-def test_a_response_with_a_length_is_read_by_http_client() -> None:
-    response = _response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ndata: 1\n\n")
-    assert b"".join(body_pieces(response)) == b"data: 1\n\n"
-    assert response.isclosed()
