@@ -75,7 +75,7 @@ from charter.control.delegation import (
 )
 from charter.control.directory import AgentRecord, custody_key_name
 from charter.control.errors import NestedDelegationError, NoCellOfClassError, NotOwnSandboxError
-from charter.control.handler import Pinned, append_pinned
+from charter.control.handler import Pinned, StreamsGrewError, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs, steady_load
 from charter.control.placement import Ask, CellRoom, place
 from charter.control.resources import Settling
@@ -415,21 +415,23 @@ class SpawnService:
     ) -> SpawnResult:
         claimed = caller.claimed
         decisions: list[FanoutDecision] = []
-        # Every cell a child may be placed on (the views read first: a process's first
-        # fan-out knows every configured cell); their pins are read together.
-        self.views.refresh(self.journal)
-        placeable = self._placeable(workers)
-        cell_streams = [f"cell:{c}" for c in placeable]
-        if any(w.cell_class is not None for w in workers or ()):
-            # A class child's placement read its cell's classes: pinned to its run stream.
-            cell_streams += [cellrun_stream(c) for c in placeable]
         # Under a population ceiling the count is read at a version of the fabric-wide
         # stream, and the growth appended pinned to it (stage 6): one serialization
         # point for the whole fabric, paid only when a ceiling is configured.
         population = [] if self.ceilings.population is None else [POPULATION_STREAM]
         settling = Settling()  # across the tries: a head pin first, then a settle commit
 
+        def streams() -> list[str]:
+            """What each try reads: the chain, every cell a child may be placed on as
+            the views stand (their pins read together), the population stream."""
+            return [*chain, *self._cell_streams(workers), *population]
+
         def attempt(versions: dict[str, int]) -> Pinned:
+            if not versions.keys() >= set(self._cell_streams(workers)):
+                # The views just refreshed know a cell the try did not read (a process's
+                # first fan-out, or a cell configured since): tried again with it read,
+                # so every fan-out may place on every configured cell.
+                raise StreamsGrewError
             if request_id is not None:  # every try: an earlier one may have landed since
                 self.journal.require_new_batch(fanout_id)
             now = self.clock()
@@ -465,7 +467,7 @@ class SpawnService:
             done = append_pinned(
                 self.journal,
                 self.views,
-                [*chain, *cell_streams, *population],
+                streams,
                 attempt,
                 what=f"a fan-out of {claimed}",
                 retry_on=(AppendConflictError, DeadlinePassedError),
@@ -651,6 +653,16 @@ class SpawnService:
         # Leases go on the parent's stream, which the mints (a delegation: its payer's
         # chain) already pinned.
         return decision.joined(leases)
+
+    def _cell_streams(self, workers: tuple[WorkerSpec, ...] | None) -> list[str]:
+        """The streams of the cells a fan-out may place on, as the views stand: each
+        cell's, and for class children its run stream too (their placement reads the
+        cell's classes)."""
+        placeable = self._placeable(workers)
+        streams = [f"cell:{c}" for c in placeable]
+        if any(w.cell_class is not None for w in workers or ()):
+            streams += [cellrun_stream(c) for c in placeable]
+        return streams
 
     def _placeable(self, workers: tuple[WorkerSpec, ...] | None) -> list[str]:
         """The cells a fan-out may place children on: this service's own, every

@@ -116,11 +116,16 @@ class Driver:
             if slot is not None:
                 self._by_uid.pop(slot.host_uid, None)
             quarantined = self._quarantined.pop(lineage, None)
+            # A kill marks only a sandbox held here as dying: once it is not held, none
+            # marks it, so one not dying now needs the lock no more (the lock is the
+            # views': taken again here, the teardown waited for another thread's commit).
+            dying = lineage in self._dying
         self.custody.release(lineage)
         if slot is not None:
             self.give_back(slot, quarantined)
-        with self.lock:
-            self._dying.discard(lineage)
+        if dying:
+            with self.lock:
+                self._dying.discard(lineage)
 
     # -- kills -----------------------------------------------------------------------
 

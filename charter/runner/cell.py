@@ -615,19 +615,30 @@ class Cell:
     def _start(self, w: WorkerRecord, position: int) -> int | None:
         driver = self._driver()
         command = w.scheduled.command
-        # The worker's lineage and every ancestor's: a revocation of any of them lands
-        # on that stream, and the start is pinned to them all, so a worker is never
-        # started after a revocation above it committed.
-        chain = self.lifecycle.chain_versions(w.lineage)
-        caller = self.view.delegated_by.get(w.lineage)
-        if caller is not None:  # a delegate's lease is its caller's: pinned likewise
-            chain |= self.lifecycle.chain_versions(caller)
-        if self.lifecycle.revoked_above(w.lineage):
+        refused: Exception | None = None
+        # One hold of the lock and one refresh for what the start is decided on: the
+        # chain's versions first, then the views (so they cover all those versions do),
+        # then its revocation, grant and caps, all read on those views.
+        with self._lock:
+            # The worker's lineage and every ancestor's: a revocation of any of them
+            # lands on that stream, and the start is pinned to them all, so a worker is
+            # never started after a revocation above it committed.
+            chain = self.lifecycle.chain_versions(w.lineage)
+            caller = self.view.delegated_by.get(w.lineage)
+            if caller is not None:  # a delegate's lease is its caller's: pinned likewise
+                chain |= self.lifecycle.chain_versions(caller)
+            revoked = self.lifecycle.revoked_above(w.lineage)  # refreshes the views
+            try:  # fail closed: nothing left on its lease, no start; the worker ends
+                grant = self._grant(w.lineage)
+                caps = self._caps(w.lineage, grant, dry_run=w.scheduled.dry_run)
+            except _NOT_STARTED as error:
+                refused = error
+        if revoked:
             self._carry_out_kills()  # the revocation ends it, journaled, never started
             return 0
-        try:  # fail closed: nothing left on its lease, no start; the worker ends
-            grant = self._grant(w.lineage)
-            caps = self._caps(w.lineage, grant, dry_run=w.scheduled.dry_run)
+        try:
+            if refused is not None:
+                raise refused
             slot = driver.lease(w.lineage, caps.egress, w.scheduled.grant_digest, caps.budget)
         except _NOT_STARTED as error:  # refused for this worker, never the cell's end
             why = f"not started: {error}"
@@ -1046,29 +1057,27 @@ class Cell:
 
     def _grant(self, lineage: str) -> SealedGrant:
         """``lineage``'s committed grant, parsed (a start parses it once, for the caps
-        and the custody key: each parse validates the whole grant)."""
-        with self._lock:
-            self.refresh()
-            minted = self.view.grants.get(lineage)
+        and the custody key: each parse validates the whole grant), as the views stand
+        (hold the lock; the start refreshed them)."""
+        minted = self.view.grants.get(lineage)
         if minted is None:
             raise LeaseSpentError(f"{lineage} has no committed grant")
         return minted.sealed()
 
     def _caps(self, lineage: str, grant: SealedGrant, *, dry_run: bool = False) -> WorkerCaps:
         """The sandbox caps of ``lineage``: its lease and ``grant`` as committed, now
-        (``dry_run``: a test run's, every held credential withheld)."""
-        with self._lock:
-            self.refresh()
-            book = self.resources.book
-            at = now_ms()
-            return worker_caps(
-                self.budget,
-                book.remaining(lineage, at),
-                book.deadline(lineage),
-                grant.grant.terms,
-                at,
-                withhold_credentials=dry_run,
-            )
+        (``dry_run``: a test run's, every held credential withheld), as the views stand
+        (hold the lock; the start refreshed them)."""
+        book = self.resources.book
+        at = now_ms()
+        return worker_caps(
+            self.budget,
+            book.remaining(lineage, at),
+            book.deadline(lineage),
+            grant.grant.terms,
+            at,
+            withhold_credentials=dry_run,
+        )
 
     def custody_seed(self, lineage: str) -> bytes:
         """``lineage``'s custody seed (its committed grant's subject key, or refused)."""

@@ -271,3 +271,65 @@ def test_a_foreign_history_is_read_once_then_never_again(
         counted.rows = 0
         assert _operator(charter, 5) == "ok"
         assert counted.rows <= 2
+
+
+class _Reads:
+    """Counts, during a fan-out's decision (``SpawnService._spawn``), the views'
+    refreshes and the reads of stream versions; ``between`` runs once, after the first
+    versions read (another writer's commit there is a real race)."""
+
+    def __init__(self, charter: Charter, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.refreshes = 0
+        self.versions = 0
+        self.between: Any = None
+        self._deciding = False
+        views, journal, service = charter.views, charter.journal, charter.spawn_service()
+        refresh, versions, spawn = views.refresh, journal.stream_versions, service._spawn
+
+        def counted_refresh(*args: Any) -> None:
+            self.refreshes += self._deciding
+            refresh(*args)
+
+        def counted_versions(*args: Any) -> Any:
+            got = versions(*args)
+            if self._deciding:
+                self.versions += 1
+                between, self.between = self.between, None
+                if between is not None:
+                    between()
+            return got
+
+        def deciding(*args: Any) -> Any:
+            self._deciding = True
+            try:
+                return spawn(*args)
+            finally:
+                self._deciding = False
+
+        monkeypatch.setattr(views, "refresh", counted_refresh)
+        monkeypatch.setattr(journal, "stream_versions", counted_versions)
+        monkeypatch.setattr(service, "_spawn", deciding)
+
+
+def test_a_fan_out_refreshes_the_views_once_per_attempt(
+    journal_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One refresh per decision attempt: a fan-out names the cells it reads on the
+    views as they stand, reads their versions, then refreshes once (no refresh first
+    to learn the cells). A retry after a conflict reads the versions and the views
+    again: the race is a real commit by another process's root on the parent's stream,
+    between the first try's read and its append."""
+    with _charter(journal_url, tmp_path / "home", Settings()) as charter:
+        assert _operator(charter, 2) == "ok"  # the views know the cells
+        reads = _Reads(charter, monkeypatch)
+        assert _operator(charter, 2) == "ok"
+        assert reads.refreshes == 1
+        once = reads.versions  # the reads of versions one try makes
+        with Charter.open(journal_url, keys=KeyStore(tmp_path / "home")) as other:
+            reads.refreshes = reads.versions = 0
+            reads.between = lambda: _operator(other, 1)  # moves agent:estate's stream
+            assert _operator(charter, 2) == "ok"
+        assert (reads.refreshes, reads.versions) == (2, 2 * once)  # the retry read it all again
+        minted = list(charter.journal.entries(types=("GrantMinted",)))
+        # the root's ceiling, then 2 + 2, the racer's 1, and the raced fan-out's 2 once
+        assert len(minted) == 1 + 2 + 2 + 1 + 2

@@ -16,6 +16,7 @@ from charter.app import CellSetup, Charter
 from charter.budgets import SlotAdmitted, SlotQueued
 from charter.control import NoCellOfClassError, WorkerLifecycle, WorkerScheduled, WorkerSpec
 from charter.control.placement import Ask, CellRoom, place
+from charter.core import KeyStore
 from tests.runner._support import fan_out
 from tests.runner.conftest import initialise, steady
 
@@ -118,3 +119,25 @@ def test_a_fan_out_is_placed_across_the_live_cells(journal_url: str, tmp_path: P
         assert all(s.requested for s in scheduled)
         assert slots
         assert all(s.cell == "gone" for s in slots)  # type: ignore[attr-defined]
+
+
+def test_a_processs_first_fan_out_places_on_every_live_cell(
+    journal_url: str, tmp_path: Path
+) -> None:
+    """A new process's views know no cell before their first refresh, and a fan-out
+    names the cells it reads on the views as they stand: the first one, finding cells
+    on the views it just refreshed that it did not read, is decided again with their
+    streams read (and pinned), so it places on them as any later fan-out does."""
+    home = tmp_path / "home"
+    with initialise(journal_url, home) as charter:
+        for cell in ("a", "b"):
+            charter.configure_cell(CellSetup(cores=4, processing=2, coordination=1), cell)
+            _live(charter, cell)
+    with Charter.open(journal_url, keys=KeyStore(home)) as fresh:
+        fresh.host_load = steady
+        assert fresh.views.resources.cells.cells() == {}  # nothing folded yet
+        head = fresh.journal.head()[0]
+        fan_out(fresh, 4, TRUE)
+        cells, slots = _placed(fresh, head)
+        assert sorted(cells.values()) == ["a", "a", "b", "b"]
+        assert sorted(s.cell for s in slots if isinstance(s, SlotAdmitted)) == ["a", "a", "b", "b"]
