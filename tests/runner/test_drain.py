@@ -44,7 +44,9 @@ def test_a_drained_cell_lets_its_workers_finish_and_starts_nothing_more(
 ) -> None:
     home = tmp_path / "home"
     with initialise(sqlite_url, home, processing=1) as charter:
-        result = fan_out(charter, 2, WorkerSpec(argv=("/bin/sleep", "3")))
+        # The first runs long enough for `cell drain` (a fresh interpreter, slow on a
+        # loaded host) to arrive before it ends: else the cell could start the second.
+        result = fan_out(charter, 2, WorkerSpec(argv=("/bin/sleep", "12")))
     first, second = (str(c.lineage) for c in result.children)
     env = _env(home, state_dir)
     cell = subprocess.Popen(
