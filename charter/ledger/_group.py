@@ -38,7 +38,7 @@ from charter.ledger._rows import (
     stamp_of,
 )
 from charter.ledger._spool import Answer, Claimed, Request, Spool
-from charter.ledger._turn import WriterTurn
+from charter.ledger._turn import ProcessLock, WriterTurn
 
 __all__ = [
     "GROUP_COMMIT",
@@ -70,6 +70,8 @@ def group_commit_on(value: str | None) -> bool:
         f"CHARTER_{GROUP_COMMIT}=off to commit every batch alone"
     )
 
+
+_making = ProcessLock()  # held while a recorder makes its turn and spool
 
 _GROUP_LIMIT = 256  # waiting batches one leader commits in one transaction
 _NAP_S = 0.05  # a waiting writer looks whether the turn is free this often (a leader died)
@@ -190,9 +192,9 @@ class SharedCommit:
         if not self.group_commit:
             return self._insert_alone(Batch(tuple(stored_events), kwargs))
         if self._turn is None or self._spool is None:
-            place = self._spool_place()
-            self._turn = WriterTurn(place)
-            self._spool = Spool(place)
+            self._make_turn_and_spool()
+        assert self._turn is not None
+        assert self._spool is not None
         batch = Batch(tuple(stored_events), kwargs)
         if self._turn.try_take():
             return self._lead(batch)
@@ -207,6 +209,16 @@ class SharedCommit:
             return self._await(ticket, batch, deadline)
         finally:
             self._spool.done()
+
+    def _make_turn_and_spool(self) -> None:
+        """The recorder's one turn and spool, made by the first thread that writes.
+        Threads that each made their own held the turn through different open files
+        (which exclude each other) and released one through the other's: the turn
+        stayed taken and every later writer waited the whole lock timeout."""
+        with _making:
+            if self._turn is None or self._spool is None:
+                place = self._spool_place()
+                self._turn, self._spool = WriterTurn(place), Spool(place)
 
     def _insert_alone(self, batch: Batch) -> list[int]:
         """Group commit switched off: the batch in a transaction of its own, waiting

@@ -32,9 +32,30 @@ from eventsourcing.persistence import OperationalError
 
 from charter.ledger._rows import Head, WriteLockTimeoutError
 
-__all__ = ["WriterTurn"]
+__all__ = ["ProcessLock", "WriterTurn"]
 
 _HINT = struct.Struct(">q32s32s")  # position, chain hash, commit time (32 bytes of ISO)
+
+
+class ProcessLock:
+    """A lock for the threads of one process, made anew in a forked child: a thread of
+    the parent may have held it at the fork, and would never let it go there."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._renew)
+
+    def _renew(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+_opening = ProcessLock()  # held while a thread opens a turn's file (WriterTurn._file)
 
 
 class WriterTurn:
@@ -52,17 +73,27 @@ class WriterTurn:
     def _file(self) -> int:
         # A forked child must not share its parent's open file description: flock
         # belongs to that description, so parent and child would hold the turn as one.
-        if self._fd is None or self._pid != os.getpid():
+        if self._fd is not None and self._pid == os.getpid():
+            return self._fd
+        # One thread opens it; the others wait and take that one. Two threads that both
+        # found no file open each opened one: two open file descriptions in one process,
+        # whose locks exclude each other, and a lock taken through the first but let go
+        # through the second (``release`` unlocks ``self._fd``) stayed held for good, so
+        # every later writer waited the whole lock timeout (WriterStalledError).
+        with _opening:
+            if self._fd is not None and self._pid == os.getpid():
+                return self._fd
             try:  # whoever may write the journal may take the turn: its mode, via umask
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
             except OSError as e:
                 raise OperationalError(
                     f"cannot open the writers' turn file {self.path}: {e}"
                 ) from e
-            self._pid = os.getpid()
             self._threads = threading.Lock()  # a parent's thread may have held it at fork
             self._waiter_thread = None  # threads do not survive a fork
-        return self._fd
+            self._fd = fd
+            self._pid = os.getpid()  # last: the look above takes the file only then
+        return fd
 
     def try_take(self) -> bool:
         """Take the turn if it is free right now (never waits)."""

@@ -35,7 +35,7 @@ from charter.ledger import (
     _sqlite,
 )
 from charter.ledger._spool import Answer, Request, Spool
-from tests.journal._support import Counter, Ping
+from tests.journal._support import Counter, Gathering, Ping
 
 FORK = multiprocessing.get_context("fork")
 
@@ -433,6 +433,42 @@ def test_threads_sharing_one_journal_wait_their_turn(
         report = audit_journal(journal)
         assert report.ok, report
     assert list(Path(f"{db}-spool").iterdir()) == []  # closing the journal removed its pipes
+
+
+def test_threads_first_writing_at_once_make_one_turn_and_spool(
+    shared: tuple[Path, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads whose appends are a journal's first, all at once, make its turn and
+    spool once: each thread that found none made its own, held the turn through its own
+    open file (they exclude each other) and let it go through another's, so it stayed
+    taken and the next writer waited its whole lock timeout (WriterStalledError)."""
+    _, url, _ = shared
+    threads = 6
+    inside = Gathering(threads, _group.SharedCommit._insert_shared.__code__)
+    made: list[Path] = []
+
+    class CountedTurn(_group.WriterTurn):
+        def __init__(self, journal: Path) -> None:
+            made.append(journal)
+            inside.wait()  # every thread has looked whether the turn is made
+            super().__init__(journal)
+
+    monkeypatch.setattr(_group, "WriterTurn", CountedTurn)
+
+    def append(i: int) -> int:
+        inside.join()
+        (entry,) = journal.append([Ping(writer=f"t{i}", batch=0, n=0)])
+        return entry.position
+
+    with Journal.open(url) as journal, ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(append, i) for i in range(threads)]
+        positions = sorted(f.result(timeout=60) for f in futures)
+        assert len(made) == 1  # one turn and spool for the recorder (before: one a thread)
+        assert positions == list(range(1, threads + 1))
+        (entry,) = journal.append([Ping(writer="after", batch=0, n=0)])  # the turn is free
+        assert entry.position == threads + 1
+        report = audit_journal(journal)
+        assert report.ok, report
 
 
 def test_the_spool_is_never_more_open_than_the_journal(tmp_path: Path) -> None:

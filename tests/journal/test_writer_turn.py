@@ -9,13 +9,16 @@ import fcntl
 import os
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from charter.audit.journal import audit_journal
-from charter.ledger import Journal, WriterStalledError
-from tests.journal._support import Ping
+from charter.ledger import Journal, WriterStalledError, _turn
+from charter.ledger._turn import WriterTurn
+from tests.journal._support import Gathering, Ping
 
 
 def test_a_writer_stalled_holding_the_turn_is_writer_stalled(tmp_path: Path) -> None:
@@ -55,3 +58,50 @@ def test_a_wrong_head_hint_never_breaks_the_chain(tmp_path: Path, hint: str) -> 
         report = audit_journal(journal)
         assert report.ok, report
         assert [e.position for e in journal.entries()] == [1, 2, 3]
+
+
+def test_threads_taking_a_new_turn_at_once_share_one_open_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads of one process that take a turn nobody has opened yet, all at once, open
+    its file once: ``flock`` belongs to the open file, and a lock taken through a second
+    one of this process but let go through the first stayed held for good (every later
+    writer of the journal waited its whole lock timeout: WriterStalledError)."""
+    threads = 4
+    turn = WriterTurn(tmp_path / "j.db")
+    inside = Gathering(threads, WriterTurn._file.__code__)
+    opened: list[Any] = []
+    real_open = os.open
+
+    def open_once_all_look(path: Any, *args: Any) -> int:
+        opened.append(path)
+        inside.wait()  # every thread has looked whether the file is open
+        return real_open(path, *args)
+
+    class _Os:
+        open = staticmethod(open_once_all_look)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+    monkeypatch.setattr(_turn, "os", _Os())
+
+    def take_and_release() -> bool:
+        inside.join()
+        if not turn.try_take():
+            return False
+        turn.release()
+        return True
+
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(take_and_release) for _ in range(threads)]
+        took = [f.result(timeout=60) for f in futures]
+    monkeypatch.undo()
+    assert opened == [turn.path]  # one open file for the process (before: one per thread)
+    assert any(took)
+    fd = os.open(turn.path, os.O_RDWR)  # another process: the turn is free again
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    turn.close()
