@@ -21,6 +21,7 @@ from charter.audit.bundle import (
     LeafStream,
     Progress,
     entry_line,
+    entry_lines,
     lineages_in,
     mentions,
 )
@@ -112,20 +113,44 @@ def export_bundle(
         keys=log.history().up_to(cp.size).to_json(),
         checkpoint=note.render(),
     )
+    try:
+        _write_leaves(journal, writer, cp, last, whole, context, selects, progress)
+    finally:
+        writer.close()
+    writer.seal(signer)
+    return ExportReport(writer.entries, writer.context, writer.gaps, cp.size, writer.bytes)
+
+
+def _write_leaves(
+    journal: Journal,
+    writer: BundleWriter,
+    cp: Checkpoint,
+    last: int | None,
+    whole: bool,
+    context: set[int],
+    selects: Callable[[int, Any], bool],
+    progress: Progress | None,
+) -> None:
+    """Every leaf of the checkpoint's tree to ``writer``, each written or omitted; the
+    tree they rebuild checked against the checkpoint."""
     stream = LeafStream(writer)
     conv = journal.originator_bytes
     for batch in journal.batches(None, last) if cp.size else ():
+        if whole:  # every entry's line, in one loop per batch
+            lines, leaves = entry_lines(batch, conv, stream.leaf)
+            stream.write_block(lines, leaves)
+            if progress is not None:
+                progress(stream.leaf, cp.size)
+            continue
         for position, oid, version, topic, stored, link, chained in batch:
             state = bytes(stored)
             originator = conv(oid)
             prev = bytes(link)
             frame = entry_frame(prev, position, originator, version, topic.encode(), state)
-            is_context = False
-            if not whole:
-                is_context = not selects(position, orjson.loads(state)["payload"])
-                if is_context and position not in context and not topic.startswith(ROTATION_TOPIC):
-                    stream.omit(frame)
-                    continue
+            is_context = not selects(position, orjson.loads(state)["payload"])
+            if is_context and position not in context and not topic.startswith(ROTATION_TOPIC):
+                stream.omit(frame)
+                continue
             line = entry_line(
                 position=position,
                 originator=originator,
@@ -147,8 +172,6 @@ def export_bundle(
         )
     if not writer.entries:
         raise NotInTreeError("the selection has no entries in the checkpoint's tree")
-    writer.seal(signer)
-    return ExportReport(writer.entries, writer.context, writer.gaps, cp.size, writer.bytes)
 
 
 def _checkpoint(

@@ -243,8 +243,10 @@ class MerkleLog:
         """Catch up, then keep following until ``until()``; with ``key``, publish a
         checkpoint whenever the tree grew and ``publish_every_s`` has passed since the
         last one (so a commit is covered by a checkpoint within that bound). ``poll_s``
-        batches: many commits go into one tree transaction, so the follower takes the
-        journal's write lock (SQLite) a few times a second, not once per commit."""
+        batches: the follower sleeps ``poll_s`` after every look at the head, caught up
+        or not, so the commits of that time go into one tree transaction and it takes the
+        journal's write lock (SQLite) at most once a ``poll_s``, not once per commit
+        (catching up as soon as the head moved would, under a stream of commits)."""
         size = self.catch_up()
         published = -1
         last = 0.0
@@ -257,8 +259,7 @@ class MerkleLog:
             head = self.journal.head()
             if head is not None and head[0] > self.tracked():
                 size = self.catch_up()
-            else:
-                time.sleep(poll_s)
+            time.sleep(poll_s)
 
     # -- reading ---------------------------------------------------------------------
 

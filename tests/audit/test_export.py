@@ -410,3 +410,19 @@ def test_a_whole_bundle_relabelled_to_skip_its_audit_fails(history: tuple) -> No
     # and a whole bundle that lost an entry (with the right gap) fails at its selection
     whole = _lines(_hidden(lines, lines[5]["position"]))
     _fails_at(_join(whole), key, "selection")
+
+
+def test_a_write_that_fails_fails_the_export(history: tuple) -> None:
+    """The bundle is written in a thread of its own: what the file's write raises is
+    raised by the export, not lost in that thread."""
+    url, home, _, _ = history
+
+    class Full(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            raise OSError(28, "No space left on device")
+
+    with Journal.open(url) as j, pytest.raises(OSError, match="No space left"):
+        export_bundle(j, KeyStore(home).load("journal"), Full())  # type: ignore[arg-type]

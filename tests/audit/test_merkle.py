@@ -210,3 +210,23 @@ def test_a_proof_reads_only_logarithmically_many_stored_nodes() -> None:
     assert len(keys) <= 2 * size.bit_length()
     keys = merkle.needed_nodes(lambda get: merkle.tree_root(get, size))
     assert keys == merkle.frontier_keys(size)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pushing_leaves_a_batch_at_a_time_builds_the_reference_tree(seed: int) -> None:
+    """``push_leaves`` (the exporter's and the verifier's batches, cut anywhere) gives
+    the root of RFC 6962's recursive definition, as pushing leaf by leaf does."""
+    rng = random.Random(seed)
+    leaves = [rng.randbytes(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 700))]
+    hashes = [rfc6962.leaf(x) for x in leaves]
+    batched, one_by_one = merkle.CompactRange(), merkle.CompactRange()
+    i = 0
+    while i < len(hashes):
+        n = rng.choice([0, 1, 2, 3, 7, 64, 255, 256, 300])
+        batched.push_leaves(hashes[i : i + n])
+        i += n
+    for digest in hashes:
+        one_by_one.push(0, digest)
+    expected = rfc6962.Naive(hashes).mth(0, len(hashes))
+    assert batched.size == one_by_one.size == len(leaves)
+    assert batched.root() == one_by_one.root() == expected
