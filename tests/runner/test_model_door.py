@@ -27,6 +27,8 @@ from charter.runner.events import (
     WorkerResult,
 )
 from charter.runner.model import ModelEndpoint, configure_endpoint, load_endpoint
+from charter.supervision.events import QuarantineVerdict
+from charter.supervision.honeytokens import CREDENTIAL_DIR
 from tests.invariants import (
     check_history,
     check_journal_allowance,
@@ -79,13 +81,16 @@ for c in calls:
     conn.close()
 env = " ".join(f"{k}={v}" for k, v in os.environ.items())
 files = ""
-for root, _, names in os.walk("/workspace"):
+for root, dirs, names in os.walk("/workspace"):
+    # Not the decoy credential Charter plants (docs/door.md: nothing there is the
+    # worker's to read): reading it is a canary touch, and the worker is quarantined.
+    dirs[:] = [d for d in dirs if d != CREDENTIAL_DIR]
     for n in names:
         with open(os.path.join(root, n), "rb") as f:
             files += f.read().decode("latin-1")
 out.append({"key_seen": API_KEY in env or API_KEY in files})
 charter_door.Door().result(json.dumps(out))
-""".replace("API_KEY", repr(API_KEY))
+""".replace("API_KEY", repr(API_KEY)).replace("CREDENTIAL_DIR", repr(CREDENTIAL_DIR))
 )
 
 
@@ -151,6 +156,7 @@ def clean(charter: Charter) -> None:
     for check in (check_history, check_workers, check_settled, check_journal_allowance):
         assert check(history).problems == [], check.__name__
     assert check_model_calls(history).problems == []
+    assert not of_type(charter, QuarantineVerdict)  # no worker here touched a canary
 
 
 def test_tokens_charged_are_the_servers_usage_streamed_and_not(
@@ -229,6 +235,8 @@ def test_a_spent_lease_is_refused_and_a_stream_is_cut_at_the_cap(
         with running(model_cell(charter, state_dir, ModelEndpoint(url, API_KEY))) as cell:
             until_idle(cell)
         out = results(charter)
+        ends = {e.lineage: (e.outcome, e.reason) for e in of_type(charter, WorkerEnded)}
+        assert spent in out, ends  # how it ended instead, when it gave no result
         assert [(o["status"], o["code"]) for o in out[spent][:3]] == [(429, "model-tokens")] * 3
         refused = of_type(charter, ModelCallRefused)
         assert [(r.lineage, r.reason, r.left) for r in refused] == [(spent, "model-tokens", 0)]
