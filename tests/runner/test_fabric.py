@@ -27,7 +27,7 @@ from charter.runner._logs import log_dir
 from charter.runner.events import CellStarted, WorkerEnded, WorkerStarted
 from tests.invariants import check_history, check_settled, check_workers, journal_history
 from tests.runner._support import cli_env
-from tests.runner.programs import PRELUDE, PY
+from tests.runner.programs import PRELUDE, PY, WORKED
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.postgres]
 
@@ -47,17 +47,17 @@ LEAF_COST = {"wall_ms": 600_000, "cpu_ms": 20_000, "mem_bytes": 64 << 20, "egres
 # that echo their number, waits for them all, and answers with how each ended.
 FANNER = (
     PRELUDE
+    + WORKED
     + f"""
 print("ran", flush=True)
 width = int(sys.argv[1])
 cost = {{k: v * width for k, v in {LEAF_COST!r}.items()}}
-door = charter_door.Door()
-kids = door.spawn({{"width": width, "objective": "echo numbers",
+kids = worked(lambda d: d.spawn({{"width": width, "objective": "echo numbers",
                    "estimated_cost": {{"tokens": 10_000 * width, **cost}}}},
                   [{{"argv": ["/bin/sh", "-c", "echo ran; sleep 1"]}}
-                   for i in range(width)])["children"]
-answers = door.wait(kids, 150)["children"]
-door.result(json.dumps(sorted(answers[k]["status"] for k in kids)))
+                   for i in range(width)]))["children"]
+answers = worked(lambda d: d.wait(kids, 150))["children"]
+worked(lambda d: d.result(json.dumps(sorted(answers[k]["status"] for k in kids))))
 """
 )
 
