@@ -3,15 +3,15 @@ and the single place where Charter errors become exit codes."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard, TypeVar
 
 import click
+
+from charter.cli._help import EXIT_BROKEN_PIPE, silence_stdout
 
 if TYPE_CHECKING:  # imported when a command runs: `charter --help` loads no pydantic
     from pydantic import BaseModel, ValidationError
@@ -39,7 +39,6 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_TAMPERED = 3
 EXIT_REFUSED = 4
-EXIT_BROKEN_PIPE = 141
 
 
 class AsciiIntRange(click.IntRange):
@@ -55,9 +54,9 @@ class AsciiIntRange(click.IntRange):
         return super().convert(value, param, ctx)
 
 
-@dataclass(frozen=True)
-class Ctx:
-    """Global options, available to every command as ``ctx.obj``."""
+class Ctx(NamedTuple):
+    """Global options, available to every command as ``ctx.obj`` (a named tuple, not a
+    dataclass: ``dataclasses`` would be imported by every help and completion)."""
 
     db: str | None
     as_json: bool
@@ -66,6 +65,8 @@ class Ctx:
     def emit(self, data: Any, text: str | Callable[[], None]) -> None:
         """Write the result: JSON on stdout with --json, else the human rendering."""
         if self.as_json:
+            import json  # not on the path of a help or completion
+
             click.echo(json.dumps(data, sort_keys=True, default=str))
         elif callable(text):
             text()
@@ -249,7 +250,5 @@ def stdout_closed() -> click.exceptions.Exit:
     quietly with 141 (128 + SIGPIPE), what a shell reports for a command ended by the
     closed pipe. stdout is pointed at /dev/null first, so that the interpreter's own
     flush at exit does not complain on stderr."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    silence_stdout()
     return click.exceptions.Exit(EXIT_BROKEN_PIPE)

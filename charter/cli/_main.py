@@ -75,8 +75,9 @@ _index_current: list[bool] = []  # once a process: is the index the sources'?
 def _stand_in(name: str) -> click.Command | None:
     """The stand-in of ``name``, or None when the index is not of these sources."""
     if name not in _stand_ins:
+        from charter.cli._help import sources_digest
         from charter.cli._index import INDEX, SOURCES
-        from charter.cli._lazy import sources_digest, stand_in
+        from charter.cli._lazy import stand_in
 
         if not _index_current:
             _index_current.append(sources_digest() == SOURCES)

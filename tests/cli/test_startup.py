@@ -17,8 +17,10 @@ from pathlib import Path
 import click
 import pytest
 
+from charter.cli._help import sources_digest
+from charter.cli._helps import HELPS
 from charter.cli._index import INDEX
-from charter.cli._lazy import describe, index_source, sources_digest, stand_in
+from charter.cli._lazy import describe, helps_source, index_source, recorded_helps, stand_in
 from charter.cli._main import cli, real_commands
 from tests.cli._run import ROOT, charter
 
@@ -39,7 +41,9 @@ with open({report!r}, "w") as f:
 """
 
 
-def _imported(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> list[str]:
+def _imported(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, heavy: tuple[str, ...] = HEAVY
+) -> list[str]:
     report = tmp_path / "modules.json"
     subprocess.run(
         [sys.executable, "-c", _PROBE.format(report=str(report)), *args],
@@ -47,7 +51,7 @@ def _imported(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )  # fmt: skip
     modules: list[str] = json.loads(report.read_text())
-    return [m for m in modules if m.split(".")[0] in HEAVY or m.startswith(HEAVY)]
+    return [m for m in modules if m.split(".")[0] in heavy or m.startswith(heavy)]
 
 
 def _paths(spec: dict, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:  # type: ignore[type-arg]
@@ -66,7 +70,9 @@ def test_the_index_is_the_commands_shape() -> None:
 
 
 def _help(root: click.Command, path: tuple[str, ...]) -> str:
-    ctx = click.Context(root, info_name="charter", terminal_width=100)
+    # the root's help options, as under `charter`: click keeps a command's help option
+    # once made, and later tests print the real commands' help through the root
+    ctx = click.Context(root, info_name="charter", terminal_width=100, **cli.context_settings)
     command: click.Command = root
     for name in path:
         assert isinstance(command, click.Group)
@@ -253,3 +259,122 @@ def test_an_index_of_other_sources_is_not_used(monkeypatch: pytest.MonkeyPatch) 
     assert root._stand_in("tree") is None
     ctx = click.Context(cli, resilient_parsing=True)  # completion: stand-ins wanted
     assert root.cli.get_command(ctx, "tree") is real_commands()["tree"]
+
+
+# -- help texts printed without click (charter/cli/_help.py) --------------------------
+
+
+def test_the_recorded_help_texts_are_current() -> None:
+    helps = recorded_helps(cli, INDEX)
+    assert {tuple(names) for names, _ in helps.values()} == {("--help", "-h")}  # control
+    assert helps_source(helps, sources_digest()) == (ROOT / "charter/cli/_helps.py").read_text()
+
+
+# Prints, through click (the record and the index taken for stale: the real commands),
+# every help text the record holds, as JSON: path -> option -> what was printed.
+_CLICKS_HELP = """
+import contextlib, io, json, sys
+import charter.cli._helps as helps, charter.cli._index as index
+sys.argv[0] = "charter"
+recorded, helps.SOURCES, index.SOURCES = helps.HELPS, "stale", "stale"
+from charter.cli import main
+printed = {}
+for path, (names, _) in recorded.items():
+    for option in names:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            try:
+                main([*path.split(), option])
+            except SystemExit as e:
+                assert e.code in (0, None), (path, e.code)
+        printed.setdefault(path, {})[option] = out.getvalue()
+print(json.dumps(printed))
+"""
+
+
+def test_every_recorded_help_is_what_the_real_command_prints() -> None:
+    """In a process of its own, stdout no terminal and no COLUMNS, as a pipeline runs it."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CLICKS_HELP],
+        check=True, capture_output=True, text=True, cwd=ROOT, timeout=120,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    printed = json.loads(done.stdout)
+    assert set(printed) == set(HELPS) == {"", *(" ".join(p) for p in PATHS)}
+    for path, (names, text) in HELPS.items():
+        assert printed[path] == dict.fromkeys(names, text + "\n"), path
+        assert f"Usage: charter {path}".rstrip() in text  # control: this one's help text
+
+
+def _charter(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``charter ARGS`` named as the installed entry point names it."""
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; sys.argv[0] = 'charter'; "
+         "from charter.cli import main; main()", *args],
+        check=False, capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args", [("--help",), ("tree", "--help"), ("journal", "show", "-h")], ids=" ".join
+)
+def test_a_recorded_help_imports_no_click(tmp_path: Path, args: tuple[str, ...]) -> None:
+    assert _imported(tmp_path, *args, heavy=("click",)) == []
+    assert _imported(tmp_path, *args, "--json", heavy=("click",))  # control: not recorded
+    done = _charter(*args)
+    assert done.returncode == 0
+    assert done.stdout == HELPS[" ".join(args[:-1])][1] + "\n"
+    assert done.stderr == ""
+
+
+def test_a_narrow_terminal_gets_clicks_own_wrapping(tmp_path: Path) -> None:
+    narrow = _charter("tree", "--help", env={"COLUMNS": "60"})
+    assert narrow.returncode == 0
+    assert narrow.stdout.startswith("Usage: charter tree ")
+    assert narrow.stdout != HELPS["tree"][1] + "\n"
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 58
+    assert _imported(tmp_path, "tree", "--help", env={"COLUMNS": "60"}, heavy=("click",))
+
+
+def test_python_dash_m_is_named_as_click_names_it() -> None:
+    done = charter("tree", "--help", env={"COLUMNS": "80"})
+    assert done.returncode == 0
+    assert done.stdout.startswith("Usage: python -m charter tree ")
+
+
+def test_recorded_help_texts_of_other_sources_are_not_used(tmp_path: Path) -> None:
+    """After a merge that changed a command but not the record: click prints it."""
+    report = tmp_path / "modules.json"
+    probe = (
+        "import json, sys; import charter.cli._helps as helps; helps.SOURCES = {stale!r}; "
+        + _PROBE.split("\n", 2)[2]
+    )
+    for stale, uses_click in ((None, False), ("0" * 64, True)):  # control: current
+        script = probe.format(stale=stale, report=str(report))
+        if stale is None:
+            script = script.replace("helps.SOURCES = None; ", "")
+        done = subprocess.run(
+            [sys.executable, "-c", script, "tree", "--help"],
+            check=True, capture_output=True, text=True, cwd=ROOT, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert done.stdout == HELPS["tree"][1] + "\n"
+        assert ("click" in json.loads(report.read_text())) is uses_click
+
+
+def test_a_recorded_help_into_a_closed_pipe_exits_141_quietly() -> None:
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys; sys.argv[0] = 'charter'; "
+             "from charter.cli import main; main()", "tree", "--help"],
+            stdout=write, stderr=subprocess.PIPE, check=False, cwd=ROOT, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 141
+    assert done.stderr == b""
