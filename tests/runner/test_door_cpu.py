@@ -73,6 +73,16 @@ def _ends(entries: list[Any]) -> dict[str, Any]:
     return {e.event.lineage: e.event for e in entries if isinstance(e.event, WorkerEnded)}
 
 
+def _run(charter: Any, state_dir: Path) -> tuple[Door, list[Any]]:
+    """A cell with a door run until idle: its door, and the journal's entries."""
+    cell = make_cell(charter, None, state_dir, door=True)
+    door = cell.key_broker
+    assert isinstance(door, Door)
+    with running(cell):
+        until_idle(cell, 240)
+    return door, list(charter.journal.entries())
+
+
 def _cpu_s(entries: list[Any], lineage: str) -> float:
     """The worker's own CPU, as its sandbox's cgroup counted it at its exit."""
     (sandbox_id,) = (
@@ -96,12 +106,7 @@ def test_a_flood_is_refused_past_its_cpu_allowance_and_an_honest_worker_is_not(
     with initialise(journal_url, tmp_path / "home", processing=2) as charter:
         result = fan_out(charter, 2, python(FLOOD, kind), python(HONEST))
         flooder, honest = (str(c.lineage) for c in result.children)
-        cell = make_cell(charter, None, state_dir, door=True)
-        door = cell.key_broker
-        assert isinstance(door, Door)
-        with running(cell):
-            until_idle(cell, 240)
-        entries = list(charter.journal.entries())
+        door, entries = _run(charter, state_dir)
         ends = _ends(entries)
         out = json.loads(ends[flooder].reason.removeprefix("stderr: "))
         # Refused by name and code, on its connection and on a new one.
@@ -163,12 +168,7 @@ def test_a_worker_past_its_cpu_allowance_still_gives_its_one_result(
     with initialise(journal_url, tmp_path / "home", processing=2) as charter:
         result = fan_out(charter, 1, python(OVER_THEN_RESULT))
         (worker,) = (str(c.lineage) for c in result.children)
-        cell = make_cell(charter, None, state_dir, door=True)
-        door = cell.key_broker
-        assert isinstance(door, Door)
-        with running(cell):
-            until_idle(cell, 240)
-        entries = list(charter.journal.entries())
+        door, entries = _run(charter, state_dir)
         out = json.loads(_ends(entries)[worker].reason.removeprefix("stderr: "))
         over = [OVER_CPU, "control-plane-cpu"]
         assert out["signed"] >= 1
