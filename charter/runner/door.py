@@ -87,7 +87,8 @@ MAX_BATCH = 64  # requests in one batch (each counts against MAX_REQUESTS)
 # The door's CPU serving one worker is kept within CPU_MULTIPLE × the worker's own CPU
 # (its sandbox's cgroup) + CPU_BASE_S; past it a frame is refused unserved (-32002) and
 # the connection closed (so refusals are paced by the connection rate). The base lets a
-# worker that has barely started make its first requests.
+# worker that has barely started make its first requests. A worker's one result is
+# still served past it (``Door._result_past``: one frame parsed per worker at most).
 CPU_MULTIPLE = 0.25
 CPU_BASE_S = 0.1
 _SERVED_KEPT = 1024
@@ -353,6 +354,7 @@ class Door(KeyBroker):
         self._closed = False
         self._counts: dict[_Holder, int] = {}  # requests so far, per holder
         self._served: dict[_Holder, float] = {}  # door thread CPU (s) spent, per holder
+        self._result_tried: set[_Holder] = set()  # parsed past the CPU allowance once
         # What ended workers cost the door, by lineage (the last _SERVED_KEPT of them).
         self.served_history: OrderedDict[str, float] = OrderedDict()
         self._waiting = threading.local()  # per thread: CPU spent only waiting (s)
@@ -441,6 +443,7 @@ class Door(KeyBroker):
             with self._count_lock:  # after the drain: its threads have stopped adding
                 for holder in [h for h in self._served if h[0] == sandbox_id]:
                     self.served_history[holder[1]] = self._served.pop(holder)
+                self._result_tried = {h for h in self._result_tried if h[0] != sandbox_id}
                 while len(self.served_history) > _SERVED_KEPT:
                     self.served_history.popitem(last=False)
 
@@ -559,6 +562,26 @@ class Door(KeyBroker):
             return True
         return served <= CPU_BASE_S + CPU_MULTIPLE * self.sandbox_cpu_s(uid)
 
+    def _result_past(self, line: bytes, holder: _Holder) -> dict[str, Any] | None:
+        """The frame past ``holder``'s CPU allowance, loaded, where it is the one a worker
+        may still send: a single ``result`` request (served, then refused as any second
+        result is). Only the first frame past the allowance that names ``"result"`` is
+        parsed, once per worker, whatever it turns out to be; None otherwise (refused
+        unparsed)."""
+        if b'"result"' not in line:
+            return None
+        with self._count_lock:
+            if holder in self._result_tried:
+                return None
+            self._result_tried.add(holder)
+        try:
+            loaded = _load(line)
+        except _RpcError:
+            return None
+        if isinstance(loaded, dict) and loaded.get("method") == "result":
+            return loaded
+        return None
+
     def _answer_frame(self, conn: socket.socket, reader: Any, uid: int, holder: _Holder) -> bool:
         line = reader.readline(MAX_FRAME + 1)
         if not line:
@@ -571,7 +594,11 @@ class Door(KeyBroker):
             left = WorkerGoneError("the worker this connection served has ended")
             conn.sendall(_reply(None, error=_refusal(left)))
             return False
-        if not self._within_cpu(uid, holder):  # not parsed, not served: reconnect later
+        exempt = None  # past the allowance, a worker's one result is still served
+        if (
+            not self._within_cpu(uid, holder)
+            and (exempt := self._result_past(line, holder)) is None
+        ):
             over = ControlPlaneCpuError(
                 f"the door has spent more than {CPU_MULTIPLE} x this worker's own CPU "
                 f"+ {CPU_BASE_S} s serving it; retry once it has worked more"
@@ -581,7 +608,7 @@ class Door(KeyBroker):
             )
             return False
         try:
-            loaded = _load(line)
+            loaded = _load(line) if exempt is None else exempt
         except _RpcError as e:
             loaded, reply = None, _reply(None, error=e)
         else:

@@ -1,7 +1,7 @@
 """The door's CPU serving a worker stays within CPU_MULTIPLE × the worker's own CPU +
 CPU_BASE_S (docs/door.md): a sign flood and a result flood from real sandboxes are
 refused with -32002 (``control-plane-cpu``) once past it, beside an honest worker that
-signs and answers within it, never refused."""
+signs and answers within it, never refused; a worker past it still gives its one result."""
 
 from __future__ import annotations
 
@@ -73,6 +73,16 @@ def _ends(entries: list[Any]) -> dict[str, Any]:
     return {e.event.lineage: e.event for e in entries if isinstance(e.event, WorkerEnded)}
 
 
+def _run(charter: Any, state_dir: Path) -> tuple[Door, list[Any]]:
+    """A cell with a door run until idle: its door, and the journal's entries."""
+    cell = make_cell(charter, None, state_dir, door=True)
+    door = cell.key_broker
+    assert isinstance(door, Door)
+    with running(cell):
+        until_idle(cell, 240)
+    return door, list(charter.journal.entries())
+
+
 def _cpu_s(entries: list[Any], lineage: str) -> float:
     """The worker's own CPU, as its sandbox's cgroup counted it at its exit."""
     (sandbox_id,) = (
@@ -96,12 +106,7 @@ def test_a_flood_is_refused_past_its_cpu_allowance_and_an_honest_worker_is_not(
     with initialise(journal_url, tmp_path / "home", processing=2) as charter:
         result = fan_out(charter, 2, python(FLOOD, kind), python(HONEST))
         flooder, honest = (str(c.lineage) for c in result.children)
-        cell = make_cell(charter, None, state_dir, door=True)
-        door = cell.key_broker
-        assert isinstance(door, Door)
-        with running(cell):
-            until_idle(cell, 240)
-        entries = list(charter.journal.entries())
+        door, entries = _run(charter, state_dir)
         ends = _ends(entries)
         out = json.loads(ends[flooder].reason.removeprefix("stderr: "))
         # Refused by name and code, on its connection and on a new one.
@@ -124,3 +129,64 @@ def test_a_flood_is_refused_past_its_cpu_allowance_and_an_honest_worker_is_not(
         )
         assert answer.text == "signed 40"
         assert door.served_history[honest] <= CPU_MULTIPLE * _cpu_s(entries, honest) + CPU_BASE_S
+
+
+# Signs until refused past its allowance, then answers: its one result is served past
+# the allowance; a second result and another signature are refused. Reports each.
+OVER_THEN_RESULT = (
+    PRELUDE
+    + """
+def reason(call):
+    try:
+        call(charter_door.Door())
+        return "ok"
+    except charter_door.DoorError as e:
+        return [e.code, (e.data or {}).get("reason")]
+door, signed = charter_door.Door(), 0
+for _ in range(9_000):
+    try:
+        door.sign("flood/v1", b"m" * 65_536)
+        signed += 1
+    except charter_door.DoorError as e:
+        if (e.data or {}).get("reason") == "control-plane-cpu":
+            break
+over = reason(lambda d: d.sign("flood/v1", b"m"))  # still over: refused
+first = reason(lambda d: d.result("the answer " + "r" * 60_000))
+second = reason(lambda d: d.result("another answer"))
+after = reason(lambda d: d.sign("flood/v1", b"m"))
+out = {"signed": signed, "over": over, "first": first, "second": second, "after": after}
+sys.stderr.write(json.dumps(out, sort_keys=True))
+sys.exit(3)
+"""
+)
+
+
+@pytest.mark.sandbox
+def test_a_worker_past_its_cpu_allowance_still_gives_its_one_result(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    with initialise(journal_url, tmp_path / "home", processing=2) as charter:
+        result = fan_out(charter, 1, python(OVER_THEN_RESULT))
+        (worker,) = (str(c.lineage) for c in result.children)
+        door, entries = _run(charter, state_dir)
+        out = json.loads(_ends(entries)[worker].reason.removeprefix("stderr: "))
+        over = [OVER_CPU, "control-plane-cpu"]
+        assert out["signed"] >= 1
+        # The positive controls: past the allowance, other methods are refused, before
+        # the result and after it.
+        assert out["over"] == over
+        assert out["after"] == over
+        # Its first result is served; a second one is not (refused unparsed: the one
+        # frame past the allowance a worker may send is spent).
+        assert out["first"] == "ok"
+        assert out["second"] == over
+        (answer,) = (
+            e.event
+            for e in entries
+            if isinstance(e.event, WorkerResult) and e.event.lineage == worker
+        )
+        assert answer.text == "the answer " + "r" * 60_000
+        # The door's CPU for it: the allowance, plus the frames past it (the one parsed
+        # and served, and the refused ones, read but not parsed).
+        served, own = door.served_history[worker], _cpu_s(entries, worker)
+        assert served <= CPU_BASE_S + CPU_MULTIPLE * own + 0.1, (served, own)
