@@ -40,6 +40,7 @@ from charter.core.budget import (
     Vec,
     budget_of,
     vec_add,
+    vec_min,
     vec_of,
     vec_sat_sub,
     vec_sub,
@@ -701,25 +702,34 @@ class LeaseBook:
         )
 
     def decide_usage(
-        self, lineage: str, amount: Budget, at_ms: int, settled_ms: int | None = None
+        self,
+        lineage: str,
+        amount: Budget,
+        at_ms: int,
+        settled_ms: int | None = None,
+        *,
+        available: Budget | None = None,
     ) -> UsageRecorded:
-        """Charge ``amount``, clamped to what the lease still holds."""
+        """Charge ``amount``, clamped to what the lease still holds (``available``: its
+        :meth:`remaining` at ``at_ms`` and ``settled_ms``, when the caller has it)."""
         ledger = self.get(lineage)
         if not ledger.active(at_ms):
             raise LeaseEndedError(
                 f"{shown(lineage)}'s lease has ended; record usage before releasing it"
             )
-        available = self.remaining(lineage, at_ms, settled_ms)
-        charged = amount.minimum(available)
-        left = available.saturating_sub(charged)
-        exhausted = (
-            any(getattr(left, a) == 0 and getattr(ledger.allocation, a) > 0 for a in Budget.AXES)
-            or amount != charged
+        if available is None:
+            available = self.remaining(lineage, at_ms, settled_ms)
+        # On vectors (every result is in range: a minimum and differences floored at 0).
+        want, have = vec_of(amount), vec_of(available)
+        charged = vec_min(want, have)
+        allocation = vec_of(ledger.allocation)
+        exhausted = want != charged or any(
+            h - c == 0 and a > 0 for h, c, a in zip(have, charged, allocation, strict=True)
         )
         return UsageRecorded(
             lineage=lineage,
-            amount=charged,
-            refused=amount.saturating_sub(charged),
+            amount=budget_of(charged),
+            refused=budget_of(vec_sub(want, charged)),
             exhausted=exhausted,
         )
 

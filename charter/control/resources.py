@@ -289,10 +289,17 @@ class BudgetService:
     def _usage(self, lineage: str, amount: Budget) -> Callable[[int], UsageRecorded]:
         def decide(now: int) -> UsageRecorded:
             book = self.view.book
-            if not amount.fits_within(book.remaining(lineage, now, self.view.settled_ms)):
-                # Clamped otherwise: recent expiries of its children may hold some back.
+            available = book.remaining(lineage, now, self.view.settled_ms)
+            fits = amount.fits_within(available)
+            if not fits:  # clamped otherwise: recent expiries of its children may hold some back
                 settle(self.journal, self.shared, lineage, now)
-            return book.decide_usage(lineage, amount, now, settled_ms=self.view.settled_ms)
+            return book.decide_usage(
+                lineage,
+                amount,
+                now,
+                settled_ms=self.view.settled_ms,
+                available=available if fits else None,  # else read again, once settled
+            )
 
         return decide
 

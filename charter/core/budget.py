@@ -170,11 +170,32 @@ def vec_of(b: Budget) -> Vec:
     return (b.tokens, b.wall_ms, b.cpu_ms, b.mem_bytes, b.egress_bytes)
 
 
+# What ``Budget.model_construct`` sets, set directly (it walks every field's aliases and
+# defaults first: ~3x the cost, on the folds' hottest path). Checked below, at import:
+# a Budget with a post-init hook, private attributes or other fields would need more.
+_new, _set = object.__new__, object.__setattr__
+if (
+    tuple(Budget.model_fields) != Budget.AXES
+    or Budget.__pydantic_post_init__
+    or Budget.__private_attributes__
+    or Budget.__pydantic_root_model__
+):  # pragma: no cover - a change to Budget that budget_of must follow
+    raise RuntimeError("budget_of builds Budgets field by field: update it with Budget")
+
+
 def budget_of(v: Vec) -> Budget:
-    """A Budget from a vector the folds computed (non-negative by construction)."""
-    return Budget.model_construct(
-        tokens=v[0], wall_ms=v[1], cpu_ms=v[2], mem_bytes=v[3], egress_bytes=v[4]
+    """A Budget from a vector the folds computed (non-negative by construction): what
+    ``Budget.model_construct`` builds, without its walk of the fields."""
+    b = _new(Budget)
+    _set(
+        b,
+        "__dict__",
+        {"tokens": v[0], "wall_ms": v[1], "cpu_ms": v[2], "mem_bytes": v[3], "egress_bytes": v[4]},
     )
+    _set(b, "__pydantic_fields_set__", {"tokens", "wall_ms", "cpu_ms", "mem_bytes", "egress_bytes"})
+    _set(b, "__pydantic_extra__", None)
+    _set(b, "__pydantic_private__", None)
+    return b
 
 
 def vec_add(a: Vec, b: Vec) -> Vec:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
+from pydantic import ValidationError
 
 from charter.core import Budget, BudgetSyntaxError
+from charter.core.budget import budget_of, vec_of
 
 
 def test_decimal_quantities_are_read_exactly() -> None:
@@ -20,3 +24,25 @@ def test_fractions_of_a_unit_are_refused(bad: str) -> None:
     text = ",".join([bad, *(f"{k}={v}" for k, v in rest.items() if k != axis)])
     with pytest.raises(BudgetSyntaxError, match="not a whole number"):
         Budget.parse(text)
+
+
+def test_a_budget_from_a_fold_vector_is_the_one_pydantic_constructs() -> None:
+    """``budget_of`` sets a Budget's state itself (the folds' hot path): it must be
+    what ``model_construct`` builds, attribute for attribute, and behave as one."""
+    v = (7, 0, 3, 2**63 - 1, 1)
+    made = budget_of(v)
+    model = Budget.model_construct(**dict(zip(Budget.AXES, v, strict=True)))
+    assert type(made) is Budget
+    assert made.__dict__ == model.__dict__
+    assert made.__pydantic_fields_set__ == model.__pydantic_fields_set__
+    assert made.__pydantic_extra__ is None
+    assert made.__pydantic_private__ is None
+    assert made == model
+    assert hash(made) == hash(model)
+    assert made.model_dump_json() == model.model_dump_json()
+    assert pickle.loads(pickle.dumps(made)) == made
+    assert vec_of(made) == v
+    with pytest.raises(ValidationError):  # frozen, as every Budget
+        made.tokens = 1  # type: ignore[misc]
+    made.__pydantic_fields_set__.add("x")  # a set of its own, as model_construct's
+    assert budget_of(v).__pydantic_fields_set__ == model.__pydantic_fields_set__
