@@ -136,14 +136,18 @@ class Books:
         for i, node in enumerate(path):
             s = node.subtree
             node.subtree = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
-            if not node.counted_live and node.parent is not None:  # ended: its charge
-                parent = path[i + 1]  # follows its subtree
-                new = charge(node.allocation, node.subtree, False)
-                parent.ended_charge = vec_add(
-                    vec_sub(parent.ended_charge, node.counted_charge), new
-                )
-                node.counted_charge = new
-                rebase(parent)
+            if not node.counted_live and node.parent is not None:
+                self.follow(path, i)
+
+    @staticmethod
+    def follow(path: tuple[Ledger, ...], i: int) -> None:
+        """``path[i]`` has ended and its subtree spend changed: its charge to its parent
+        (``path[i + 1]``) follows its subtree."""
+        node, parent = path[i], path[i + 1]
+        new = charge(node.allocation, node.subtree, False)
+        parent.ended_charge = vec_add(vec_sub(parent.ended_charge, node.counted_charge), new)
+        node.counted_charge = new
+        rebase(parent)
 
     def release(self, ledger: Ledger, t: int) -> None:
         stack = [ledger]

@@ -443,14 +443,17 @@ class _Auditor:
             if expiries and expiries[0][0] <= t:
                 self.books.settle(node, t)  # children that expired by t: their charge
             if node.over:
-                u, cap = self.books.used(node, t), node.allocation
-                over = [a for a, x, c in zip(_AXES, u, cap, strict=True) if x > c]
-                self.find(
-                    "conservation",
-                    node.lineage,
-                    f"{node.lineage} uses {dict(zip(_AXES, u, strict=True))} of its "
-                    f"allocation {dict(zip(_AXES, cap, strict=True))} ({', '.join(over)})",
-                )
+                self._over(node, t)
+
+    def _over(self, node: Ledger, t: int) -> None:
+        u, cap = self.books.used(node, t), node.allocation
+        over = [a for a, x, c in zip(_AXES, u, cap, strict=True) if x > c]
+        self.find(
+            "conservation",
+            node.lineage,
+            f"{node.lineage} uses {dict(zip(_AXES, u, strict=True))} of its "
+            f"allocation {dict(zip(_AXES, cap, strict=True))} ({', '.join(over)})",
+        )
 
     def ledger_opened(self, p: dict[str, Any]) -> None:
         lineage = str(p["lineage"])
@@ -519,10 +522,18 @@ class _Auditor:
                 )
 
     def usage(self, p: dict[str, Any], t: int) -> None:
-        lineage = str(p["lineage"])
+        """A usage (the hot path: 99.9 % of a busy journal). ``_vec``, ``Books.use`` and
+        ``_check_live_path`` inlined into one pass up the chain: each ledger's subtree
+        spend, an ended ledger's charge following it, then the ledger's expired children
+        settled and its over flag read (the same order of effects as using the whole
+        chain first and checking it after: a ledger's check reads only its own sums and
+        its children's, which the pass has already brought up to date)."""
+        lineage = p["lineage"]
+        if type(lineage) is not str:
+            lineage = str(lineage)
         amount = p["amount"]
         egress = amount["egress_bytes"]
-        if egress:  # the hot path: one dict update, and only for egress charged
+        if egress:  # one dict update, and only for egress charged
             self.egress[lineage] = self.egress.get(lineage, 0) + int(egress)
         ledger = self._ledgers.get(lineage)
         if ledger is None:
@@ -542,8 +553,25 @@ class _Auditor:
                 self.books.use(ledger, _vec(amount))
                 self._check_path(path, t)
                 return
-        self.books.use(ledger, _vec(amount))
-        self._check_live_path(path, t)
+        a0, a1, a2, a3, a4 = _axes_of(amount)
+        ints = type(a0) is int and type(a1) is int and type(a2) is int and type(a3) is int
+        if not (ints and type(a4) is int):  # _vec, inlined
+            a0, a1, a2, a3, a4 = int(a0), int(a1), int(a2), int(a3), int(a4)
+        s = ledger.spent
+        ledger.spent = s = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
+        h = ledger.headroom
+        ledger.over = s[0] > h[0] or s[1] > h[1] or s[2] > h[2] or s[3] > h[3] or s[4] > h[4]
+        books = self.books
+        for i, node in enumerate(path):
+            s = node.subtree
+            node.subtree = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
+            if not node.counted_live and node.parent is not None:
+                books.follow(path, i)
+            expiries = node.expiries
+            if expiries and expiries[0][0] <= t:
+                books.settle(node, t)  # children that expired by t: their charge
+            if node.over:
+                self._over(node, t)
 
     def released_lease(self, p: dict[str, Any], t: int) -> None:
         lineage = str(p["lineage"])
