@@ -248,6 +248,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ALLOWING = ("positive", "neutral")
 _ENDS = ("SandboxExited", "SandboxQuarantined", "SandboxDiscarded")
 _loads = orjson.loads
+_USAGE_TOPIC = "UsageRecorded/v1"  # the one topic of UsageRecorded in KNOWN_TOPICS
 
 
 class Finding(BaseModel):
@@ -1254,6 +1255,15 @@ class _Auditor:
             )
         else:
             self.last_at = t
+        if topic == _USAGE_TOPIC and self._must_kill is None:  # the hot path, undispatched
+            try:
+                self.usage(p, t)
+            except (KeyError, TypeError, ValueError) as e:
+                self.find(
+                    "entry-format", None, f"a UsageRecorded entry lacks what it must say: {e}"
+                )
+            self._prev = ("UsageRecorded", p, self._at_text)
+            return
         # A topic that is not a str (a tampered column) is no key of the table either.
         entry = self._dispatch.get(topic) if type(topic) is str else None
         if entry is None:
