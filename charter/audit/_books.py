@@ -14,6 +14,7 @@ journal.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from charter.budgets.formula import charge
@@ -123,10 +124,21 @@ class Books:
     def ancestors(self, ledger: Ledger) -> tuple[Ledger, ...]:
         return ledger.path[1:]
 
-    def use(self, ledger: Ledger, amount: Vec) -> None:
+    def use(
+        self,
+        ledger: Ledger,
+        amount: Vec,
+        t: int = 0,
+        over: Callable[[Ledger, int], None] | None = None,
+    ) -> None:
         """Charge ``amount`` to ``ledger``: its own spend and the subtree of it and each
         ancestor; an ended ledger's charge to its parent follows its subtree (the hot
-        path: one pass over the path, the vector sums inlined)."""
+        path: one pass over the path, the vector sums inlined). With ``over`` (a usage
+        whose whole chain is live at ``t``), the same pass also settles each ledger's
+        children expired by ``t`` and calls ``over(ledger, t)`` for each ledger then
+        over its allocation: the same effects, in the same order, as using the whole
+        chain first and checking it after, since a ledger's check reads only its own
+        sums and its children's, which the pass has already brought up to date."""
         a0, a1, a2, a3, a4 = amount
         s = ledger.spent
         ledger.spent = s = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
@@ -136,14 +148,24 @@ class Books:
         for i, node in enumerate(path):
             s = node.subtree
             node.subtree = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
-            if not node.counted_live and node.parent is not None:  # ended: its charge
-                parent = path[i + 1]  # follows its subtree
-                new = charge(node.allocation, node.subtree, False)
-                parent.ended_charge = vec_add(
-                    vec_sub(parent.ended_charge, node.counted_charge), new
-                )
-                node.counted_charge = new
-                rebase(parent)
+            if not node.counted_live and node.parent is not None:
+                self.follow(path, i)
+            if over is not None:
+                expiries = node.expiries
+                if expiries and expiries[0][0] <= t:
+                    self.settle(node, t)  # children that expired by t: their charge
+                if node.over:
+                    over(node, t)
+
+    @staticmethod
+    def follow(path: tuple[Ledger, ...], i: int) -> None:
+        """``path[i]`` has ended and its subtree spend changed: its charge to its parent
+        (``path[i + 1]``) follows its subtree."""
+        node, parent = path[i], path[i + 1]
+        new = charge(node.allocation, node.subtree, False)
+        parent.ended_charge = vec_add(vec_sub(parent.ended_charge, node.counted_charge), new)
+        node.counted_charge = new
+        rebase(parent)
 
     def release(self, ledger: Ledger, t: int) -> None:
         stack = [ledger]
