@@ -9,7 +9,9 @@ have read raises :class:`StreamsGrewError` to be decided again with that stream 
 If another writer moved one of them meanwhile, the journal refuses the append (nothing
 is written) and the decision is made again on the state now, at most :data:`RETRIES`
 times; after that the caller is told to retry. The views' lock is held
-from the read to the commit, so the process's own handlers never race each other.
+from the read to the commit, so the process's own handlers never race each other,
+unless a caller whose decision pins all it depends on asks for the commit to be made
+with it let go of (``commit_unlocked``).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def append_pinned(
     *,
     what: str,
     retry_on: tuple[type[Exception], ...] = (AppendConflictError,),
+    commit_unlocked: bool = False,
 ) -> tuple[Pinned, tuple[Committed, ...]] | None:
     """Read the versions of ``streams`` (or of those ``streams()`` names on the views
     as they stand, each attempt), then refresh the views, then decide, then append
@@ -83,7 +86,16 @@ def append_pinned(
     :class:`StreamsGrewError` to be decided again with the streams named anew. A
     commit refused with one of ``retry_on`` (a pinned stream moved, or the pinned head:
     HeadPinLostError is an AppendConflictError; for a fan-out, also a deadline that
-    passed) is decided again."""
+    passed) is decided again.
+
+    ``commit_unlocked``: the views' lock is let go of (this call's own hold of it)
+    while the decision commits, and taken again to fold it, so another thread's
+    decision and commit overlap this one's (group commit makes them one fsync). Only
+    for a decision whose every dependency is pinned: what another thread of the
+    process commits meanwhile is then refused by the journal exactly as another
+    process's would be, and the caller must not rely on the views standing still
+    between the decision and the return (the cell's start and end; see
+    docs/decisions-and-views.md)."""
     fixed = None if callable(streams) else list(streams)
     for _ in range(RETRIES):
         with shared.lock:
@@ -96,18 +108,35 @@ def append_pinned(
                 continue  # the views name a stream more: read it, then decide again
             if decision is None or not decision.events:
                 return None
-            try:
-                committed = journal.append(
-                    decision.events,
-                    expect=decision.expect,
-                    deadline_ms=decision.deadline_ms,
-                    batch=decision.batch,
-                    tracking=decision.tracking,
-                    expect_head=decision.expect_head,
-                    not_before_ms=decision.not_before_ms,
-                )
-            except retry_on:
-                continue
-            shared.applied(committed)
-            return decision, committed
+            if not commit_unlocked:
+                committed = _commit(journal, decision, retry_on)
+                if committed is None:
+                    continue
+                shared.applied(committed)
+                return decision, committed
+        committed = _commit(journal, decision, retry_on)  # the lock let go of meanwhile
+        if committed is None:
+            continue
+        with shared.lock:
+            shared.applied(committed)  # folded unless another commit came in between
+        return decision, committed
     raise AppendConflictError(f"{what} kept racing other writers ({RETRIES} tries); retry")
+
+
+def _commit(
+    journal: Journal, decision: Pinned, retry_on: tuple[type[Exception], ...]
+) -> tuple[Committed, ...] | None:
+    """Append ``decision`` pinned as it says; None when refused with one of
+    ``retry_on`` (decided again)."""
+    try:
+        return journal.append(
+            decision.events,
+            expect=decision.expect,
+            deadline_ms=decision.deadline_ms,
+            batch=decision.batch,
+            tracking=decision.tracking,
+            expect_head=decision.expect_head,
+            not_before_ms=decision.not_before_ms,
+        )
+    except retry_on:
+        return None

@@ -613,8 +613,9 @@ class Cell:
     # -- one worker --------------------------------------------------------------------
 
     def _start(self, w: WorkerRecord, position: int) -> int | None:
+        """Start ``w`` (admitted at ``position``): 1 if it started, 0 if not (ended or
+        refused), None when the journal did not take the start (read it again)."""
         driver = self._driver()
-        command = w.scheduled.command
         refused: Exception | None = None
         # One hold of the lock and one refresh for what the start is decided on: the
         # chain's versions first, then the views (so they cover all those versions do),
@@ -636,24 +637,42 @@ class Cell:
         if revoked:
             self._carry_out_kills()  # the revocation ends it, journaled, never started
             return 0
+        if refused is not None:
+            return self._not_started(w, refused)
         try:
-            if refused is not None:
-                raise refused
             slot = driver.lease(w.lineage, caps.egress, w.scheduled.grant_digest, caps.budget)
         except _NOT_STARTED as error:  # refused for this worker, never the cell's end
-            why = f"not started: {error}"
-            if not isinstance(error, LeaseSpentError | SandboxBudgetError):
-                why = f"not started: no sandbox ({type(error).__name__}): {error}"
-            self._end(w, "failed_to_start", None, why, discard=False)
-            return 0
+            return self._not_started(w, error)
         try:  # its key, and its canaries planted before its first instruction
             self.custody.issue(w.lineage, grant, slot.sandbox_id)
             planted = self._plant(w, slot)
         except CharterError as error:  # fail closed: no key or canary, no start; it ends
             driver.unstarted(w.lineage, slot)
-            self._end(w, "failed_to_start", None, f"no custody key or canaries: {error}",
-                      discard=False)  # fmt: skip
-            return 0
+            return self._not_started(w, error, f"no custody key or canaries: {error}")
+        return self._commit_start(w, position, chain, slot, planted)
+
+    def _not_started(self, w: WorkerRecord, error: Exception, why: str | None = None) -> int:
+        """End ``w`` ``failed_to_start`` for ``error`` (a refusal for this worker, never
+        the cell's end), with ``why`` or the refusal's own reason; none started."""
+        if why is None:
+            why = f"not started: {error}"
+            if not isinstance(error, LeaseSpentError | SandboxBudgetError):
+                why = f"not started: no sandbox ({type(error).__name__}): {error}"
+        self._end(w, "failed_to_start", None, why, discard=False)
+        return 0
+
+    def _commit_start(
+        self,
+        w: WorkerRecord,
+        position: int,
+        chain: dict[str, int],
+        slot: Slot,
+        planted: list[Event],
+    ) -> int | None:
+        """Journal ``w``'s start in ``slot`` (its lease's record, ``planted`` and the
+        start, pinned) and, once committed, drive it; as :meth:`_start` returns."""
+        driver = self._driver()
+        command = w.scheduled.command
         if slot.leased is None:  # the pool made it when it leased the slot
             raise CharterError(f"slot {slot.sandbox_id} was leased without its record")
         events: list[Event] = [
@@ -672,18 +691,19 @@ class Cell:
             ),
         ]
         try:
-            with self._lock:
-                # the schedule and nothing since; no revocation above it since; this
-                # incarnation still the newest (a superseded one never starts anything)
-                took = self.lifecycle.start(
-                    w.lineage,
-                    events,
-                    chain=chain,
-                    tracking=(self.tracking, position),
-                    version=w.version,
-                )
-                if took:
-                    driver.hold(w.lineage, slot)
+            # the schedule and nothing since; no revocation above it since; this
+            # incarnation still the newest (a superseded one never starts anything).
+            # Committed with the views' lock let go of: another worker's end commits
+            # meanwhile (one fsync for both); a kill or revocation committed first is
+            # refused by the pins, one committed after is held below.
+            took = self.lifecycle.start(
+                w.lineage,
+                events,
+                chain=chain,
+                tracking=(self.tracking, position),
+                version=w.version,
+            )
+            killed = self._hold(w.lineage, slot) if took else None
         except CellSupersededError:  # nothing starts; step fences this incarnation
             driver.unstarted(w.lineage, slot)
             raise
@@ -698,8 +718,29 @@ class Cell:
             driver.unstarted(w.lineage, slot)
             self._carry_out_kills()
             return 0
+        if killed is not None:  # killed once started, before its exec: it never runs
+            driver.forget(w.lineage)
+            driver.destroy(killed.lineage)
+            self._end(killed, "killed", None, killed.killed or "killed", discard=True)
+            return 1
         driver.drive(f"worker-{slot.sandbox_id}", lambda: self._drive(w, slot, command))
         return 1
+
+    def _hold(self, lineage: str, slot: Slot) -> WorkerRecord | None:
+        """Hold ``lineage``'s sandbox here once its start committed; its record if a
+        kill of it is in the views already (then it is not to run). The start commits
+        with the views' lock let go of, so a kill committed after it may have been
+        folded and carried out by another thread before the slot was held (a kill of a
+        sandbox not held here is not sent): the caller ends that worker, killed,
+        without its exec. A kill folded after this hold finds the sandbox held. Fenced
+        meanwhile (its ``kill_all`` may have run before the hold): nothing is held, and
+        :class:`CellSupersededError` is raised (the newer incarnation fails it)."""
+        with self._lock:
+            if self.fenced is not None:
+                raise self.fenced
+            self._driver().hold(lineage, slot)
+            w = self.view.workers.get(lineage)
+            return w if w is not None and w.killed is not None else None
 
     def _plant(self, w: WorkerRecord, slot: Slot) -> list[Event]:
         """The ``CanariesPlanted`` journaled with ``w``'s start (docs/supervision.md)."""
