@@ -16,6 +16,7 @@ with it let go of (``commit_unlocked``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,7 +99,8 @@ def append_pinned(
     docs/decisions-and-views.md)."""
     fixed = None if callable(streams) else list(streams)
     for _ in range(RETRIES):
-        with shared.lock:
+        with contextlib.ExitStack() as held:
+            held.enter_context(shared.lock)
             names = fixed if fixed is not None else list(streams())  # type: ignore[operator]
             versions = journal.stream_versions(names)  # one read for the chain
             shared.refresh(journal)  # after the versions: the views cover all they do
@@ -108,35 +110,21 @@ def append_pinned(
                 continue  # the views name a stream more: read it, then decide again
             if decision is None or not decision.events:
                 return None
-            if not commit_unlocked:
-                committed = _commit(journal, decision, retry_on)
-                if committed is None:
-                    continue
-                shared.applied(committed)
-                return decision, committed
-        committed = _commit(journal, decision, retry_on)  # the lock let go of meanwhile
-        if committed is None:
-            continue
-        with shared.lock:
-            shared.applied(committed)  # folded unless another commit came in between
-        return decision, committed
+            if commit_unlocked:
+                held.close()  # this call's hold of the lock, let go of for the commit
+            try:
+                committed = journal.append(
+                    decision.events,
+                    expect=decision.expect,
+                    deadline_ms=decision.deadline_ms,
+                    batch=decision.batch,
+                    tracking=decision.tracking,
+                    expect_head=decision.expect_head,
+                    not_before_ms=decision.not_before_ms,
+                )
+            except retry_on:
+                continue
+            with shared.lock:  # (taken again if let go of: folded unless another
+                shared.applied(committed)  # commit came in between; then read)
+            return decision, committed
     raise AppendConflictError(f"{what} kept racing other writers ({RETRIES} tries); retry")
-
-
-def _commit(
-    journal: Journal, decision: Pinned, retry_on: tuple[type[Exception], ...]
-) -> tuple[Committed, ...] | None:
-    """Append ``decision`` pinned as it says; None when refused with one of
-    ``retry_on`` (decided again)."""
-    try:
-        return journal.append(
-            decision.events,
-            expect=decision.expect,
-            deadline_ms=decision.deadline_ms,
-            batch=decision.batch,
-            tracking=decision.tracking,
-            expect_head=decision.expect_head,
-            not_before_ms=decision.not_before_ms,
-        )
-    except retry_on:
-        return None
