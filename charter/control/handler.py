@@ -9,14 +9,11 @@ have read raises :class:`StreamsGrewError` to be decided again with that stream 
 If another writer moved one of them meanwhile, the journal refuses the append (nothing
 is written) and the decision is made again on the state now, at most :data:`RETRIES`
 times; after that the caller is told to retry. The views' lock is held
-from the read to the commit, so the process's own handlers never race each other,
-unless a caller whose decision pins all it depends on asks for the commit to be made
-with it let go of (``commit_unlocked``).
+from the read to the commit, so the process's own handlers never race each other.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,7 +75,6 @@ def append_pinned(
     *,
     what: str,
     retry_on: tuple[type[Exception], ...] = (AppendConflictError,),
-    commit_unlocked: bool = False,
 ) -> tuple[Pinned, tuple[Committed, ...]] | None:
     """Read the versions of ``streams`` (or of those ``streams()`` names on the views
     as they stand, each attempt), then refresh the views, then decide, then append
@@ -87,20 +83,10 @@ def append_pinned(
     :class:`StreamsGrewError` to be decided again with the streams named anew. A
     commit refused with one of ``retry_on`` (a pinned stream moved, or the pinned head:
     HeadPinLostError is an AppendConflictError; for a fan-out, also a deadline that
-    passed) is decided again.
-
-    ``commit_unlocked``: the views' lock is let go of (this call's own hold of it)
-    while the decision commits, and taken again to fold it, so another thread's
-    decision and commit overlap this one's (group commit makes them one fsync). Only
-    for a decision whose every dependency is pinned: what another thread of the
-    process commits meanwhile is then refused by the journal exactly as another
-    process's would be, and the caller must not rely on the views standing still
-    between the decision and the return (the cell's start and end; see
-    docs/decisions-and-views.md)."""
+    passed) is decided again."""
     fixed = None if callable(streams) else list(streams)
     for _ in range(RETRIES):
-        with contextlib.ExitStack() as held:
-            held.enter_context(shared.lock)
+        with shared.lock:
             names = fixed if fixed is not None else list(streams())  # type: ignore[operator]
             versions = journal.stream_versions(names)  # one read for the chain
             shared.refresh(journal)  # after the versions: the views cover all they do
@@ -110,8 +96,6 @@ def append_pinned(
                 continue  # the views name a stream more: read it, then decide again
             if decision is None or not decision.events:
                 return None
-            if commit_unlocked:
-                held.close()  # this call's hold of the lock, let go of for the commit
             try:
                 committed = journal.append(
                     decision.events,
@@ -124,7 +108,6 @@ def append_pinned(
                 )
             except retry_on:
                 continue
-            with shared.lock:  # (taken again if let go of: folded unless another
-                shared.applied(committed)  # commit came in between; then read)
+            shared.applied(committed)
             return decision, committed
     raise AppendConflictError(f"{what} kept racing other writers ({RETRIES} tries); retry")

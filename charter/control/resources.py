@@ -297,12 +297,7 @@ class BudgetService:
         return decide
 
     def release(
-        self,
-        lineage: str,
-        then: Also | None = None,
-        *,
-        usage: Budget | None = None,
-        commit_unlocked: bool = False,
+        self, lineage: str, then: Also | None = None, *, usage: Budget | None = None
     ) -> LeaseReleased:
         """Return ``lineage``'s lease. ``then`` adds the caller's own events to the same
         append, decided on its own pinned streams after the lease's were read (the cell
@@ -310,9 +305,7 @@ class BudgetService:
         both are decided again. ``usage`` is charged to the lease first, in the same
         append (the cell charges what a worker used as it returns its lease): a lease
         that cannot take it cannot be returned either, so a refusal then is journaled
-        for both operations (the usage's, then the release's) and raised.
-        ``commit_unlocked``: committed with the views' lock let go of
-        (:func:`append_pinned`; the cell's end, whose every dependency is pinned)."""
+        for both operations (the usage's, then the release's) and raised."""
         charge = None if usage is None else self._usage(lineage, usage)
         return self._decide_and_append(
             "release",
@@ -320,7 +313,6 @@ class BudgetService:
             lambda now: self.view.book.decide_release(lineage, now),
             then,
             charge=charge,
-            commit_unlocked=commit_unlocked,
         )
 
     def renew(self, lineage: str, expires_at_ms: int) -> LeaseRenewed:
@@ -341,7 +333,6 @@ class BudgetService:
         then: Also | None = None,
         *,
         charge: Callable[[int], UsageRecorded] | None = None,
-        commit_unlocked: bool = False,
     ) -> E:
         with self.shared.lock:  # the views are shared: one decision at a time
             book = self.view.book
@@ -388,7 +379,6 @@ class BudgetService:
                 self._streams(operation, lineage),
                 attempt,
                 what=f"{operation} of {shown(lineage)}",
-                commit_unlocked=commit_unlocked,
             )
         except DeadlinePassedError as e:
             operations = ("usage", operation) if charge is not None else (operation,)

@@ -651,13 +651,7 @@ class WorkerLifecycle:
         try:
             done = self._guarded(
                 lambda: append_pinned(
-                    self.journal,
-                    self.views,
-                    [],
-                    decide,
-                    what=f"start of {lineage}",
-                    retry_on=(),
-                    commit_unlocked=True,
+                    self.journal, self.views, [], decide, what=f"start of {lineage}", retry_on=()
                 )
             )
         except DeadlinePassedError as error:
@@ -742,37 +736,27 @@ class WorkerLifecycle:
             extra = [] if ended(lineage) else events
             return [*extra, *settled], {**pins, stream: version, **self._fence()}
 
-        with self.views.lock:
+        with self.views.lock:  # the settlement's pin on the cell's stream holds until it commits
             self.views.refresh(self.journal)
-            already = ended(lineage)
-        if already:
-            self._settle(ending)
-            return
-        # Committed with the views' lock let go of (another worker's start or end
-        # commits meanwhile, in the same group): everything the end decides on is
-        # pinned (the lease's chain, the cell's stream for its settlement, the worker's
-        # own, the claim), so another thread's commit to one of them is refused here
-        # as another process's is, and decided again on the views as they then stand.
-        try:
-            self._guarded(
-                lambda: self.budgets.release(
-                    lineage, then=ending, usage=usage, commit_unlocked=True
-                )
-            )
-        except CellSupersededError:
-            raise
-        except (AppendConflictError, AppendFailedError):  # nothing written: apart
-            if usage is not None:
+            if ended(lineage):
+                self._settle(ending)
+                return
+            try:
+                self._guarded(lambda: self.budgets.release(lineage, then=ending, usage=usage))
+            except CellSupersededError:
+                raise
+            except (AppendConflictError, AppendFailedError):  # nothing written: apart
+                if usage is not None:
+                    with contextlib.suppress(CharterError):
+                        self.budgets.record_usage(lineage, usage)
                 with contextlib.suppress(CharterError):
-                    self.budgets.record_usage(lineage, usage)
-            with contextlib.suppress(CharterError):
-                self.budgets.release(lineage)
-        except OutcomeUnknownError:
-            raise  # it may have committed: not decided again
-        except CharterError:
-            pass  # already ended (expired, or an ancestor's): refused, and journaled so
-        else:
-            return
+                    self.budgets.release(lineage)
+            except OutcomeUnknownError:
+                raise  # it may have committed: not decided again
+            except CharterError:
+                pass  # already ended (expired, or an ancestor's): refused, and journaled so
+            else:
+                return
         self._settle(ending)
 
     def settle(self, lineage: str, live: Live) -> None:

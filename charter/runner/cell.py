@@ -691,19 +691,18 @@ class Cell:
             ),
         ]
         try:
-            # the schedule and nothing since; no revocation above it since; this
-            # incarnation still the newest (a superseded one never starts anything).
-            # Committed with the views' lock let go of: another worker's end commits
-            # meanwhile (one fsync for both); a kill or revocation committed first is
-            # refused by the pins, one committed after is held below.
-            took = self.lifecycle.start(
-                w.lineage,
-                events,
-                chain=chain,
-                tracking=(self.tracking, position),
-                version=w.version,
-            )
-            killed = self._hold(w.lineage, slot) if took else None
+            with self._lock:
+                # the schedule and nothing since; no revocation above it since; this
+                # incarnation still the newest (a superseded one never starts anything)
+                took = self.lifecycle.start(
+                    w.lineage,
+                    events,
+                    chain=chain,
+                    tracking=(self.tracking, position),
+                    version=w.version,
+                )
+                if took:
+                    driver.hold(w.lineage, slot)
         except CellSupersededError:  # nothing starts; step fences this incarnation
             driver.unstarted(w.lineage, slot)
             raise
@@ -718,29 +717,8 @@ class Cell:
             driver.unstarted(w.lineage, slot)
             self._carry_out_kills()
             return 0
-        if killed is not None:  # killed once started, before its exec: it never runs
-            driver.forget(w.lineage)
-            driver.destroy(killed.lineage)
-            self._end(killed, "killed", None, killed.killed or "killed", discard=True)
-            return 1
         driver.drive(f"worker-{slot.sandbox_id}", lambda: self._drive(w, slot, command))
         return 1
-
-    def _hold(self, lineage: str, slot: Slot) -> WorkerRecord | None:
-        """Hold ``lineage``'s sandbox here once its start committed; its record if a
-        kill of it is in the views already (then it is not to run). The start commits
-        with the views' lock let go of, so a kill committed after it may have been
-        folded and carried out by another thread before the slot was held (a kill of a
-        sandbox not held here is not sent): the caller ends that worker, killed,
-        without its exec. A kill folded after this hold finds the sandbox held. Fenced
-        meanwhile (its ``kill_all`` may have run before the hold): nothing is held, and
-        :class:`CellSupersededError` is raised (the newer incarnation fails it)."""
-        with self._lock:
-            if self.fenced is not None:
-                raise self.fenced
-            self._driver().hold(lineage, slot)
-            w = self.view.workers.get(lineage)
-            return w if w is not None and w.killed is not None else None
 
     def _plant(self, w: WorkerRecord, slot: Slot) -> list[Event]:
         """The ``CanariesPlanted`` journaled with ``w``'s start (docs/supervision.md)."""
