@@ -9,6 +9,7 @@ registered with the broker, so the handle dies with that sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import threading
 
@@ -23,11 +24,14 @@ from charter.sandbox import KeyBroker
 __all__ = ["Custody", "custody_seed"]
 
 
-def custody_seed(keys: KeyStore, lineage: str, grant: SealedGrant | None) -> bytes:
+def custody_seed(
+    keys: KeyStore, lineage: str, grant: SealedGrant | None, *, root: bytes | None = None
+) -> bytes:
     """The custody seed of ``lineage`` whose committed grant is ``grant`` (refused when
-    there is none, or when the derived key is not the grant's subject key)."""
+    there is none, or when the derived key is not the grant's subject key). ``root``:
+    its root's custody seed as read already (else read from the home now)."""
     parts = lineage.split("/")
-    seed = bytes(keys.load(custody_key_name(Lineage(parts[0]).root_name)))
+    seed = root if root is not None else root_seed(keys, lineage)
     for i in range(1, len(parts)):
         seed = derive_child_seed(seed, Lineage("/".join(parts[: i + 1])))
     public = bytes(SigningKey(seed).verify_key)
@@ -36,18 +40,40 @@ def custody_seed(keys: KeyStore, lineage: str, grant: SealedGrant | None) -> byt
     return seed
 
 
+def root_seed(keys: KeyStore, lineage: str) -> bytes:
+    """The custody seed of ``lineage``'s root, read from the home's key file."""
+    return bytes(keys.load(custody_key_name(Lineage(lineage.split("/", maxsplit=1)[0]).root_name)))
+
+
 class Custody:
-    """Key handles by lineage, each issued to that worker's sandbox."""
+    """Key handles by lineage, each issued to that worker's sandbox. The roots' custody
+    seeds are read from the home once per cell incarnation (each start read the key
+    file, checked its mode and parsed it: about half of the key's issue), and read
+    again when a key derived from one is not its grant's (the file was replaced)."""
 
     def __init__(self, keys: KeyStore, broker: KeyBroker) -> None:
         self.keys = keys
         self.broker = broker
         self._lock = threading.Lock()
         self._handles: dict[str, str] = {}  # lineage -> key handle
+        self._roots: dict[str, bytes] = {}  # root lineage -> its custody seed, as read
+
+    def _seed(self, lineage: str, grant: SealedGrant | None) -> bytes:
+        root = lineage.split("/", maxsplit=1)[0]
+        with self._lock:
+            known = self._roots.get(root)
+        if known is not None:
+            with contextlib.suppress(NotAWorkerError):  # else: the file, read afresh
+                return custody_seed(self.keys, lineage, grant, root=known)
+        fresh = root_seed(self.keys, lineage)
+        seed = custody_seed(self.keys, lineage, grant, root=fresh)  # refused: raised
+        with self._lock:
+            self._roots[root] = fresh
+        return seed
 
     def issue(self, lineage: str, grant: SealedGrant | None, sandbox_id: str) -> str:
         """Issue ``lineage``'s key to the registered sandbox ``sandbox_id``."""
-        seed = bytearray(custody_seed(self.keys, lineage, grant))
+        seed = bytearray(self._seed(lineage, grant))
         handle = self.broker.issue(seed, sandbox_id=sandbox_id)
         with self._lock:
             self._handles[lineage] = handle

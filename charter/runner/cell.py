@@ -613,8 +613,9 @@ class Cell:
     # -- one worker --------------------------------------------------------------------
 
     def _start(self, w: WorkerRecord, position: int) -> int | None:
+        """Start ``w`` (admitted at ``position``): 1 if it started, 0 if not (ended or
+        refused), None when the journal did not take the start (read it again)."""
         driver = self._driver()
-        command = w.scheduled.command
         refused: Exception | None = None
         # One hold of the lock and one refresh for what the start is decided on: the
         # chain's versions first, then the views (so they cover all those versions do),
@@ -636,24 +637,42 @@ class Cell:
         if revoked:
             self._carry_out_kills()  # the revocation ends it, journaled, never started
             return 0
+        if refused is not None:
+            return self._not_started(w, refused)
         try:
-            if refused is not None:
-                raise refused
             slot = driver.lease(w.lineage, caps.egress, w.scheduled.grant_digest, caps.budget)
         except _NOT_STARTED as error:  # refused for this worker, never the cell's end
-            why = f"not started: {error}"
-            if not isinstance(error, LeaseSpentError | SandboxBudgetError):
-                why = f"not started: no sandbox ({type(error).__name__}): {error}"
-            self._end(w, "failed_to_start", None, why, discard=False)
-            return 0
+            return self._not_started(w, error)
         try:  # its key, and its canaries planted before its first instruction
             self.custody.issue(w.lineage, grant, slot.sandbox_id)
             planted = self._plant(w, slot)
         except CharterError as error:  # fail closed: no key or canary, no start; it ends
             driver.unstarted(w.lineage, slot)
-            self._end(w, "failed_to_start", None, f"no custody key or canaries: {error}",
-                      discard=False)  # fmt: skip
-            return 0
+            return self._not_started(w, error, f"no custody key or canaries: {error}")
+        return self._commit_start(w, position, chain, slot, planted)
+
+    def _not_started(self, w: WorkerRecord, error: Exception, why: str | None = None) -> int:
+        """End ``w`` ``failed_to_start`` for ``error`` (a refusal for this worker, never
+        the cell's end), with ``why`` or the refusal's own reason; none started."""
+        if why is None:
+            why = f"not started: {error}"
+            if not isinstance(error, LeaseSpentError | SandboxBudgetError):
+                why = f"not started: no sandbox ({type(error).__name__}): {error}"
+        self._end(w, "failed_to_start", None, why, discard=False)
+        return 0
+
+    def _commit_start(
+        self,
+        w: WorkerRecord,
+        position: int,
+        chain: dict[str, int],
+        slot: Slot,
+        planted: list[Event],
+    ) -> int | None:
+        """Journal ``w``'s start in ``slot`` (its lease's record, ``planted`` and the
+        start, pinned) and, once committed, drive it; as :meth:`_start` returns."""
+        driver = self._driver()
+        command = w.scheduled.command
         if slot.leased is None:  # the pool made it when it leased the slot
             raise CharterError(f"slot {slot.sandbox_id} was leased without its record")
         events: list[Event] = [
