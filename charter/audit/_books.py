@@ -157,6 +157,18 @@ class Books:
                 if node.over:
                     over(node, t)
 
+    def check(self, path: tuple[Ledger, ...], t: int, over: Callable[[Ledger, int], None]) -> None:
+        """Each ledger of ``path``, all live at ``t``: its children expired by ``t``
+        settled, and ``over(ledger, t)`` for each then over its allocation (each ledger's
+        books keep whether it is, :func:`rebase`). :meth:`use` with ``over`` does the
+        same in its own pass."""
+        for node in path:
+            expiries = node.expiries
+            if expiries and expiries[0][0] <= t:
+                self.settle(node, t)  # children that expired by t: their charge
+            if node.over:
+                over(node, t)
+
     @staticmethod
     def follow(path: tuple[Ledger, ...], i: int) -> None:
         """``path[i]`` has ended and its subtree spend changed: its charge to its parent

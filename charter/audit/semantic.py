@@ -248,7 +248,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ALLOWING = ("positive", "neutral")
 _ENDS = ("SandboxExited", "SandboxQuarantined", "SandboxDiscarded")
 _loads = orjson.loads
-_USAGE_TOPIC = "UsageRecorded/v1"  # the one topic of UsageRecorded in KNOWN_TOPICS
 
 
 class Finding(BaseModel):
@@ -433,18 +432,7 @@ class _Auditor:
     def _check_path(self, path: tuple[Ledger, ...], t: int) -> None:
         """Each live ledger of ``path`` (a ledger and its ancestors) within its
         allocation on every axis."""
-        self._check_live_path(tuple(node for node in path if node.live(t)), t)
-
-    def _check_live_path(self, path: tuple[Ledger, ...], t: int) -> None:
-        """Each ledger of ``path``, all live at ``t``, within its allocation on every
-        axis (the hot path: one usage checks its whole chain, so each ledger's books
-        keep whether it is over, :func:`charter.audit._books.rebase`)."""
-        for node in path:
-            expiries = node.expiries
-            if expiries and expiries[0][0] <= t:
-                self.books.settle(node, t)  # children that expired by t: their charge
-            if node.over:
-                self._over(node, t)
+        self.books.check(tuple(node for node in path if node.live(t)), t, self._over)
 
     def _over(self, node: Ledger, t: int) -> None:
         u, cap = self.books.used(node, t), node.allocation
@@ -1234,15 +1222,6 @@ class _Auditor:
             )
         else:
             self.last_at = t
-        if topic == _USAGE_TOPIC and self._must_kill is None:  # the hot path, undispatched
-            try:
-                self.usage(p, t)
-            except (KeyError, TypeError, ValueError) as e:
-                self.find(
-                    "entry-format", None, f"a UsageRecorded entry lacks what it must say: {e}"
-                )
-            self._prev = ("UsageRecorded", p, self._at_text)
-            return
         # A topic that is not a str (a tampered column) is no key of the table either.
         entry = self._dispatch.get(topic) if type(topic) is str else None
         if entry is None:

@@ -11,7 +11,6 @@ import os
 import resource
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -20,7 +19,14 @@ import pytest
 from charter.cli._help import sources_digest
 from charter.cli._helps import HELPS
 from charter.cli._index import INDEX
-from charter.cli._lazy import describe, helps_source, index_source, recorded_helps, stand_in
+from charter.cli._lazy import (
+    _paths,
+    describe,
+    helps_source,
+    index_source,
+    recorded_helps,
+    stand_in,
+)
 from charter.cli._main import cli, real_commands
 from tests.cli._run import ROOT, charter
 
@@ -54,13 +60,7 @@ def _imported(
     return [m for m in modules if m.split(".")[0] in heavy or m.startswith(heavy)]
 
 
-def _paths(spec: dict, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:  # type: ignore[type-arg]
-    yield path
-    for name, sub in spec.get("commands", {}).items():
-        yield from _paths(sub, (*path, name))
-
-
-PATHS = [(name, *sub) for name, spec in INDEX.items() for sub in _paths(spec)]
+PATHS = [path for name, spec in INDEX.items() for path in _paths(spec, (name,))]
 
 
 def test_the_index_is_the_commands_shape() -> None:
