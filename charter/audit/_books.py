@@ -50,8 +50,8 @@ class Ledger:
     # (own spend + Σ charge(children) > allocation): kept by Books.rebase
     headroom: Vec = VEC_ZERO
     over: bool = False
-    # the nodes of path whose subtree sum is kept: all but the root
-    up: tuple[Ledger, ...] = ()
+    # its ancestors whose subtree sum is kept: all but the root
+    above: tuple[Ledger, ...] = ()
     # for t < calm_until, as of the books' epoch calm_epoch, the whole path is calm
     calm_epoch: int = -1
     calm_until: int = 0
@@ -128,7 +128,7 @@ class Books:
         for lineage in lineages:
             child = self.ledgers[lineage] = Ledger(lineage, parent.lineage, allocation, expires)
             child.path = (child, *parent.path)
-            child.up = (child, *parent.up)
+            child.above = parent.path[:-1]
             parent.children.append(lineage)
             parent.live_alloc = vec_add(parent.live_alloc, allocation)
         rebase(parent)
@@ -195,16 +195,22 @@ class Books:
         its ancestors (but the root's); whether it is now over its allocation. All a
         usage of a calm ledger (:meth:`calm`) changes (the hot path)."""
         a0, a1, a2, a3, a4 = amount
-        s = ledger.spent
+        was = s = ledger.spent
         ledger.spent = s = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
         h = ledger.headroom
         over = s[0] > h[0] or s[1] > h[1] or s[2] > h[2] or s[3] > h[3] or s[4] > h[4]
         if over is not ledger.over:
             ledger.over = over
             self.epoch += 1
-        for node in ledger.up:
-            s = node.subtree
-            node.subtree = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
+        if ledger.parent is not None:
+            # while nothing below it has spent, its subtree sum is its own spend
+            u = ledger.subtree
+            ledger.subtree = (
+                s if u is was else (u[0] + a0, u[1] + a1, u[2] + a2, u[3] + a3, u[4] + a4)
+            )
+            for node in ledger.above:
+                u = node.subtree
+                node.subtree = (u[0] + a0, u[1] + a1, u[2] + a2, u[3] + a3, u[4] + a4)
         return over
 
     def check(self, path: tuple[Ledger, ...], t: int, over: Callable[[Ledger, int], None]) -> None:
