@@ -36,7 +36,6 @@ from charter.audit.bundle import (
     entry_line,
     lineages_in,
     mentions,
-    seal_signing_input,
 )
 from charter.audit.keys import KeyHistory, journal_origin
 from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint
@@ -65,6 +64,7 @@ from charter.core.framing import (
 )
 from charter.ledger import JournalCreated
 from charter.sandbox import SandboxProbeRefused
+from tests.audit._support import as_v3 as as_v3_sealed
 from tests.audit._support import bundle_lines, entry_bytes, flip_b64, join_lines, rechain_lines
 
 HERE = Path(__file__).resolve().parent
@@ -448,16 +448,10 @@ def broken(whole: bytes, partial: bytes) -> list[tuple[str, str, bytes, str]]:
 
 
 def as_v3(data: bytes) -> bytes:
-    """A bundle in the format before this one (``charter/bundle@v3``: every line its
-    object's canonical JSON, an entry's state base64 in its ``state`` field), sealed
-    again by the key that sealed it."""
-    lines = bundle_lines(data)
-    lines[0] = {**lines[0], "format": "charter/bundle@v3"}
-    body = b"".join(canonical_json(x) + b"\n" for x in lines[:-1])
-    size = Checkpoint.parse(SignedNote.parse(lines[0]["checkpoint"]).text).size
-    signer = JOURNAL if size <= 9 else ROTATED  # the rotation is at leaf 9
-    seal = signer.sign(seal_signing_input(hashlib.sha256(body).digest())).signature
-    return body + canonical_json({**lines[-1], "seal": base64.b64encode(seal).decode()}) + b"\n"
+    """A bundle of the whole journal in the format before this one (``charter/bundle@v3``),
+    sealed again by the key that sealed it (the rotated key: the tree is past the
+    rotation)."""
+    return as_v3_sealed(data, ROTATED)
 
 
 CANONICAL = [  # (input JSON text, a note)

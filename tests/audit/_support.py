@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ __all__ = [
     "Counter",
     "Ping",
     "_Raw",
+    "as_v3",
     "bundle_lines",
     "entry_bytes",
     "fill",
@@ -200,3 +202,17 @@ def rechain_lines(lines: list[dict[str, Any]], i: int, state: bytes) -> list[dic
         line["prev_hash"], line["chain_hash"] = prev.hex(), new.hex()
         prev = new
     return out
+
+
+def as_v3(data: bytes, key: SigningKey) -> bytes:
+    """A bundle in the format before (``charter/bundle@v3``: every line its object's
+    canonical JSON, an entry's state base64 in its ``state`` field), sealed again by
+    ``key`` (the key that sealed it: the exporter's, not an attacker's)."""
+    from charter.audit.bundle import seal_signing_input
+
+    lines = bundle_lines(data)
+    lines[0] = {**lines[0], "format": "charter/bundle@v3"}
+    body = b"".join(canonical_json(line) + b"\n" for line in lines[:-1])
+    seal = key.sign(seal_signing_input(hashlib.sha256(body).digest())).signature
+    trailer = {**lines[-1], "seal": base64.b64encode(seal).decode()}
+    return body + canonical_json(trailer) + b"\n"
