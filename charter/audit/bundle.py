@@ -166,8 +166,14 @@ def entry_line(
         _hexlify(prev_hash),
     )
     if b"\n" in state:  # it would end the line: in base64
-        return _LINE_BASE64 % (*fields, _b64(state, newline=False), orjson.dumps(topic), version)
+        return _base64_line(fields, state, orjson.dumps(topic), version)
     return _LINE % (*fields, orjson.dumps(topic), version, state)
+
+
+def _base64_line(fields: tuple[Any, ...], state: bytes, topic: bytes, version: int) -> bytes:
+    """The line of an entry whose state holds a newline byte (``fields``: its first
+    six values, as :data:`_LINE` takes them; ``topic`` encoded)."""
+    return _LINE_BASE64 % (*fields, _b64(state, newline=False), topic, version)
 
 
 def entry_lines(
@@ -190,19 +196,8 @@ def entry_lines(
         frame = frame_of(prev, position, originator, version, encoded[0], state)
         add_leaf(sha256(LEAF_PREFIX + frame).digest())
         if b"\n" in state:
-            add_line(
-                entry_line(
-                    position=position,
-                    originator=originator,
-                    version=version,
-                    topic=topic,
-                    state=state,
-                    prev_hash=prev,
-                    chain_hash=bytes(chained),
-                    leaf=leaf,
-                    context=False,
-                )
-            )
+            first = (hexlify(chained), b"false", leaf, hexlify(originator), position, hexlify(prev))
+            add_line(_base64_line(first, state, encoded[1], version))
         else:
             add_line(
                 line

@@ -24,24 +24,34 @@ from charter.ledger import Journal
 from tests.audit._support import _Raw, as_v3, real_history, rehash_from
 
 
+def _overdrawn(url: str, home: Path) -> tuple[str, int]:
+    """A real history with one broken rule (a usage past its lease): (the journal's
+    verifier key, the bad entry's position)."""
+    from charter.budgets import UsageRecorded
+
+    vkey, lineages = real_history(url, home)
+    zero = Budget.parse("tokens=0,wall=0s,cpu=0s,mem=0KiB,egress=0KB")
+    big = Budget.parse("tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB")
+    with Journal.open(url) as j:
+        (bad,) = j.append(
+            [UsageRecorded(lineage=lineages[0], amount=big, refused=zero, exhausted=False)]
+        )
+    return vkey, bad.position
+
+
+def _export_to(url: str, home: Path, path: Path) -> Path:
+    with Journal.open(url) as j, path.open("wb") as f:
+        export_bundle(j, KeyStore(home).load("journal"), f)
+    return path
+
+
 @pytest.fixture
 def found(journal_url: str, tmp_path: Path) -> tuple[Path, NoteKey, int]:
     """A whole bundle (a file) of a real history with one broken rule: (its path, the
     journal key, the bad entry's position)."""
-    from charter.budgets import UsageRecorded
-
     home = tmp_path / "home"
-    vkey, lineages = real_history(journal_url, home)
-    zero = Budget.parse("tokens=0,wall=0s,cpu=0s,mem=0KiB,egress=0KB")
-    big = Budget.parse("tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB")
-    path = tmp_path / "bundle.jsonl"
-    with Journal.open(journal_url) as j:
-        (bad,) = j.append(
-            [UsageRecorded(lineage=lineages[0], amount=big, refused=zero, exhausted=False)]
-        )
-        with path.open("wb") as f:
-            export_bundle(j, KeyStore(home).load("journal"), f)
-    return path, NoteKey.parse(vkey), bad.position
+    vkey, bad = _overdrawn(journal_url, home)
+    return _export_to(journal_url, home, tmp_path / "bundle.jsonl"), NoteKey.parse(vkey), bad
 
 
 @pytest.fixture
@@ -49,24 +59,14 @@ def newline(journal_url: str, tmp_path: Path) -> tuple[Path, NoteKey, int]:
     """As :func:`found`, the bad entry's stored state holding a newline byte (JSON
     whitespace before its last brace, the chain hashed again from it: written past
     Charter, which never writes one)."""
-    from charter.budgets import UsageRecorded
-
     home = tmp_path / "home"
-    vkey, lineages = real_history(journal_url, home)
-    zero = Budget.parse("tokens=0,wall=0s,cpu=0s,mem=0KiB,egress=0KB")
-    big = Budget.parse("tokens=1M,wall=1h,cpu=1h,mem=8GiB,egress=1GB")
-    path = tmp_path / "bundle.jsonl"
+    vkey, bad = _overdrawn(journal_url, home)
     with Journal.open(journal_url) as j:
-        (bad,) = j.append(
-            [UsageRecorded(lineage=lineages[0], amount=big, refused=zero, exhausted=False)]
-        )
-        (stored,) = [r.state for r in j.rows() if r.position == bad.position]
+        (stored,) = [r.state for r in j.rows() if r.position == bad]
     with _Raw(journal_url) as raw:
         raw.drop_guards()
-        rehash_from(journal_url, raw, bad.position, stored[:-1] + b"\n}")
-    with Journal.open(journal_url) as j, path.open("wb") as f:
-        export_bundle(j, KeyStore(home).load("journal"), f)
-    return path, NoteKey.parse(vkey), bad.position
+        rehash_from(journal_url, raw, bad, stored[:-1] + b"\n}")
+    return _export_to(journal_url, home, tmp_path / "bundle.jsonl"), NoteKey.parse(vkey), bad
 
 
 def _forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
