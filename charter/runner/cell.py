@@ -605,8 +605,14 @@ class Cell:
         return 0 if self.driver is None else self.driver.running()
 
     def idle(self) -> bool:
-        """Nothing of this cell's is running or waiting to run."""
+        """Nothing of this cell's is running or waiting to run. While the views as they
+        stand hold a live worker of its, it is not idle, with no read of the journal
+        (checked after every step of ``run_cell --once``): only its own incarnation ends
+        its workers (a newer one, or a reaper, fences this one first), and an end it
+        journaled is folded as it commits."""
         with self._lock:
+            if self.view.live_count.get(self.cell, 0):
+                return False
             self.refresh()
             return not self.view.live_count.get(self.cell, 0)
 
