@@ -5,6 +5,7 @@ lets the idle threads end."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -33,7 +34,12 @@ def test_a_worker_handed_over_while_a_thread_idles_runs_on_it() -> None:
         waited.wait(0.01)
     assert _idle(driver) == 1
     done = threading.Event()
-    driver.drive("worker-b", lambda: (ran.append(threading.get_ident()), done.set()))
+
+    def second() -> None:
+        ran.append(threading.get_ident())
+        done.set()
+
+    driver.drive("worker-b", second)
     assert done.wait(5)
     driver.join()
     assert len(ran) == 2
@@ -52,7 +58,7 @@ def test_every_worker_runs_at_once_and_join_waits_for_them() -> None:
         ended.append(name)
 
     for i in range(5):  # five held at once: each on a thread of its own
-        driver.drive(f"worker-{i}", lambda i=i: worker(str(i)))  # type: ignore[misc]
+        driver.drive(f"worker-{i}", functools.partial(worker, str(i)))
     for _ in range(5):
         assert running.acquire(timeout=5)
     threading.Timer(0.2, release.set).start()
@@ -63,6 +69,10 @@ def test_every_worker_runs_at_once_and_join_waits_for_them() -> None:
 def test_join_gives_up_after_its_timeout() -> None:
     driver = _driver()
     release = threading.Event()
-    driver.drive("worker-stuck", lambda: release.wait(10))
+
+    def stuck() -> None:
+        release.wait(10)
+
+    driver.drive("worker-stuck", stuck)
     driver.join(timeout_s=0.1)  # returns with the worker still running
     release.set()
