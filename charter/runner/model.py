@@ -579,9 +579,13 @@ class ModelMeter:
                 ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
                 for b in idle
             ]
-            with self._cell.changed:
-                pins = {b.stream(): b.version for b in idle}
-                self._cell.applied(self._cell.journal.append(released, expect=pins))
+            try:
+                with self._cell.changed:
+                    pins = {b.stream(): b.version for b in idle}
+                    self._cell.applied(self._cell.journal.append(released, expect=pins))
+            except CharterError:  # still held on record: fail-closed, recovered if ever
+                _log.warning("%s: its model blocks could not be released", lineage)
+                return
             with self._guard:
                 for b in idle:
                     b.released = True
@@ -638,22 +642,31 @@ class ModelMeter:
             if outcome != "committed":
                 _log.warning("model call %s: its settlement could not be journaled", draw.call)
         finally:
-            with self._guard:
-                block.drawn -= draw.reserved
-                block.calls -= 1
-                if outcome == "committed":
-                    pending.committed = True
-                    block.charged += tokens
-                    block.version += len(events)
-                    if last:
-                        block.released = True
-                        blocks = self._blocks.get(draw.lineage, [])
-                        self._blocks[draw.lineage] = [b for b in blocks if b is not block]
-                elif outcome == "taken":
-                    block.retired = True  # released by another: never drawn from again
-                else:  # held until the cell ends: its recovery charges the remainder
-                    block.kept = True
-                    block.retired = True
+            self._after(pending, outcome, len(events), last=last)
+
+    def _after(
+        self, pending: Settlement, outcome: Literal["committed", "taken", "failed"], appended: int,
+        *, last: bool,
+    ) -> None:  # fmt: skip
+        """A settlement tried: its draw given back, its charge counted, its block
+        released when it was the last; taken by another writer, or failed, the block is
+        drawn from no more (failed: held until the cell ends, then recovered)."""
+        draw = pending.draw
+        block = draw.block
+        settled = pending.event
+        with self._guard:
+            block.drawn -= draw.reserved
+            block.calls -= 1
+            if outcome == "committed":
+                pending.committed = True
+                block.charged += settled.prompt_tokens + settled.completion_tokens
+                block.version += appended
+            block.retired = block.retired or outcome != "committed"
+            block.kept = block.kept or outcome == "failed"
+            if (outcome == "committed" and last) or outcome == "taken":
+                block.released = True  # by this append, or by the other writer
+                blocks = self._blocks.get(draw.lineage, [])
+                self._blocks[draw.lineage] = [b for b in blocks if b is not block]
 
     # -- recovery ----------------------------------------------------------------------
 
@@ -689,8 +702,11 @@ class ModelMeter:
             )
             stream = release.stream()
             if remainder == 0:
-                with self._cell.changed:
-                    self._cell.applied(journal.append([release], expect={stream: version}))
+                try:
+                    with self._cell.changed:
+                        self._cell.applied(journal.append([release], expect={stream: version}))
+                except CharterError as e:  # its stream moved (a late settlement): again
+                    raise ModelCallSettledError(f"block {stream} moved: read again") from e
                 continue
             tries = 0
 
