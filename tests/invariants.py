@@ -489,9 +489,10 @@ def check_journal_allowance(
 #   released at most once; a call drawn from it settles on it while it is held, once;
 # - a call reserved on its own (an older door's) is reserved before it is settled, and
 #   settled at most once;
-# - a settlement charges its tokens in the same append (the UsageRecorded just before
-#   it, for the same lineage, charging or refusing exactly prompt + completion), unless
-#   the lease had ended (then it is preceded by that refusal); a recovered release
+# - a settlement charges its tokens in the same append: the UsageRecorded just before
+#   the run of settlements it is in (for the same lineage) charges or refuses exactly
+#   the run's prompt + completion, unless the lease had ended (then the run is preceded
+#   by that refusal); a recovered release
 #   likewise charges its estimate, which is the block less what its settled calls
 #   charged (never charged twice);
 # - an exact settlement comes from the server's usage (``how`` usage); an estimate is
@@ -523,6 +524,14 @@ def check_model_calls(
     ended: set[str] = set()  # released blocks
     done: set[str] = set()
     previous: tuple[str, dict[str, Any]] | None = None
+    run: dict[str, Any] | None = None  # the settlements after a UsageRecorded or refusal
+
+    def close(position: int) -> None:
+        if run is not None and run["expected"] is not None and run["got"] != run["expected"]:
+            found.problems.append(
+                f"{position}: the settlements before it charge {run['got']} tokens; their "
+                f"UsageRecorded charged {run['expected']}"
+            )
 
     def over(position: int, lineage: str) -> None:
         outstanding = sum(c["reserved"] for c in open_calls.values() if c["lineage"] == lineage)
@@ -538,6 +547,9 @@ def check_model_calls(
 
     for position, kind, p, _at in entries:
         found.checked += 1
+        if kind != "ModelCallSettled":
+            close(position)
+            run = None
         if kind == "LeaseGranted":
             for lineage in p["lineages"]:
                 allocation[lineage] = int(p["allocation"]["tokens"])
@@ -593,11 +605,23 @@ def check_model_calls(
             else:
                 done.add(call)
                 tokens = p["prompt_tokens"] + p["completion_tokens"]
-                if not _charged_in_append(previous, p["lineage"], tokens):
+                kind_before, q = previous if previous is not None else ("", {})
+                if q.get("lineage") != p["lineage"]:
+                    run = None
+                elif kind_before == "UsageRecorded":
+                    expected = int(q["amount"]["tokens"]) + int(q["refused"]["tokens"])
+                    run = {"expected": expected, "got": 0}
+                elif kind_before == "BudgetRefused":  # the lease had ended
+                    run = {"expected": None, "got": 0}
+                elif kind_before != "ModelCallSettled":
+                    run = None
+                if run is None:
                     found.problems.append(
                         f"{position}: call {call}'s settlement does not charge its {tokens} "
                         "tokens in its append"
                     )
+                else:
+                    run["got"] += tokens
                 if p["estimated"] == (p["how"] == "usage"):
                     found.problems.append(
                         f"{position}: call {call} estimated={p['estimated']} "
@@ -611,6 +635,7 @@ def check_model_calls(
                         f"{position}: call {call}'s estimate is not within its reservation"
                     )
         previous = (kind, p)
+    close(found.checked)
     if settled:
         found.problems.extend(f"call {c} was never settled" for c in open_calls)
         found.problems.extend(f"block {b} was never released" for b in blocks)

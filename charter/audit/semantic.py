@@ -414,6 +414,7 @@ class _Auditor:
         self.in_flight: dict[str, int] = {}  # lineage → tokens reserved, not settled
         self.blocks: dict[str, _Block] = {}  # model blocks held, not released
         self.blocks_seen: set[str] = set()
+        self._run: list[Any] | None = None  # the settlements after a UsageRecorded
         self.digested: dict[str, int] = {}  # lineage → position of its quarantine digest
         self.quarantines: set[tuple[str, str]] = set()  # (lineage, sandbox) verdicts
         self.killed: set[str] = set()  # lineages with a WorkerKilled
@@ -1032,6 +1033,27 @@ class _Auditor:
         )
         return charged or (kind == "BudgetRefused" and q.get("lineage") == lineage)
 
+    def _charged_in_run(self, lineage: str, tokens: int) -> bool:
+        """A settlement's charge: the ``UsageRecorded`` just before it in its append, or
+        before the run of settlements it continues there, charges (or refuses) at least
+        the run's tokens (the meter charges the run's sum in one), or its lease's
+        refusal is (the lease having ended)."""
+        kind, q, at = self._prev
+        run = self._run
+        if kind == "UsageRecorded" and at == self._at_text and q.get("lineage") == lineage:
+            run = [lineage, int(q["amount"]["tokens"]) + int(q["refused"]["tokens"]), 0]
+        elif kind == "BudgetRefused" and q.get("lineage") == lineage:
+            run = [lineage, None, 0]
+        elif not (kind == "ModelCallSettled" and at == self._at_text and run and run[0] == lineage):
+            run = None
+        self._run = run
+        if run is None:
+            return False
+        if run[1] is None:  # the lease ended: settled alone, not charged
+            return True
+        run[2] += tokens
+        return int(run[2]) <= int(run[1])
+
     def model_call_reserved(self, p: dict[str, Any], t: int) -> None:
         call, lineage, need = str(p["call"]), str(p["lineage"]), int(p["reserved"])
         if call in self.called:
@@ -1084,7 +1106,7 @@ class _Auditor:
                 f"model call {call} of {reserved.lineage} settled for {lineage}",
             )
         tokens = int(p["prompt_tokens"]) + int(p["completion_tokens"])
-        if not self._charged_in_append(lineage, tokens):
+        if not self._charged_in_run(lineage, tokens):
             self.find(
                 "model-call",
                 lineage,

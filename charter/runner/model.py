@@ -543,9 +543,9 @@ class ModelMeter:
             with self._settling:
                 with self._guard:
                     batch, self._queued = self._queued, []
-                for settlement in batch:
+                for lineage in dict.fromkeys(s.draw.lineage for s in batch):
                     with contextlib.suppress(Exception):  # logged by _commit
-                        self._commit(settlement)
+                        self._commit(*(s for s in batch if s.draw.lineage == lineage))
 
     def _settle_queued(self, lineage: str) -> bool:
         """Journal ``lineage``'s queued settlements now (hold ``_settling``); whether
@@ -553,8 +553,7 @@ class ModelMeter:
         with self._guard:
             mine = [s for s in self._queued if s.draw.lineage == lineage]
             self._queued = [s for s in self._queued if s.draw.lineage != lineage]
-        for settlement in mine:
-            self._commit(settlement)
+        self._commit(*mine)
         return bool(mine)
 
     def settle(self, settlement: Settlement) -> ModelCallSettled | None:
@@ -591,62 +590,72 @@ class ModelMeter:
                     b.released = True
                 self._blocks[lineage] = [b for b in self._blocks.get(lineage, ()) if b not in idle]
 
-    def _commit(self, pending: Settlement) -> None:
-        """Charge the call's tokens and journal its settlement in one append (hold
-        ``_settling``), on its block's stream pinned at the version this meter wrote:
-        once (``done`` after this, whatever happened). The last call of a retired block
-        releases it in the same append."""
-        if pending.done:  # tried once already: never charged twice
-            return
-        pending.done = True
-        draw, settled = pending.draw, pending.event
-        block, journal = draw.block, self._cell.journal
+    def _commit(self, *pendings: Settlement) -> None:
+        """Charge the calls' tokens (of one lease) and journal their settlements in one
+        append (hold ``_settling``): one ``UsageRecorded`` charging their sum, then each
+        ``ModelCallSettled`` on its block's stream, pinned at the version this meter
+        wrote; each once (``done`` after this, whatever happened). A retired block's
+        last call releases it in the same append."""
+        journal = self._cell.journal
+        mine: list[Settlement] = []
         with self._guard:
-            if draw.call in block.settled or block.released:  # another settlement of it
+            for pending in pendings:
+                block = pending.draw.block
+                if pending.done or pending.draw.call in block.settled or block.released:
+                    pending.done = True  # tried once already: never charged twice
+                    continue
+                pending.done = True
+                block.settled.add(pending.draw.call)
+                mine.append(pending)
+            if not mine:
                 return
-            block.settled.add(draw.call)
-            last = block.retired and block.calls == 1 and not block.kept
-        events: list[Event] = [settled]
-        if last:
-            events.append(
-                ModelTokensReleased(
-                    block=block.block, lineage=draw.lineage, charged=0, recovered=False
-                )
-            )
-        stream, version = block.stream(), block.version
+            blocks = list(dict.fromkeys(p.draw.block for p in mine))
+            settling = {b: sum(p.draw.block is b for p in mine) for b in blocks}
+            last = {b for b in blocks if b.retired and b.calls == settling[b] and not b.kept}
+        lineage = mine[0].draw.lineage
+        events: list[Event] = [p.event for p in mine]
+        events += [
+            ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
+            for b in blocks
+            if b in last
+        ]
+        pins = {b.stream(): b.version for b in blocks}
         tries = 0
 
         def also() -> tuple[list[Event], dict[str, int]]:
-            # Pinned to the block's stream being as this meter left it: another writer
-            # (a later incarnation's recovery) released it, and charged this call then.
+            # Pinned to the blocks' streams being as this meter left them: another
+            # writer (a later incarnation's recovery) released one, and charged its
+            # calls then.
             nonlocal tries
             tries += 1
-            if tries > 1 and journal.stream_version(stream) != version:
-                raise ModelCallSettledError(f"model call {draw.call}'s block was recovered")
-            return events, {stream: version}
+            if tries > 1 and any(journal.stream_version(s) != v for s, v in pins.items()):
+                raise ModelCallSettledError("a model call's block was recovered")
+            return events, pins
 
-        tokens = settled.prompt_tokens + settled.completion_tokens
+        tokens = sum(p.event.prompt_tokens + p.event.completion_tokens for p in mine)
         outcome: Literal["committed", "taken", "failed"] = "failed"
         try:
-            self._cell.budgets.record_usage(draw.lineage, _tokens(tokens), then=also)
+            self._cell.budgets.record_usage(lineage, _tokens(tokens), then=also)
             outcome = "committed"
         except ModelCallSettledError:
             outcome = "taken"
         except CharterError:
-            # The lease ended first (its refusal is journaled): the call is still
-            # settled, so its tokens are on record, charged or not.
+            # The lease ended first (its refusal is journaled): the calls are still
+            # settled, so their tokens are on record, charged or not.
             with contextlib.suppress(CharterError), self._cell.changed:
-                if journal.stream_version(stream) == version:
-                    self._cell.applied(journal.append(events, expect={stream: version}))
+                if all(journal.stream_version(s) == v for s, v in pins.items()):
+                    self._cell.applied(journal.append(events, expect=pins))
                     outcome = "committed"
             if outcome != "committed":
-                _log.warning("model call %s: its settlement could not be journaled", draw.call)
+                _log.warning("%s: %d model calls' settlements not journaled", lineage, len(mine))
         finally:
-            self._after(pending, outcome, len(events), last=last)
+            written = {b: settling[b] + (b in last) for b in blocks}
+            for pending in mine:
+                self._after(pending, outcome, written, last=pending.draw.block in last)
 
     def _after(
-        self, pending: Settlement, outcome: Literal["committed", "taken", "failed"], appended: int,
-        *, last: bool,
+        self, pending: Settlement, outcome: Literal["committed", "taken", "failed"],
+        written: dict[_Block, int], *, last: bool,
     ) -> None:  # fmt: skip
         """A settlement tried: its draw given back, its charge counted, its block
         released when it was the last; taken by another writer, or failed, the block is
@@ -660,7 +669,7 @@ class ModelMeter:
             if outcome == "committed":
                 pending.committed = True
                 block.charged += settled.prompt_tokens + settled.completion_tokens
-                block.version += appended
+                block.version += written.pop(block, 0)  # once per block
             block.retired = block.retired or outcome != "committed"
             block.kept = block.kept or outcome == "failed"
             if (outcome == "committed" and last) or outcome == "taken":

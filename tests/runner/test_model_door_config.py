@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TypeVar
 
@@ -238,3 +239,32 @@ def test_sixteen_threads_across_block_boundaries_never_overspend(
 
 def of_events(charter: Charter, kind: type[E]) -> list[E]:
     return [e.event for e in charter.journal.entries() if isinstance(e.event, kind)]
+
+
+def test_queued_settlements_of_a_lease_are_journaled_in_one_append(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # The settler finds three answered calls queued (it was busy): one append, one
+    # UsageRecorded charging their sum, then the three settlements.
+    call = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
+    with initialise(journal_url, tmp_path / "home") as charter:
+        (worker,) = (str(c.lineage) for c in spawn_callers(charter, 5000, python("")).children)
+        meter = ModelMeter(model_cell(charter, state_dir, None))
+        draws = [meter.reserve(worker, call) for _ in range(3)]
+        answered = [_usage(d, 3, n) for n, d in enumerate(draws, start=1)]
+        with meter._settling:  # the settler busy: all three wait for it
+            for settlement in answered:
+                meter.queue(settlement)
+        deadline = time.monotonic() + 30
+        while not all(s.committed for s in answered) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(s.committed for s in answered)
+        entries = list(charter.journal.entries())
+        at = next(i for i, e in enumerate(entries) if isinstance(e.event, ModelCallSettled))
+        run = entries[at - 1 : at + 3]
+        assert [type(e.event) for e in run] == [UsageRecorded] + [ModelCallSettled] * 3
+        assert len({e.batch for e in run}) == 1
+        assert run[0].event.amount.tokens == (3 + 1) + (3 + 2) + (3 + 3)
+        assert [e.event.call for e in run[1:]] == [d.call for d in draws]
+        meter.finish(worker)
+        assert check_model_calls(journal_history(charter.journal)).problems == []
