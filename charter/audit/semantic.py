@@ -991,12 +991,18 @@ class _Auditor:
                 f"allocation of {allocation}",
             )
 
+    def _first(self, seen: set[str], key: str, lineage: str, what: str) -> bool:
+        """Whether ``key`` is new to ``seen`` (added); a finding (``what`` again) if not."""
+        if key in seen:
+            self.find("model-call", lineage, f"{what} again")
+            return False
+        seen.add(key)
+        return True
+
     def model_tokens_held(self, p: dict[str, Any], t: int) -> None:
         block, lineage, tokens = str(p["block"]), str(p["lineage"]), int(p["tokens"])
-        if block in self.blocks_seen:
-            self.find("model-call", lineage, f"model block {block} held again")
+        if not self._first(self.blocks_seen, block, lineage, f"model block {block} held"):
             return
-        self.blocks_seen.add(block)
         self.blocks[block] = _Block(lineage, tokens)
         self._held_over(f"model block {block} held {tokens} tokens", lineage, t)
 
@@ -1056,10 +1062,8 @@ class _Auditor:
 
     def model_call_reserved(self, p: dict[str, Any], t: int) -> None:
         call, lineage, need = str(p["call"]), str(p["lineage"]), int(p["reserved"])
-        if call in self.called:
-            self.find("model-call", lineage, f"model call {call} reserved again")
+        if not self._first(self.called, call, lineage, f"model call {call} reserved"):
             return
-        self.called.add(call)
         self.calls[call] = _Call(lineage, need, int(p["prompt_estimate"]), int(p["max_tokens"]))
         self.in_flight[lineage] = self.in_flight.get(lineage, 0) + need
         self._held_over(f"model call {call} reserved {need} tokens", lineage, t)
@@ -1069,10 +1073,8 @@ class _Auditor:
         settles on no block held by its lineage, or again."""
         call, lineage, block = str(p["call"]), str(p["lineage"]), str(p["block"])
         held = self.blocks.get(block)
-        if call in self.called:
-            self.find("model-call", lineage, f"model call {call} settled again")
+        if not self._first(self.called, call, lineage, f"model call {call} settled"):
             return None
-        self.called.add(call)
         if held is None or held.lineage != lineage:
             self.find("model-call", lineage, f"model call {call} settled on no block it holds")
             return None

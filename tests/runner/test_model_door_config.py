@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -91,6 +93,20 @@ def test_a_malformed_call_is_bad_input() -> None:
             ChatRequest.parse(body)
 
 
+CALL = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
+"""A call reserving 18: 34 bytes / 4, rounded up, + 9."""
+
+
+@contextlib.contextmanager
+def _metered(
+    journal_url: str, tmp_path: Path, tokens: int, state_dir: Path
+) -> Iterator[tuple[Charter, str, ModelMeter]]:
+    """A journal, one worker spawned in it with ``tokens``, and a meter of a cell."""
+    with initialise(journal_url, tmp_path / "home") as charter:
+        (worker,) = (str(c.lineage) for c in spawn_callers(charter, tokens, python("")).children)
+        yield charter, worker, ModelMeter(model_cell(charter, state_dir, None))
+
+
 def _usage(draw: Draw, prompt: int, completion: int) -> Settlement:
     return Settlement.of(draw, prompt, completion, estimated=False, how="usage", status=200,
                          latency_ms=1)  # fmt: skip
@@ -99,9 +115,7 @@ def _usage(draw: Draw, prompt: int, completion: int) -> Settlement:
 def test_a_call_settles_once_and_a_second_settlement_charges_nothing(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    with initialise(journal_url, tmp_path / "home") as charter:
-        (worker,) = (str(c.lineage) for c in spawn_callers(charter, 5000, python("")).children)
-        meter = ModelMeter(model_cell(charter, state_dir, None))
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
         reserved = meter.reserve(worker, ChatRequest.parse(b'{"messages": [], "max_tokens": 9}'))
         assert reserved.reserved == 9 + 9  # 34 bytes / 4 + 9
         assert meter.in_flight(worker) == BLOCK_CALLS * 18  # the block it drew from
@@ -122,24 +136,21 @@ def test_a_call_settles_once_and_a_second_settlement_charges_nothing(
 def test_draws_within_a_block_make_no_append(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    call = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')  # 18 a call
-    with initialise(journal_url, tmp_path / "home") as charter:
-        (worker,) = (str(c.lineage) for c in spawn_callers(charter, 5000, python("")).children)
-        meter = ModelMeter(model_cell(charter, state_dir, None))
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
         before = len(list(charter.journal.entries()))
-        draws = [meter.reserve(worker, call)]
+        draws = [meter.reserve(worker, CALL)]
         after_hold = len(list(charter.journal.entries()))
         (held,) = [e.event for e in list(charter.journal.entries())[before:]]
         assert isinstance(held, ModelTokensHeld)
         assert (held.lineage, held.tokens) == (worker, BLOCK_CALLS * 18)
-        draws += [meter.reserve(worker, call) for _ in range(BLOCK_CALLS - 1)]
+        draws += [meter.reserve(worker, CALL) for _ in range(BLOCK_CALLS - 1)]
         assert (
             len(list(charter.journal.entries())) == after_hold
         )  # drawn in memory: nothing appended
         assert {d.block.block for d in draws} == {held.block}
         # The block is spent: the next call holds a new one (the old stays held, its
         # calls in flight), and the settlement of the old one's last call releases it.
-        draws.append(meter.reserve(worker, call))
+        draws.append(meter.reserve(worker, CALL))
         assert draws[-1].block.block != held.block
         for draw in draws:
             assert meter.settle(_usage(draw, 3, 4)) is not None
@@ -158,15 +169,12 @@ def test_a_settlement_queued_counts_its_charge_before_a_refusal(
     # Each call reserves 18 of a lease of 30 (its block, cut to the lease, is 30): a
     # second call fits only because the first's settlement (7 tokens), still queued,
     # is journaled first, so its block is released and the next held from what is left.
-    call = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
-    with initialise(journal_url, tmp_path / "home") as charter:
-        (worker,) = (str(c.lineage) for c in spawn_callers(charter, 30, python("")).children)
-        meter = ModelMeter(model_cell(charter, state_dir, None))
-        first = meter.reserve(worker, call)
+    with _metered(journal_url, tmp_path, 30, state_dir) as (charter, worker, meter):
+        first = meter.reserve(worker, CALL)
         assert first.block.tokens == 30
         answered = _usage(first, 3, 4)
         meter._queued.append(answered)  # queued, the settler not yet at it
-        second = meter.reserve(worker, call)
+        second = meter.reserve(worker, CALL)
         assert answered.committed
         assert (second.block.tokens, first.block.released) == (30 - 7, True)
         entries = list(charter.journal.entries())
@@ -195,11 +203,8 @@ def test_sixteen_threads_across_block_boundaries_never_overspend(
     # 16 threads call and settle (some exactly, some at their whole reservation) on one
     # lease with room for about 40 calls, drawing from block after block: the fold
     # checks at every hold that charged + held stays within the lease.
-    call = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
     lease = 40 * 18
-    with initialise(journal_url, tmp_path / "home") as charter:
-        (worker,) = (str(c.lineage) for c in spawn_callers(charter, lease, python("")).children)
-        meter = ModelMeter(model_cell(charter, state_dir, None))
+    with _metered(journal_url, tmp_path, lease, state_dir) as (charter, worker, meter):
         made: list[Draw] = []
         refused: list[int] = []
         lock = threading.Lock()
@@ -207,7 +212,7 @@ def test_sixteen_threads_across_block_boundaries_never_overspend(
         def calls(n: int) -> None:
             for i in range(12):
                 try:
-                    draw = meter.reserve(worker, call)
+                    draw = meter.reserve(worker, CALL)
                 except ModelTokensError:
                     with lock:
                         refused.append(n)
@@ -246,11 +251,8 @@ def test_queued_settlements_of_a_lease_are_journaled_in_one_append(
 ) -> None:
     # The settler finds three answered calls queued (it was busy): one append, one
     # UsageRecorded charging their sum, then the three settlements.
-    call = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
-    with initialise(journal_url, tmp_path / "home") as charter:
-        (worker,) = (str(c.lineage) for c in spawn_callers(charter, 5000, python("")).children)
-        meter = ModelMeter(model_cell(charter, state_dir, None))
-        draws = [meter.reserve(worker, call) for _ in range(3)]
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
+        draws = [meter.reserve(worker, CALL) for _ in range(3)]
         answered = [_usage(d, 3, n) for n, d in enumerate(draws, start=1)]
         with meter._settling:  # the settler busy: all three wait for it
             for settlement in answered:
