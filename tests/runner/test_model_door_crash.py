@@ -47,9 +47,9 @@ def _killed_mid_call(
     journal_url: str,
     home: Path,
     url: str,
-    sent: Callable[[], bool],
     source: str,
     *args: str,
+    sent: Callable[[], bool],
     killed: Callable[[], bool] = lambda: True,
 ) -> tuple[str, list[Entry]]:
     """One worker running ``source``; its cell SIGKILLed once ``sent`` (and ``killed``
@@ -78,7 +78,8 @@ def test_a_call_in_flight_when_the_cell_dies_is_settled_by_the_next_one(
     with model_server(Behaviour(length=40, hold=hold, hold_after=2)) as (url, server):
         try:
             worker, entries = _killed_mid_call(
-                journal_url, home, url, lambda: len(server.seen) == 1, CALLER, json.dumps(calls),
+                journal_url, home, url, CALLER, json.dumps(calls),
+                sent=lambda: len(server.seen) == 1,
                 killed=lambda: _count(journal_url, home, "ModelTokensHeld") == 1,  # then sent
             )  # fmt: skip
         finally:
@@ -140,8 +141,9 @@ def test_a_block_whose_cell_died_is_charged_its_unsettled_remainder_once(
     with model_server(Behaviour(length=40, hold=hold, hold_after=2)) as (url, server):
         try:
             worker, entries = _killed_mid_call(
-                journal_url, home, url, lambda: len(server.seen) == 2, ONE_CONNECTION,
-                killed=lambda: _count(journal_url, home, "ModelCallSettled") == 1,
+                journal_url, home, url, ONE_CONNECTION,
+                sent=lambda: len(server.seen) == 2  # the first settled by the settler
+                and _count(journal_url, home, "ModelCallSettled") == 1,
             )  # fmt: skip
         finally:
             hold.set()
