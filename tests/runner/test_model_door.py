@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from charter.app import Charter
+from charter.audit.semantic import audit_history
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import LeaseReleased, UsageRecorded
 from charter.control import SpawnResult, WorkerSpec
@@ -156,6 +157,8 @@ def clean(charter: Charter) -> None:
         assert check(history).problems == [], check.__name__
     assert check_model_calls(history).problems == []
     assert not of_type(charter, QuarantineVerdict)  # no worker here touched a canary
+    report = audit_history(charter.journal.payloads(None, None))  # `charter audit`'s rules
+    assert report.findings == ()  # nothing found, model calls or otherwise
 
 
 def test_tokens_charged_are_the_servers_usage_streamed_and_not(
