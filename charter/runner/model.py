@@ -14,24 +14,29 @@ Each call, in order:
 
 1. its reservation, ``ceil(body bytes / 4)`` (the prompt's estimate) + ``max_tokens``
    (``max_output_tokens``; the worker's, else :data:`DEFAULT_MAX_TOKENS` cut to what is
-   left), is checked against the lease's tokens left net of the worker's calls in
-   flight, under the lease's lock, and journaled (``ModelCallReserved``) **before**
-   anything is sent; a lease that cannot cover it is refused (429, ``model-tokens``,
-   journaled once per lease as ``ModelCallRefused``);
+   left), is drawn, under the lease's lock, from the lease's block of tokens held in the
+   journal (``ModelTokensHeld``), in memory: no append on its path; when the block
+   cannot cover it, a new block (:data:`BLOCK_CALLS` reservations, cut to the lease's
+   tokens left net of its blocks) is journaled first, **before** anything is sent; a
+   lease that cannot cover it is refused (429, ``model-tokens``, journaled once per
+   lease as ``ModelCallRefused``);
 2. the call is sent with ``max_tokens`` set to the reservation's (and, a streamed chat
    completion, ``stream_options.include_usage``); a stream whose counted tokens (one per
    content chunk or delta event) pass it is cut;
-3. it is settled once, in one append: ``UsageRecorded`` (tokens) and
-   ``ModelCallSettled``, pinned to the call's stream so a second settlement cannot
-   commit, from the server's reported usage, or as an estimate flagged so (cut at the
-   cap, client gone, no usage, server failed, or the cell restarted: ``recover``). The
-   settlement is decided when the answer ends and rides in the same connection's next
-   reservation (one commit for both); without one within :data:`SETTLE_DELAY_S`, before
-   a refusal, or as the connection ends, it is appended alone.
+3. it is settled once, from the server's reported usage, or as an estimate flagged so
+   (cut at the cap, client gone, no usage, server failed): decided when the answer
+   ends, and journaled off the call's path by the meter's settler
+   (``ModelCallSettled``, the call's one record, on its block's stream, after the
+   ``UsageRecorded`` charging it; a lease's settlements gathered for
+   :data:`SETTLE_GATHER_S` share one append), at the latest before a hold that needs
+   its tokens and at the worker's end. A block is released (``ModelTokensReleased``)
+   once no call will draw from it; a cell that died with one held leaves it to the
+   next incarnation, which charges what its settled calls had not (``recover``).
 
 A worker's end waits for its calls to settle: the door's ``unregister`` (before the cell
 returns the lease) hangs up the model connections of the sandbox and waits for their
-threads, which settle as they end.
+threads, then journals their settlements and releases the lease's blocks
+(:meth:`ModelMeter.finish`).
 """
 
 from __future__ import annotations
