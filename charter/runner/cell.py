@@ -333,8 +333,16 @@ class Cell:
         base.chmod(0o755)
         path.chmod(0o755)
         client = path / "charter_door.py"
-        client.write_bytes(Path(__file__).with_name("client.py").read_bytes())
-        client.chmod(0o644)
+        wanted = Path(__file__).with_name("client.py").read_bytes()
+        with contextlib.suppress(OSError):
+            if client.read_bytes() == wanted:
+                return path  # as it is: a running worker of this cell may be reading it
+        # Whole or not at all: a worker of another incarnation reading it meanwhile never
+        # imports a half-written client.
+        partial = path / ".charter_door.py.new"
+        partial.write_bytes(wanted)
+        partial.chmod(0o644)
+        os.replace(partial, client)
         return path
 
     def close(self) -> None:
