@@ -72,9 +72,10 @@ def through_cell(workers: int, concurrency: int, state: Path) -> dict[str, float
     with _charter(home, concurrency) as charter:
         _spawn(charter, workers, WorkerSpec(argv=("/bin/true",)))
         cell = charter.cell(slot_budget=SLOT, state_dir=state, ignore_host_load=True)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         run_cell(cell, once=True)
         total = time.perf_counter() - start
+        cpu_ms = (time.process_time() - cpu) * 1000 / workers
     home = Path(tempfile.mkdtemp(prefix="bench-cell-"))
     with _charter(home, concurrency) as charter:
         _spawn(charter, workers, WorkerSpec(argv=("/bin/date", "+%s%N")))
@@ -109,6 +110,7 @@ def through_cell(workers: int, concurrency: int, state: Path) -> dict[str, float
                 latency.append(exec_ms - runnable[event.lineage])  # type: ignore[attr-defined]
     return {
         "cell_s": total,
+        "cell_cpu_ms_per_worker": cpu_ms,
         "exec_p50_ms": percentile(latency, 0.5),
         "exec_p99_ms": percentile(latency, 0.99),
         "projection_lag_p50_ms": percentile(lags, 0.5) if lags else float("nan"),
@@ -116,8 +118,9 @@ def through_cell(workers: int, concurrency: int, state: Path) -> dict[str, float
     }
 
 
-def straight_from_pool(workers: int, concurrency: int, state: Path) -> float:
-    """Total seconds for the same sandboxes from a warm pool, no journal, same threads."""
+def straight_from_pool(workers: int, concurrency: int, state: Path) -> tuple[float, float]:
+    """Total seconds for the same sandboxes from a warm pool, no journal, same threads,
+    and this process's CPU per worker meanwhile (ms; the sandboxes' own is not in it)."""
     template = Path(tempfile.mkdtemp(prefix="bench-tpl-", dir=state))
     template.chmod(0o755)
     left = iter(range(workers))
@@ -133,13 +136,13 @@ def straight_from_pool(workers: int, concurrency: int, state: Path) -> float:
                 slot.run(["/bin/true"])
                 pool.release(slot, refill=False)
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         threads = [threading.Thread(target=worker) for _ in range(concurrency)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        return time.perf_counter() - start
+        return time.perf_counter() - start, (time.process_time() - cpu) * 1000 / workers
 
 
 def queued_peak_mib(queued: int, concurrency: int) -> float:
@@ -166,13 +169,14 @@ def main() -> int:
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="bench-state-"))
     state.chmod(0o755)
-    pool_s = straight_from_pool(args.workers, args.concurrency, state)
+    pool_s, pool_cpu_ms = straight_from_pool(args.workers, args.concurrency, state)
     cell = through_cell(args.workers, args.concurrency, state)
     peak = queued_peak_mib(args.queued, args.concurrency)
     out = {
         "workers": args.workers,
         "concurrency": args.concurrency,
         "pool_s": pool_s,
+        "pool_cpu_ms_per_worker": pool_cpu_ms,
         **cell,
         "cell_over_pool": cell["cell_s"] / pool_s,
         "queued": args.queued,

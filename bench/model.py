@@ -10,8 +10,9 @@ Reported: p50 and p90 of each, and the door's added p50 (target <= 2 ms),
 non-streamed and time-to-first-token; and the CPU the door's thread spends per call
 (thread time in the door's request handler: reading, reserving, forwarding, relaying,
 settling), which a loaded machine inflates less than it does wall-clock figures. The
-journal is SQLite (a WAL commit per call: each reservation carries the connection's
-previous settlement).
+journal is SQLite: a call drawn from its lease's block of tokens appends nothing on its
+path (one in ``BLOCK_CALLS`` holds the next block first); each settlement is one WAL
+commit by the door's settler, off the calls' path.
 
 Run as root with bubblewrap: ``python3 bench/model.py [--calls N]``. Exits 1 when a
 target is missed.
@@ -194,7 +195,7 @@ def _through_door(url: str, n: int, state: Path) -> dict[str, list[float]]:
 
 def _raw_commits(n: int) -> list[float]:
     """The raw library's floor: one row committed by sqlite3 (WAL, synchronous=FULL, as
-    the journal), per commit (ms). The door commits twice per call."""
+    the journal), per commit (ms). The door's settler commits once per call."""
     with tempfile.TemporaryDirectory() as tmp:
         conn = sqlite3.connect(Path(tmp) / "raw.db", isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")

@@ -450,6 +450,10 @@ def _journal_charges(kind: str, p: dict[str, Any]) -> list[tuple[str, int]]:
             return [(parent, _canonical_size([p["argv"], p["inputs"]]))]
         case "ModelCallReserved":  # its reservation, its settlement and its usage
             return [(p["lineage"], _canonical_size(p) + 3 * JOURNAL_ENTRY_OVERHEAD)]
+        case "ModelTokensHeld":  # its hold, its release and a recovery's usage
+            return [(p["lineage"], _canonical_size(p) + 3 * JOURNAL_ENTRY_OVERHEAD)]
+        case "ModelCallSettled" if p.get("block") is not None:  # drawn: it and its usage
+            return [(p["lineage"], _canonical_size(p) + 2 * JOURNAL_ENTRY_OVERHEAD)]
         case _:
             return []
 
@@ -478,18 +482,35 @@ def check_journal_allowance(
     return found
 
 
-# -- the model door: reservations and settlements -----------------------------------
+# -- the model door: blocks, reservations and settlements ---------------------------
 #
 # Written from docs/model-door.md, not from the meter's code:
-# - a call is reserved before it is settled, and settled at most once;
-# - a settlement charges its tokens in the same append (the UsageRecorded just before
-#   it, for the same lineage, charging or refusing exactly prompt + completion), unless
-#   the lease had ended (then it is preceded by that refusal);
+# - a block of a lease's tokens is held before any call drawing from it settles, and
+#   released at most once; a call drawn from it settles on it while it is held, once;
+# - a call reserved on its own (an older door's) is reserved before it is settled, and
+#   settled at most once;
+# - a settlement charges its tokens in the same append: the UsageRecorded just before
+#   the run of settlements it is in (for the same lineage) charges or refuses exactly
+#   the run's prompt + completion, unless the lease had ended (then the run is preceded
+#   by that refusal); a recovered release
+#   likewise charges its estimate, which is the block less what its settled calls
+#   charged (never charged twice);
 # - an exact settlement comes from the server's usage (``how`` usage); an estimate is
-#   the prompt's estimate and at most ``max_tokens`` of completion;
-# - at every reservation, what the lease was charged in tokens plus every reservation of
-#   it still unsettled (this one included) is at most its allocation of tokens;
-# - with ``settled``: every reservation was settled.
+#   the prompt's estimate and at most ``max_tokens`` of completion; a drawn call's
+#   reservation is its estimate plus its ``max_tokens``, within its block;
+# - at every hold or reservation, what the lease was charged in tokens plus what its
+#   blocks still hold (each, its tokens less its settled calls' charges) and every
+#   reservation of it still unsettled (this one included) is at most its allocation;
+# - with ``settled``: every reservation was settled and every block released.
+
+
+def _charged_in_append(previous: tuple[str, dict[str, Any]] | None, lineage: str, n: int) -> bool:
+    if previous is None or previous[1].get("lineage") != lineage:
+        return False
+    kind, q = previous
+    if kind == "BudgetRefused":  # the lease had ended
+        return True
+    return kind == "UsageRecorded" and int(q["amount"]["tokens"]) + int(q["refused"]["tokens"]) == n
 
 
 def check_model_calls(
@@ -499,52 +520,108 @@ def check_model_calls(
     allocation: dict[str, int] = {}
     charged: dict[str, int] = {}
     open_calls: dict[str, dict[str, Any]] = {}
+    blocks: dict[str, dict[str, Any]] = {}  # held, not released: lineage, tokens, charged
+    ended: set[str] = set()  # released blocks
     done: set[str] = set()
     previous: tuple[str, dict[str, Any]] | None = None
+    run: dict[str, Any] | None = None  # the settlements after a UsageRecorded or refusal
+
+    def close(position: int) -> None:
+        if run is not None and run["expected"] is not None and run["got"] != run["expected"]:
+            found.problems.append(
+                f"{position}: the settlements before it charge {run['got']} tokens; their "
+                f"UsageRecorded charged {run['expected']}"
+            )
+
+    def over(position: int, lineage: str) -> None:
+        outstanding = sum(c["reserved"] for c in open_calls.values() if c["lineage"] == lineage)
+        outstanding += sum(
+            max(b["tokens"] - b["charged"], 0) for b in blocks.values() if b["lineage"] == lineage
+        )
+        held = charged.get(lineage, 0) + outstanding
+        if held > allocation.get(lineage, 0):
+            found.problems.append(
+                f"{position}: {lineage} holds {held} tokens charged and reserved, over "
+                f"its allocation {allocation.get(lineage, 0)}"
+            )
+
     for position, kind, p, _at in entries:
         found.checked += 1
+        if kind != "ModelCallSettled":
+            close(position)
+            run = None
         if kind == "LeaseGranted":
             for lineage in p["lineages"]:
                 allocation[lineage] = int(p["allocation"]["tokens"])
         elif kind == "UsageRecorded":
             charged[p["lineage"]] = charged.get(p["lineage"], 0) + int(p["amount"]["tokens"])
+        elif kind == "ModelTokensHeld":
+            if p["block"] in blocks or p["block"] in ended:
+                found.problems.append(f"{position}: block {p['block']} held twice")
+            blocks[p["block"]] = {"lineage": p["lineage"], "tokens": p["tokens"], "charged": 0}
+            over(position, p["lineage"])
+        elif kind == "ModelTokensReleased":
+            block = blocks.pop(p["block"], None)
+            if block is None or block["lineage"] != p["lineage"]:
+                found.problems.append(f"{position}: block {p['block']} released unheld or twice")
+            else:
+                ended.add(p["block"])
+                remainder = max(block["tokens"] - block["charged"], 0)
+                if p["recovered"] and p["charged"] != remainder:
+                    found.problems.append(
+                        f"{position}: block {p['block']} recovered charging {p['charged']}, "
+                        f"not its remainder {remainder}"
+                    )
+                if p["charged"] and not _charged_in_append(previous, p["lineage"], p["charged"]):
+                    found.problems.append(
+                        f"{position}: block {p['block']}'s release does not charge its "
+                        f"{p['charged']} tokens in its append"
+                    )
         elif kind == "ModelCallReserved":
             call, lineage = p["call"], p["lineage"]
             if call in open_calls or call in done:
                 found.problems.append(f"{position}: call {call} reserved twice")
             open_calls[call] = p
-            outstanding = sum(c["reserved"] for c in open_calls.values() if c["lineage"] == lineage)
-            held = charged.get(lineage, 0) + outstanding
-            if held > allocation.get(lineage, 0):
-                found.problems.append(
-                    f"{position}: {lineage} holds {held} tokens charged and reserved, over "
-                    f"its allocation {allocation.get(lineage, 0)}"
-                )
+            over(position, lineage)
         elif kind == "ModelCallSettled":
             call = p["call"]
-            reserved = open_calls.pop(call, None)
+            reserved: dict[str, Any] | None
+            if p.get("block") is not None:
+                block = blocks.get(p["block"])
+                reserved = None if call in done or call in open_calls else p
+                if block is None or block["lineage"] != p["lineage"]:
+                    found.problems.append(f"{position}: call {call} settled on no held block")
+                    reserved = None
+                elif reserved is not None:
+                    block["charged"] += p["prompt_tokens"] + p["completion_tokens"]
+                    if p["reserved"] != p["prompt_estimate"] + p["max_tokens"]:
+                        found.problems.append(f"{position}: call {call}'s reservation is off")
+                    if p["reserved"] > block["tokens"]:
+                        found.problems.append(f"{position}: call {call} drew more than its block")
+            else:
+                reserved = open_calls.pop(call, None)
             if reserved is None:
                 found.problems.append(f"{position}: call {call} settled unreserved or twice")
             else:
                 done.add(call)
                 tokens = p["prompt_tokens"] + p["completion_tokens"]
-                ok_usage = (
-                    previous is not None
-                    and previous[0] == "UsageRecorded"
-                    and previous[1]["lineage"] == p["lineage"]
-                    and int(previous[1]["amount"]["tokens"]) + int(previous[1]["refused"]["tokens"])
-                    == tokens
-                )
-                lease_ended = (
-                    previous is not None
-                    and previous[0] == "BudgetRefused"
-                    and previous[1]["lineage"] == p["lineage"]
-                )
-                if not (ok_usage or lease_ended):
+                kind_before, q = previous if previous is not None else ("", {})
+                if q.get("lineage") != p["lineage"]:
+                    run = None
+                elif kind_before == "UsageRecorded":
+                    expected = int(q["amount"]["tokens"]) + int(q["refused"]["tokens"])
+                    run = {"expected": expected, "got": 0}
+                elif kind_before == "BudgetRefused":  # the lease had ended
+                    run = {"expected": None, "got": 0}
+                elif kind_before != "ModelCallSettled":
+                    run = None
+                if run is None:
                     found.problems.append(
                         f"{position}: call {call}'s settlement does not charge its {tokens} "
                         "tokens in its append"
                     )
+                else:
+                    run["got"] += tokens
                 if p["estimated"] == (p["how"] == "usage"):
                     found.problems.append(
                         f"{position}: call {call} estimated={p['estimated']} "
@@ -558,8 +635,10 @@ def check_model_calls(
                         f"{position}: call {call}'s estimate is not within its reservation"
                     )
         previous = (kind, p)
+    close(found.checked)
     if settled:
         found.problems.extend(f"call {c} was never settled" for c in open_calls)
+        found.problems.extend(f"block {b} was never released" for b in blocks)
     return found
 
 

@@ -1,19 +1,25 @@
 """Export bundles, written and verified as a stream (pure: no journal, no database).
 
-A bundle (``charter/bundle@v3``) is a file of JSON lines, each the canonical JSON of one
-object (:func:`charter.core.events.canonical_json`, docs/VERIFYING.md §1) and a ``\\n``:
+A bundle (``charter/bundle@v4``) is a file of lines, each ending in ``\\n``
+(docs/VERIFYING.md §8):
 
-1. the header: ``{"checkpoint", "format", "keys", "kind": "header", "selection"}``;
-2. one line per leaf run of the checkpoint's tree, in leaf order: an entry
-   ``{"chain_hash", "context", "kind": "entry", "leaf", "originator", "position",
-   "prev_hash", "state", "topic", "version"}`` (its exact stored bytes), or a gap
-   ``{"end", "hashes", "kind": "gap", "start"}`` giving the perfect subtrees
+1. the header: the canonical JSON (:func:`charter.core.events.canonical_json`,
+   docs/VERIFYING.md §1) of ``{"checkpoint", "format", "keys", "kind": "header",
+   "selection"}``;
+2. one line per leaf run of the checkpoint's tree, in leaf order: an entry, the canonical
+   JSON of ``{"chain_hash", "context", "kind": "entry", "leaf", "originator",
+   "position", "prev_hash", "topic", "version"}`` with ``,"state":`` and the entry's
+   stored state, its exact bytes, inserted before the closing ``}`` (a state holding a
+   newline byte is given instead as a ``state_base64`` field, in its sorted place); or
+   a gap ``{"end", "hashes", "kind": "gap", "start"}`` giving the perfect subtrees
    (:func:`charter.audit.merkle.decompose`) of leaves the bundle omits;
 3. the trailer ``{"context", "entries", "gaps", "kind": "seal", "seal"}``: the journal
    key's signature over the SHA-256 of every byte before it.
 
-Entries and gaps together cover the leaves ``0 … size−1`` of the checkpoint's tree, so
-the verifier rebuilds its root in O(log n) memory (:class:`charter.audit.merkle.
+The state is embedded raw so a verifier hashes the slice of the line it occupies and
+parses the rest of the line once, where ``charter/bundle@v3`` (still verified) had it in
+base64. Entries and gaps together cover the leaves ``0 … size−1`` of the checkpoint's
+tree, so the verifier rebuilds its root in O(log n) memory (:class:`charter.audit.merkle.
 CompactRange`) instead of reading a proof per entry; a bundle of the whole journal has
 no gap. The seal covers the header (selection, keys, checkpoint), every entry and gap
 and their order: removing, reordering or relabelling anything fails. :class:`BundleWriter`
@@ -73,7 +79,11 @@ __all__ = [
     "verify_bundle",
 ]
 
-BUNDLE_FORMAT = "charter/bundle@v3"  # v1 had no seal; v2 was one document, signed by parts
+BUNDLE_FORMAT = "charter/bundle@v4"
+# v1 had no seal; v2 was one document, signed by parts; v3 is v4 with each entry's state
+# in base64 (in its sorted place, "state"): still verified.
+_V3 = "charter/bundle@v3"
+_STATE = b',"state":'  # where a v4 entry line's state starts: its first occurrence
 _SEAL_CONTEXT = b"charter/bundle-seal/v2\x00"
 MAX_LINE = 64 << 20  # a line longer than this is refused (bounded memory)
 _MAX_HEADER = 1 << 20
@@ -82,7 +92,7 @@ _MAX_HEADER = 1 << 20
 CONTEXT_TYPES = ("GrantMinted", "AgentRegistered", "JournalKeyRotated")
 _ROTATION = "JournalKeyRotated"
 _SELECTION_KEYS = ("from", "lineage", "to")
-_ENTRY_SIZE = 10
+_ENTRY_SIZE = 9  # an entry line's fields beside its state
 Progress = Callable[[int, int], None]  # (leaves done, tree size)
 _PROGRESS_EVERY = 20_000
 
@@ -116,11 +126,17 @@ def seal_signing_input(digest: bytes) -> bytes:
     return _SEAL_CONTEXT + digest
 
 
-# An entry line's canonical JSON (sorted keys, no spaces) with its values filled in: the
-# hex and base64 fields hold no character JSON escapes, the topic is encoded by orjson.
+# An entry line: the canonical JSON (sorted keys, no spaces) of its nine fields with its
+# values filled in, then the state's bytes (the hex fields hold no character JSON escapes,
+# the topic is encoded by orjson); or, for a state holding a newline byte, its canonical
+# JSON with the state in base64 as a tenth field.
 _LINE = (
     b'{"chain_hash":"%b","context":%b,"kind":"entry","leaf":%d,"originator":"%b",'
-    b'"position":%d,"prev_hash":"%b","state":"%b","topic":%b,"version":%d}\n'
+    b'"position":%d,"prev_hash":"%b","topic":%b,"version":%d,"state":%b}\n'
+)
+_LINE_BASE64 = (
+    b'{"chain_hash":"%b","context":%b,"kind":"entry","leaf":%d,"originator":"%b",'
+    b'"position":%d,"prev_hash":"%b","state_base64":"%b","topic":%b,"version":%d}\n'
 )
 _hexlify = binascii.hexlify
 _b64 = binascii.b2a_base64
@@ -138,20 +154,26 @@ def entry_line(
     leaf: int,
     context: bool,
 ) -> bytes:
-    """One entry's line: the canonical encoder's bytes for these values (ASCII hex and
-    base64, integers, a boolean, the topic), filled into a template instead of encoded
-    (tests/audit/test_bundle_stream.py checks the two agree)."""
-    return _LINE % (
+    """One entry's line: the canonical encoder's bytes for its nine fields (ASCII hex,
+    integers, a boolean, the topic) filled into a template instead of encoded, and its
+    state (tests/audit/test_bundle_stream.py checks the two agree)."""
+    fields = (
         _hexlify(chain_hash),
         b"true" if context else b"false",
         leaf,
         _hexlify(originator),
         position,
         _hexlify(prev_hash),
-        _b64(state, newline=False),
-        orjson.dumps(topic),
-        version,
     )
+    if b"\n" in state:  # it would end the line: in base64
+        return _base64_line(fields, state, orjson.dumps(topic), version)
+    return _LINE % (*fields, orjson.dumps(topic), version, state)
+
+
+def _base64_line(fields: tuple[Any, ...], state: bytes, topic: bytes, version: int) -> bytes:
+    """The line of an entry whose state holds a newline byte (``fields``: its first
+    six values, as :data:`_LINE` takes them; ``topic`` encoded)."""
+    return _LINE_BASE64 % (*fields, _b64(state, newline=False), topic, version)
 
 
 def entry_lines(
@@ -165,7 +187,7 @@ def entry_lines(
     leaves: list[bytes] = []
     add_line, add_leaf = lines.append, leaves.append
     topics: dict[str, tuple[bytes, bytes]] = {}
-    line, hexlify, b64, sha256, frame_of = _LINE, _hexlify, _b64, hashlib.sha256, entry_frame
+    line, hexlify, sha256, frame_of = _LINE, _hexlify, hashlib.sha256, entry_frame
     for position, oid, version, topic, stored, link, chained in rows:
         encoded = topics.get(topic)
         if encoded is None:
@@ -173,20 +195,24 @@ def entry_lines(
         state, originator, prev = bytes(stored), conv(oid), bytes(link)
         frame = frame_of(prev, position, originator, version, encoded[0], state)
         add_leaf(sha256(LEAF_PREFIX + frame).digest())
-        add_line(
-            line
-            % (
-                hexlify(chained),
-                b"false",
-                leaf,
-                hexlify(originator),
-                position,
-                hexlify(prev),
-                b64(state, newline=False),
-                encoded[1],
-                version,
+        if b"\n" in state:
+            first = (hexlify(chained), b"false", leaf, hexlify(originator), position, hexlify(prev))
+            add_line(_base64_line(first, state, encoded[1], version))
+        else:
+            add_line(
+                line
+                % (
+                    hexlify(chained),
+                    b"false",
+                    leaf,
+                    hexlify(originator),
+                    position,
+                    hexlify(prev),
+                    encoded[1],
+                    version,
+                    state,
+                )
             )
-        )
         leaf += 1
     return b"".join(lines), leaves
 
@@ -445,15 +471,40 @@ def _parse_line(line: bytes, where: str, *, canonical: bool = True) -> dict[str,
     return obj
 
 
-def _entry(obj: dict[str, Any], expect_leaf: int) -> BundleEntry:
-    """An entry line's object as an entry: exactly its ten fields, of their types; hex
-    in lower case (the hashes are compared as text, :meth:`_Verifier.entry`)."""
+def _read_line(line: bytes, leaf: int, raw: bool) -> tuple[dict[str, Any], bytes | str | None]:
+    """A line after the header as its object, and for an entry line its state: the bytes
+    embedded in it (``raw``: a v4 bundle's), or the base64 text of its ``state_base64``
+    field (v4) or ``state`` field (v3), taken out of the object; None if it has none.
+    A v4 line holding ``,"state":`` is an entry whose state is every byte after the
+    first one, up to its closing ``}`` and newline; the rest, with that ``}``, is the
+    object of its other fields."""
+    where = f"leaf/{leaf}"
+    cut = line.find(_STATE) if raw else -1
+    if cut >= 0:
+        if not line.endswith(b"}\n"):
+            raise BundleError(where, "an entry line does not end with its object's }")
+        obj = _parse_line(line[:cut] + b"}\n", where, canonical=False)
+        if obj.get("kind") != "entry":
+            raise BundleError(where, "a line holding a state is not an entry")
+        return obj, line[cut + len(_STATE) : -2]
+    obj = _parse_line(line, where, canonical=False)
+    if obj.get("kind") != "entry":
+        return obj, None
+    text = obj.pop("state_base64" if raw else "state", None)
+    return obj, text if type(text) is str else None
+
+
+def _entry(obj: dict[str, Any], state: bytes | str | None, expect_leaf: int) -> BundleEntry:
+    """An entry line's object (its fields beside the state) and its state (its bytes, or
+    base64 text) as an entry: exactly its nine fields, of their types; hex in lower case
+    (the hashes are compared as text, :meth:`_Verifier.entry`)."""
     get = obj.get
     position, leaf, version = get("position"), get("leaf"), get("version")
     topic, context, originator = get("topic"), get("context"), get("originator")
-    chain_hash, prev_hash, state = get("chain_hash"), get("prev_hash"), get("state")
+    chain_hash, prev_hash = get("chain_hash"), get("prev_hash")
     if not (
         len(obj) == _ENTRY_SIZE
+        and state is not None
         and type(position) is int
         and type(leaf) is int
         and type(version) is int
@@ -462,13 +513,12 @@ def _entry(obj: dict[str, Any], expect_leaf: int) -> BundleEntry:
         and type(originator) is str
         and type(chain_hash) is str
         and type(prev_hash) is str
-        and type(state) is str
         and len(chain_hash) == 64
         and len(prev_hash) == 64
     ):
         raise BundleError(
             f"entry/{position}" if _int(position) else f"leaf/{expect_leaf}",
-            "an entry line has exactly its ten fields, of their types",
+            "an entry line has exactly its fields and its state, of their types",
         )
     try:
         raw = bytes.fromhex(originator)
@@ -477,7 +527,8 @@ def _entry(obj: dict[str, Any], expect_leaf: int) -> BundleEntry:
             raw,
             version,
             topic,
-            binascii.a2b_base64(state, strict_mode=True),  # b64decode(validate=True)
+            # b64decode(validate=True)
+            binascii.a2b_base64(state, strict_mode=True) if isinstance(state, str) else state,
             bytes.fromhex(prev_hash),
             chain_hash,
             leaf,
@@ -602,6 +653,8 @@ class _Grants:
 
 
 def _header(stream: IO[bytes]) -> tuple[dict[str, Any], bytes]:
+    """The header line, checked, and its bytes (its ``format`` says how entry lines
+    hold their state: v4 raw, v3 in base64)."""
     line = stream.readline(_MAX_HEADER)
     if not line.endswith(b"\n"):
         legacy = line.startswith(b"{") and b'"format":"charter/bundle@v' in line
@@ -615,8 +668,8 @@ def _header(stream: IO[bytes]) -> tuple[dict[str, Any], bytes]:
             ),
         )
     header = _parse_line(line, "format")
-    if header.get("format") != BUNDLE_FORMAT or header.get("kind") != "header":
-        raise BundleError("format", f"not a {BUNDLE_FORMAT} bundle header")
+    if header.get("format") not in (BUNDLE_FORMAT, _V3) or header.get("kind") != "header":
+        raise BundleError("format", f"not a {BUNDLE_FORMAT} (or {_V3}) bundle header")
     if set(header) != {"checkpoint", "format", "keys", "kind", "selection"}:
         raise BundleError("format", "the header must have exactly its five fields")
     return header, line
@@ -678,23 +731,18 @@ def _check_lines(
 ) -> dict[str, Any] | None:
     """Every line after the header through :class:`_Verifier`; the trailer, if any."""
     next_report = _PROGRESS_EVERY
-    plain = check.plain if check.whole else None
+    plain = check.plain if check.whole and check.raw else None
     for line in lines:
         if not line.endswith(b"\n"):
-            raise BundleError(f"leaf/{check.tree.size}", "a line is cut short or too long")
-        try:
-            obj: dict[str, Any] = orjson.loads(line)  # _parse_line's, inline: the hot path
-        except orjson.JSONDecodeError:
-            obj = {}
-        if type(obj) is not dict or not obj:
-            obj = _parse_line(line, f"leaf/{check.tree.size}", canonical=False)  # or why not
-        kind = obj.get("kind")
-        if kind == "entry" and plain is not None and plain(obj):
+            raise BundleError(f"leaf/{check.leaves()}", "a line is cut short or too long")
+        if plain is not None and plain(line):
             if progress is not None and check.leaves() >= next_report:
                 progress(check.leaves(), check.size)
                 next_report += _PROGRESS_EVERY
             continue
         check.flush()
+        obj, state = _read_line(line, check.tree.size, check.raw)
+        kind = obj.get("kind")
         if kind == "seal":
             if not lines.last():
                 raise BundleError("seal", "there is more after the trailer")
@@ -703,7 +751,7 @@ def _check_lines(
         if kind == "gap":
             check.gap(obj)
         elif kind == "entry":
-            check.entry(_entry(obj, check.tree.size), obj["prev_hash"])
+            check.entry(_entry(obj, state, check.tree.size), obj["prev_hash"])
         else:
             raise BundleError(
                 f"leaf/{check.tree.size}", "a line that is neither an entry nor a gap"
@@ -789,16 +837,25 @@ def _audit_lines(fd: int, conn: Any) -> None:
     bytes the seal covers. Sends ``(digest, report)``, or ``(None, why)``."""
     try:
         with _reopen(fd) as stream:
-            _, first = _header(stream)
+            header, first = _header(stream)
+            raw = header["format"] == BUNDLE_FORMAT
             sealed = hashlib.sha256(first)
             auditor = Auditor()
-            apply = auditor.apply
+            apply, loads, marker, skip = auditor.apply, orjson.loads, _STATE, len(_STATE)
             lines = _Lines(stream, sealed.update)
             for line in lines:
-                obj = _parse_line(line, "", canonical=False)
+                # _read_line's reading, inline for the common line (the hot path): the
+                # values the checking process checks there and in _entry
+                cut = line.find(marker) if raw else -1
+                if cut >= 0:
+                    obj = loads(line[:cut] + b"}")
+                    apply(obj["position"], obj["topic"], line[cut + skip : -2])
+                    continue
+                obj, state = _read_line(line, 0, raw)
                 kind = obj.get("kind")
-                if kind == "entry":  # the values _entry reads (it checks them there)
-                    state = binascii.a2b_base64(obj["state"], strict_mode=True)
+                if kind == "entry" and state is not None:  # (else refused there)
+                    if isinstance(state, str):
+                        state = binascii.a2b_base64(state, strict_mode=True)
                     apply(obj["position"], obj["topic"], state)
                 elif kind == "seal":
                     lines.seal_before_this()
@@ -864,6 +921,8 @@ class _SeparateAudit:
 
 
 _sha256 = hashlib.sha256
+_loads = orjson.loads
+_STATE_SKIP = len(_STATE)
 _PUSH_EVERY = 256  # leaves :meth:`_Verifier.plain` checked, pushed into the tree at once
 
 
@@ -892,6 +951,7 @@ class _Verifier:
         self.last_position = 0
         self.last_chain = ""
         self.gap_before = False
+        self.raw = header["format"] == BUNDLE_FORMAT  # entry lines embed their state
         self._pending: list[bytes] = []  # leaf hashes :meth:`plain` has not pushed yet
         self._plain_topics: dict[str, bytes | None] = {}
 
@@ -904,19 +964,27 @@ class _Verifier:
             self.tree.push_leaves(self._pending)
             self._pending.clear()
 
-    def plain(self, obj: dict[str, Any]) -> bool:
-        """A whole bundle's entry line of the common kind (not a context entry, not of a
-        type the keys or the grants read), checked as :meth:`entry` checks
-        :func:`_entry`'s entry: True if every check passes; False, having changed
-        nothing, where the general path must look at it (and name what fails). The hot
-        path of a whole bundle: no call per check, the leaves pushed a block at a time."""
-        get = obj.get
+    def plain(self, line: bytes) -> bool:
+        """A whole v4 bundle's entry line of the common kind (its state embedded, not a
+        context entry, not of a type the keys or the grants read), read as
+        :func:`_read_line` reads it and checked as :meth:`entry` checks :func:`_entry`'s
+        entry: True if every check passes; False, having changed nothing, where the
+        general path must look at it (and name what fails). The hot path of a whole
+        bundle: no call per check, the leaves pushed a block at a time."""
+        cut = line.find(_STATE)
+        try:
+            obj: Any = _loads(line[:cut] + b"}") if cut >= 0 and line.endswith(b"}\n") else None
+            get = obj.get  # a line not of an object has none
+        except (orjson.JSONDecodeError, AttributeError):
+            return False
+        stored = line[cut + _STATE_SKIP : -2]
         position, leaf, version = get("position"), get("leaf"), get("version")
-        topic, originator, state = get("topic"), get("originator"), get("state")
+        topic, originator = get("topic"), get("originator")
         chain_hash, prev_hash = get("chain_hash"), get("prev_hash")
         if not (
             len(obj) == _ENTRY_SIZE
             and get("context") is False
+            and get("kind") == "entry"
             and type(position) is int
             and type(leaf) is int
             and type(version) is int
@@ -924,7 +992,6 @@ class _Verifier:
             and type(originator) is str
             and type(chain_hash) is str
             and type(prev_hash) is str
-            and type(state) is str
             and leaf == self.tree.size + len(self._pending)
             and leaf < self.size
             and self.last_position < position < 2**64
@@ -938,17 +1005,16 @@ class _Verifier:
         if encoded == b"":
             plain = topic.partition("/")[0] not in (_ROTATION, "GrantMinted", "AgentRegistered")
             encoded = self._plain_topics[topic] = topic.encode() if plain else None
-        if encoded is None:
-            return False
         try:
             raw = bytes.fromhex(originator)
             prev = bytes.fromhex(prev_hash)
-            stored = binascii.a2b_base64(state, strict_mode=True)
-        except (ValueError, binascii.Error):
+        except ValueError:
             return False
         # linked, prev_hash must be the last chain hash (a hexdigest: lower-case hex)
-        if raw.hex() != originator or (
-            prev_hash != self.last_chain if self.linked else prev.hex() != prev_hash
+        if (
+            encoded is None
+            or raw.hex() != originator
+            or (prev_hash != self.last_chain if self.linked else prev.hex() != prev_hash)
         ):
             return False
         frame = entry_frame(prev, position, raw, version, encoded, stored)

@@ -46,12 +46,15 @@ position where the rule first breaks:
   only by its cell's newest incarnation, before its claim lapses; a worker whose
   schedule asks a class (``cell_class``) is scheduled only on a cell whose newest
   ``CellStarted`` has that class.
-- ``model-call``: at every reservation, the lease's own tokens charged plus its calls
-  reserved and not settled (this one included) are at most its allocation of tokens, on
-  a live lease; a call is reserved once and settled at most once, after its
-  reservation, for its lineage, in the same append as the ``UsageRecorded`` charging (or
-  refusing) exactly its tokens (or after its lease's refusal, the lease having ended); an
-  estimate is flagged so and within the reservation.
+- ``model-call``: at every reservation or block held, the lease's own tokens charged
+  plus its calls reserved and not settled and its blocks held (each less its settled
+  calls' charges; this one included) are at most its allocation of tokens, on a live
+  lease; a call is reserved once (on its own, or drawn from a block it settles on while
+  the block is held, within it) and settled at most once, after its reservation, for
+  its lineage, in the same append as the ``UsageRecorded`` charging (or refusing)
+  exactly its tokens (or after its lease's refusal, the lease having ended); an
+  estimate is flagged so and within the reservation; a block is released once, and a
+  recovered one charges exactly its unsettled remainder in its append.
 - ``credential``: a held credential is injected only in a leased sandbox, a worker's
   only if its verified grant names the secret, only to a destination the sandbox's leased egress
   admits, committed with that dial's ``EgressOpened``; a sandbox that withheld a
@@ -157,6 +160,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("a model call is reserved within its lease's tokens, net of calls in flight", "model-call"),
     ("a model call is settled once, after its reservation", "model-call"),
     ("a model call's settlement charges its tokens in the same append", "model-call"),
+    ("a block of tokens is held within its lease's tokens, net of what is held", "model-call"),
+    ("a block is released once, a recovered one charging its unsettled remainder", "model-call"),
     ("a held credential is injected only for a secret the sandbox's grant names", "credential"),
     ("a held credential goes only to a destination the sandbox's egress admits", "credential"),
     ("a held credential is injected with its dial's EgressOpened", "credential"),
@@ -202,6 +207,8 @@ KNOWN_TOPICS = frozenset(
         "ModelCallRefused",
         "ModelCallReserved",
         "ModelCallSettled",
+        "ModelTokensHeld",
+        "ModelTokensReleased",
         "OutwardIntent",
         "OutwardOutcome",
         "OwnSandboxDeclared",
@@ -358,6 +365,19 @@ class _Call:
 
 
 @dataclass
+class _Block:
+    """A block of a lease's tokens held for its model calls, until it is released."""
+
+    lineage: str
+    tokens: int
+    charged: int = 0
+
+    @property
+    def holding(self) -> int:
+        return max(self.tokens - self.charged, 0)
+
+
+@dataclass
 class _Allowance:
     """The journal bytes a worker caused, and its refusal."""
 
@@ -393,6 +413,9 @@ class _Auditor:
         self.calls: dict[str, _Call] = {}  # model calls reserved and not settled
         self.called: set[str] = set()  # every model call reserved
         self.in_flight: dict[str, int] = {}  # lineage → tokens reserved, not settled
+        self.blocks: dict[str, _Block] = {}  # model blocks held, not released
+        self.blocks_seen: set[str] = set()
+        self._run: list[Any] | None = None  # the settlements after a UsageRecorded
         self.digested: dict[str, int] = {}  # lineage → position of its quarantine digest
         self.quarantines: set[tuple[str, str]] = set()  # (lineage, sandbox) verdicts
         self.killed: set[str] = set()  # lineages with a WorkerKilled
@@ -943,43 +966,63 @@ class _Auditor:
 
     # -- the model door ----------------------------------------------------------------
 
-    def model_call_reserved(self, p: dict[str, Any], t: int) -> None:
-        call, lineage, need = str(p["call"]), str(p["lineage"]), int(p["reserved"])
-        if call in self.called:
-            self.find("model-call", lineage, f"model call {call} reserved again")
-            return
-        self.called.add(call)
-        self.calls[call] = _Call(lineage, need, int(p["prompt_estimate"]), int(p["max_tokens"]))
-        held = self.in_flight[lineage] = self.in_flight.get(lineage, 0) + need
+    def _held_over(self, what: str, lineage: str, t: int) -> None:
+        """At a reservation or a hold: the lease is live and covers what it holds."""
         ledger = self.books.get(lineage)
         if ledger is None or not ledger.live(t):
-            self.find("model-call", lineage, f"model call {call} reserved without a live lease")
+            self.find("model-call", lineage, f"{what} without a live lease")
             return
+        held = self.in_flight.get(lineage, 0) + sum(
+            b.holding for b in self.blocks.values() if b.lineage == lineage
+        )
         spent, allocation = ledger.spent[0], ledger.allocation[0]
         if spent + held > allocation:
             self.find(
                 "model-call",
                 lineage,
-                f"model call {call} reserved {need} tokens: {lineage} holds {spent} charged "
-                f"and {held} reserved, over its allocation of {allocation}",
+                f"{what}: {lineage} holds {spent} charged and {held} reserved, over its "
+                f"allocation of {allocation}",
             )
 
-    def model_call_settled(self, p: dict[str, Any], _: int) -> None:
-        call, lineage = str(p["call"]), str(p["lineage"])
-        reserved = self.calls.pop(call, None)
-        if reserved is None:
-            again = "again" if call in self.called else "without a reservation"
-            self.find("model-call", lineage, f"model call {call} settled {again}")
+    def _first(self, seen: set[str], key: str, lineage: str, what: str) -> bool:
+        """Whether ``key`` is new to ``seen`` (added); a finding (``what`` again) if not."""
+        if key in seen:
+            self.find("model-call", lineage, f"{what} again")
+            return False
+        seen.add(key)
+        return True
+
+    def model_tokens_held(self, p: dict[str, Any], t: int) -> None:
+        block, lineage, tokens = str(p["block"]), str(p["lineage"]), int(p["tokens"])
+        if not self._first(self.blocks_seen, block, lineage, f"model block {block} held"):
             return
-        left = self.in_flight.get(reserved.lineage, 0) - reserved.reserved
-        self.in_flight[reserved.lineage] = max(left, 0)
-        if reserved.lineage != lineage:
+        self.blocks[block] = _Block(lineage, tokens)
+        self._held_over(f"model block {block} held {tokens} tokens", lineage, t)
+
+    def model_tokens_released(self, p: dict[str, Any], _: int) -> None:
+        block, lineage, charged = str(p["block"]), str(p["lineage"]), int(p["charged"])
+        held = self.blocks.pop(block, None)
+        if held is None or held.lineage != lineage:
+            again = "again" if block in self.blocks_seen else "never held"
+            self.find("model-call", lineage, f"model block {block} released {again}")
+            return
+        if p["recovered"] and charged != held.holding:
             self.find(
                 "model-call",
                 lineage,
-                f"model call {call} of {reserved.lineage} settled for {lineage}",
+                f"model block {block} recovered charging {charged}, not its unsettled "
+                f"remainder {held.holding}",
             )
-        tokens = int(p["prompt_tokens"]) + int(p["completion_tokens"])
+        if charged and not self._charged_in_append(lineage, charged):
+            self.find(
+                "model-call",
+                lineage,
+                f"model block {block}'s release does not charge its {charged} tokens in its append",
+            )
+
+    def _charged_in_append(self, lineage: str, tokens: int) -> bool:
+        """The entry before this one, in its append, charges (or refuses) ``tokens`` to
+        ``lineage``, or is its lease's refusal (the lease having ended)."""
         kind, q, at = self._prev
         charged = (
             kind == "UsageRecorded"
@@ -987,8 +1030,78 @@ class _Auditor:
             and q.get("lineage") == lineage
             and int(q["amount"]["tokens"]) + int(q["refused"]["tokens"]) == tokens
         )
-        lease_ended = kind == "BudgetRefused" and q.get("lineage") == lineage
-        if not (charged or lease_ended):
+        return charged or (kind == "BudgetRefused" and q.get("lineage") == lineage)
+
+    def _charged_in_run(self, lineage: str, tokens: int) -> bool:
+        """A settlement's charge: the ``UsageRecorded`` just before it in its append, or
+        before the run of settlements it continues there, charges (or refuses) at least
+        the run's tokens (the meter charges the run's sum in one), or its lease's
+        refusal is (the lease having ended)."""
+        kind, q, at = self._prev
+        run = self._run
+        if kind == "UsageRecorded" and at == self._at_text and q.get("lineage") == lineage:
+            run = [lineage, int(q["amount"]["tokens"]) + int(q["refused"]["tokens"]), 0]
+        elif kind == "BudgetRefused" and q.get("lineage") == lineage:
+            run = [lineage, None, 0]
+        elif not (kind == "ModelCallSettled" and at == self._at_text and run and run[0] == lineage):
+            run = None
+        self._run = run
+        if run is None:
+            return False
+        if run[1] is None:  # the lease ended: settled alone, not charged
+            return True
+        run[2] += tokens
+        return int(run[2]) <= int(run[1])
+
+    def model_call_reserved(self, p: dict[str, Any], t: int) -> None:
+        call, lineage, need = str(p["call"]), str(p["lineage"]), int(p["reserved"])
+        if not self._first(self.called, call, lineage, f"model call {call} reserved"):
+            return
+        self.calls[call] = _Call(lineage, need, int(p["prompt_estimate"]), int(p["max_tokens"]))
+        self.in_flight[lineage] = self.in_flight.get(lineage, 0) + need
+        self._held_over(f"model call {call} reserved {need} tokens", lineage, t)
+
+    def _drawn(self, p: dict[str, Any]) -> _Call | None:
+        """A call drawn from a block, at its settlement (its one record): None when it
+        settles on no block held by its lineage, or again."""
+        call, lineage, block = str(p["call"]), str(p["lineage"]), str(p["block"])
+        held = self.blocks.get(block)
+        if not self._first(self.called, call, lineage, f"model call {call} settled"):
+            return None
+        if held is None or held.lineage != lineage:
+            self.find("model-call", lineage, f"model call {call} settled on no block it holds")
+            return None
+        need, estimate, most = int(p["reserved"]), int(p["prompt_estimate"]), int(p["max_tokens"])
+        if need != estimate + most or need > held.tokens:
+            self.find(
+                "model-call", lineage, f"model call {call} drew {need} tokens, not within its block"
+            )
+        held.charged += int(p["prompt_tokens"]) + int(p["completion_tokens"])
+        return _Call(lineage, need, estimate, most)
+
+    def model_call_settled(self, p: dict[str, Any], _: int) -> None:
+        call, lineage = str(p["call"]), str(p["lineage"])
+        if p.get("block") is not None:
+            reserved = self._drawn(p)
+            if reserved is None:
+                return
+        else:
+            popped = self.calls.pop(call, None)
+            if popped is None:
+                again = "again" if call in self.called else "without a reservation"
+                self.find("model-call", lineage, f"model call {call} settled {again}")
+                return
+            reserved = popped
+            left = self.in_flight.get(reserved.lineage, 0) - reserved.reserved
+            self.in_flight[reserved.lineage] = max(left, 0)
+        if reserved.lineage != lineage:
+            self.find(
+                "model-call",
+                lineage,
+                f"model call {call} of {reserved.lineage} settled for {lineage}",
+            )
+        tokens = int(p["prompt_tokens"]) + int(p["completion_tokens"])
+        if not self._charged_in_run(lineage, tokens):
             self.find(
                 "model-call",
                 lineage,
@@ -1307,6 +1420,8 @@ class _Auditor:
             "SlotReleased": self.slot_released,
             "ModelCallReserved": self.model_call_reserved,
             "ModelCallSettled": self.model_call_settled,
+            "ModelTokensHeld": self.model_tokens_held,
+            "ModelTokensReleased": self.model_tokens_released,
             "CredentialInjected": self.credential_injected,
             "CredentialWithheld": self.credential_withheld,
             "QuarantineVerdict": self.quarantine_verdict,

@@ -10,6 +10,8 @@ to sandboxes held here, under the lock that gives them back.
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from charter.core import Budget
@@ -21,6 +23,8 @@ from charter.runner.events import RESULT_CAP
 from charter.sandbox import EgressGrant, Outcome, SandboxControl, Slot, WarmPool
 
 __all__ = ["Driver"]
+
+_IDLE_S = 5.0  # a driver thread with no worker to drive for this long ends
 
 
 class Driver:
@@ -41,7 +45,14 @@ class Driver:
         self.lock = lock  # the views' lock: a kill and a give-back never interleave
         self._slots: dict[str, Slot] = {}  # lineage -> its leased slot
         self._by_uid: dict[int, str] = {}  # sandbox host uid -> lineage
-        self._threads: list[threading.Thread] = []
+        # Driver threads are kept and reused: a thread started for each worker made
+        # the follower wait, per start, for the new thread to be scheduled (under the
+        # GIL's contention, a switch interval or more) before it could decide the next.
+        self._tasks: deque[tuple[str, Callable[[], None]]] = deque()
+        self._drivers = threading.Condition(threading.Lock())
+        self._idle = 0  # driver threads waiting for a worker
+        self._busy = 0  # workers handed to a driver thread and not finished
+        self._closed = False
         self.forget: Callable[[str], None] = lambda lineage: None  # a start that never was
         self._quarantined: dict[str, str] = {}  # lineage -> why its sandbox is withheld
         self._dying: set[str] = set()  # killed here, their sandboxes not destroyed yet
@@ -59,7 +70,6 @@ class Driver:
         with self.lock:
             self._slots[lineage] = slot
             self._by_uid[slot.host_uid] = lineage
-        self.logs.track(lineage, slot)
 
     def holds(self, lineage: str) -> bool:
         with self.lock:
@@ -160,20 +170,62 @@ class Driver:
     # -- exec ------------------------------------------------------------------------
 
     def drive(self, name: str, target: Callable[[], None]) -> None:
-        """Run ``target`` (a worker's exec, wait and report) on a thread of its own."""
-        thread = threading.Thread(target=target, name=name)
-        self._threads.append(thread)
-        thread.start()
+        """Run ``target`` (a worker's exec, wait and report) on a driver thread: an idle
+        one if there is one, else a new one (so every worker runs at once)."""
+        with self._drivers:
+            self._tasks.append((name, target))
+            self._busy += 1
+            if self._idle > 0:
+                self._idle -= 1  # it is taken: a second drive meanwhile starts another
+                self._drivers.notify()
+                return
+        threading.Thread(target=self._serve, name=name).start()
+
+    def _serve(self) -> None:
+        """A driver thread: drive workers as they come, end once idle for ``_IDLE_S``
+        (or at :meth:`join`)."""
+        while True:
+            with self._drivers:
+                if not self._tasks:
+                    self._idle += 1
+                    deadline = time.monotonic() + _IDLE_S
+                    while not self._tasks and not self._closed:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._drivers.wait(left)
+                    if not self._tasks:  # idle too long, or joined: this thread ends
+                        self._idle -= 1
+                        return
+                name, target = self._tasks.popleft()
+            threading.current_thread().name = name
+            try:
+                target()
+            finally:
+                with self._drivers:
+                    self._busy -= 1
+                    self._drivers.notify_all()
 
     def run(self, lineage: str, slot: Slot, command: tuple[str, ...]) -> Outcome:
         """Exec ``command`` in ``slot`` (its start is committed), wait, and measure: the
         exit, how it ended, cgroup usage and the captured output (its live tail copied
-        to ``lineage``'s log files meanwhile)."""
+        to ``lineage``'s log files meanwhile, set up here on the driver's thread, off the
+        follower's path)."""
+        self.logs.track(lineage, slot)
         try:
             return slot.run(list(command), capture=True, max_output_bytes=RESULT_CAP)
         finally:
             self.logs.finish(lineage)
 
     def join(self, timeout_s: float = 30.0) -> None:
-        for thread in list(self._threads):
-            thread.join(timeout=timeout_s)
+        """Wait (at most ``timeout_s``) for every worker handed to a driver thread to be
+        driven to its end, then let the idle driver threads end."""
+        deadline = time.monotonic() + timeout_s
+        with self._drivers:
+            while self._busy > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._drivers.wait(left)
+            self._closed = True
+            self._drivers.notify_all()

@@ -103,13 +103,18 @@ class Follower:
         self.view = view
         self.tracking = f"charter.cell.{cell}"
         self._scanned = 0  # admissions read up to here by this process
+        # The tracked position, read once: after that only this incarnation's own starts
+        # move it (to positions already scanned); another incarnation's would fence this
+        # one, and a start already tracked is refused by the journal (AlreadyTracked).
+        self._tracked: int | None = None
 
     def admitted(self) -> list[tuple[int, Event]]:
         """The admissions committed since the last read, with their positions, to be
         decided on one by one (:func:`start_policy`, on the views as they stand then:
         each start moves them). Hold the views' lock, with the views refreshed."""
-        tracked = self.journal.tracked_position(self.tracking)
-        start, stop = max(tracked, self._scanned) + 1, self.view.position
+        if self._tracked is None:
+            self._tracked = self.journal.tracked_position(self.tracking)
+        start, stop = max(self._tracked, self._scanned) + 1, self.view.position
         found = (
             [(e.position, e.event) for e in self.journal.entries(start, stop, types=_ADMITTED)]
             if start <= stop

@@ -40,7 +40,14 @@ from charter.core import Budget, Event, now_ms
 from charter.core.events import canonical_json
 from charter.ledger import Committed
 from charter.runner.errors import JournalAllowanceError, ResultGivenError
-from charter.runner.events import RESULT_CAP, ModelCallReserved, WorkerResult, WorkerWaiting
+from charter.runner.events import (
+    RESULT_CAP,
+    ModelCallReserved,
+    ModelCallSettled,
+    ModelTokensHeld,
+    WorkerResult,
+    WorkerWaiting,
+)
 
 __all__ = [
     "ENTRY_OVERHEAD",
@@ -50,7 +57,9 @@ __all__ = [
     "result_bytes",
     "spawn_bytes",
     "delegate_bytes",
+    "model_block_bytes",
     "model_call_bytes",
+    "model_draw_bytes",
     "wait_bytes",
 ]
 
@@ -106,9 +115,43 @@ MODEL_CALL_ENTRIES = 3
 
 
 def model_call_bytes(event: ModelCallReserved) -> int:
-    """What a model call costs: its reservation's canonical payload (the model's name is
-    the worker's), plus the overhead of the :data:`MODEL_CALL_ENTRIES` entries."""
+    """What a model call reserved on its own cost: its reservation's canonical payload
+    (the model's name is the worker's), plus the overhead of the
+    :data:`MODEL_CALL_ENTRIES` entries."""
     return len(canonical_json(event.payload())) + MODEL_CALL_ENTRIES * ENTRY_OVERHEAD
+
+
+MODEL_BLOCK_ENTRIES = 3
+"""The entries one block of tokens journals: its hold, its release, and the
+``UsageRecorded`` a recovery charges with it (each fixed-size)."""
+
+
+def model_block_bytes(event: ModelTokensHeld) -> int:
+    """What a block of tokens costs: its hold's canonical payload, plus the overhead
+    of the :data:`MODEL_BLOCK_ENTRIES` entries."""
+    return len(canonical_json(event.payload())) + MODEL_BLOCK_ENTRIES * ENTRY_OVERHEAD
+
+
+_DRAWN_ENTRIES = 2  # a drawn call's settlement, and the UsageRecorded charging it
+_BIG = 10**19 - 1  # wider than any count a settlement records (its digits, in JSON)
+_DRAWN_BASE = len(
+    canonical_json(
+        ModelCallSettled(
+            call="0" * 32, lineage="", block="0" * 32, model="", digest="0" * 64,
+            stream_response=False, prompt_estimate=_BIG, max_tokens=_BIG, reserved=_BIG,
+            prompt_tokens=_BIG, completion_tokens=_BIG, estimated=False, how="upstream-failed",
+            status=_BIG, latency_ms=_BIG, first_token_ms=_BIG,
+        ).payload()
+    )
+)  # fmt: skip
+
+
+def model_draw_bytes(lineage: str, model: str) -> int:
+    """What a call drawn from a block costs (an upper bound): its settlement's
+    canonical payload at its widest (the lineage's and model's names are the worker's),
+    plus the overhead of its two entries."""
+    names = len(canonical_json([lineage, model])) - len(canonical_json(["", ""]))
+    return _DRAWN_BASE + names + _DRAWN_ENTRIES * ENTRY_OVERHEAD
 
 
 class _Budgets(Protocol):

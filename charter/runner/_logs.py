@@ -34,6 +34,9 @@ class _Tracked:
     slot: Slot
     directory: Path
     read: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STREAMS, 0))
+    # One copy at a time: the pump and ``finish`` may both copy a worker as it ends,
+    # and two copies from one offset would append a chunk twice, or a stale one last.
+    copying: threading.Lock = field(default_factory=threading.Lock)
 
 
 class WorkerLogs:
@@ -60,7 +63,8 @@ class WorkerLogs:
             self._tracked[lineage] = _Tracked(slot, directory)
 
     def finish(self, lineage: str) -> None:
-        """The command ended: copy what is left, then stop tracking it."""
+        """The command ended: copy what is left (after a copy the pump has under way),
+        then stop tracking it."""
         with self._lock:
             tracked = self._tracked.pop(lineage, None)
         if tracked is not None:
@@ -78,6 +82,11 @@ class WorkerLogs:
                 self._copy(one)
 
     def _copy(self, tracked: _Tracked) -> None:
+        with tracked.copying:
+            self._copy_held(tracked)
+
+    @staticmethod
+    def _copy_held(tracked: _Tracked) -> None:
         for stream in STREAMS:
             while True:
                 data = tracked.slot.output(stream, tracked.read[stream], _READ)

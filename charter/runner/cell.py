@@ -333,8 +333,16 @@ class Cell:
         base.chmod(0o755)
         path.chmod(0o755)
         client = path / "charter_door.py"
-        client.write_bytes(Path(__file__).with_name("client.py").read_bytes())
-        client.chmod(0o644)
+        wanted = Path(__file__).with_name("client.py").read_bytes()
+        with contextlib.suppress(OSError):
+            if client.read_bytes() == wanted:
+                return path  # as it is: a running worker of this cell may be reading it
+        # Whole or not at all: a worker of another incarnation reading it meanwhile never
+        # imports a half-written client.
+        partial = path / ".charter_door.py.new"
+        partial.write_bytes(wanted)
+        partial.chmod(0o644)
+        os.replace(partial, client)
         return path
 
     def close(self) -> None:
@@ -605,7 +613,15 @@ class Cell:
         return 0 if self.driver is None else self.driver.running()
 
     def idle(self) -> bool:
-        """Nothing of this cell's is running or waiting to run."""
+        """Nothing of this cell's is running or waiting to run. While the views as they
+        stand hold a live worker of its, it is not idle, with no read of the journal
+        (checked after every step of ``run_cell --once``): only its own incarnation ends
+        its workers (a newer one, or a reaper, fences this one first), and an end it
+        journaled is folded as it commits. That look takes no lock (one dict read; a
+        count read as it changes is at worst stale, and ``run`` steps again): waiting
+        for the views' lock held through a driver's commit delayed the next step."""
+        if self.view.live_count.get(self.cell, 0):
+            return False
         with self._lock:
             self.refresh()
             return not self.view.live_count.get(self.cell, 0)

@@ -439,6 +439,9 @@ class Door(KeyBroker):
             if self.model is not None:  # its calls settle as their threads end
                 self.model.hang_up(lambda holder: holder[0] == sandbox_id)
                 self.model.drain(host_uid)
+                served = self.model.forget(sandbox_id)
+                if self.meter is not None and served is not None:
+                    self.meter.finish(served)  # its lease's blocks of tokens end with it
             self._drain(host_uid)
             with self._count_lock:  # after the drain: its threads have stopped adding
                 for holder in [h for h in self._served if h[0] == sandbox_id]:

@@ -6,7 +6,8 @@ A worker's lifecycle events go on its own stream (``worker:<lineage>``, after it
 ``WorkerScheduled``), so the start is pinned to the schedule being the stream's only
 entry: a worker killed while queued can never start, and no worker starts twice.
 The sandbox's own events (leased, started, exited, discarded) are the sandbox package's.
-The model door's calls (``ModelCallReserved``, ``ModelCallSettled``, ``ModelCallRefused``:
+The model door's calls (``ModelTokensHeld``, ``ModelCallSettled``, ``ModelTokensReleased``,
+``ModelCallRefused``, and ``ModelCallReserved``, which older doors journaled per call:
 docs/model-door.md) are defined here.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from charter.control.workers import (
     RESULT_CAP,
@@ -40,7 +41,10 @@ __all__ = [
     "ModelCallReserved",
     "ModelCallSettled",
     "ModelCallRefused",
+    "ModelTokensHeld",
+    "ModelTokensReleased",
     "MODEL_NAME_CAP",
+    "model_block_stream",
     "model_call_stream",
     "RUNNER_EVENTS",
 ]
@@ -55,10 +59,49 @@ def model_call_stream(call: str) -> str:
     return f"modelcall:{call}"
 
 
+def model_block_stream(block: str) -> str:
+    """The stream of one block of a lease's tokens: its hold, the settlements of the
+    calls drawn from it, then its release."""
+    return f"modelblock:{block}"
+
+
+class ModelTokensHeld(Event):
+    """A block of ``tokens`` of a lease is held for its model calls (docs/model-door.md):
+    journaled before any call drawing from it is sent; its calls draw from it in memory
+    and settle on its stream, and it is released (``ModelTokensReleased``) when no call
+    will draw from it again."""
+
+    type_name = "ModelTokensHeld"
+    block: str = Field(pattern=r"^[0-9a-f]{32}$")
+    lineage: str
+    cell: str
+    tokens: int = Field(ge=1)
+
+    def stream(self) -> str:
+        return model_block_stream(self.block)
+
+
+class ModelTokensReleased(Event):
+    """The block's hold ends. ``recovered``: its cell died with it held, and the next
+    incarnation charged what its settled calls had not (``charged``, an estimate: the
+    ``UsageRecorded`` just before it), fail-closed; otherwise ``charged`` is what its
+    calls' lost settlements were charged (0 when each settled)."""
+
+    type_name = "ModelTokensReleased"
+    block: str = Field(pattern=r"^[0-9a-f]{32}$")
+    lineage: str
+    charged: int = Field(ge=0)
+    recovered: bool
+
+    def stream(self) -> str:
+        return model_block_stream(self.block)
+
+
 class ModelCallReserved(Event):
-    """A worker's model call is about to be sent (docs/model-door.md): ``reserved``
-    tokens (the prompt's estimate plus ``max_tokens``) are held against its lease until
-    the call settles. Journaled before the request leaves Charter."""
+    """A worker's model call is about to be sent (journaled per call by the model door
+    before blocks, ``ModelTokensHeld``; still read, audited and recovered):
+    ``reserved`` tokens (the prompt's estimate plus ``max_tokens``) are held against its
+    lease until the call settles. Journaled before the request leaves Charter."""
 
     type_name = "ModelCallReserved"
     call: str = Field(pattern=r"^[0-9a-f]{32}$")
@@ -80,11 +123,23 @@ class ModelCallSettled(Event):
     """The call is over and its tokens are charged (the ``UsageRecorded`` in the same
     append): from the server's reported usage (``estimated`` false), or, when no usage
     came (the stream was cut at the cap, the worker disconnected, the server failed,
-    the cell restarted), an estimate (``estimated`` true, ``how`` says why)."""
+    the cell restarted), an estimate (``estimated`` true, ``how`` says why).
+
+    A call drawn from a block (``block``) is journaled only here, with its request's
+    record (``model``, ``digest``, the estimate, ``max_tokens`` and what it drew,
+    ``reserved``), on the block's stream; one reserved on its own
+    (``ModelCallReserved``, ``block`` None) has those in its reservation."""
 
     type_name = "ModelCallSettled"
     call: str = Field(pattern=r"^[0-9a-f]{32}$")
     lineage: str
+    block: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    model: str | None = Field(default=None, max_length=MODEL_NAME_CAP)
+    digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    stream_response: bool | None = None
+    prompt_estimate: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    reserved: int | None = Field(default=None, ge=1)
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     estimated: bool
@@ -94,7 +149,19 @@ class ModelCallSettled(Event):
     latency_ms: int = Field(ge=0)
     first_token_ms: int | None = Field(default=None, ge=0)
 
+    @model_validator(mode="after")
+    def _drawn_with_its_record(self) -> ModelCallSettled:
+        record = (self.model, self.digest, self.stream_response, self.prompt_estimate,
+                  self.max_tokens, self.reserved)  # fmt: skip
+        if (self.block is None) != all(f is None for f in record) or (
+            self.block is not None and any(f is None for f in record)
+        ):
+            raise ValueError("a call drawn from a block carries its request's record; no other")
+        return self
+
     def stream(self) -> str:
+        if self.block is not None:
+            return model_block_stream(self.block)
         return model_call_stream(self.call)
 
 
@@ -122,4 +189,6 @@ RUNNER_EVENTS = (
     ModelCallReserved,
     ModelCallSettled,
     ModelCallRefused,
+    ModelTokensHeld,
+    ModelTokensReleased,
 )

@@ -14,24 +14,29 @@ Each call, in order:
 
 1. its reservation, ``ceil(body bytes / 4)`` (the prompt's estimate) + ``max_tokens``
    (``max_output_tokens``; the worker's, else :data:`DEFAULT_MAX_TOKENS` cut to what is
-   left), is checked against the lease's tokens left net of the worker's calls in
-   flight, under the lease's lock, and journaled (``ModelCallReserved``) **before**
-   anything is sent; a lease that cannot cover it is refused (429, ``model-tokens``,
-   journaled once per lease as ``ModelCallRefused``);
+   left), is drawn, under the lease's lock, from the lease's block of tokens held in the
+   journal (``ModelTokensHeld``), in memory: no append on its path; when the block
+   cannot cover it, a new block (:data:`BLOCK_CALLS` reservations, cut to the lease's
+   tokens left net of its blocks) is journaled first, **before** anything is sent; a
+   lease that cannot cover it is refused (429, ``model-tokens``, journaled once per
+   lease as ``ModelCallRefused``);
 2. the call is sent with ``max_tokens`` set to the reservation's (and, a streamed chat
    completion, ``stream_options.include_usage``); a stream whose counted tokens (one per
    content chunk or delta event) pass it is cut;
-3. it is settled once, in one append: ``UsageRecorded`` (tokens) and
-   ``ModelCallSettled``, pinned to the call's stream so a second settlement cannot
-   commit, from the server's reported usage, or as an estimate flagged so (cut at the
-   cap, client gone, no usage, server failed, or the cell restarted: ``recover``). The
-   settlement is decided when the answer ends and rides in the same connection's next
-   reservation (one commit for both); without one within :data:`SETTLE_DELAY_S`, before
-   a refusal, or as the connection ends, it is appended alone.
+3. it is settled once, from the server's reported usage, or as an estimate flagged so
+   (cut at the cap, client gone, no usage, server failed): decided when the answer
+   ends, and journaled off the call's path by the meter's settler
+   (``ModelCallSettled``, the call's one record, on its block's stream, after the
+   ``UsageRecorded`` charging it; a lease's settlements gathered for
+   :data:`SETTLE_GATHER_S` share one append), at the latest before a hold that needs
+   its tokens and at the worker's end. A block is released (``ModelTokensReleased``)
+   once no call will draw from it; a cell that died with one held leaves it to the
+   next incarnation, which charges what its settled calls had not (``recover``).
 
 A worker's end waits for its calls to settle: the door's ``unregister`` (before the cell
 returns the lease) hangs up the model connections of the sandbox and waits for their
-threads, which settle as they end.
+threads, then journals their settlements and releases the lease's blocks
+(:meth:`ModelMeter.finish`).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from urllib.parse import urlsplit
 import h11
 
 from charter.core import BadInputError, Budget, CharterError, Event, now_ms
-from charter.runner._journal_allowance import model_call_bytes
+from charter.runner._journal_allowance import model_block_bytes, model_draw_bytes
 from charter.runner._sse import data_of, event_batches
 from charter.runner._upstream import (
     Answer,
@@ -73,20 +78,24 @@ from charter.runner.events import (
     ModelCallRefused,
     ModelCallReserved,
     ModelCallSettled,
-    model_call_stream,
+    ModelTokensHeld,
+    ModelTokensReleased,
+    model_block_stream,
 )
 from charter.sandbox import Member, PeerServer, Refusal
 
 __all__ = [
+    "BLOCK_CALLS",
     "BYTES_PER_TOKEN",
     "DEFAULT_MAX_TOKENS",
+    "Draw",
     "JOURNAL_BLOCK",
     "MAX_BODY",
     "MAX_CONNECTIONS",
     "ModelDoor",
     "ModelEndpoint",
     "ModelMeter",
-    "SETTLE_DELAY_S",
+    "SETTLE_GATHER_S",
     "Settlement",
     "configure_endpoint",
     "load_endpoint",
@@ -105,9 +114,16 @@ MAX_CONNECTIONS = 16  # per worker at a time (each holds a thread here)
 JOURNAL_BLOCK = 32 * 1024
 """Journal bytes the model door charges a lease's allowance at a time (docs/door.md)."""
 _IDLE_TIMEOUT = 300.0  # a model may think for minutes before its first byte
-SETTLE_DELAY_S = 0.05
-"""How long an answered call's settlement waits for the connection's next reservation
-to carry it (one commit for both) before it is appended on its own."""
+BLOCK_CALLS = 8
+"""A block of tokens the model door holds for a lease: this many of the call's
+reservation (cut to what the lease has left net of its blocks), so the next calls of
+the lease draw from it with no append on their path."""
+SETTLE_GATHER_S = 0.01
+"""How long the settler waits, once a settlement is queued, for more to journal in the
+same append (one commit, one ``UsageRecorded`` a lease, for the calls answered
+meanwhile): less of its work beside the calls being made."""
+_SETTLER_IDLE_S = 1.0  # the settler thread ends after this long with nothing queued
+_RECOVER_TRIES = 5  # a recovery read again when the old incarnation settled meanwhile
 _DRAIN_S = 5.0
 _KEPT = 16  # idle connections kept to the model endpoint
 _ENDPOINT_FILE = "model-endpoint.json"
@@ -238,12 +254,58 @@ class ChatRequest:
 # -- reservation and settlement ----------------------------------------------------
 
 
+@dataclass(eq=False)
+class _Block:
+    """A block of a lease's tokens, held in the journal (``ModelTokensHeld``) and drawn
+    from here; this meter is the one writer of its stream while it holds it."""
+
+    block: str
+    lineage: str
+    tokens: int
+    version: int = 1  # its stream's version: its hold, then its calls' settlements
+    drawn: int = 0  # what its calls not yet settled drew
+    charged: int = 0  # what its settled calls charged
+    calls: int = 0  # its calls not yet settled
+    retired: bool = False  # no call draws from it again (a newer block replaced it)
+    kept: bool = False  # a settlement failed: held until the cell's end, never released
+    released: bool = False
+    settled: set[str] = field(default_factory=set)  # its calls tried, once each
+
+    @property
+    def free(self) -> int:
+        return self.tokens - self.drawn - self.charged
+
+    @property
+    def holding(self) -> int:
+        """What it holds against its lease (its settled calls' charges are the lease's)."""
+        return 0 if self.released else max(self.tokens - self.charged, 0)
+
+    def stream(self) -> str:
+        return model_block_stream(self.block)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One call's share of a block: what it reserved, never journaled on its own (its
+    settlement carries it)."""
+
+    call: str
+    lineage: str
+    block: _Block = field(repr=False)
+    model: str
+    digest: str
+    stream_response: bool
+    prompt_estimate: int
+    max_tokens: int
+    reserved: int
+
+
 @dataclass
 class Settlement:
     """A call's settlement, decided when its answer ended: journaled once (``done``
     once it was tried; ``committed`` once it is on record)."""
 
-    reserved: ModelCallReserved
+    draw: Draw
     event: ModelCallSettled
     done: bool = False
     committed: bool = False
@@ -251,129 +313,187 @@ class Settlement:
     @classmethod
     def of(
         cls,
-        reserved: ModelCallReserved,
+        draw: Draw,
         prompt: int,
         completion: int,
         *,
         estimated: bool,
-        how: SettleHow | Literal["recovered"],
+        how: SettleHow,
         status: int,
         latency_ms: int,
         first_token_ms: int | None = None,
     ) -> Settlement:
         event = ModelCallSettled(
-            call=reserved.call,
-            lineage=reserved.lineage,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            estimated=estimated,
-            how=how,
-            status=status,
-            latency_ms=latency_ms,
+            call=draw.call, lineage=draw.lineage, block=draw.block.block, model=draw.model,
+            digest=draw.digest, stream_response=draw.stream_response,
+            prompt_estimate=draw.prompt_estimate, max_tokens=draw.max_tokens,
+            reserved=draw.reserved, prompt_tokens=prompt, completion_tokens=completion,
+            estimated=estimated, how=how, status=status, latency_ms=latency_ms,
             first_token_ms=first_token_ms,
-        )
-        return cls(reserved, event)
+        )  # fmt: skip
+        return cls(draw, event)
+
+
+def _tokens(n: int) -> Budget:
+    return Budget(tokens=n, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0)
 
 
 class ModelMeter:
-    """Reservations of one cell's model calls against their leases' tokens, and their
-    settlement (docs/model-door.md)."""
+    """Reservations of one cell's model calls against their leases' tokens, drawn from
+    blocks held in the journal, and their settlement (docs/model-door.md)."""
 
     def __init__(self, cell: Any) -> None:
         self._cell = cell
-        self._inflight: dict[str, int] = {}  # lineage -> tokens reserved, not settled
+        self._blocks: dict[str, list[_Block]] = {}  # lineage -> its blocks not released
+        self._queued: list[Settlement] = []  # answered, for the settler to journal
         self._refused: set[tuple[str, str]] = set()  # (lineage, reason) journaled once
         self._prepaid: dict[str, int] = {}  # journal bytes charged, not yet used
         self._guard = threading.Lock()
+        self._wake = threading.Condition(self._guard)
+        self._settler: threading.Thread | None = None
+        # One writer of the blocks' streams at a time: a settlement, a hold, a release.
+        self._settling = threading.Lock()
 
     def in_flight(self, lineage: str) -> int:
+        """Tokens ``lineage``'s blocks hold (net of their settled calls' charges)."""
         with self._guard:
-            return self._inflight.get(lineage, 0)
+            return sum(b.holding for b in self._blocks.get(lineage, ()))
 
-    def reserve(
-        self, lineage: str, request: ChatRequest, after: Settlement | None = None
-    ) -> ModelCallReserved:
-        """Hold the call's tokens against ``lineage``'s lease (net of its calls in
-        flight) and journal the reservation, or refuse (journaled once per lease).
-
-        ``after``, an answered call of the same lease not yet settled (the connection's
-        previous one), is settled first, in the reservation's own append when it can be
-        (one commit for both), else on its own: always exactly once, whether this call
-        is reserved or refused. Its tokens, not its reservation, count against this one."""
-        try:
-            return self._reserve(lineage, request, after)
-        finally:
-            if after is not None and not after.done:
-                self.settle(after)
-
-    def _reserve(
-        self, lineage: str, request: ChatRequest, after: Settlement | None
-    ) -> ModelCallReserved:
-        cell = self._cell
+    def reserve(self, lineage: str, request: ChatRequest) -> Draw:
+        """Draw the call's tokens from ``lineage``'s block, in memory; when it cannot
+        cover them, hold a new block of the lease's tokens (net of its blocks), journaled
+        before the call is sent, or refuse (journaled once per lease)."""
         estimate = prompt_estimate(request.body)
-        allowance = cell.journal_allowance
-        with allowance.held(lineage):  # one reservation of a lease at a time
-            with cell.changed:
-                cell.refresh()
-                remaining = cell.resources.book.remaining(lineage, now_ms())
-            tokens = remaining.tokens
-            left = tokens - self.in_flight(lineage)
-            if after is not None:  # settled before this one: its charge, not its hold
-                assert after.reserved.lineage == lineage
-                left += after.reserved.reserved - after.event.prompt_tokens
-                left -= after.event.completion_tokens
+        with self._cell.journal_allowance.held(lineage):  # one reservation at a time
+            draw = self._draw(lineage, request, estimate)
+            if draw is None:
+                with self._settling:
+                    draw = self._hold(lineage, request, estimate)
+            else:
+                try:
+                    self._charge_journal(lineage, model_draw_bytes(lineage, request.model))
+                except BaseException:
+                    self._undraw(draw)
+                    raise
+        return draw
+
+    def _draw(self, lineage: str, request: ChatRequest, estimate: int) -> Draw | None:
+        with self._guard:
+            blocks = self._blocks.get(lineage)
+            block = blocks[-1] if blocks else None
+            if block is None or block.retired:
+                return None
             max_tokens = request.max_tokens
             if max_tokens is None:
-                max_tokens = min(DEFAULT_MAX_TOKENS, left - estimate)
-            need = estimate + max(max_tokens, 1)
-            if max_tokens < 1 or need > left:
-                self._refuse(
-                    lineage,
-                    ModelTokensError(
-                        f"{lineage}'s lease has {max(left, 0)} tokens left (net of its calls "
-                        f"in flight); this call reserves {need} (a prompt of about "
-                        f"{estimate} and max_tokens {max(max_tokens, 1)}): ask for fewer "
-                        "max_tokens, or spawn with more tokens"
-                    ),
-                    need,
-                    left,
-                )
-            reserved = ModelCallReserved(
-                call=uuid.uuid4().hex,
-                lineage=lineage,
-                cell=cell.cell,
-                model=request.model,
-                digest=hashlib.sha256(request.body).hexdigest(),
-                stream_response=request.stream,
-                prompt_estimate=estimate,
-                max_tokens=max_tokens,
-                reserved=need,
-            )
-            self._charge_journal(lineage, model_call_bytes(reserved), remaining.egress_bytes)
-            with self._guard:  # held before the append: never counted from one total twice
-                self._inflight[lineage] = self._inflight.get(lineage, 0) + need
-            try:
-                carried = after is not None and self._commit(after, carry=reserved)
-                if not carried:  # its stream is new: pinned at 0, never read first
-                    with cell.changed:
-                        fresh = {reserved.stream(): 0}
-                        cell.applied(cell.journal.append([reserved], expect=fresh))
-            except BaseException:
-                self._release(lineage, need)  # not journaled: nothing is sent
-                raise
-        return reserved
+                if block.free - estimate < DEFAULT_MAX_TOKENS:  # the lease's left decides
+                    return None
+                max_tokens = DEFAULT_MAX_TOKENS
+            need = estimate + max_tokens
+            if need > block.free:
+                return None
+            block.drawn += need
+            block.calls += 1
+        return self._made(block, request, estimate, max_tokens, need)
 
-    def _charge_journal(self, lineage: str, nbytes: int, egress_left: int) -> None:
+    def _made(
+        self, block: _Block, request: ChatRequest, estimate: int, max_tokens: int, need: int
+    ) -> Draw:
+        return Draw(
+            call=uuid.uuid4().hex, lineage=block.lineage, block=block, model=request.model,
+            digest=hashlib.sha256(request.body).hexdigest(), stream_response=request.stream,
+            prompt_estimate=estimate, max_tokens=max_tokens, reserved=need,
+        )  # fmt: skip
+
+    def _undraw(self, draw: Draw) -> None:
+        with self._guard:
+            draw.block.drawn -= draw.reserved
+            draw.block.calls -= 1
+
+    def _hold(self, lineage: str, request: ChatRequest, estimate: int) -> Draw:
+        """Hold a new block for the call (hold ``_settling``), releasing in the same
+        append the lease's blocks none of whose calls is in flight; or refuse."""
+        cell = self._cell
+        with cell.changed:
+            cell.refresh()
+            remaining = cell.resources.book.remaining(lineage, now_ms())
+        left = self._left(lineage, remaining.tokens)
+        max_tokens, need = self._need(request, estimate, left)
+        if need > left and self._settle_queued(lineage):
+            with cell.changed:  # their charges, not their blocks' holds, count now
+                cell.refresh()
+                remaining = cell.resources.book.remaining(lineage, now_ms())
+            left = self._left(lineage, remaining.tokens)
+            max_tokens, need = self._need(request, estimate, left)
+        if need > left:
+            self._refuse(
+                lineage,
+                ModelTokensError(
+                    f"{lineage}'s lease has {max(left, 0)} tokens left (net of its calls "
+                    f"in flight); this call reserves {need} (a prompt of about "
+                    f"{estimate} and max_tokens {max_tokens}): ask for fewer "
+                    "max_tokens, or spawn with more tokens"
+                ),
+                need,
+                left,
+            )
+        held = ModelTokensHeld(
+            block=uuid.uuid4().hex, lineage=lineage, cell=cell.cell,
+            tokens=min(left, need * BLOCK_CALLS),
+        )  # fmt: skip
+        nbytes = model_block_bytes(held) + model_draw_bytes(lineage, request.model)
+        self._charge_journal(lineage, nbytes, remaining.egress_bytes)
+        with self._guard:
+            idle = [b for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
+        released = [
+            ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
+            for b in idle
+        ]
+        pins = {held.stream(): 0} | {b.stream(): b.version for b in idle}
+        with cell.changed:
+            cell.applied(cell.journal.append([*released, held], expect=pins))
+        block = _Block(held.block, lineage, held.tokens, drawn=need, calls=1)
+        with self._guard:
+            kept = [b for b in self._blocks.get(lineage, ()) if b not in idle]
+            for b in idle:
+                b.released = True
+            for b in kept:
+                b.retired = True
+            self._blocks[lineage] = [*kept, block]
+        return self._made(block, request, estimate, max_tokens, need)
+
+    def _left(self, lineage: str, tokens: int) -> int:
+        """The lease's ``tokens`` net of its blocks that calls in flight hold (the idle
+        ones are released by the next hold)."""
+        with self._guard:
+            return tokens - sum(
+                b.holding for b in self._blocks.get(lineage, ()) if b.calls or b.kept
+            )
+
+    @staticmethod
+    def _need(request: ChatRequest, estimate: int, left: int) -> tuple[int, int]:
+        """The call's ``max_tokens`` (the worker's, else the default cut to ``left``) and
+        its reservation, the estimate plus at least one token."""
+        max_tokens = request.max_tokens
+        if max_tokens is None:
+            max_tokens = min(DEFAULT_MAX_TOKENS, left - estimate)
+        return max(max_tokens, 1), estimate + max(max_tokens, 1)
+
+    def _charge_journal(self, lineage: str, nbytes: int, egress_left: int | None = None) -> None:
         """Charge a call's journal bytes to the lease's journal allowance (hold its
         lock): from what was prepaid, else prepaying :data:`JOURNAL_BLOCK` bytes at
         once when the lease's egress covers it (past the floor that is one egress
         charge for about twenty calls, not one each; at most a block is charged and
         never journaled), else exactly ``nbytes`` (refused, and journaled, when the
-        allowance cannot pay even that)."""
+        allowance cannot pay even that). ``egress_left``: the lease's, read when None."""
         with self._guard:
             prepaid = self._prepaid.get(lineage, 0)
         if prepaid < nbytes:
-            allowance = self._cell.journal_allowance
+            cell = self._cell
+            if egress_left is None:
+                with cell.changed:
+                    cell.refresh()
+                    egress_left = cell.resources.book.remaining(lineage, now_ms()).egress_bytes
+            allowance = cell.journal_allowance
             used, floor = allowance.used(lineage), allowance.floor
             block = max(JOURNAL_BLOCK, nbytes)
             over = max(0, used + block - floor) - max(0, used - floor)
@@ -407,73 +527,231 @@ class ModelMeter:
                 self._cell.applied(self._cell.journal.append([refusal]))
         raise error
 
-    def settle(self, pending: Settlement) -> ModelCallSettled | None:
-        """Charge the call's tokens and journal its settlement in one append, on its
-        own, pinned to the call's stream (None when it was settled already, by this door
-        or a later incarnation's recovery: never twice). The reservation is given back
-        only after the charge commits."""
-        if pending.done:
-            return None
-        self._commit(pending)
-        return pending.event if pending.committed else None
+    # -- settlement ----------------------------------------------------------------
 
-    def _commit(self, pending: Settlement, carry: ModelCallReserved | None = None) -> bool:
-        """Settle ``pending`` (once: it is ``done`` after this, whatever happened), with
-        ``carry`` in the same append when the charge commits; whether it was carried.
-        The reservation is given back only after the charge commits."""
-        if pending.done:  # tried once already: never charged (or given back) twice
-            return False
-        reserved, settled = pending.reserved, pending.event
-        pending.done = True
-        stream = model_call_stream(reserved.call)
+    def queue(self, settlement: Settlement) -> None:
+        """Leave an answered call's settlement to the settler (off the call's path): it
+        is journaled in order, at the latest before its lease's next hold that needs
+        its tokens, or its worker's end (:meth:`finish`)."""
+        with self._guard:
+            self._queued.append(settlement)
+            if self._settler is None:
+                self._settler = threading.Thread(
+                    target=self._settle_loop, name="model-settler", daemon=True
+                )
+                self._settler.start()
+            self._wake.notify()
+
+    def _settle_loop(self) -> None:
+        while True:
+            with self._guard:
+                if not self._queued:
+                    self._wake.wait(_SETTLER_IDLE_S)
+                if not self._queued:  # idle: ends (the next queued call starts another)
+                    self._settler = None
+                    return
+            time.sleep(SETTLE_GATHER_S)  # the calls answered meanwhile: in the same append
+            with self._settling:
+                with self._guard:
+                    batch, self._queued = self._queued, []
+                for lineage in dict.fromkeys(s.draw.lineage for s in batch):
+                    with contextlib.suppress(Exception):  # logged by _commit
+                        self._commit(*(s for s in batch if s.draw.lineage == lineage))
+
+    def _settle_queued(self, lineage: str) -> bool:
+        """Journal ``lineage``'s queued settlements now (hold ``_settling``); whether
+        there were any."""
+        with self._guard:
+            mine = [s for s in self._queued if s.draw.lineage == lineage]
+            self._queued = [s for s in self._queued if s.draw.lineage != lineage]
+        self._commit(*mine)
+        return bool(mine)
+
+    def settle(self, settlement: Settlement) -> ModelCallSettled | None:
+        """Journal the call's settlement now (None when it was settled already, or its
+        block was recovered by a later incarnation: never twice)."""
+        if settlement.done:
+            return None
+        with self._settling:
+            self._commit(settlement)
+        return settlement.event if settlement.committed else None
+
+    def finish(self, lineage: str) -> None:
+        """The worker's end (its model connections closed): journal its queued
+        settlements, then release its blocks, in one append."""
+        with self._settling:
+            self._settle_queued(lineage)
+            with self._guard:
+                idle = [b for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
+            if not idle:
+                return
+            released = [
+                ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
+                for b in idle
+            ]
+            try:
+                with self._cell.changed:
+                    pins = {b.stream(): b.version for b in idle}
+                    self._cell.applied(self._cell.journal.append(released, expect=pins))
+            except CharterError:  # still held on record: fail-closed, recovered if ever
+                _log.warning("%s: its model blocks could not be released", lineage)
+                return
+            with self._guard:
+                for b in idle:
+                    b.released = True
+                self._blocks[lineage] = [b for b in self._blocks.get(lineage, ()) if b not in idle]
+
+    def _commit(self, *pendings: Settlement) -> None:
+        """Charge the calls' tokens (of one lease) and journal their settlements in one
+        append (hold ``_settling``): one ``UsageRecorded`` charging their sum, then each
+        ``ModelCallSettled`` on its block's stream, pinned at the version this meter
+        wrote; each once (``done`` after this, whatever happened). A retired block's
+        last call releases it in the same append."""
         journal = self._cell.journal
-        extra: list[Event] = [] if carry is None else [carry]
-        # The carried reservation's stream is new (a fresh call id): pinned at 0, so
-        # the append does not read its version first.
-        pins = {stream: 1} if carry is None else {stream: 1, carry.stream(): 0}
+        mine: list[Settlement] = []
+        with self._guard:
+            for pending in pendings:
+                block = pending.draw.block
+                if pending.done or pending.draw.call in block.settled or block.released:
+                    pending.done = True  # tried once already: never charged twice
+                    continue
+                pending.done = True
+                block.settled.add(pending.draw.call)
+                mine.append(pending)
+            if not mine:
+                return
+            blocks = list(dict.fromkeys(p.draw.block for p in mine))
+            settling = {b: sum(p.draw.block is b for p in mine) for b in blocks}
+            last = {b for b in blocks if b.retired and b.calls == settling[b] and not b.kept}
+        lineage = mine[0].draw.lineage
+        events: list[Event] = [p.event for p in mine]
+        events += [
+            ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
+            for b in blocks
+            if b in last
+        ]
+        pins = {b.stream(): b.version for b in blocks}
         tries = 0
 
         def also() -> tuple[list[Event], dict[str, int]]:
-            # Pinned to the stream being at its reservation: the first try assumes so
-            # (a settled call's pin conflicts, and the retry reads it and stops).
+            # Pinned to the blocks' streams being as this meter left them: another
+            # writer (a later incarnation's recovery) released one, and charged its
+            # calls then.
             nonlocal tries
             tries += 1
-            if tries > 1 and journal.stream_version(stream) != 1:
-                raise ModelCallSettledError(f"model call {reserved.call} is settled already")
-            return [settled, *extra], pins
+            if tries > 1 and any(journal.stream_version(s) != v for s, v in pins.items()):
+                raise ModelCallSettledError("a model call's block was recovered")
+            return events, pins
 
-        tokens = settled.prompt_tokens + settled.completion_tokens
-        amount = Budget(tokens=tokens, wall_ms=0, cpu_ms=0, mem_bytes=0, egress_bytes=0)
+        tokens = sum(p.event.prompt_tokens + p.event.completion_tokens for p in mine)
+        outcome: Literal["committed", "taken", "failed"] = "failed"
         try:
-            self._cell.budgets.record_usage(reserved.lineage, amount, then=also)
+            self._cell.budgets.record_usage(lineage, _tokens(tokens), then=also)
+            outcome = "committed"
         except ModelCallSettledError:
-            return False
+            outcome = "taken"
         except CharterError:
-            # The lease ended first (its refusal is journaled): the call is still
-            # settled, so its tokens are on record, charged or not.
+            # The lease ended first (its refusal is journaled): the calls are still
+            # settled, so their tokens are on record, charged or not.
             with contextlib.suppress(CharterError), self._cell.changed:
-                if journal.stream_version(stream) == 1:
-                    self._cell.applied(journal.append([settled], expect={stream: 1}))
-            pending.committed = True
-            return False
-        else:
-            pending.committed = True
-            return carry is not None
+                if all(journal.stream_version(s) == v for s, v in pins.items()):
+                    self._cell.applied(journal.append(events, expect=pins))
+                    outcome = "committed"
+            if outcome != "committed":
+                _log.warning("%s: %d model calls' settlements not journaled", lineage, len(mine))
         finally:
-            self._release(reserved.lineage, reserved.reserved)
+            written = {b: settling[b] + (b in last) for b in blocks}
+            for pending in mine:
+                self._after(pending, outcome, written, last=pending.draw.block in last)
 
-    def _release(self, lineage: str, tokens: int) -> None:
+    def _after(
+        self, pending: Settlement, outcome: Literal["committed", "taken", "failed"],
+        written: dict[_Block, int], *, last: bool,
+    ) -> None:  # fmt: skip
+        """A settlement tried: its draw given back, its charge counted, its block
+        released when it was the last; taken by another writer, or failed, the block is
+        drawn from no more (failed: held until the cell ends, then recovered)."""
+        draw = pending.draw
+        block = draw.block
+        settled = pending.event
         with self._guard:
-            left = self._inflight.get(lineage, 0) - tokens
-            if left > 0:
-                self._inflight[lineage] = left
-            else:
-                self._inflight.pop(lineage, None)
+            block.drawn -= draw.reserved
+            block.calls -= 1
+            if outcome == "committed":
+                pending.committed = True
+                block.charged += settled.prompt_tokens + settled.completion_tokens
+                block.version += written.pop(block, 0)  # once per block
+            block.retired = block.retired or outcome != "committed"
+            block.kept = block.kept or outcome == "failed"
+            if (outcome == "committed" and last) or outcome == "taken":
+                block.released = True  # by this append, or by the other writer
+                blocks = self._blocks.get(draw.lineage, [])
+                self._blocks[draw.lineage] = [b for b in blocks if b is not block]
+
+    # -- recovery ----------------------------------------------------------------------
 
     def recover(self, lineage: str) -> int:
-        """Settle every call of ``lineage`` reserved and never settled (its cell died in
-        between) at its whole reservation, flagged ``recovered``; call before its lease
-        returns. Returns how many were settled."""
+        """Settle what ``lineage``'s last incarnation left held (its cell died in
+        between), fail-closed, before its lease returns: each block not released is
+        released charging what its settled calls had not (an estimate, flagged
+        ``recovered``), and each call reserved on its own (``ModelCallReserved``, an
+        older door) and never settled, its whole reservation. Returns how many."""
+        for _ in range(_RECOVER_TRIES):  # a settlement of the old incarnation raced
+            with contextlib.suppress(ModelCallSettledError):
+                return self._recover_blocks(lineage) + self._recover_calls(lineage)
+        return 0
+
+    def _recover_blocks(self, lineage: str) -> int:
+        journal = self._cell.journal
+        held: dict[str, list[int]] = {}  # block -> [tokens, charged, version]
+        types = ("ModelTokensHeld", "ModelCallSettled", "ModelTokensReleased")
+        for entry in journal.entries(types=types):
+            event = entry.event
+            if isinstance(event, ModelTokensHeld) and event.lineage == lineage:
+                held[event.block] = [event.tokens, 0, 1]
+            elif isinstance(event, ModelCallSettled) and event.block in held:
+                row = held[event.block]
+                row[1] += event.prompt_tokens + event.completion_tokens
+                row[2] += 1
+            elif isinstance(event, ModelTokensReleased):
+                held.pop(event.block, None)
+        for block, (tokens, charged, version) in held.items():
+            remainder = max(tokens - charged, 0)
+            release = ModelTokensReleased(
+                block=block, lineage=lineage, charged=remainder, recovered=True
+            )
+            stream = release.stream()
+            if remainder == 0:
+                try:
+                    with self._cell.changed:
+                        self._cell.applied(journal.append([release], expect={stream: version}))
+                except CharterError as e:  # its stream moved (a late settlement): again
+                    raise ModelCallSettledError(f"block {stream} moved: read again") from e
+                continue
+            tries = 0
+
+            def also(
+                stream: str = stream, version: int = version, release: Event = release
+            ) -> tuple[list[Event], dict[str, int]]:
+                nonlocal tries
+                tries += 1
+                if tries > 1 and journal.stream_version(stream) != version:
+                    raise ModelCallSettledError(f"block {stream} moved: read again")
+                return [release], {stream: version}
+
+            try:
+                self._cell.budgets.record_usage(lineage, _tokens(remainder), then=also)
+            except ModelCallSettledError:
+                raise
+            except CharterError:  # the lease ended: the release is on record alone
+                with contextlib.suppress(CharterError), self._cell.changed:
+                    if journal.stream_version(stream) == version:
+                        self._cell.applied(journal.append([release], expect={stream: version}))
+        return len(held)
+
+    def _recover_calls(self, lineage: str) -> int:
+        """Calls an older door reserved on their own and never settled: each at its whole
+        reservation, pinned to its stream being at its reservation."""
         journal = self._cell.journal
         reserved: dict[str, ModelCallReserved] = {}
         for entry in journal.entries(types=("ModelCallReserved", "ModelCallSettled")):
@@ -482,17 +760,24 @@ class ModelMeter:
                 reserved[event.call] = event
             elif isinstance(event, ModelCallSettled):
                 reserved.pop(event.call, None)
-        settled = 0
         for call in reserved.values():
-            with self._guard:
-                self._inflight[lineage] = self._inflight.get(lineage, 0) + call.reserved
-            whole = Settlement.of(
-                call, call.prompt_estimate, call.max_tokens,
-                estimated=True, how="recovered", status=0, latency_ms=0,
+            settled = ModelCallSettled(
+                call=call.call, lineage=lineage, prompt_tokens=call.prompt_estimate,
+                completion_tokens=call.max_tokens, estimated=True, how="recovered",
+                status=0, latency_ms=0,
             )  # fmt: skip
-            done = self.settle(whole)
-            settled += done is not None
-        return settled
+            stream = call.stream()
+
+            def also(
+                stream: str = stream, settled: Event = settled
+            ) -> tuple[list[Event], dict[str, int]]:
+                if journal.stream_version(stream) != 1:
+                    raise ModelCallSettledError(f"{stream} is settled already")
+                return [settled], {stream: 1}
+
+            with contextlib.suppress(ModelCallSettledError, CharterError):
+                self._cell.budgets.record_usage(lineage, _tokens(call.reserved), then=also)
+        return len(reserved)
 
 
 # -- the server ------------------------------------------------------------------------
@@ -523,6 +808,7 @@ class ModelDoor:
         self._holder = holder
         self._meter = meter
         self._conns: dict[socket.socket, tuple[_Holder, list[socket.socket]]] = {}
+        self._served: dict[str, str] = {}  # sandbox id -> its worker's lineage
         self._lock = threading.Lock()
         self._pool = _Pool(endpoint)
         self._server = PeerServer(
@@ -548,6 +834,11 @@ class ModelDoor:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
+    def forget(self, sandbox_id: str) -> str | None:
+        """The lineage whose calls a sandbox made here (None: it made none), forgotten."""
+        with self._lock:
+            return self._served.pop(sandbox_id, None)
+
     def drain(self, uid: int) -> None:
         """Wait (at most 5 s) until no connection of ``uid`` holds a thread."""
         deadline = time.monotonic() + _DRAIN_S
@@ -565,19 +856,16 @@ class ModelDoor:
         upstreams: list[socket.socket] = []
         with self._lock:
             self._conns[conn] = (holder, upstreams)
+            self._served[holder[0]] = holder[1]
         conn.settimeout(_IDLE_TIMEOUT)
         http = h11.Connection(h11.SERVER)
-        pending = _Pending()
         try:
             with contextlib.suppress(OSError, h11.ProtocolError, _GoneError):
-                while self._one_request(conn, http, uid, holder, upstreams, pending):
+                while self._one_request(conn, http, uid, holder, upstreams):
                     http.start_next_cycle()
         finally:
-            try:
-                pending.flush()  # the connection's last call: settled before it ends
-            finally:
-                with self._lock:
-                    self._conns.pop(conn, None)
+            with self._lock:
+                self._conns.pop(conn, None)
 
     def _one_request(
         self,
@@ -586,21 +874,19 @@ class ModelDoor:
         uid: int,
         holder: _Holder,
         upstreams: list[socket.socket],
-        pending: _Pending,
     ) -> bool:
         """Serve one request; False when the connection is to close."""
-        request, body = _read_request(conn, http, pending)
+        request, body = _read_request(conn, http)
         if request is None:
             return False
         try:
-            meter, chat, reserved = self._admit(request, body, uid, holder, pending)
+            meter, chat, draw = self._admit(request, body, uid, holder)
         except _ReplyError as e:
-            pending.flush()  # a refusal carries no settlement: the last call's goes first
             _send(conn, http, e.status, e.body)
             return e.keep and http.our_state is h11.DONE
         assert self.endpoint is not None  # _admit refused the call otherwise
-        call = _Call(self.endpoint, meter, reserved, chat, conn, http, upstreams, self._pool)
-        call.run(pending)  # its settlement is left with ``pending``
+        call = _Call(self.endpoint, meter, draw, chat, conn, http, upstreams, self._pool)
+        call.run()  # its settlement is left with the meter's settler
         return http.our_state is h11.DONE
 
     def _admit(
@@ -609,8 +895,7 @@ class ModelDoor:
         body: bytes | None,
         uid: int,
         holder: _Holder,
-        pending: _Pending,
-    ) -> tuple[ModelMeter, ChatRequest, ModelCallReserved]:
+    ) -> tuple[ModelMeter, ChatRequest, Draw]:
         """The call parsed and reserved, or the reply that refuses it."""
         if self._holder(uid) != holder:
             raise _ReplyError(403, "not-a-worker", "the worker has ended", keep=False)
@@ -628,7 +913,7 @@ class ModelDoor:
             chat = ChatRequest.parse(body, api)
             if self.endpoint is None:
                 meter.refuse_unconfigured(holder[1])  # journaled once, raises
-            return meter, chat, meter.reserve(holder[1], chat, pending.take(meter))
+            return meter, chat, meter.reserve(holder[1], chat)
         except ModelRequestError as e:
             raise _ReplyError(400, "invalid-request", str(e)) from e
         except ModelTokensError as e:
@@ -648,40 +933,6 @@ class _ReplyError(Exception):
     ) -> None:  # fmt: skip
         super().__init__(message)
         self.status, self.body, self.keep = status, _error_body(code, message, kind=kind), keep
-
-
-class _Pending:
-    """A connection's answered call whose settlement is not yet journaled: carried by
-    the connection's next reservation (one commit for both), else appended on its own
-    after :data:`SETTLE_DELAY_S` without one, before a refusal is answered, and as the
-    connection ends (a worker's end waits for that: ``ModelDoor.drain``). A cell that
-    dies in between left the call reserved and unsettled, which the next incarnation
-    settles (``recovered``)."""
-
-    def __init__(self) -> None:
-        self._held: tuple[ModelMeter, Settlement] | None = None
-
-    def __bool__(self) -> bool:
-        return self._held is not None
-
-    def hold(self, meter: ModelMeter, settlement: Settlement) -> None:
-        self.flush()  # at most one: a call's is settled before the next is held
-        self._held = (meter, settlement)
-
-    def take(self, meter: ModelMeter) -> Settlement | None:
-        """The settlement for a reservation by ``meter`` to carry (it settles it)."""
-        held, self._held = self._held, None
-        if held is None:
-            return None
-        if held[0] is not meter:  # another cell's meter (a re-attached door): alone
-            held[0].settle(held[1])
-            return None
-        return held[1]
-
-    def flush(self) -> None:
-        held, self._held = self._held, None
-        if held is not None:
-            held[0].settle(held[1])
 
 
 class _Pool:
@@ -738,7 +989,7 @@ class _Call:
         self,
         endpoint: ModelEndpoint,
         meter: ModelMeter,
-        reserved: ModelCallReserved,
+        reserved: Draw,
         chat: ChatRequest,
         conn: socket.socket,
         http: h11.Connection,
@@ -753,20 +1004,19 @@ class _Call:
         self.counted = 0  # completion tokens counted (one per content chunk)
         self.status = 0
         self.whole = False  # the server's answer was read to its end
-        self.pending = _Pending()  # the connection's, from run()
 
     def _ms(self, at: float | None = None) -> int:
         return int(((at if at is not None else time.monotonic()) - self.started) * 1000)
 
     def _settle(self, prompt: int, completion: int, *, estimated: bool, how: SettleHow) -> None:
         """Decide the call's settlement now (its latency ends here); it is journaled by
-        the connection (:class:`_Pending`), at the latest as the connection ends."""
+        the meter's settler, off the call's path (:meth:`ModelMeter.queue`)."""
         settlement = Settlement.of(
             self.reserved, prompt, completion, estimated=estimated, how=how,
             status=self.status, latency_ms=self._ms(),
             first_token_ms=None if self.first is None else self._ms(self.first),
         )  # fmt: skip
-        self.pending.hold(self.meter, settlement)
+        self.meter.queue(settlement)
 
     def _estimate(self, how: SettleHow) -> None:
         """No usage came: the prompt's estimate and the completion tokens counted (the
@@ -774,9 +1024,8 @@ class _Call:
         completion = self.counted if how != "upstream-failed" else 0
         self._settle(self.reserved.prompt_estimate, completion, estimated=True, how=how)
 
-    def run(self, pending: _Pending) -> None:
-        """Send, relay, and leave the call's settlement with ``pending``."""
-        self.pending = pending
+    def run(self) -> None:
+        """Send, relay, and leave the call's settlement with the meter."""
         body = self.chat.upstream_body(self.reserved.max_tokens)
         head = self.pool.heads[self.chat.api]
         upstream, answer = None, None
@@ -923,28 +1172,16 @@ class _Call:
 
 
 def _read_request(
-    conn: socket.socket, http: h11.Connection, pending: _Pending
+    conn: socket.socket, http: h11.Connection
 ) -> tuple[h11.Request | None, bytes | None]:
-    """The next request and its body (None when over :data:`MAX_BODY`). A settlement
-    pending waits for it at most :data:`SETTLE_DELAY_S`, then is journaled alone."""
+    """The next request and its body (None when over :data:`MAX_BODY`)."""
     request: h11.Request | None = None
     chunks: list[bytes] = []
     size = 0
     while True:
         event = http.next_event()
         if event is h11.NEED_DATA:
-            if pending:
-                conn.settimeout(SETTLE_DELAY_S)
-                try:
-                    data = conn.recv(65536)
-                except TimeoutError:
-                    pending.flush()
-                    continue
-                finally:
-                    conn.settimeout(_IDLE_TIMEOUT)
-            else:
-                data = conn.recv(65536)
-            http.receive_data(data)
+            http.receive_data(conn.recv(65536))
             continue
         if isinstance(event, h11.Request):
             request = event

@@ -30,7 +30,13 @@ from typing import Any
 from nacl.signing import SigningKey
 
 from charter.audit import merkle
-from charter.audit.bundle import BundleWriter, LeafStream, entry_line, lineages_in, mentions
+from charter.audit.bundle import (
+    BundleWriter,
+    LeafStream,
+    entry_line,
+    lineages_in,
+    mentions,
+)
 from charter.audit.keys import KeyHistory, journal_origin
 from charter.audit.note import Checkpoint, NoteKey, SignedNote, sign_checkpoint
 from charter.audit.proofs import ConsistencyText, InclusionText
@@ -58,7 +64,8 @@ from charter.core.framing import (
 )
 from charter.ledger import JournalCreated
 from charter.sandbox import SandboxProbeRefused
-from tests.audit._support import bundle_lines, flip_b64, join_lines, rechain_lines
+from tests.audit._support import as_v3 as as_v3_sealed
+from tests.audit._support import bundle_lines, entry_bytes, flip_b64, join_lines, rechain_lines
 
 HERE = Path(__file__).resolve().parent
 T0 = 1_796_000_000_000  # 2026-11-30T...: the first commit time, in ms
@@ -157,15 +164,17 @@ def events() -> list[Event]:
     ]
 
 
-def rows() -> list[dict[str, Any]]:
+def rows(newline: bool = False) -> list[dict[str, Any]]:
     """The journal as stored: one row per entry, chained. Positions leave a gap (as
     PostgreSQL may); versions count per stream from 1; originators are uuid5 of the
-    stream name; two entries share a batch and commit time."""
+    stream name; two entries share a batch and commit time. With ``newline``, one more
+    entry, whose stored state (JSON, not canonical) holds a newline byte."""
     out: list[dict[str, Any]] = []
     versions: dict[str, int] = {}
     prev = bytes(32)
     position = 0
-    for i, event in enumerate(events()):
+    extra = [SandboxProbeRefused(failed=("userns",), detail="a newline in its state")]
+    for i, event in enumerate(events() + (extra if newline else [])):
         position += 2 if i == 5 else 1
         stream = event.stream() or f"standalone-{i}"
         versions[stream] = versions.get(stream, 0) + 1
@@ -173,6 +182,8 @@ def rows() -> list[dict[str, Any]]:
         state = canonical_json(
             {"at": _at(T0 + group), "batch": f"{BATCH[:-2]}{group:02x}", "payload": event.payload()}
         )
+        if i == 14:  # the extra entry: JSON whitespace, a newline, before its last brace
+            state = state[:-1] + b"\n}"
         originator = uuid.uuid5(uuid.NAMESPACE_URL, f"charter:{stream}").bytes
         topic = f"{event.type_name}/v{event.schema_version}"
         chain = entry_hash(prev, position, originator, versions[stream], topic.encode(), state)
@@ -400,9 +411,47 @@ def broken(whole: bytes, partial: bytes) -> list[tuple[str, str, bytes, str]]:
         join_lines(rechain_lines(w, i, canonical_json(doc))),
         f"grants/{doc['payload']['lineage']}",
     )
+    g = next(x for x in w if x.get("topic", "").startswith("GateDecided/"))  # non-ASCII
+    i = w.index(g)
+    respelled = entry_bytes(g).replace("ï".encode(), b"\\u00ef", 1)
+    case(
+        "state-respelled",
+        "an entry's embedded state spelled another way (a character as a JSON escape): the "
+        "same JSON value, other bytes, its chain hash kept",
+        join_lines(w[:i]) + respelled + join_lines(w[i + 1 :]),
+        f"entry/{g['position']}",
+    )
+    case(
+        "state-short",
+        "an entry line's closing brace removed: its state is read one byte short",
+        join_lines(w[:4]) + entry_bytes(e)[:-2] + b"\n" + join_lines(w[5:]),
+        f"entry/{e['position']}",
+    )
+    case(
+        "entry-unterminated",
+        "a space after an entry line's closing brace (its state's end is then not found)",
+        join_lines(w[:4]) + entry_bytes(e)[:-1] + b" \n" + join_lines(w[5:]),
+        f"leaf/{e['leaf']}",
+    )
     v2 = canonical_json({"checkpoint": "", "entries": [], "format": "charter/bundle@v2"})
     case("format-v2", "a bundle of the earlier one-document format", v2, "format")
+    v3 = bundle_lines(as_v3(whole))
+    v3_flipped = [*v3]
+    v3_flipped[4] = {**e, "state": flip_b64(e["state"])}
+    case(
+        "v3-state-flipped",
+        "one bit of an entry's state in a charter/bundle@v3 bundle (base64)",
+        b"".join(canonical_json(x) + b"\n" for x in v3_flipped),
+        f"entry/{e['position']}",
+    )
     return out
+
+
+def as_v3(data: bytes) -> bytes:
+    """A bundle of the whole journal in the format before this one (``charter/bundle@v3``),
+    sealed again by the key that sealed it (the rotated key: the tree is past the
+    rotation)."""
+    return as_v3_sealed(data, ROTATED)
 
 
 CANONICAL = [  # (input JSON text, a note)
@@ -466,12 +515,20 @@ def files() -> dict[str, bytes]:
     out["bundles/whole.jsonl"] = whole
     out["bundles/lineage-sa-2.jsonl"] = partial
     out["bundles/range-9-12.jsonl"] = ranged
+    out["bundles/newline-state.jsonl"] = bundle(rows(newline=True))
+    out["bundles/whole-v3.jsonl"] = as_v3(whole)
     cases: list[dict[str, Any]] = [
         {"file": f"bundles/{n}.jsonl", "key": anchor, "expect": "ok", "what": w}
         for n, w in (
             ("whole", "every leaf; audited, no findings"),
             ("lineage-sa-2", "the entries naming agent:vec/sa-2, their grant chains, the rotation"),
             ("range-9-12", "positions 9..12, their grant chains, the rotation"),
+            (
+                "newline-state",
+                "the journal with one more entry, whose state holds a newline byte: its line "
+                "gives the state in base64 (state_base64)",
+            ),
+            ("whole-v3", "the whole bundle in the format before (charter/bundle@v3)"),
         )
     ]
     for name, what, data, part in broken(whole, partial):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ __all__ = [
     "Counter",
     "Ping",
     "_Raw",
+    "as_v3",
     "bundle_lines",
+    "entry_bytes",
     "fill",
     "fill_real",
     "flip_b64",
@@ -123,16 +126,52 @@ def real_history(url: str, home: Path) -> tuple[str, list[str]]:
     return vkey, lineages
 
 
-# -- an attacker's tools for bundles (charter/bundle@v3 lines), without the journal key --
+# -- an attacker's tools for bundles (charter/bundle@v4 lines), without the journal key --
+
+_STATE = b',"state":'
 
 
 def bundle_lines(data: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in data.splitlines()]
+    """A bundle's lines as objects, an entry's state as base64 text in its ``state``
+    (embedded raw in a line, or in its ``state_base64``; a ``charter/bundle@v3``
+    bundle's lines are their objects)."""
+    out: list[dict[str, Any]] = []
+    for line in data.splitlines():
+        if out and out[0].get("format") == "charter/bundle@v3":
+            out.append(json.loads(line))
+            continue
+        cut = line.find(_STATE)
+        if cut >= 0:
+            obj = json.loads(line[:cut] + b"}")
+            obj["state"] = base64.b64encode(line[cut + len(_STATE) : -1]).decode()
+        else:
+            obj = json.loads(line)
+            if "state_base64" in obj:
+                obj["state"] = obj.pop("state_base64")
+        out.append(obj)
+    return out
+
+
+def entry_bytes(obj: dict[str, Any]) -> bytes:
+    """An entry's object (its state as base64 text) as its line: the canonical JSON of
+    its other fields, the state's bytes inserted before the closing brace (in base64, as
+    ``state_base64``, if they hold a newline)."""
+    fields = {k: v for k, v in obj.items() if k != "state"}
+    state = base64.b64decode(obj["state"])
+    if b"\n" in state:
+        return canonical_json({**fields, "state_base64": obj["state"]}) + b"\n"
+    return canonical_json(fields)[:-1] + _STATE + state + b"}\n"
 
 
 def join_lines(lines: list[dict[str, Any]]) -> bytes:
-    """An attacker's bundle: each line re-encoded canonically (the seal is kept)."""
-    return b"".join(canonical_json(line) + b"\n" for line in lines)
+    """An attacker's bundle: each line encoded again as the exporter writes it (the seal
+    is kept)."""
+    return b"".join(
+        entry_bytes(line)
+        if line.get("kind") == "entry" and isinstance(line.get("state"), str)
+        else canonical_json(line) + b"\n"
+        for line in lines
+    )
 
 
 def flip_b64(text: str) -> str:
@@ -163,3 +202,17 @@ def rechain_lines(lines: list[dict[str, Any]], i: int, state: bytes) -> list[dic
         line["prev_hash"], line["chain_hash"] = prev.hex(), new.hex()
         prev = new
     return out
+
+
+def as_v3(data: bytes, key: SigningKey) -> bytes:
+    """A bundle in the format before (``charter/bundle@v3``: every line its object's
+    canonical JSON, an entry's state base64 in its ``state`` field), sealed again by
+    ``key`` (the key that sealed it: the exporter's, not an attacker's)."""
+    from charter.audit.bundle import seal_signing_input
+
+    lines = bundle_lines(data)
+    lines[0] = {**lines[0], "format": "charter/bundle@v3"}
+    body = b"".join(canonical_json(line) + b"\n" for line in lines[:-1])
+    seal = key.sign(seal_signing_input(hashlib.sha256(body).digest())).signature
+    trailer = {**lines[-1], "seal": base64.b64encode(seal).decode()}
+    return body + canonical_json(trailer) + b"\n"

@@ -2,7 +2,10 @@
 rule (``model-call``, docs/VERIFYING.md §9): a reservation past the lease's tokens net
 of its calls in flight, or on a lease that is not live, or reserved twice; a settlement
 of a call never reserved, settled twice, for another lineage, or not charging its tokens
-in its append; an estimate not flagged so or past its reservation. Each beside a
+in its append; an estimate not flagged so or past its reservation; a block of tokens held
+past the lease net of what is held, a drawn call settled twice, past its block or on no
+block its lineage holds, and a block released twice or recovered not charging its
+unsettled remainder in its append. Each beside a
 positive control: the same calls reserved and settled as the meter does it are clean.
 Entries appended past the control layer, validly chained, as an attacker with write
 access would. SQLite and PostgreSQL."""
@@ -15,7 +18,12 @@ from typing import Any
 import charter.catalogue  # noqa: F401  (registers every event type)
 from charter.budgets import BudgetRefused
 from charter.core import Budget
-from charter.runner.events import ModelCallReserved, ModelCallSettled
+from charter.runner.events import (
+    ModelCallReserved,
+    ModelCallSettled,
+    ModelTokensHeld,
+    ModelTokensReleased,
+)
 from tests.audit.test_semantic import _append, _audit, _event, _only, _usage, made
 
 __all__ = ["made"]
@@ -135,3 +143,85 @@ def test_an_estimate_is_flagged_and_within_its_reservation(made: tuple) -> None:
     ))[1:]  # fmt: skip
     (unflagged,) = _append(url, _usage(worker, _tokens(5)), _settled(c, 2, 3, how="no-usage"))[1:]
     assert _only(_audit(url), "model-call") == [past, unflagged]
+
+
+# -- blocks of tokens (the door's reservations since blocks) -----------------------
+
+
+def _hold(lineage: str, tokens: int) -> ModelTokensHeld:
+    return ModelTokensHeld(block=uuid.uuid4().hex, lineage=lineage, cell="local", tokens=tokens)
+
+
+def _drawn(
+    block: ModelTokensHeld, prompt: int, completion: int, need: int = 100, **kw: Any
+) -> ModelCallSettled:
+    fields: dict[str, Any] = {"estimated": False, "how": "usage"} | kw
+    return ModelCallSettled(
+        call=uuid.uuid4().hex, lineage=block.lineage, block=block.block, model="m",
+        digest="0" * 64, stream_response=False, prompt_estimate=10, max_tokens=need - 10,
+        reserved=need, prompt_tokens=prompt, completion_tokens=completion, status=200,
+        latency_ms=1, **fields,
+    )  # fmt: skip
+
+
+def _released(block: ModelTokensHeld, charged: int = 0, **kw: Any) -> ModelTokensReleased:
+    return ModelTokensReleased(
+        block=block.block, lineage=block.lineage, charged=charged,
+        recovered=kw.get("recovered", False),
+    )  # fmt: skip
+
+
+def test_a_block_is_held_within_the_lease_net_of_what_is_held(made: tuple) -> None:
+    url, _, lineages = made
+    worker = lineages[0]
+    tokens = _allocation(url, worker)
+    first = _hold(worker, tokens // 2)
+    _append(url, first)
+    _append(url, _hold(worker, tokens - tokens // 2))  # exactly the lease's tokens held
+    assert _audit(url).ok  # positive control: up to the very token
+    (over,) = _append(url, _hold(worker, 1))
+    call = _drawn(first, 20, 30)
+    _append(url, _usage(worker, _tokens(50)), call)  # its charge is the lease's, not held twice
+    (still,) = _append(url, _hold(worker, 1))  # still full: charged 50, held the rest
+    _append(url, _released(first))  # its hold ends
+    _append(url, _hold(worker, tokens // 2 - 50 - 2))  # fits again (the two found still held)
+    report = _audit(url)
+    assert _only(report, "model-call") == [over, still]
+
+
+def test_a_drawn_call_settles_once_on_a_block_its_lineage_holds(made: tuple) -> None:
+    url, _, lineages = made
+    worker, other = lineages[0], lineages[1]
+    block = _hold(worker, 400)
+    _append(url, block)
+    call = _drawn(block, 20, 30)
+    _append(url, _usage(worker, _tokens(50)), call)
+    _append(
+        url, _usage(worker, _tokens(100)), _drawn(block, 10, 90, estimated=True, how="no-usage")
+    )
+    assert _audit(url).ok  # positive control
+    (again,) = _append(url, _usage(worker, _tokens(50)), call)[1:]
+    (wide,) = _append(url, _usage(worker, _tokens(5)), _drawn(block, 2, 3, need=401))[1:]
+    theirs = _hold(other, 100)
+    _append(url, theirs)
+    (foreign,) = _append(url, _usage(worker, _tokens(5)), _drawn(theirs, 2, 3).model_copy(
+        update={"lineage": worker}
+    ))[1:]  # fmt: skip
+    (uncharged,) = _append(url, _drawn(block, 2, 3))
+    _append(url, _released(block))
+    (after,) = _append(url, _usage(worker, _tokens(5)), _drawn(block, 2, 3))[1:]
+    assert _only(_audit(url), "model-call") == [again, wide, foreign, uncharged, after]
+
+
+def test_a_block_is_released_once_a_recovered_one_charging_its_remainder(made: tuple) -> None:
+    url, _, lineages = made
+    worker = lineages[0]
+    a, b, c = _hold(worker, 300), _hold(worker, 300), _hold(worker, 300)
+    _append(url, a, b, c)
+    _append(url, _usage(worker, _tokens(50)), _drawn(a, 20, 30))
+    _append(url, _usage(worker, _tokens(250)), _released(a, 250, recovered=True))
+    assert _audit(url).ok  # positive control: the block less its settled call
+    (twice,) = _append(url, _released(a))
+    (off,) = _append(url, _usage(worker, _tokens(299)), _released(b, 299, recovered=True))[1:]
+    (alone,) = _append(url, _released(c, 300, recovered=True))  # no usage in its append
+    assert _only(_audit(url), "model-call") == [twice, off, alone]

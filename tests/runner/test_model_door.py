@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from charter.app import Charter
+from charter.audit.semantic import audit_history
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import LeaseReleased, UsageRecorded
 from charter.control import SpawnResult, WorkerSpec
@@ -21,7 +22,6 @@ from charter.runner.cell import Cell
 from charter.runner.door import Door
 from charter.runner.events import (
     ModelCallRefused,
-    ModelCallReserved,
     ModelCallSettled,
     WorkerEnded,
     WorkerResult,
@@ -157,6 +157,8 @@ def clean(charter: Charter) -> None:
         assert check(history).problems == [], check.__name__
     assert check_model_calls(history).problems == []
     assert not of_type(charter, QuarantineVerdict)  # no worker here touched a canary
+    report = audit_history(charter.journal.payloads(None, None))  # `charter audit`'s rules
+    assert report.findings == ()  # nothing found, model calls or otherwise
 
 
 def test_tokens_charged_are_the_servers_usage_streamed_and_not(
@@ -188,7 +190,7 @@ def test_tokens_charged_are_the_servers_usage_streamed_and_not(
         # Each call's max_tokens was forwarded as reserved; streams were asked for usage.
         assert [s["max_tokens"] for s in server.seen] == [5, 6, 1024]
         assert all(s["stream_options"]["include_usage"] for s in server.seen[1:])
-        reserved = of_type(charter, ModelCallReserved)
+        reserved = of_type(charter, ModelCallSettled)
         # In the calls' order (a call settles after its answer is relayed, so the next
         # one, on another connection, may settle first).
         by_call = {s.call: s for s in of_type(charter, ModelCallSettled)}
@@ -240,7 +242,7 @@ def test_a_spent_lease_is_refused_and_a_stream_is_cut_at_the_cap(
         assert [(o["status"], o["code"]) for o in out[spent][:3]] == [(429, "model-tokens")] * 3
         refused = of_type(charter, ModelCallRefused)
         assert [(r.lineage, r.reason, r.left) for r in refused] == [(spent, "model-tokens", 0)]
-        assert not [r for r in of_type(charter, ModelCallReserved) if r.lineage == spent]
+        assert not [r for r in of_type(charter, ModelCallSettled) if r.lineage == spent]
         # The server streamed 40 tokens whatever it was told; the door relayed 5.
         (streamed,) = out[cutter][:1]
         assert streamed["content"] == 5
@@ -250,7 +252,7 @@ def test_a_spent_lease_is_refused_and_a_stream_is_cut_at_the_cap(
         assert (settled.how, settled.estimated, settled.completion_tokens) == (
             "cut-at-cap", True, 5,
         )  # fmt: skip
-        (reserved,) = of_type(charter, ModelCallReserved)
+        (reserved,) = of_type(charter, ModelCallSettled)
         assert settled.prompt_tokens == reserved.prompt_estimate
         assert len(server.seen) == 1
         clean(charter)
@@ -307,7 +309,7 @@ def test_the_responses_shape_is_charged_the_servers_usage_streamed_and_not(
         assert [s["max_output_tokens"] for s in server.seen] == [5, 6]
         assert "stream_options" not in server.seen[1]  # a Responses stream reports usage
         by_call = {s.call: s for s in of_type(charter, ModelCallSettled)}
-        settled = [by_call[r.call] for r in of_type(charter, ModelCallReserved)]
+        settled = [by_call[r.call] for r in of_type(charter, ModelCallSettled)]
         assert [(s.prompt_tokens, s.completion_tokens) for s in settled] == server.reported
         assert all(s.how == "usage" and not s.estimated for s in settled)
         tokens = sum(
@@ -330,7 +332,7 @@ def test_a_responses_stream_is_cut_at_the_cap(
         (streamed,) = results(charter)[cutter]
         assert (streamed["deltas"], streamed["cut"], streamed["usage"]) == (3, ["model-tokens"], [])
         (settled,) = of_type(charter, ModelCallSettled)
-        (reserved,) = of_type(charter, ModelCallReserved)
+        (reserved,) = of_type(charter, ModelCallSettled)
         assert (settled.how, settled.estimated) == ("cut-at-cap", True)
         assert (settled.prompt_tokens, settled.completion_tokens) == (reserved.prompt_estimate, 3)
         clean(charter)
@@ -407,7 +409,7 @@ def test_sixteen_concurrent_calls_on_one_lease_never_overspend_it(
         assert statuses.count(429) >= 1
         assert admitted >= 6
         assert admitted + statuses.count(429) == 16
-        reserved = of_type(charter, ModelCallReserved)
+        reserved = of_type(charter, ModelCallSettled)
         assert len(reserved) == admitted
         usage = [u for u in of_type(charter, UsageRecorded) if u.lineage == worker]
         assert sum(u.amount.tokens for u in usage) <= tokens
@@ -464,7 +466,7 @@ def test_an_answered_calls_settlement_is_journaled_while_its_connection_idles(
         finally:
             hold.set()
         assert results(charter)[worker] == [200, 200]
-        reserved = of_type(charter, ModelCallReserved)
+        reserved = of_type(charter, ModelCallSettled)
         assert first.call == reserved[0].call
         assert (first.how, first.estimated) == ("usage", False)
         assert (first.prompt_tokens, first.completion_tokens) == server.reported[0]
@@ -516,7 +518,7 @@ def test_a_disconnect_mid_stream_still_settles_an_estimate_before_the_lease_retu
         (settled,) = [
             (e.position, e.event) for e in entries if isinstance(e.event, ModelCallSettled)
         ]
-        (reserved,) = of_type(charter, ModelCallReserved)
+        (reserved,) = of_type(charter, ModelCallSettled)
         position, event = settled
         assert (event.how, event.estimated) == ("client-gone", True)
         assert event.completion_tokens == 3

@@ -3,21 +3,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from charter.app import Charter
 from charter.budgets import UsageRecorded
-from charter.core import BadInputError
+from charter.core import BadInputError, Event
 from charter.runner.errors import ModelRequestError, ModelTokensError
-from charter.runner.events import ModelCallReserved, ModelCallSettled
+from charter.runner.events import ModelCallSettled, ModelTokensHeld, ModelTokensReleased
 from charter.runner.model import (
+    BLOCK_CALLS,
     ChatRequest,
+    Draw,
     ModelEndpoint,
     ModelMeter,
     Settlement,
@@ -28,6 +36,8 @@ from tests.invariants import check_model_calls, journal_history
 from tests.runner.conftest import initialise
 from tests.runner.programs import python
 from tests.runner.test_model_door import model_cell, spawn_callers
+
+E = TypeVar("E", bound=Event)
 
 
 def charter_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -83,22 +93,38 @@ def test_a_malformed_call_is_bad_input() -> None:
             ChatRequest.parse(body)
 
 
+CALL = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
+"""A call reserving 18: 34 bytes / 4, rounded up, + 9."""
+
+
+@contextlib.contextmanager
+def _metered(
+    journal_url: str, tmp_path: Path, tokens: int, state_dir: Path
+) -> Iterator[tuple[Charter, str, ModelMeter]]:
+    """A journal, one worker spawned in it with ``tokens``, and a meter of a cell."""
+    with initialise(journal_url, tmp_path / "home") as charter:
+        (worker,) = (str(c.lineage) for c in spawn_callers(charter, tokens, python("")).children)
+        yield charter, worker, ModelMeter(model_cell(charter, state_dir, None))
+
+
+def _usage(draw: Draw, prompt: int, completion: int) -> Settlement:
+    return Settlement.of(draw, prompt, completion, estimated=False, how="usage", status=200,
+                         latency_ms=1)  # fmt: skip
+
+
 def test_a_call_settles_once_and_a_second_settlement_charges_nothing(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    with initialise(journal_url, tmp_path / "home") as charter:
-        (worker,) = (str(c.lineage) for c in spawn_callers(charter, 5000, python("")).children)
-        meter = ModelMeter(model_cell(charter, state_dir, None))
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
         reserved = meter.reserve(worker, ChatRequest.parse(b'{"messages": [], "max_tokens": 9}'))
-        assert meter.in_flight(worker) == reserved.reserved == 9 + 9  # 34 bytes / 4 + 9
-        first = meter.settle(
-            Settlement.of(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
-        )
-        again = meter.settle(
-            Settlement.of(reserved, 3, 4, estimated=False, how="usage", status=200, latency_ms=1)
-        )
+        assert reserved.reserved == 9 + 9  # 34 bytes / 4 + 9
+        assert meter.in_flight(worker) == BLOCK_CALLS * 18  # the block it drew from
+        first = meter.settle(_usage(reserved, 3, 4))
+        again = meter.settle(_usage(reserved, 3, 4))
         assert first is not None
         assert again is None
+        assert meter.in_flight(worker) == BLOCK_CALLS * 18 - 7  # its charge is the lease's
+        meter.finish(worker)
         assert meter.in_flight(worker) == 0
         entries = [e.event for e in charter.journal.entries()]
         assert sum(isinstance(e, ModelCallSettled) for e in entries) == 1
@@ -107,44 +133,140 @@ def test_a_call_settles_once_and_a_second_settlement_charges_nothing(
         assert check_model_calls(journal_history(charter.journal)).problems == []
 
 
-def test_a_settlement_rides_in_the_next_reservations_append_and_counts_its_charge(
+def test_draws_within_a_block_make_no_append(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    # Each call reserves 9 (34 bytes / 4, rounded up) + 9 = 18 of a lease of 30: a
-    # second call fits only because the first's settlement (7 tokens) is counted in
-    # place of its reservation (18), in the same append.
-    call = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
-    with initialise(journal_url, tmp_path / "home") as charter:
-        (worker,) = (str(c.lineage) for c in spawn_callers(charter, 30, python("")).children)
-        meter = ModelMeter(model_cell(charter, state_dir, None))
-        first = meter.reserve(worker, call)
-        answered = Settlement.of(
-            first, 3, 4, estimated=False, how="usage", status=200, latency_ms=1
-        )
-        second = meter.reserve(worker, call, answered)
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
+        before = len(list(charter.journal.entries()))
+        draws = [meter.reserve(worker, CALL)]
+        after_hold = len(list(charter.journal.entries()))
+        (held,) = [e.event for e in list(charter.journal.entries())[before:]]
+        assert isinstance(held, ModelTokensHeld)
+        assert (held.lineage, held.tokens) == (worker, BLOCK_CALLS * 18)
+        draws += [meter.reserve(worker, CALL) for _ in range(BLOCK_CALLS - 1)]
+        assert (
+            len(list(charter.journal.entries())) == after_hold
+        )  # drawn in memory: nothing appended
+        assert {d.block.block for d in draws} == {held.block}
+        # The block is spent: the next call holds a new one (the old stays held, its
+        # calls in flight), and the settlement of the old one's last call releases it.
+        draws.append(meter.reserve(worker, CALL))
+        assert draws[-1].block.block != held.block
+        for draw in draws:
+            assert meter.settle(_usage(draw, 3, 4)) is not None
+        entries = [e.event for e in list(charter.journal.entries())[before:]]
+        (released,) = [e for e in entries if isinstance(e, ModelTokensReleased)]
+        assert (released.block, released.recovered, released.charged) == (held.block, False, 0)
+        assert isinstance(entries[entries.index(released) - 1], ModelCallSettled)
+        meter.finish(worker)  # the worker's end releases the other
+        assert sum(isinstance(e.event, ModelTokensReleased) for e in charter.journal.entries()) == 2
+        assert check_model_calls(journal_history(charter.journal)).problems == []
+
+
+def test_a_settlement_queued_counts_its_charge_before_a_refusal(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # Each call reserves 18 of a lease of 30 (its block, cut to the lease, is 30): a
+    # second call fits only because the first's settlement (7 tokens), still queued,
+    # is journaled first, so its block is released and the next held from what is left.
+    with _metered(journal_url, tmp_path, 30, state_dir) as (charter, worker, meter):
+        first = meter.reserve(worker, CALL)
+        assert first.block.tokens == 30
+        answered = _usage(first, 3, 4)
+        meter._queued.append(answered)  # queued, the settler not yet at it
+        second = meter.reserve(worker, CALL)
         assert answered.committed
-        assert meter.in_flight(worker) == second.reserved == 18
+        assert (second.block.tokens, first.block.released) == (30 - 7, True)
         entries = list(charter.journal.entries())
-        at = next(i for i, e in enumerate(entries) if isinstance(e.event, ModelCallSettled))
-        one = entries[at - 1 : at + 2]
-        assert [type(e.event) for e in one] == [UsageRecorded, ModelCallSettled, ModelCallReserved]
-        assert len({e.batch for e in one}) == 1  # one append: one commit for both
-        assert one[0].event.amount.tokens == 7
-        assert one[2].event.call == second.call
-        # A call refused still settles the one before it (once), and reserves nothing.
+        hold = next(e for e in entries if isinstance(e.event, ModelTokensHeld)
+                    and e.event.block == second.block.block)  # fmt: skip
+        (release,) = [e for e in entries if isinstance(e.event, ModelTokensReleased)]
+        assert release.batch == hold.batch  # released in the next hold's append
+        # A call the lease cannot cover is refused, and reserves nothing.
         big = ChatRequest.parse(b'{"messages": [], "max_tokens": 99}')
-        answered = Settlement.of(
-            second, 2, 2, estimated=False, how="usage", status=200, latency_ms=1
-        )
         with pytest.raises(ModelTokensError):
-            meter.reserve(worker, big, answered)
-        assert answered.committed
+            meter.reserve(worker, big)
+        meter.settle(_usage(second, 2, 2))
+        meter.finish(worker)
         assert meter.in_flight(worker) == 0
-        assert meter.settle(answered) is None  # never twice
         entries = [e.event for e in charter.journal.entries()]
         settled = [e for e in entries if isinstance(e, ModelCallSettled)]
         assert [s.call for s in settled] == [first.call, second.call]
         usage = [e for e in entries if isinstance(e, UsageRecorded) and e.lineage == worker]
         assert [u.amount.tokens for u in usage] == [7, 4]
-        assert sum(isinstance(e, ModelCallReserved) for e in entries) == 2
+        assert check_model_calls(journal_history(charter.journal)).problems == []
+
+
+def test_sixteen_threads_across_block_boundaries_never_overspend(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # 16 threads call and settle (some exactly, some at their whole reservation) on one
+    # lease with room for about 40 calls, drawing from block after block: the fold
+    # checks at every hold that charged + held stays within the lease.
+    lease = 40 * 18
+    with _metered(journal_url, tmp_path, lease, state_dir) as (charter, worker, meter):
+        made: list[Draw] = []
+        refused: list[int] = []
+        lock = threading.Lock()
+
+        def calls(n: int) -> None:
+            for i in range(12):
+                try:
+                    draw = meter.reserve(worker, CALL)
+                except ModelTokensError:
+                    with lock:
+                        refused.append(n)
+                    continue
+                with lock:
+                    made.append(draw)
+                whole = (n + i) % 3 == 0
+                settlement = _usage(draw, 9, 9 if whole else 1)
+                if i % 2:
+                    meter.queue(settlement)
+                else:
+                    meter.settle(settlement)
+
+        threads = [threading.Thread(target=calls, args=(n,)) for n in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        meter.finish(worker)
+        assert meter.in_flight(worker) == 0
+        assert refused  # the lease ran out: some calls were refused
+        assert len({d.block.block for d in made}) > 2  # across block boundaries
+        usage = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
+        assert sum(u.amount.tokens for u in usage) <= lease
+        settled = of_events(charter, ModelCallSettled)
+        assert sorted(s.call for s in settled) == sorted(d.call for d in made)
+        assert check_model_calls(journal_history(charter.journal)).problems == []
+
+
+def of_events(charter: Charter, kind: type[E]) -> list[E]:
+    return [e.event for e in charter.journal.entries() if isinstance(e.event, kind)]
+
+
+def test_queued_settlements_of_a_lease_are_journaled_in_one_append(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # The settler finds three answered calls queued (it was busy): one append, one
+    # UsageRecorded charging their sum, then the three settlements.
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
+        draws = [meter.reserve(worker, CALL) for _ in range(3)]
+        answered = [_usage(d, 3, n) for n, d in enumerate(draws, start=1)]
+        with meter._settling:  # the settler busy: all three wait for it
+            for settlement in answered:
+                meter.queue(settlement)
+        deadline = time.monotonic() + 30
+        while not all(s.committed for s in answered) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(s.committed for s in answered)
+        entries = list(charter.journal.entries())
+        at = next(i for i, e in enumerate(entries) if isinstance(e.event, ModelCallSettled))
+        run = entries[at - 1 : at + 3]
+        assert [type(e.event) for e in run] == [UsageRecorded] + [ModelCallSettled] * 3
+        assert len({e.batch for e in run}) == 1
+        assert run[0].event.amount.tokens == (3 + 1) + (3 + 2) + (3 + 3)
+        assert [e.event.call for e in run[1:]] == [d.call for d in draws]
+        meter.finish(worker)
         assert check_model_calls(journal_history(charter.journal)).problems == []

@@ -1,7 +1,7 @@
-"""A cell SIGKILLed while a worker's model call is in flight: the reservation was
-journaled before the call was sent, so the next incarnation settles it (at its whole
-reservation, flagged ``recovered``) before it returns the worker's lease: never lost,
-never settled twice."""
+"""A cell SIGKILLed while a worker's model call is in flight: the block of tokens it drew
+from was journaled before the call was sent, so the next incarnation releases the block
+charging what its settled calls had not (an estimate, flagged ``recovered``) before it
+returns the worker's lease: never lost, never charged twice."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ from charter.app import Charter
 from charter.budgets import LeaseReleased, UsageRecorded
 from charter.core import KeyStore
 from charter.ledger import Entry
-from charter.runner.events import ModelCallReserved, ModelCallSettled, WorkerEnded
+from charter.runner.events import (
+    ModelCallSettled,
+    ModelTokensHeld,
+    ModelTokensReleased,
+    WorkerEnded,
+)
 from charter.runner.model import configure_endpoint
 from tests.invariants import (
     check_history,
@@ -33,22 +38,18 @@ from tests.runner.test_model_door import CALLER, one_caller, wait_for
 WT = Path(__file__).resolve().parents[2]
 
 
-def _reserved(url: str, home: Path) -> list[ModelCallReserved]:
+def _count(url: str, home: Path, kind: str) -> int:
     with Charter.open(url, keys=KeyStore(home)) as charter:
-        return [
-            e.event
-            for e in charter.journal.entries(types=("ModelCallReserved",))
-            if isinstance(e.event, ModelCallReserved)
-        ]
+        return sum(1 for _ in charter.journal.entries(types=(kind,)))
 
 
 def _killed_mid_call(
     journal_url: str,
     home: Path,
     url: str,
-    sent: Callable[[], bool],
     source: str,
     *args: str,
+    sent: Callable[[], bool],
     killed: Callable[[], bool] = lambda: True,
 ) -> tuple[str, list[Entry]]:
     """One worker running ``source``; its cell SIGKILLed once ``sent`` (and ``killed``
@@ -77,25 +78,27 @@ def test_a_call_in_flight_when_the_cell_dies_is_settled_by_the_next_one(
     with model_server(Behaviour(length=40, hold=hold, hold_after=2)) as (url, server):
         try:
             worker, entries = _killed_mid_call(
-                journal_url, home, url, lambda: len(server.seen) == 1, CALLER, json.dumps(calls),
-                killed=lambda: len(_reserved(journal_url, home)) == 1,  # before it was sent
+                journal_url, home, url, CALLER, json.dumps(calls),
+                sent=lambda: len(server.seen) == 1,
+                killed=lambda: _count(journal_url, home, "ModelTokensHeld") == 1,  # then sent
             )  # fmt: skip
         finally:
             hold.set()
-        (reserved,) = [e.event for e in entries if isinstance(e.event, ModelCallReserved)]
-        settled = [
-            (i, e.event) for i, e in enumerate(entries) if isinstance(e.event, ModelCallSettled)
+        (held,) = [e.event for e in entries if isinstance(e.event, ModelTokensHeld)]
+        assert not [e for e in entries if isinstance(e.event, ModelCallSettled)]
+        releases = [
+            (i, e.event) for i, e in enumerate(entries) if isinstance(e.event, ModelTokensReleased)
         ]
-        assert len(settled) == 1, settled  # settled once
-        index, event = settled[0]
-        assert (event.how, event.estimated) == ("recovered", True)
-        assert (event.prompt_tokens, event.completion_tokens) == (
-            reserved.prompt_estimate, reserved.max_tokens,
-        )  # fmt: skip
+        assert len(releases) == 1, releases  # released once
+        index, event = releases[0]
+        # The whole block, less nothing settled: an estimate, never below what the
+        # call in flight drew (the prompt's estimate and its max_tokens, 40).
+        assert (event.recovered, event.charged) == (True, held.tokens)
+        assert held.tokens >= 40
         charge = entries[index - 1].event
         assert isinstance(charge, UsageRecorded)
         assert charge.lineage == worker
-        assert charge.amount.tokens == reserved.reserved
+        assert charge.amount.tokens == held.tokens
         released = [
             i for i, e in enumerate(entries)
             if isinstance(e.event, LeaseReleased) and e.event.lineage == worker
@@ -126,34 +129,33 @@ charter_door.Door().result("done")
 )
 
 
-def test_a_settlement_carried_by_the_next_reservation_survives_the_cells_death(
+def test_a_block_whose_cell_died_is_charged_its_unsettled_remainder_once(
     journal_url: str, tmp_path: Path
 ) -> None:
-    # The first call's settlement rides in the second's reservation, which commits
-    # before the second is sent: once the second reached the server, the first is on
-    # record exactly (its usage), whatever happens next. The cell dies with the second
-    # in flight; the next incarnation recovers only that one.
+    # Both calls draw from one block (no append on the second's path); the first is
+    # settled exactly (its usage) before the cell dies with the second in flight. The
+    # next incarnation charges the block less the first's tokens: the second's share,
+    # and what no call drew, as an estimate; the first is never charged twice.
     home = tmp_path / "home"
     hold = threading.Event()
     with model_server(Behaviour(length=40, hold=hold, hold_after=2)) as (url, server):
         try:
             worker, entries = _killed_mid_call(
-                journal_url, home, url, lambda: len(server.seen) == 2, ONE_CONNECTION
-            )
+                journal_url, home, url, ONE_CONNECTION,
+                sent=lambda: len(server.seen) == 2  # the first settled by the settler
+                and _count(journal_url, home, "ModelCallSettled") == 1,
+            )  # fmt: skip
         finally:
             hold.set()
-    reserved = [e for e in entries if isinstance(e.event, ModelCallReserved)]
-    settled = {e.event.call: e for e in entries if isinstance(e.event, ModelCallSettled)}
-    assert len(reserved) == 2
-    one, two = (settled[r.event.call] for r in reserved)
-    assert one.batch == reserved[1].batch  # in the second's reservation's append
-    assert (one.event.how, one.event.estimated) == ("usage", False)
-    assert (one.event.prompt_tokens, one.event.completion_tokens) == server.reported[0]
-    assert (two.event.how, two.event.estimated) == ("recovered", True)
+    (held,) = [e.event for e in entries if isinstance(e.event, ModelTokensHeld)]
+    (one,) = [e.event for e in entries if isinstance(e.event, ModelCallSettled)]
+    (released,) = [e.event for e in entries if isinstance(e.event, ModelTokensReleased)]
+    assert (one.how, one.estimated, one.block) == ("usage", False, held.block)
+    assert (one.prompt_tokens, one.completion_tokens) == server.reported[0]
+    assert released.recovered
+    assert released.charged == held.tokens - sum(server.reported[0])
     usage = [e.event for e in entries if isinstance(e.event, UsageRecorded)]
-    assert sum(u.amount.tokens for u in usage if u.lineage == worker) == (
-        sum(server.reported[0]) + reserved[1].event.reserved
-    )
+    assert sum(u.amount.tokens for u in usage if u.lineage == worker) == held.tokens
     history = journal_history_of(journal_url, home)
     for check in (check_history, check_workers, check_settled, check_model_calls):
         assert check(history).problems == [], check.__name__

@@ -21,7 +21,7 @@ import pytest
 from charter.app import Charter
 from charter.budgets import UsageRecorded
 from charter.runner.cell import Cell
-from charter.runner.events import ModelCallReserved, ModelCallSettled, WorkerEnded
+from charter.runner.events import ModelCallSettled, WorkerEnded
 from charter.runner.model import ModelEndpoint
 from tests.runner._model_server import Behaviour, model_server
 from tests.runner._support import running, until_idle
@@ -159,7 +159,7 @@ def test_the_openai_sdk_through_the_door_is_charged_the_servers_usage(
         assert server.auth == [f"Bearer {API_KEY}"] * 4
         # And what the journal charged is the same: exactly, call by call.
         by_call = {s.call: s for s in of_type(charter, ModelCallSettled)}
-        settled = [by_call[r.call] for r in of_type(charter, ModelCallReserved)]
+        settled = [by_call[r.call] for r in of_type(charter, ModelCallSettled)]
         assert [[s.prompt_tokens, s.completion_tokens] for s in settled] == reported
         assert all(s.how == "usage" and not s.estimated for s in settled)
         usage = [u for u in of_type(charter, UsageRecorded) if u.lineage == worker]
