@@ -7,7 +7,12 @@ and the sum of the charges of those that ended, so checking a ledger costs O(log
 all its children and their subtrees. Each ledger also keeps its headroom (allocation −
 the children's sums) and whether it is over its allocation on some axis, recomputed
 whenever its spend or its children's sums change (:meth:`Books.rebase`): the audit's
-conservation check of a usage's whole chain then reads one flag per ledger. Pure: no
+conservation check of a usage's whole chain then reads one flag per ledger. And each
+ledger caches, for the books' current epoch, until when its whole chain stays calm
+(:meth:`Books.calm`): live, counted live, within its allocation, with no child's expiry
+due; a usage of a calm ledger changes only its own spend and over flag and its chain's
+subtree sums. Every change that could end a chain's calm (a release, a renewal, an end,
+an expiry pushed or settled, a ledger's sums or over flag) starts a new epoch. Pure: no
 journal.
 """
 
@@ -31,7 +36,7 @@ class Ledger:
     expires: int | None
     released: int | None = None
     spent: Vec = VEC_ZERO  # own
-    subtree: Vec = VEC_ZERO  # own and every descendant's
+    subtree: Vec = VEC_ZERO  # own and every descendant's (a root's is not kept: unread)
     children: list[str] = field(default_factory=list)
     live_alloc: Vec = VEC_ZERO  # Σ allocation of the children counted live
     ended_charge: Vec = VEC_ZERO  # Σ charge of the children counted ended
@@ -45,6 +50,11 @@ class Ledger:
     # (own spend + Σ charge(children) > allocation): kept by Books.rebase
     headroom: Vec = VEC_ZERO
     over: bool = False
+    # its ancestors whose subtree sum is kept: all but the root
+    above: tuple[Ledger, ...] = ()
+    # for t < calm_until, as of the books' epoch calm_epoch, the whole path is calm
+    calm_epoch: int = -1
+    calm_until: int = 0
 
     def __post_init__(self) -> None:
         rebase(self)
@@ -72,12 +82,36 @@ def rebase(ledger: Ledger) -> None:
     ledger.over = s[0] > h[0] or s[1] > h[1] or s[2] > h[2] or s[3] > h[3] or s[4] > h[4]
 
 
+_NEVER = 1 << 62  # past any commit time (datetime's range, in ms)
+
+
 class Books:
     """Ledgers by lineage, with each parent's sums kept current."""
 
     def __init__(self) -> None:
         self.ledgers: dict[str, Ledger] = {}
         self._seq = 0
+        self.epoch = 0  # a new one whenever a chain's calm may have ended
+
+    def calm(self, ledger: Ledger) -> int:
+        """Set ``ledger``'s calm for the current epoch and return it: until when
+        (``calm_until``, 0 if not now) every ledger of its path is live, counted live by
+        its parent, not over its allocation and has no child whose expiry is due."""
+        until = _NEVER
+        for node in ledger.path:
+            if node.over or not node.counted_live:
+                until = 0
+                break
+            released, expires, expiries = node.released, node.expires, node.expiries
+            if released is not None and released < until:
+                until = released
+            if expires is not None and expires < until:
+                until = expires
+            if expiries and expiries[0][0] < until:
+                until = expiries[0][0]
+        ledger.calm_until = until
+        ledger.calm_epoch = self.epoch
+        return until
 
     def get(self, lineage: str) -> Ledger | None:
         return self.ledgers.get(lineage)
@@ -85,6 +119,7 @@ class Books:
     def open_root(self, lineage: str, allocation: Vec) -> None:
         root = self.ledgers[lineage] = Ledger(lineage, None, allocation, None)
         root.path = (root,)
+        self.epoch += 1
 
     def grant(
         self, parent: Ledger, lineages: tuple[str, ...], allocation: Vec, expires: int
@@ -93,6 +128,7 @@ class Books:
         for lineage in lineages:
             child = self.ledgers[lineage] = Ledger(lineage, parent.lineage, allocation, expires)
             child.path = (child, *parent.path)
+            child.above = parent.path[:-1]
             parent.children.append(lineage)
             parent.live_alloc = vec_add(parent.live_alloc, allocation)
         rebase(parent)
@@ -100,6 +136,7 @@ class Books:
 
     def _push(self, parent: Ledger, expires: int, lineages: tuple[str, ...]) -> None:
         self._seq += 1
+        self.epoch += 1
         heapq.heappush(parent.expiries, (expires, self._seq, lineages))
 
     def _end(self, parent: Ledger, child: Ledger) -> None:
@@ -107,6 +144,7 @@ class Books:
         if not child.counted_live:
             return
         child.counted_live = False
+        self.epoch += 1
         child.counted_charge = charge(child.allocation, child.subtree, False)
         parent.live_alloc = vec_sub(parent.live_alloc, child.allocation)
         parent.ended_charge = vec_add(parent.ended_charge, child.counted_charge)
@@ -115,6 +153,7 @@ class Books:
     def settle(self, ledger: Ledger, t: int) -> None:
         """Move the children that expired by ``t`` from the live sum to the ended one."""
         while ledger.expiries and ledger.expiries[0][0] <= t:
+            self.epoch += 1
             expires, _, lineages = heapq.heappop(ledger.expiries)
             for lineage in lineages:
                 child = self.ledgers[lineage]
@@ -139,15 +178,9 @@ class Books:
         over its allocation: the same effects, in the same order, as using the whole
         chain first and checking it after, since a ledger's check reads only its own
         sums and its children's, which the pass has already brought up to date."""
-        a0, a1, a2, a3, a4 = amount
-        s = ledger.spent
-        ledger.spent = s = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
-        h = ledger.headroom
-        ledger.over = s[0] > h[0] or s[1] > h[1] or s[2] > h[2] or s[3] > h[3] or s[4] > h[4]
+        self.spend(ledger, amount)
         path = ledger.path
         for i, node in enumerate(path):
-            s = node.subtree
-            node.subtree = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
             if not node.counted_live and node.parent is not None:
                 self.follow(path, i)
             if over is not None:
@@ -156,6 +189,29 @@ class Books:
                     self.settle(node, t)  # children that expired by t: their charge
                 if node.over:
                     over(node, t)
+
+    def spend(self, ledger: Ledger, amount: Vec) -> bool:
+        """Add ``amount`` to ``ledger``'s own spend and to the subtree sums of it and
+        its ancestors (but the root's); whether it is now over its allocation. All a
+        usage of a calm ledger (:meth:`calm`) changes (the hot path)."""
+        a0, a1, a2, a3, a4 = amount
+        was = s = ledger.spent
+        ledger.spent = s = (s[0] + a0, s[1] + a1, s[2] + a2, s[3] + a3, s[4] + a4)
+        h = ledger.headroom
+        over = s[0] > h[0] or s[1] > h[1] or s[2] > h[2] or s[3] > h[3] or s[4] > h[4]
+        if over is not ledger.over:
+            ledger.over = over
+            self.epoch += 1
+        if ledger.parent is not None:
+            # while nothing below it has spent, its subtree sum is its own spend
+            u = ledger.subtree
+            ledger.subtree = (
+                s if u is was else (u[0] + a0, u[1] + a1, u[2] + a2, u[3] + a3, u[4] + a4)
+            )
+            for node in ledger.above:
+                u = node.subtree
+                node.subtree = (u[0] + a0, u[1] + a1, u[2] + a2, u[3] + a3, u[4] + a4)
+        return over
 
     def check(self, path: tuple[Ledger, ...], t: int, over: Callable[[Ledger, int], None]) -> None:
         """Each ledger of ``path``, all live at ``t``: its children expired by ``t``
@@ -169,8 +225,7 @@ class Books:
             if node.over:
                 over(node, t)
 
-    @staticmethod
-    def follow(path: tuple[Ledger, ...], i: int) -> None:
+    def follow(self, path: tuple[Ledger, ...], i: int) -> None:
         """``path[i]`` has ended and its subtree spend changed: its charge to its parent
         (``path[i + 1]``) follows its subtree."""
         node, parent = path[i], path[i + 1]
@@ -178,8 +233,10 @@ class Books:
         parent.ended_charge = vec_add(vec_sub(parent.ended_charge, node.counted_charge), new)
         node.counted_charge = new
         rebase(parent)
+        self.epoch += 1
 
     def release(self, ledger: Ledger, t: int) -> None:
+        self.epoch += 1
         stack = [ledger]
         while stack:
             node = stack.pop()
@@ -193,6 +250,7 @@ class Books:
         if ledger.parent is not None:
             self.settle(self.ledgers[ledger.parent], t)
         ledger.expires = expires
+        self.epoch += 1
         if ledger.parent is None:
             return
         parent = self.ledgers[ledger.parent]

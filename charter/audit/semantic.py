@@ -255,6 +255,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ALLOWING = ("positive", "neutral")
 _ENDS = ("SandboxExited", "SandboxQuarantined", "SandboxDiscarded")
 _loads = orjson.loads
+_USAGE = "UsageRecorded/v1"
 
 
 class Finding(BaseModel):
@@ -533,18 +534,10 @@ class _Auditor:
                     f"the lease of {lineage} names grant {named[:16]}…, not its minted one",
                 )
 
-    def usage(self, p: dict[str, Any], t: int) -> None:
-        """A usage (the hot path: 99.9 % of a busy journal): where its whole chain is
-        live, the books charged and the chain checked in one pass (``Books.use`` with
-        ``over``)."""
-        lineage = p["lineage"]
-        if type(lineage) is not str:
-            lineage = str(lineage)
-        amount = p["amount"]
-        egress = amount["egress_bytes"]
-        if egress:  # one dict update, and only for egress charged
-            self.egress[lineage] = self.egress.get(lineage, 0) + int(egress)
-        ledger = self._ledgers.get(lineage)
+    def usage(self, lineage: str, amount: dict[str, Any], ledger: Ledger | None, t: int) -> None:
+        """A usage whose ledger is missing or not calm (``Books.calm``; a calm one is
+        charged by :meth:`apply_rows` itself): where its whole chain is live, the books
+        charged and the chain checked in one pass (``Books.use`` with ``over``)."""
         if ledger is None:
             self.find(
                 "usage-after-end", lineage, f"usage charged to {lineage}, which has no ledger"
@@ -1312,29 +1305,77 @@ class _Auditor:
     # -- the fold --------------------------------------------------------------------
 
     def apply(self, position: int, topic: str, state: bytes) -> None:
-        """One entry (the hot path: a million entries a run). Its topic is looked up
-        once, to its type and the one handler of the rules that read it (None: no rule
-        reads that type); a topic not in :data:`KNOWN_TOPICS` is not in the table."""
-        self.position = position
-        self.checked += 1
-        try:
-            doc = _loads(state)
-            at = doc["at"]
-            if at != self._at_text:  # a batch's entries share one commit time
-                self._at_ms, self._at_text = _ms(at), at
-            t = self._at_ms
-            p: dict[str, Any] = doc["payload"]
-        except (ValueError, KeyError, TypeError) as e:
-            self.find("entry-format", None, f"the entry does not decode: {e}")
-            return
-        if t < self.last_at:
-            self.find(
-                "commit-order",
-                None,
-                f"committed at {t} ms, before the entry before it ({self.last_at} ms)",
-            )
-        else:
-            self.last_at = t
+        """One entry: :meth:`apply_rows` of one row."""
+        self.apply_rows(((position, topic, state),))
+
+    def apply_rows(self, rows: Iterable[tuple[int, str, bytes]]) -> None:
+        """Entries in position order (the hot path: a million entries a run, a batch of
+        rows a call). Each topic is looked up once, to its type and the one handler of
+        the rules that read it (None: no rule reads that type); a topic not in
+        :data:`KNOWN_TOPICS` is not in the table. A usage goes straight to its rule."""
+        loads, books, ledgers = _loads, self.books, self._ledgers
+        for position, topic, state in rows:
+            self.position = position
+            self.checked += 1
+            try:
+                doc = loads(state)
+                at = doc["at"]
+                if at != self._at_text:  # a batch's entries share one commit time
+                    self._at_ms, self._at_text = _ms(at), at
+                t = self._at_ms
+                p: dict[str, Any] = doc["payload"]
+            except (ValueError, KeyError, TypeError) as e:
+                self.find("entry-format", None, f"the entry does not decode: {e}")
+                continue
+            if t < self.last_at:
+                self.find(
+                    "commit-order",
+                    None,
+                    f"committed at {t} ms, before the entry before it ({self.last_at} ms)",
+                )
+            else:
+                self.last_at = t
+            if topic == _USAGE and type(topic) is str:  # a usage: 99.9 % of a busy journal
+                if self._must_kill is not None:
+                    self._kill_with_digest("UsageRecorded", p)
+                try:
+                    lineage = p["lineage"]
+                    lineage = lineage if type(lineage) is str else str(lineage)
+                    amount = p["amount"]
+                    egress = amount["egress_bytes"]
+                    if egress:  # one dict update, and only for egress charged
+                        self.egress[lineage] = self.egress.get(lineage, 0) + int(egress)
+                    ledger = ledgers.get(lineage)
+                    if ledger is None or t >= (
+                        ledger.calm_until
+                        if ledger.calm_epoch == books.epoch
+                        else books.calm(ledger)
+                    ):
+                        self.usage(lineage, amount, ledger, t)
+                    else:  # its whole chain live, counted live, within bounds: charged
+                        a0, a1, a2, a3, a4 = v = _axes_of(amount)  # _vec, inlined
+                        v = (
+                            v
+                            if type(a0) is int
+                            and type(a1) is int
+                            and type(a2) is int
+                            and type(a3) is int
+                            and type(a4) is int
+                            else (int(a0), int(a1), int(a2), int(a3), int(a4))
+                        )
+                        if books.spend(ledger, v):
+                            self._over(ledger, t)
+                except (KeyError, TypeError, ValueError) as e:
+                    self.find(
+                        "entry-format", None, f"a UsageRecorded entry lacks what it must say: {e}"
+                    )
+                self._prev = ("UsageRecorded", p, self._at_text)
+                continue
+            self._other(topic, p, t)
+
+    def _other(self, topic: str, p: dict[str, Any], t: int) -> None:
+        """An entry not a usage: its topic looked up once, to its type and the one
+        handler of the rules that read it (None: no rule reads that type)."""
         # A topic that is not a str (a tampered column) is no key of the table either.
         entry = self._dispatch.get(topic) if type(topic) is str else None
         if entry is None:
@@ -1359,7 +1400,7 @@ class _Auditor:
             "GateDecided": lambda p, _: self.gate_decided(p),
             "BudgetLedgerOpened": lambda p, _: self.ledger_opened(p),
             "LeaseGranted": self.lease_granted,
-            "UsageRecorded": self.usage,
+            # UsageRecorded: apply_rows itself (then usage)
             "LeaseReleased": self.released_lease,
             "LineageRevoked": lambda p, _: self.revoked(p),
             "LeaseRenewed": self.renewed,
@@ -1482,6 +1523,9 @@ class Auditor:
     def __init__(self, on_finding: Callable[[Finding], None] | None = None) -> None:
         self._auditor = _Auditor(on_finding)
         self.apply: Callable[[int, str, bytes], None] = self._auditor.apply  # the hot path
+        self.apply_rows: Callable[[Iterable[tuple[int, str, bytes]]], None] = (
+            self._auditor.apply_rows
+        )
 
     def finish(self) -> AuditReport:
         auditor = self._auditor
@@ -1499,8 +1543,7 @@ def audit_history(
     """Audit batches of ``(position, topic, state)`` in position order (what
     ``Journal.payloads`` yields), one batch at a time."""
     auditor = Auditor(on_finding)
-    apply = auditor.apply
+    apply_rows = auditor.apply_rows
     for batch in rows:
-        for position, topic, state in batch:
-            apply(position, topic, state)
+        apply_rows(batch)
     return auditor.finish()
