@@ -583,6 +583,8 @@ class ModelMeter:
             self._settle_queued(lineage)
             with self._guard:
                 idle = [b for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
+                for b in self._blocks.get(lineage, ()):
+                    b.retired = True  # none drawn from again: its last settlement releases it
             if not idle:
                 return
             released = [

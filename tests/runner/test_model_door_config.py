@@ -270,3 +270,24 @@ def test_queued_settlements_of_a_lease_are_journaled_in_one_append(
         assert [e.event.call for e in run[1:]] == [d.call for d in draws]
         meter.finish(worker)
         assert check_model_calls(journal_history(charter.journal)).problems == []
+
+
+def test_a_call_still_in_flight_at_the_workers_end_releases_its_block_when_it_settles(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # The worker's end (finish) finds a call of its lease's block still in flight: the
+    # block stays held then, and is released by that call's settlement, so the cell,
+    # once idle, holds no block (the fold's "every block was released").
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
+        done = meter.reserve(worker, CALL)
+        assert meter.settle(_usage(done, 3, 4)) is not None
+        late = meter.reserve(worker, CALL)  # same block, still in flight
+        assert late.block is done.block
+        meter.finish(worker)
+        assert not of_events(charter, ModelTokensReleased)  # its call holds it
+        assert meter.settle(_usage(late, 2, 2)) is not None
+        (released,) = of_events(charter, ModelTokensReleased)
+        assert (released.block, released.charged) == (late.block.block, 0)
+        assert meter.in_flight(worker) == 0
+        assert check_model_calls(journal_history(charter.journal)).problems == []
+
