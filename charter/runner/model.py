@@ -811,6 +811,7 @@ class ModelDoor:
         self._meter = meter
         self._conns: dict[socket.socket, tuple[_Holder, list[socket.socket]]] = {}
         self._served: dict[str, str] = {}  # sandbox id -> its worker's lineage
+        self._hung: set[socket.socket] = set()  # connections hung up, their threads ending
         self._lock = threading.Lock()
         self._pool = _Pool(endpoint)
         self._server = PeerServer(
@@ -831,6 +832,9 @@ class ModelDoor:
         ``which`` picks: their threads settle what they relayed and end."""
         with self._lock:
             picked = [(c, ups) for c, (h, ups) in self._conns.items() if which(h)]
+            # Before their upstream sockets are read: a call that connects one after
+            # this sees it hung up and sends nothing (_Call.run).
+            self._hung.update(c for c, _ in picked)
         for conn, upstreams in picked:
             for sock in [conn, *upstreams]:
                 with contextlib.suppress(OSError):
@@ -868,6 +872,7 @@ class ModelDoor:
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
+                self._hung.discard(conn)
 
     def _one_request(
         self,
@@ -887,7 +892,10 @@ class ModelDoor:
             _send(conn, http, e.status, e.body)
             return e.keep and http.our_state is h11.DONE
         assert self.endpoint is not None  # _admit refused the call otherwise
-        call = _Call(self.endpoint, meter, draw, chat, conn, http, upstreams, self._pool)
+        call = _Call(
+            self.endpoint, meter, draw, chat, conn, http, upstreams, self._pool,
+            gone=lambda: conn in self._hung,
+        )  # fmt: skip
         call.run()  # its settlement is left with the meter's settler
         return http.our_state is h11.DONE
 
@@ -997,9 +1005,10 @@ class _Call:
         http: h11.Connection,
         upstreams: list[socket.socket],
         pool: _Pool,
+        gone: Callable[[], bool] = lambda: False,
     ) -> None:
         self.endpoint, self.meter, self.reserved, self.chat = endpoint, meter, reserved, chat
-        self.pool = pool
+        self.pool, self.gone = pool, gone
         self.conn, self.http, self.upstreams = conn, http, upstreams
         self.started = time.monotonic()
         self.first: float | None = None
@@ -1040,6 +1049,11 @@ class _Call:
                     upstream.connect()
                 if upstream.sock is not None:
                     self.upstreams.append(upstream.sock)
+                if self.gone():  # hung up meanwhile (the worker's end): nothing is sent
+                    self._forget(upstream)
+                    upstream.close()
+                    self._estimate("client-gone")
+                    raise _GoneError
                 answer = upstream.request(head, body)
                 break
             except (OSError, ValueError) as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -27,12 +28,14 @@ from charter.runner.model import (
     ChatRequest,
     Draw,
     ModelEndpoint,
+    ModelDoor,
     ModelMeter,
     Settlement,
     load_endpoint,
     prompt_estimate,
 )
 from tests.invariants import check_model_calls, journal_history
+from tests.runner._model_server import model_server
 from tests.runner.conftest import initialise
 from tests.runner.programs import python
 from tests.runner.test_model_door import model_cell, spawn_callers
@@ -291,3 +294,65 @@ def test_a_call_still_in_flight_at_the_workers_end_releases_its_block_when_it_se
         assert meter.in_flight(worker) == 0
         assert check_model_calls(journal_history(charter.journal)).problems == []
 
+
+class _HangingUpMeter(ModelMeter):
+    """A meter whose reservation ends with its worker's connections hung up: the
+    worker's end (``Door.unregister``) arriving while the call's block is appended."""
+
+    door: ModelDoor | None = None
+
+    def reserve(self, lineage: str, request: ChatRequest) -> Draw:
+        draw = super().reserve(lineage, request)
+        if self.door is not None:
+            self.door.hang_up(lambda _: True)
+        return draw
+
+
+@pytest.mark.parametrize("hang_up", [False, True])
+def test_a_call_whose_worker_ended_during_its_reservation_is_never_sent(
+    journal_url: str, tmp_path: Path, state_dir: Path, hang_up: bool
+) -> None:
+    # The door hangs up a worker's connections and their upstream sockets; a call then
+    # inside its reservation connects upstream only afterwards: it must send nothing
+    # (else, the answer slower than the door's 5 s drain, its settlement comes after the
+    # lease returned, uncharged), and its settlement is queued before its thread ends.
+    # The positive control (no hang-up) is sent and charged the server's usage.
+    with (
+        _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, plain),
+        model_server() as (url, behaviour),
+    ):
+        meter = _HangingUpMeter(plain._cell)
+        door = ModelDoor(
+            state_dir / f"model-hang-{hang_up}.sock", member=lambda _uid: None,
+            holder=lambda _uid: ("sandbox", worker), meter=lambda: meter,
+            endpoint=ModelEndpoint(url),
+        )  # fmt: skip
+        meter.door = door if hang_up else None
+        ours, theirs = socket.socketpair()
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        theirs.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: charter\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        if not hang_up:
+            theirs.shutdown(socket.SHUT_WR)  # one request: the connection ends after it
+        try:
+            door._serve(ours, 0)  # returns when the connection ends
+            assert len(meter._queued) + len(of_events(charter, ModelCallSettled)) == 1
+            meter.finish(worker)
+            (settled,) = of_events(charter, ModelCallSettled)
+            if hang_up:
+                assert behaviour.seen == []  # nothing sent for a worker that ended
+                assert (settled.how, settled.completion_tokens) == ("client-gone", 0)
+            else:
+                assert len(behaviour.seen) == 1
+                assert settled.how == "usage"
+            usage = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
+            assert sum(u.amount.tokens for u in usage) == (
+                settled.prompt_tokens + settled.completion_tokens
+            )
+            assert check_model_calls(journal_history(charter.journal)).problems == []
+        finally:
+            door.close()
+            ours.close()
+            theirs.close()
