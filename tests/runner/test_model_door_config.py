@@ -19,8 +19,9 @@ from typing import TypeVar
 import pytest
 
 from charter.app import Charter
+from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import UsageRecorded
-from charter.core import BadInputError, Event
+from charter.core import BadInputError, Budget, Event
 from charter.runner.errors import ModelRequestError, ModelTokensError
 from charter.runner.events import ModelCallSettled, ModelTokensHeld, ModelTokensReleased
 from charter.runner.model import (
@@ -356,3 +357,45 @@ def test_a_call_whose_worker_ended_during_its_reservation_is_never_sent(
             door.close()
             ours.close()
             theirs.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the lease book does not count a lease's model blocks (ModelTokensHeld): a "
+    "spawn carves the tokens a block holds into a child, and the block still lends them",
+)
+def test_a_spawn_cannot_carve_out_the_tokens_a_block_holds(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # A worker's first call holds a block of 8 calls (144 tokens of its 400); then it
+    # spawns a child with the whole remainder its lease book shows (400 less the 18
+    # charged: the book knows nothing of the block). The block's tokens are then the
+    # child's, so the worker's next call must not draw them; on main it does, and its
+    # charge is refused usage (tokens the model spent that no lease covers).
+    cost = Budget.parse("tokens=400,wall=10m,cpu=10m,mem=1GiB,egress=0MB")
+    top = SpawnIntent.model_validate(
+        {"width": 1, "objective": "a caller that spawns", "estimated_cost": cost,
+         "grant": {"fanout": 4, "depth": 2}}
+    )  # fmt: skip
+    with initialise(journal_url, tmp_path / "home") as charter:
+        (parent,) = charter.spawn(
+            "agent:estate", top, policy=FixedPolicy(Verdict.POSITIVE), workers=(python(""),)
+        ).children
+        worker = str(parent.lineage)
+        meter = ModelMeter(model_cell(charter, state_dir, None))
+        first = meter.reserve(worker, CALL)
+        assert first.block.tokens == BLOCK_CALLS * 18
+        assert meter.settle(_usage(first, 9, 9)) is not None
+        left = charter.budgets().remaining(worker).tokens
+        assert left == 400 - 18  # the positive control: the book ignores the block
+        below = charter.spawn_service().durable_caller("estate").child(parent)
+        carve = SpawnIntent(
+            width=1, objective="takes what the book shows",
+            estimated_cost=Budget.parse(f"tokens={left},wall=1m,cpu=1m,mem=64MiB,egress=0"),
+        )  # fmt: skip
+        charter.spawn(below, carve, policy=FixedPolicy(Verdict.POSITIVE))  # committed
+        with pytest.raises(ModelTokensError):
+            second = meter.reserve(worker, CALL)  # main: drawn from the block
+            meter.settle(_usage(second, 9, 9))
+            refused = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
+            assert sum(u.refused.tokens for u in refused) == 0, "tokens spent, uncovered"
