@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -401,3 +402,24 @@ def test_a_spawn_cannot_carve_out_the_tokens_a_block_holds(
         meter.settle(_usage(second, 9, 9))
         usage = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
         assert sum(u.refused.tokens for u in usage) == 0, "tokens spent that no lease covers"
+
+
+def test_the_fold_finds_a_settlement_charged_in_another_append(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    # The fold says each settlement charges its tokens in its own append. A history
+    # whose UsageRecorded is the entry before the settlement but of an earlier append
+    # (its recorded time another: as the semantic audit tells appends apart) is found;
+    # the history as journaled (the positive control) is not.
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
+        draw = meter.reserve(worker, CALL)
+        assert meter.settle(_usage(draw, 3, 4)) is not None
+        meter.finish(worker)
+        history = journal_history(charter.journal)
+        assert check_model_calls(history).problems == []
+        at = next(i for i, e in enumerate(history) if e[1] == "ModelCallSettled")
+        assert history[at - 1][1] == "UsageRecorded"
+        position, kind, payload, recorded = history[at - 1]
+        forged = list(history)
+        forged[at - 1] = (position, kind, payload, recorded - timedelta(seconds=1))
+        assert check_model_calls(forged).problems != []
