@@ -508,8 +508,8 @@ def _charged_in_append(previous: tuple[str, dict[str, Any]] | None, lineage: str
     if previous is None or previous[1].get("lineage") != lineage:
         return False
     kind, q = previous
-    if kind == "BudgetRefused":  # the lease had ended
-        return True
+    if kind == "BudgetRefused":  # the lease had ended (a refusal of its usage)
+        return q.get("operation") == "usage"
     return kind == "UsageRecorded" and int(q["amount"]["tokens"]) + int(q["refused"]["tokens"]) == n
 
 
@@ -613,7 +613,7 @@ def check_model_calls(
                 kind_before, q = previous if previous is not None else ("", {})
                 if q.get("lineage") != p["lineage"]:
                     run = None
-                elif kind_before == "BudgetRefused":  # the lease had ended
+                elif kind_before == "BudgetRefused" and q.get("operation") == "usage":
                     run = {"expected": None, "got": 0}
                 elif not same:  # charged in another append, or not at all
                     run = None
