@@ -578,15 +578,24 @@ class ModelMeter:
 
     def finish(self, lineage: str) -> None:
         """The worker's end (its model connections closed): journal its queued
-        settlements, then release its blocks, in one append."""
+        settlements, then release its blocks, in one append; a block still held (a
+        call in flight past the drain, a settlement that failed) is recovered."""
         with self._settling:
             self._settle_queued(lineage)
             with self._guard:
-                idle = [b for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
-                for b in self._blocks.get(lineage, ()):
-                    b.retired = True  # none drawn from again: its last settlement releases it
-            if not idle:
-                return
+                blocks = list(self._blocks.get(lineage, ()))
+                idle = [b for b in blocks if not b.calls and not b.kept]
+                for b in blocks:
+                    b.retired = True  # none drawn from again
+            self._release_idle(lineage, idle)
+            with self._guard:
+                left = bool(self._blocks.get(lineage))
+            if left:  # a call in flight past the drain, a settlement or release failed
+                self._recover_left(lineage)
+
+    def _release_idle(self, lineage: str, idle: list[_Block]) -> None:
+        """Release ``idle`` (none of their calls in flight), in one append."""
+        if idle:
             released = [
                 ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
                 for b in idle
@@ -595,13 +604,28 @@ class ModelMeter:
                 with self._cell.changed:
                     pins = {b.stream(): b.version for b in idle}
                     self._cell.applied(self._cell.journal.append(released, expect=pins))
-            except CharterError:  # still held on record: fail-closed, recovered if ever
+            except CharterError:  # still held on record: recovered below
                 _log.warning("%s: its model blocks could not be released", lineage)
                 return
             with self._guard:
                 for b in idle:
                     b.released = True
                 self._blocks[lineage] = [b for b in self._blocks.get(lineage, ()) if b not in idle]
+
+    def _recover_left(self, lineage: str) -> None:
+        """The worker's end found blocks still held: a call in flight past the door's
+        drain, or a settlement that could not be journaled. Charged now as a recovery
+        does (each block less its settled calls' charges, fail-closed) before the lease
+        returns, else their calls' tokens would be charged to no lease; a settlement
+        after this finds its block released (its tokens are in the release's charge)."""
+        for _ in range(_RECOVER_TRIES):
+            with contextlib.suppress(ModelCallSettledError):
+                self._recover_blocks(lineage)
+                break
+        with self._guard:
+            left = self._blocks.pop(lineage, [])
+            for b in left:
+                b.released = True
 
     def _commit(self, *pendings: Settlement) -> None:
         """Charge the calls' tokens (of one lease) and journal their settlements in one

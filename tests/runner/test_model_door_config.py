@@ -23,6 +23,7 @@ from charter.app import Charter
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import UsageRecorded
 from charter.core import BadInputError, Budget, Event
+from charter.ledger.errors import AppendFailedError
 from charter.runner.errors import ModelRequestError, ModelTokensError
 from charter.runner.events import ModelCallSettled, ModelTokensHeld, ModelTokensReleased
 from charter.runner.model import (
@@ -277,22 +278,27 @@ def test_queued_settlements_of_a_lease_are_journaled_in_one_append(
         assert check_model_calls(journal_history(charter.journal)).problems == []
 
 
-def test_a_call_still_in_flight_at_the_workers_end_releases_its_block_when_it_settles(
+def test_a_call_still_in_flight_at_the_workers_end_is_charged_before_its_lease_returns(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    # The worker's end (finish) finds a call of its lease's block still in flight: the
-    # block stays held then, and is released by that call's settlement, so the cell,
-    # once idle, holds no block (the fold's "every block was released").
+    # The worker's end (finish) finds a call of its lease's block still in flight (its
+    # thread stuck past the door's drain): the block is recovered then, charging what
+    # its settled calls had not, so the lease that returns next has the call's tokens
+    # charged; the late settlement finds its block released and charges nothing again.
+    # Before, the block stayed held in the journal for good and the late settlement
+    # came after the lease returned (uncharged, once the lease had ended).
     with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
         done = meter.reserve(worker, CALL)
         assert meter.settle(_usage(done, 3, 4)) is not None
         late = meter.reserve(worker, CALL)  # same block, still in flight
         assert late.block is done.block
         meter.finish(worker)
-        assert not of_events(charter, ModelTokensReleased)  # its call holds it
-        assert meter.settle(_usage(late, 2, 2)) is not None
         (released,) = of_events(charter, ModelTokensReleased)
-        assert (released.block, released.charged) == (late.block.block, 0)
+        assert (released.block, released.recovered) == (late.block.block, True)
+        assert released.charged == BLOCK_CALLS * 18 - 7 >= late.reserved
+        assert meter.settle(_usage(late, 2, 2)) is None  # in the release's charge
+        usage = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
+        assert sum(u.amount.tokens for u in usage) == BLOCK_CALLS * 18
         assert meter.in_flight(worker) == 0
         assert check_model_calls(journal_history(charter.journal)).problems == []
 
@@ -423,3 +429,31 @@ def test_the_fold_finds_a_settlement_charged_in_another_append(
         forged = list(history)
         forged[at - 1] = (position, kind, payload, recorded - timedelta(seconds=1))
         assert check_model_calls(forged).problems != []
+
+
+def test_a_settlement_that_failed_is_charged_by_the_workers_end(
+    journal_url: str, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An answered call whose settlement could not be journaled (the journal failed, and
+    # its fallback too) keeps its block held. The worker's end must then charge what
+    # the block holds (fail-closed, as a recovery would), else the answered call is
+    # never charged and its lease returns whole. The positive control: the other call,
+    # settled before the failure, is charged exactly once.
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
+        ok, lost = meter.reserve(worker, CALL), meter.reserve(worker, CALL)
+        assert meter.settle(_usage(ok, 3, 4)) is not None
+        cell = meter._cell
+
+        def failing(*_a: object, **_k: object) -> None:
+            raise AppendFailedError("the journal failed")
+
+        with monkeypatch.context() as m:
+            m.setattr(cell.budgets, "record_usage", failing)
+            m.setattr(cell.journal, "append", failing)
+            assert meter.settle(_usage(lost, 3, 4)) is None  # tried once, not on record
+        meter.finish(worker)
+        usage = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
+        charged = sum(u.amount.tokens for u in usage)
+        assert charged >= 7 + 7, f"the lost call's tokens: {charged} charged"
+        assert meter.in_flight(worker) == 0
+        assert check_model_calls(journal_history(charter.journal)).problems == []
