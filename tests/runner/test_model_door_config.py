@@ -278,6 +278,13 @@ def test_queued_settlements_of_a_lease_are_journaled_in_one_append(
         assert check_model_calls(journal_history(charter.journal)).problems == []
 
 
+def _settled_one(meter: ModelMeter, worker: str) -> Draw:
+    """One call of ``worker`` reserved and settled at 3 + 4 tokens."""
+    draw = meter.reserve(worker, CALL)
+    assert meter.settle(_usage(draw, 3, 4)) is not None
+    return draw
+
+
 def test_a_call_still_in_flight_at_the_workers_end_is_charged_before_its_lease_returns(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
@@ -288,8 +295,7 @@ def test_a_call_still_in_flight_at_the_workers_end_is_charged_before_its_lease_r
     # Before, the block stayed held in the journal for good and the late settlement
     # came after the lease returned (uncharged, once the lease had ended).
     with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
-        done = meter.reserve(worker, CALL)
-        assert meter.settle(_usage(done, 3, 4)) is not None
+        done = _settled_one(meter, worker)
         late = meter.reserve(worker, CALL)  # same block, still in flight
         assert late.block is done.block
         meter.finish(worker)
@@ -418,8 +424,7 @@ def test_the_fold_finds_a_settlement_charged_in_another_append(
     # (its recorded time another: as the semantic audit tells appends apart) is found;
     # the history as journaled (the positive control) is not.
     with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
-        draw = meter.reserve(worker, CALL)
-        assert meter.settle(_usage(draw, 3, 4)) is not None
+        _settled_one(meter, worker)
         meter.finish(worker)
         history = journal_history(charter.journal)
         assert check_model_calls(history).problems == []
