@@ -709,7 +709,11 @@ class ModelMeter:
                 block.version += written.pop(block, 0)  # once per block
             block.retired = block.retired or outcome != "committed"
             block.kept = block.kept or outcome == "failed"
-            if (outcome == "committed" and last) or outcome == "taken":
+            # Taken, a kept block (a settlement of it failed, perhaps committed unseen:
+            # this meter's version of it is behind, so the conflict may be its own) is
+            # still held, left for the worker's end to recover from the journal.
+            taken = outcome == "taken" and not block.kept
+            if (outcome == "committed" and last) or taken:
                 block.released = True  # by this append, or by the other writer
                 blocks = self._blocks.get(draw.lineage, [])
                 self._blocks[draw.lineage] = [b for b in blocks if b is not block]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -460,5 +460,33 @@ def test_a_settlement_that_failed_is_charged_by_the_workers_end(
         usage = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
         charged = sum(u.amount.tokens for u in usage)
         assert charged >= 7 + 7, f"the lost call's tokens: {charged} charged"
+        assert meter.in_flight(worker) == 0
+        assert check_model_calls(journal_history(charter.journal)).problems == []
+
+
+def test_a_settlement_committed_but_reported_failed_leaves_nothing_uncharged(
+    journal_url: str, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A settlement's append commits but reports a failure (an outcome unknown): the
+    # meter's version of its block is then behind, so the next settlement on that block
+    # conflicts and is taken for a recovery's. Nothing may then go uncharged: the
+    # worker's end recovers the block from the journal. The positive control: the call
+    # whose append committed is charged once.
+    with _metered(journal_url, tmp_path, 5000, state_dir) as (charter, worker, meter):
+        first, second = meter.reserve(worker, CALL), meter.reserve(worker, CALL)
+        cell = meter._cell
+        real = cell.budgets.record_usage
+
+        def committed_but_failed(*a: Any, **k: Any) -> Any:
+            real(*a, **k)
+            raise AppendFailedError("the answer was lost")
+
+        with monkeypatch.context() as m:
+            m.setattr(cell.budgets, "record_usage", committed_but_failed)
+            meter.settle(_usage(first, 3, 4))
+        meter.settle(_usage(second, 3, 4))
+        meter.finish(worker)
+        usage = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
+        assert sum(u.amount.tokens for u in usage) >= 7 + 7
         assert meter.in_flight(worker) == 0
         assert check_model_calls(journal_history(charter.journal)).problems == []
