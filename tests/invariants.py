@@ -508,8 +508,8 @@ def _charged_in_append(previous: tuple[str, dict[str, Any]] | None, lineage: str
     if previous is None or previous[1].get("lineage") != lineage:
         return False
     kind, q = previous
-    if kind == "BudgetRefused":  # the lease had ended
-        return True
+    if kind == "BudgetRefused":  # the lease had ended (a refusal of its usage)
+        return q.get("operation") == "usage"
     return kind == "UsageRecorded" and int(q["amount"]["tokens"]) + int(q["refused"]["tokens"]) == n
 
 
@@ -524,6 +524,7 @@ def check_model_calls(
     ended: set[str] = set()  # released blocks
     done: set[str] = set()
     previous: tuple[str, dict[str, Any]] | None = None
+    before_at: datetime | None = None  # its recorded time (one append's entries share it)
     run: dict[str, Any] | None = None  # the settlements after a UsageRecorded or refusal
 
     def close(position: int) -> None:
@@ -545,8 +546,9 @@ def check_model_calls(
                 f"its allocation {allocation.get(lineage, 0)}"
             )
 
-    for position, kind, p, _at in entries:
+    for position, kind, p, at in entries:
         found.checked += 1
+        same = before_at == at  # the entry before is of this append
         if kind != "ModelCallSettled":
             close(position)
             run = None
@@ -572,7 +574,10 @@ def check_model_calls(
                         f"{position}: block {p['block']} recovered charging {p['charged']}, "
                         f"not its remainder {remainder}"
                     )
-                if p["charged"] and not _charged_in_append(previous, p["lineage"], p["charged"]):
+                if p["charged"] and not (
+                    _charged_in_append(previous, p["lineage"], p["charged"])
+                    and (same or previous is None or previous[0] == "BudgetRefused")
+                ):
                     found.problems.append(
                         f"{position}: block {p['block']}'s release does not charge its "
                         f"{p['charged']} tokens in its append"
@@ -608,11 +613,13 @@ def check_model_calls(
                 kind_before, q = previous if previous is not None else ("", {})
                 if q.get("lineage") != p["lineage"]:
                     run = None
+                elif kind_before == "BudgetRefused" and q.get("operation") == "usage":
+                    run = {"expected": None, "got": 0}
+                elif not same:  # charged in another append, or not at all
+                    run = None
                 elif kind_before == "UsageRecorded":
                     expected = int(q["amount"]["tokens"]) + int(q["refused"]["tokens"])
                     run = {"expected": expected, "got": 0}
-                elif kind_before == "BudgetRefused":  # the lease had ended
-                    run = {"expected": None, "got": 0}
                 elif kind_before != "ModelCallSettled":
                     run = None
                 if run is None:
@@ -634,7 +641,7 @@ def check_model_calls(
                     found.problems.append(
                         f"{position}: call {call}'s estimate is not within its reservation"
                     )
-        previous = (kind, p)
+        previous, before_at = (kind, p), at
     close(found.checked)
     if settled:
         found.problems.extend(f"call {c} was never settled" for c in open_calls)

@@ -386,6 +386,12 @@ class _Allowance:
     refused: int | None = None  # position of its journaled refusal
 
 
+def _usage_refused(kind: str, q: dict[str, Any], lineage: str) -> bool:
+    """Whether the entry is ``lineage``'s refusal of a usage (its lease ended: a model
+    call's settlement is then journaled alone); a refusal of a spawn or a release is not."""
+    return kind == "BudgetRefused" and q.get("lineage") == lineage and q.get("operation") == "usage"
+
+
 class _Auditor:
     def __init__(self, on_finding: Callable[[Finding], None] | None = None) -> None:
         self.findings: list[Finding] = []
@@ -1030,7 +1036,7 @@ class _Auditor:
             and q.get("lineage") == lineage
             and int(q["amount"]["tokens"]) + int(q["refused"]["tokens"]) == tokens
         )
-        return charged or (kind == "BudgetRefused" and q.get("lineage") == lineage)
+        return charged or _usage_refused(kind, q, lineage)
 
     def _charged_in_run(self, lineage: str, tokens: int) -> bool:
         """A settlement's charge: the ``UsageRecorded`` just before it in its append, or
@@ -1041,7 +1047,7 @@ class _Auditor:
         run = self._run
         if kind == "UsageRecorded" and at == self._at_text and q.get("lineage") == lineage:
             run = [lineage, int(q["amount"]["tokens"]) + int(q["refused"]["tokens"]), 0]
-        elif kind == "BudgetRefused" and q.get("lineage") == lineage:
+        elif _usage_refused(kind, q, lineage):
             run = [lineage, None, 0]
         elif not (kind == "ModelCallSettled" and at == self._at_text and run and run[0] == lineage):
             run = None

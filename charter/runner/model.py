@@ -578,13 +578,24 @@ class ModelMeter:
 
     def finish(self, lineage: str) -> None:
         """The worker's end (its model connections closed): journal its queued
-        settlements, then release its blocks, in one append."""
+        settlements, then release its blocks, in one append; a block still held (a
+        call in flight past the drain, a settlement that failed) is recovered."""
         with self._settling:
             self._settle_queued(lineage)
             with self._guard:
-                idle = [b for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
-            if not idle:
-                return
+                blocks = list(self._blocks.get(lineage, ()))
+                idle = [b for b in blocks if not b.calls and not b.kept]
+                for b in blocks:
+                    b.retired = True  # none drawn from again
+            self._release_idle(lineage, idle)
+            with self._guard:
+                left = bool(self._blocks.get(lineage))
+            if left:  # a call in flight past the drain, a settlement or release failed
+                self._recover_left(lineage)
+
+    def _release_idle(self, lineage: str, idle: list[_Block]) -> None:
+        """Release ``idle`` (none of their calls in flight), in one append."""
+        if idle:
             released = [
                 ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
                 for b in idle
@@ -593,13 +604,28 @@ class ModelMeter:
                 with self._cell.changed:
                     pins = {b.stream(): b.version for b in idle}
                     self._cell.applied(self._cell.journal.append(released, expect=pins))
-            except CharterError:  # still held on record: fail-closed, recovered if ever
+            except CharterError:  # still held on record: recovered below
                 _log.warning("%s: its model blocks could not be released", lineage)
                 return
             with self._guard:
                 for b in idle:
                     b.released = True
                 self._blocks[lineage] = [b for b in self._blocks.get(lineage, ()) if b not in idle]
+
+    def _recover_left(self, lineage: str) -> None:
+        """The worker's end found blocks still held: a call in flight past the door's
+        drain, or a settlement that could not be journaled. Charged now as a recovery
+        does (each block less its settled calls' charges, fail-closed) before the lease
+        returns, else their calls' tokens would be charged to no lease; a settlement
+        after this finds its block released (its tokens are in the release's charge)."""
+        for _ in range(_RECOVER_TRIES):
+            with contextlib.suppress(ModelCallSettledError):
+                self._recover_blocks(lineage)
+                break
+        with self._guard:
+            left = self._blocks.pop(lineage, [])
+            for b in left:
+                b.released = True
 
     def _commit(self, *pendings: Settlement) -> None:
         """Charge the calls' tokens (of one lease) and journal their settlements in one
@@ -683,7 +709,11 @@ class ModelMeter:
                 block.version += written.pop(block, 0)  # once per block
             block.retired = block.retired or outcome != "committed"
             block.kept = block.kept or outcome == "failed"
-            if (outcome == "committed" and last) or outcome == "taken":
+            # Taken, a kept block (a settlement of it failed, perhaps committed unseen:
+            # this meter's version of it is behind, so the conflict may be its own) is
+            # still held, left for the worker's end to recover from the journal.
+            taken = outcome == "taken" and not block.kept
+            if (outcome == "committed" and last) or taken:
                 block.released = True  # by this append, or by the other writer
                 blocks = self._blocks.get(draw.lineage, [])
                 self._blocks[draw.lineage] = [b for b in blocks if b is not block]
@@ -809,6 +839,7 @@ class ModelDoor:
         self._meter = meter
         self._conns: dict[socket.socket, tuple[_Holder, list[socket.socket]]] = {}
         self._served: dict[str, str] = {}  # sandbox id -> its worker's lineage
+        self._hung: set[socket.socket] = set()  # connections hung up, their threads ending
         self._lock = threading.Lock()
         self._pool = _Pool(endpoint)
         self._server = PeerServer(
@@ -829,6 +860,9 @@ class ModelDoor:
         ``which`` picks: their threads settle what they relayed and end."""
         with self._lock:
             picked = [(c, ups) for c, (h, ups) in self._conns.items() if which(h)]
+            # Before their upstream sockets are read: a call that connects one after
+            # this sees it hung up and sends nothing (_Call.run).
+            self._hung.update(c for c, _ in picked)
         for conn, upstreams in picked:
             for sock in [conn, *upstreams]:
                 with contextlib.suppress(OSError):
@@ -866,6 +900,7 @@ class ModelDoor:
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
+                self._hung.discard(conn)
 
     def _one_request(
         self,
@@ -885,7 +920,10 @@ class ModelDoor:
             _send(conn, http, e.status, e.body)
             return e.keep and http.our_state is h11.DONE
         assert self.endpoint is not None  # _admit refused the call otherwise
-        call = _Call(self.endpoint, meter, draw, chat, conn, http, upstreams, self._pool)
+        call = _Call(
+            self.endpoint, meter, draw, chat, conn, http, upstreams, self._pool,
+            gone=lambda: conn in self._hung,
+        )  # fmt: skip
         call.run()  # its settlement is left with the meter's settler
         return http.our_state is h11.DONE
 
@@ -995,9 +1033,10 @@ class _Call:
         http: h11.Connection,
         upstreams: list[socket.socket],
         pool: _Pool,
+        gone: Callable[[], bool] = lambda: False,
     ) -> None:
         self.endpoint, self.meter, self.reserved, self.chat = endpoint, meter, reserved, chat
-        self.pool = pool
+        self.pool, self.gone = pool, gone
         self.conn, self.http, self.upstreams = conn, http, upstreams
         self.started = time.monotonic()
         self.first: float | None = None
@@ -1038,6 +1077,11 @@ class _Call:
                     upstream.connect()
                 if upstream.sock is not None:
                     self.upstreams.append(upstream.sock)
+                if self.gone():  # hung up meanwhile (the worker's end): nothing is sent
+                    self._forget(upstream)
+                    upstream.close()
+                    self._estimate("client-gone")
+                    raise _GoneError
                 answer = upstream.request(head, body)
                 break
             except (OSError, ValueError) as e:

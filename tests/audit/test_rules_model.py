@@ -225,3 +225,23 @@ def test_a_block_is_released_once_a_recovered_one_charging_its_remainder(made: t
     (off,) = _append(url, _usage(worker, _tokens(299)), _released(b, 299, recovered=True))[1:]
     (alone,) = _append(url, _released(c, 300, recovered=True))  # no usage in its append
     assert _only(_audit(url), "model-call") == [twice, off, alone]
+
+
+def test_a_settlement_after_a_refusal_of_another_operation_is_not_charged(made: tuple) -> None:
+    # A settlement journaled alone passes after its lease's refusal of a usage (the
+    # lease ended: nothing could be charged), never after a refusal of anything else
+    # (a spawn the live lease could not pay for): that one is a call left uncharged.
+    url, _, lineages = made
+    worker = lineages[0]
+    a, b = _reserve(worker, 100), _reserve(worker, 100)
+    _append(url, a, b)
+    _append(url, _usage(worker, _tokens(0)), BudgetRefused(
+        lineage=worker, operation="usage", reason="lease-ended", message="ended"
+    ))  # fmt: skip
+    _append(url, _settled(a, 20, 30))
+    assert _audit(url).ok  # positive control: after a refusal of its usage
+    _append(url, BudgetRefused(
+        lineage=worker, operation="spawn", reason="over-budget", message="too much"
+    ))  # fmt: skip
+    (uncharged,) = _append(url, _settled(b, 20, 30))
+    assert _only(_audit(url), "model-call") == [uncharged]
