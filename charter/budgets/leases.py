@@ -26,7 +26,6 @@ from datetime import UTC, datetime, timedelta
 from pydantic import Field, model_validator
 
 from charter.budgets import formula
-from charter.budgets.holds import HeldTokensCharged, HeldTokensReleased, TokensHeld
 from charter.budgets.errors import (
     ExpiryOutOfRangeError,
     InsufficientBudgetError,
@@ -35,6 +34,7 @@ from charter.budgets.errors import (
     RenewalBeyondGrantError,
     RenewalBeyondParentError,
 )
+from charter.budgets.holds import HeldTokensCharged, HeldTokensReleased, TokensHeld
 from charter.core.budget import (
     INT64_MAX,
     VEC_ZERO,
@@ -360,6 +360,24 @@ class LeaseBook:
                         ledger.released_at_ms = at_ms
                         self._end(ledger, at_ms)
                         heapq.heappush(self._ends, (at_ms, ledger.lineage))
+            case TokensHeld() | HeldTokensCharged() | HeldTokensReleased():
+                self._fold_hold(event)
+            case LeaseRenewed():
+                ledger = self._ledgers[event.lineage]
+                ledger.expires_at_ms = event.expires_at_ms
+                parent = self._ledgers[event.parent]
+                if not ledger.counted_live and ledger.released_at_ms is None:
+                    # ended by an expiry the sums had already passed: live again
+                    parent.ended = vec_sub(parent.ended, ledger.ended_charge)
+                    parent.live = vec_add(parent.live, vec_of(ledger.allocation))
+                    ledger.counted_live, ledger.ended_charge = True, VEC_ZERO
+                heapq.heappush(parent.expiries, (event.expires_at_ms, event.lineage))
+                heapq.heappush(self._ends, (event.expires_at_ms, event.lineage))
+
+    def _fold_hold(self, event: Event) -> None:
+        """A hold of a lease's tokens, a charge settled on it, or its release (a lease
+        that left the book, or one it never had, holds nothing)."""
+        match event:
             case TokensHeld():
                 hold, lineage, tokens = event.hold()
                 ledger = self._ledgers.get(lineage)
@@ -378,17 +396,6 @@ class LeaseBook:
                 ledger = self._ledgers.get(lineage)
                 if ledger is not None and hold in ledger.holds:
                     ledger.held -= ledger.holds.pop(hold)
-            case LeaseRenewed():
-                ledger = self._ledgers[event.lineage]
-                ledger.expires_at_ms = event.expires_at_ms
-                parent = self._ledgers[event.parent]
-                if not ledger.counted_live and ledger.released_at_ms is None:
-                    # ended by an expiry the sums had already passed: live again
-                    parent.ended = vec_sub(parent.ended, ledger.ended_charge)
-                    parent.live = vec_add(parent.live, vec_of(ledger.allocation))
-                    ledger.counted_live, ledger.ended_charge = True, VEC_ZERO
-                heapq.heappush(parent.expiries, (event.expires_at_ms, event.lineage))
-                heapq.heappush(self._ends, (event.expires_at_ms, event.lineage))
             case _:
                 pass
 

@@ -416,7 +416,17 @@ def test_a_spawn_cannot_carve_out_the_tokens_a_block_holds(
         usage = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
         assert sum(u.amount.tokens for u in usage) == 36
         assert sum(u.refused.tokens for u in usage) == 0, "tokens spent that no lease covers"
-        assert check_model_calls(journal_history(charter.journal)).problems == []
+        history = journal_history(charter.journal)
+        assert check_model_calls(history).problems == []
+        # The independent fold agrees: the same spawn forged one token wider (as only a
+        # database writer could append it) carves a token the block held, and is found.
+        at = max(i for i, e in enumerate(history) if e[1] == "LeaseGranted")
+        position, kind, payload, recorded = history[at]
+        assert payload["parent"] == worker
+        wider = payload | {"allocation": payload["allocation"] | {"tokens": left + 1}}
+        forged = [*history[:at], (position, kind, wider, recorded), *history[at + 1 :]]
+        (problem,) = check_model_calls(forged).problems
+        assert problem.startswith(f"{position}: {worker} holds")
 
 
 def test_the_fold_finds_a_settlement_charged_in_another_append(
