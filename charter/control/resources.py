@@ -338,7 +338,7 @@ class BudgetService:
         append (the cell charges what a worker used as it returns its lease): a lease
         that cannot take it cannot be returned either, so a refusal then is journaled
         for both operations (the usage's, then the release's) and raised."""
-        charge = None if usage is None else self._usage(lineage, usage)
+        charge = None if usage is None else self._usage(lineage, usage, ())
         return self._decide_and_append(
             "release",
             lineage,

@@ -470,7 +470,8 @@ class ModelMeter:
         if not idle:
             return tokens
         with self._cell.changed:
-            return tokens + self._cell.resources.book.held(lineage, idle)
+            held: int = self._cell.resources.book.held(lineage, idle)
+        return tokens + held
 
     @staticmethod
     def _need(request: ChatRequest, estimate: int, left: int) -> tuple[int, int]:
