@@ -498,9 +498,12 @@ def check_journal_allowance(
 # - an exact settlement comes from the server's usage (``how`` usage); an estimate is
 #   the prompt's estimate and at most ``max_tokens`` of completion; a drawn call's
 #   reservation is its estimate plus its ``max_tokens``, within its block;
-# - at every hold or reservation, what the lease was charged in tokens plus what its
-#   blocks still hold (each, its tokens less its settled calls' charges) and every
-#   reservation of it still unsettled (this one included) is at most its allocation;
+# - at every hold or reservation, and at every fan-out out of a lease holding blocks or
+#   reservations, what the lease was charged in tokens and what its children cost it
+#   (a live child its whole allocation, an ended one what its subtree was charged) plus
+#   what its blocks still hold (each, its tokens less its settled calls' charges) and
+#   every reservation of it still unsettled (this one included) is at most its
+#   allocation: a spawn carves no tokens a block holds;
 # - with ``settled``: every reservation was settled and every block released.
 
 
@@ -519,6 +522,8 @@ def check_model_calls(
     found = Findings()
     allocation: dict[str, int] = {}
     charged: dict[str, int] = {}
+    children: dict[str, list[str]] = {}  # lineage -> its leased children
+    ends: dict[str, int] = {}  # lineage -> when its lease ends (expiry or release), ms
     open_calls: dict[str, dict[str, Any]] = {}
     blocks: dict[str, dict[str, Any]] = {}  # held, not released: lineage, tokens, charged
     ended: set[str] = set()  # released blocks
@@ -534,12 +539,23 @@ def check_model_calls(
                 f"UsageRecorded charged {run['expected']}"
             )
 
-    def over(position: int, lineage: str) -> None:
+    def spent(lineage: str, at_ms: int) -> int:
+        """What ``lineage``'s subtree was charged (its children's as they cost it)."""
+        return charged.get(lineage, 0) + sum(cost(c, at_ms) for c in children.get(lineage, ()))
+
+    def cost(lineage: str, at_ms: int) -> int:
+        if at_ms < ends[lineage]:
+            return allocation[lineage]
+        return min(spent(lineage, at_ms), allocation[lineage])
+
+    def over(position: int, lineage: str, at_ms: int) -> None:
         outstanding = sum(c["reserved"] for c in open_calls.values() if c["lineage"] == lineage)
         outstanding += sum(
             max(b["tokens"] - b["charged"], 0) for b in blocks.values() if b["lineage"] == lineage
         )
-        held = charged.get(lineage, 0) + outstanding
+        if not outstanding:
+            return
+        held = spent(lineage, at_ms) + outstanding
         if held > allocation.get(lineage, 0):
             found.problems.append(
                 f"{position}: {lineage} holds {held} tokens charged and reserved, over "
@@ -548,6 +564,7 @@ def check_model_calls(
 
     for position, kind, p, at in entries:
         found.checked += 1
+        at_ms = int(at.timestamp() * 1000)
         same = before_at == at  # the entry before is of this append
         if kind != "ModelCallSettled":
             close(position)
@@ -555,13 +572,26 @@ def check_model_calls(
         if kind == "LeaseGranted":
             for lineage in p["lineages"]:
                 allocation[lineage] = int(p["allocation"]["tokens"])
+                ends[lineage] = int(p["expires_at_ms"])
+                children.setdefault(p["parent"], []).append(lineage)
+            if p["parent"] in allocation:
+                over(position, p["parent"], at_ms)
+        elif kind == "LeaseRenewed":
+            ends[p["lineage"]] = max(ends.get(p["lineage"], 0), int(p["expires_at_ms"]))
+        elif kind == "LeaseReleased":
+            stack = [p["lineage"]]
+            while stack:  # the release ends the whole subtree
+                lineage = stack.pop()
+                if lineage in ends:
+                    ends[lineage] = min(ends[lineage], at_ms)
+                stack.extend(children.get(lineage, ()))
         elif kind == "UsageRecorded":
             charged[p["lineage"]] = charged.get(p["lineage"], 0) + int(p["amount"]["tokens"])
         elif kind == "ModelTokensHeld":
             if p["block"] in blocks or p["block"] in ended:
                 found.problems.append(f"{position}: block {p['block']} held twice")
             blocks[p["block"]] = {"lineage": p["lineage"], "tokens": p["tokens"], "charged": 0}
-            over(position, p["lineage"])
+            over(position, p["lineage"], at_ms)
         elif kind == "ModelTokensReleased":
             block = blocks.pop(p["block"], None)
             if block is None or block["lineage"] != p["lineage"]:
@@ -587,7 +617,7 @@ def check_model_calls(
             if call in open_calls or call in done:
                 found.problems.append(f"{position}: call {call} reserved twice")
             open_calls[call] = p
-            over(position, lineage)
+            over(position, lineage, at_ms)
         elif kind == "ModelCallSettled":
             call = p["call"]
             reserved: dict[str, Any] | None

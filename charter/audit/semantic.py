@@ -46,15 +46,17 @@ position where the rule first breaks:
   only by its cell's newest incarnation, before its claim lapses; a worker whose
   schedule asks a class (``cell_class``) is scheduled only on a cell whose newest
   ``CellStarted`` has that class.
-- ``model-call``: at every reservation or block held, the lease's own tokens charged
-  plus its calls reserved and not settled and its blocks held (each less its settled
-  calls' charges; this one included) are at most its allocation of tokens, on a live
-  lease; a call is reserved once (on its own, or drawn from a block it settles on while
-  the block is held, within it) and settled at most once, after its reservation, for
-  its lineage, in the same append as the ``UsageRecorded`` charging (or refusing)
-  exactly its tokens (or after its lease's refusal, the lease having ended); an
-  estimate is flagged so and within the reservation; a block is released once, and a
-  recovered one charges exactly its unsettled remainder in its append.
+- ``model-call``: at every reservation or block held, and at every fan-out carving
+  leases out of a lease that holds blocks, the lease's own tokens charged and its
+  children's charges, plus its calls reserved and not settled and its blocks held
+  (each less its settled calls' charges; this one included) are at most its
+  allocation of tokens, on a live lease; a call is reserved once (on its own, or drawn
+  from a block it settles on while the block is held, within it) and settled at most
+  once, after its reservation, for its lineage, in the same append as the
+  ``UsageRecorded`` charging (or refusing) exactly its tokens (or after its lease's
+  refusal, the lease having ended); an estimate is flagged so and within the
+  reservation; a block is released once, and a recovered one charges exactly its
+  unsettled remainder in its append.
 - ``credential``: a held credential is injected only in a leased sandbox, a worker's
   only if its verified grant names the secret, only to a destination the sandbox's leased egress
   admits, committed with that dial's ``EgressOpened``; a sandbox that withheld a
@@ -161,6 +163,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("a model call is settled once, after its reservation", "model-call"),
     ("a model call's settlement charges its tokens in the same append", "model-call"),
     ("a block of tokens is held within its lease's tokens, net of what is held", "model-call"),
+    ("a fan-out carves no tokens its parent's blocks hold", "model-call"),
     ("a block is released once, a recovered one charging its unsettled remainder", "model-call"),
     ("a held credential is injected only for a secret the sandbox's grant names", "credential"),
     ("a held credential goes only to a destination the sandbox's egress admits", "credential"),
@@ -523,6 +526,8 @@ class _Auditor:
         allocation, expires = _vec(p["allocation"]), int(p["expires_at_ms"])
         self.books.grant(ledger, tuple(fresh), allocation, expires)
         self._check_conserved(parent, t)
+        if ledger.live(t):
+            self._holds_fit(f"leases of {len(fresh)} children", ledger, t)
 
     def _leased_grants(self, p: dict[str, Any]) -> None:
         """Each leased lineage holds a verified grant, the one the lease names if any."""
@@ -978,16 +983,23 @@ class _Auditor:
         if ledger is None or not ledger.live(t):
             self.find("model-call", lineage, f"{what} without a live lease")
             return
+        self._holds_fit(what, ledger, t)
+
+    def _holds_fit(self, what: str, ledger: Ledger, t: int) -> None:
+        """``ledger``'s tokens used (its own spend and its children's charges) and held
+        (its calls reserved and its blocks, each less its settled calls' charges) fit
+        its allocation: checked at a hold, and at a fan-out carving out of it."""
+        lineage = ledger.lineage
         held = self.in_flight.get(lineage, 0) + sum(
             b.holding for b in self.blocks.values() if b.lineage == lineage
         )
-        spent, allocation = ledger.spent[0], ledger.allocation[0]
-        if spent + held > allocation:
+        used, allocation = self.books.used(ledger, t)[0], ledger.allocation[0]
+        if held and used + held > allocation:
             self.find(
                 "model-call",
                 lineage,
-                f"{what}: {lineage} holds {spent} charged and {held} reserved, over its "
-                f"allocation of {allocation}",
+                f"{what}: {lineage} holds {used} charged or leased out and {held} "
+                f"reserved, over its allocation of {allocation}",
             )
 
     def _first(self, seen: set[str], key: str, lineage: str, what: str) -> bool:

@@ -41,6 +41,7 @@ from charter.budgets.errors import (
     UnknownCellError,
     UnknownLeaseError,
 )
+from charter.budgets.holds import HOLD_TYPES, HeldTokensCharged, HeldTokensReleased, TokensHeld
 from charter.budgets.leases import (
     LEASE_EVENTS,
     MAX_EXPIRY_MS,
@@ -70,6 +71,11 @@ __all__ = [
     "LedgerState",
     "MAX_EXPIRY_MS",
     "render_instant",
+    # holds
+    "HOLD_TYPES",
+    "TokensHeld",
+    "HeldTokensCharged",
+    "HeldTokensReleased",
     # admission
     "ResourceClass",
     "CapInputs",

@@ -10,7 +10,8 @@ evaluated at that position's commit time. The invariant the book keeps, on every
     own spend + Σ (children's charges) ≤ allocation
 
 where a live child is charged its whole allocation and an ended one only what its
-subtree spent.
+subtree spent. Tokens held for calls (:mod:`charter.budgets.holds`) count against the
+remainder too, until released, less what the calls settled on them charged.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -33,6 +34,7 @@ from charter.budgets.errors import (
     RenewalBeyondGrantError,
     RenewalBeyondParentError,
 )
+from charter.budgets.holds import HeldTokensCharged, HeldTokensReleased, TokensHeld
 from charter.core.budget import (
     INT64_MAX,
     VEC_ZERO,
@@ -266,6 +268,10 @@ class LedgerState:
     retired_charge: Vec = VEC_ZERO
     retired_allocation: Vec = VEC_ZERO
     retired_until_ms: int = 0
+    # Its holds of tokens not released (hold -> what it still holds: its tokens less
+    # what the calls settled on it charged, floored at 0), and their sum.
+    holds: dict[str, int] = field(default_factory=dict)
+    held: int = 0
 
     def active(self, at_ms: int) -> bool:
         return formula.is_active(self.released_at_ms, self.expires_at_ms, at_ms)
@@ -354,6 +360,8 @@ class LeaseBook:
                         ledger.released_at_ms = at_ms
                         self._end(ledger, at_ms)
                         heapq.heappush(self._ends, (at_ms, ledger.lineage))
+            case TokensHeld() | HeldTokensCharged() | HeldTokensReleased():
+                self._fold_hold(event)
             case LeaseRenewed():
                 ledger = self._ledgers[event.lineage]
                 ledger.expires_at_ms = event.expires_at_ms
@@ -365,6 +373,29 @@ class LeaseBook:
                     ledger.counted_live, ledger.ended_charge = True, VEC_ZERO
                 heapq.heappush(parent.expiries, (event.expires_at_ms, event.lineage))
                 heapq.heappush(self._ends, (event.expires_at_ms, event.lineage))
+
+    def _fold_hold(self, event: Event) -> None:
+        """A hold of a lease's tokens, a charge settled on it, or its release (a lease
+        that left the book, or one it never had, holds nothing)."""
+        match event:
+            case TokensHeld():
+                hold, lineage, tokens = event.hold()
+                ledger = self._ledgers.get(lineage)
+                if ledger is not None and hold not in ledger.holds:  # write-once
+                    ledger.holds[hold] = tokens
+                    ledger.held += tokens
+            case HeldTokensCharged():
+                drawn = event.charged_from()
+                ledger = self._ledgers.get(drawn[1]) if drawn is not None else None
+                if drawn is not None and ledger is not None and drawn[0] in ledger.holds:
+                    left = ledger.holds[drawn[0]]
+                    ledger.holds[drawn[0]] = max(left - drawn[2], 0)
+                    ledger.held -= left - ledger.holds[drawn[0]]
+            case HeldTokensReleased():
+                hold, lineage = event.released_hold()
+                ledger = self._ledgers.get(lineage)
+                if ledger is not None and hold in ledger.holds:
+                    ledger.held -= ledger.holds.pop(hold)
             case _:
                 pass
 
@@ -630,9 +661,22 @@ class LeaseBook:
         outstanding = vec_of(self.outstanding(lineage, at_ms))
         if settled_ms is not None and settled_ms < at_ms:
             outstanding = vec_add(outstanding, self._unsettled(ledger, settled_ms))
+        if ledger.held:
+            outstanding = vec_add(outstanding, (ledger.held, 0, 0, 0, 0))
         return budget_of(
             formula.remaining(vec_of(ledger.allocation), vec_of(ledger.spent), outstanding, True)
         )
+
+    def held(self, lineage: str, holds: Collection[str] = ()) -> int:
+        """What ``lineage``'s ``holds`` (all of its holds, when none is named) still hold
+        of its tokens: :meth:`remaining` counts it spent; a charge settled on them draws
+        from it (0 for an ended lease that left the book)."""
+        ledger = self._ledgers.get(lineage)
+        if ledger is None:
+            return 0
+        if not holds:
+            return ledger.held
+        return sum(ledger.holds.get(hold, 0) for hold in set(holds))
 
     # -- decisions (pure: they return events, the caller appends) -----------------
 
@@ -709,9 +753,11 @@ class LeaseBook:
         settled_ms: int | None = None,
         *,
         available: Budget | None = None,
+        holds: Collection[str] = (),
     ) -> UsageRecorded:
         """Charge ``amount``, clamped to what the lease still holds (``available``: its
-        :meth:`remaining` at ``at_ms`` and ``settled_ms``, when the caller has it)."""
+        :meth:`remaining` at ``at_ms`` and ``settled_ms``, when the caller has it), and
+        what its ``holds`` (the holds the charged calls were settled on) hold of it."""
         ledger = self.get(lineage)
         if not ledger.active(at_ms):
             raise LeaseEndedError(
@@ -719,6 +765,9 @@ class LeaseBook:
             )
         if available is None:
             available = self.remaining(lineage, at_ms, settled_ms)
+        if holds:
+            held = self.held(lineage, holds)
+            available = budget_of(vec_add(vec_of(available), (held, 0, 0, 0, 0)))
         # On vectors (every result is in range: a minimum and differences floored at 0).
         want, have = vec_of(amount), vec_of(available)
         charged = vec_min(want, have)

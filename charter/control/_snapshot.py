@@ -34,7 +34,7 @@ from charter.ledger import JournalFold, cyclic_gc_paused
 
 __all__ = ["FORMAT", "SnapshotRefusedError", "decode", "encode", "version"]
 
-FORMAT = 4
+FORMAT = 5  # 5: the lease book's holds of tokens (LedgerState.holds, held)
 
 # Classes rebuilt from their attributes, and the folds themselves (filled in place).
 _OBJECTS: dict[str, type] = {

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from charter.budgets import (
     ADMISSION_EVENTS,
+    HOLD_TYPES,
     LEASE_EVENTS,
     AdmissionRefusedError,
     BudgetRefused,
@@ -25,6 +26,8 @@ from charter.budgets import (
     CapInputs,
     CellConfigured,
     Cells,
+    HeldTokensCharged,
+    HeldTokensReleased,
     InsufficientBudgetError,
     LeaseBook,
     LeaseEndedError,
@@ -34,6 +37,7 @@ from charter.budgets import (
     ResourceClass,
     SlotAdmitted,
     SlotReleaseRacedError,
+    TokensHeld,
     UnknownLeaseError,
     UsageRecorded,
 )
@@ -41,6 +45,7 @@ from charter.control._queue import queue_admissions
 from charter.control.handler import Folded, Pinned, append_pinned
 from charter.control.load import HostLoad, host_cap_inputs
 from charter.core import BadInputError, Budget, Event, RefusedError, describe_invalid, now_ms
+from charter.core.budget import budget_of, vec_add, vec_of
 from charter.core.errors import InternalError
 from charter.core.text import shown
 from charter.ledger import (
@@ -71,7 +76,8 @@ T = TypeVar("T")
 # were decided on (read after the decision's own).
 Also = Callable[[], tuple[Sequence[Event], Mapping[str, int]]]
 
-_TYPES = tuple(cls.type_name for cls in (*LEASE_EVENTS, *ADMISSION_EVENTS))
+_TYPES = (*(cls.type_name for cls in (*LEASE_EVENTS, *ADMISSION_EVENTS)), *HOLD_TYPES)
+_HOLD_EVENTS = (TokensHeld, HeldTokensCharged, HeldTokensReleased)
 
 
 class LivePopulation:
@@ -157,6 +163,8 @@ class ResourceView(JournalFold):
         if isinstance(event, LEASE_EVENTS):
             self.book.apply(event, at_ms)
             self.population.apply(event, at_ms)
+        elif isinstance(event, _HOLD_EVENTS):
+            self.book.apply(event, at_ms)
         elif isinstance(event, ADMISSION_EVENTS):
             self.cells.apply(event)
 
@@ -279,17 +287,33 @@ class BudgetService:
             self.shared.refresh(self.journal)
             return self.view.book.remaining(lineage, self.clock() if at_ms is None else at_ms)
 
-    def record_usage(self, lineage: str, amount: Budget, then: Also | None = None) -> UsageRecorded:
+    def record_usage(
+        self,
+        lineage: str,
+        amount: Budget,
+        then: Also | None = None,
+        *,
+        holds: Collection[str] = (),
+    ) -> UsageRecorded:
         """Charge ``amount`` to ``lineage``'s lease; ``then`` adds the caller's events to
         the same append, as for :meth:`release` (the model door settles a call and
-        charges its tokens in one commit)."""
+        charges its tokens in one commit). ``holds``: the lease's holds of tokens
+        (:mod:`charter.budgets.holds`) the charge draws from besides its remainder (the
+        blocks the calls were settled on; ``then`` pins their streams)."""
 
-        return self._decide_and_append("usage", lineage, self._usage(lineage, amount), then)
+        decide = self._usage(lineage, amount, tuple(holds))
+        return self._decide_and_append("usage", lineage, decide, then)
 
-    def _usage(self, lineage: str, amount: Budget) -> Callable[[int], UsageRecorded]:
+    def _usage(
+        self, lineage: str, amount: Budget, holds: tuple[str, ...]
+    ) -> Callable[[int], UsageRecorded]:
         def decide(now: int) -> UsageRecorded:
             book = self.view.book
             available = book.remaining(lineage, now, self.view.settled_ms)
+            if holds:
+                available = budget_of(
+                    vec_add(vec_of(available), (book.held(lineage, holds), 0, 0, 0, 0))
+                )
             fits = amount.fits_within(available)
             if not fits:  # clamped otherwise: recent expiries of its children may hold some back
                 settle(self.journal, self.shared, lineage, now)
@@ -299,6 +323,7 @@ class BudgetService:
                 now,
                 settled_ms=self.view.settled_ms,
                 available=available if fits else None,  # else read again, once settled
+                holds=() if fits else holds,
             )
 
         return decide
@@ -313,7 +338,7 @@ class BudgetService:
         append (the cell charges what a worker used as it returns its lease): a lease
         that cannot take it cannot be returned either, so a refusal then is journaled
         for both operations (the usage's, then the release's) and raised."""
-        charge = None if usage is None else self._usage(lineage, usage)
+        charge = None if usage is None else self._usage(lineage, usage, ())
         return self._decide_and_append(
             "release",
             lineage,

@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from charter.budgets import HeldTokensCharged, HeldTokensReleased, TokensHeld
 from charter.control.workers import (
     RESULT_CAP,
     CellClaimRenewed,
@@ -65,7 +66,7 @@ def model_block_stream(block: str) -> str:
     return f"modelblock:{block}"
 
 
-class ModelTokensHeld(Event):
+class ModelTokensHeld(TokensHeld):
     """A block of ``tokens`` of a lease is held for its model calls (docs/model-door.md):
     journaled before any call drawing from it is sent; its calls draw from it in memory
     and settle on its stream, and it is released (``ModelTokensReleased``) when no call
@@ -80,8 +81,11 @@ class ModelTokensHeld(Event):
     def stream(self) -> str:
         return model_block_stream(self.block)
 
+    def hold(self) -> tuple[str, str, int]:
+        return self.block, self.lineage, self.tokens
 
-class ModelTokensReleased(Event):
+
+class ModelTokensReleased(HeldTokensReleased):
     """The block's hold ends. ``recovered``: its cell died with it held, and the next
     incarnation charged what its settled calls had not (``charged``, an estimate: the
     ``UsageRecorded`` just before it), fail-closed; otherwise ``charged`` is what its
@@ -95,6 +99,9 @@ class ModelTokensReleased(Event):
 
     def stream(self) -> str:
         return model_block_stream(self.block)
+
+    def released_hold(self) -> tuple[str, str]:
+        return self.block, self.lineage
 
 
 class ModelCallReserved(Event):
@@ -119,7 +126,7 @@ class ModelCallReserved(Event):
         return model_call_stream(self.call)
 
 
-class ModelCallSettled(Event):
+class ModelCallSettled(HeldTokensCharged):
     """The call is over and its tokens are charged (the ``UsageRecorded`` in the same
     append): from the server's reported usage (``estimated`` false), or, when no usage
     came (the stream was cut at the cap, the worker disconnected, the server failed,
@@ -163,6 +170,11 @@ class ModelCallSettled(Event):
         if self.block is not None:
             return model_block_stream(self.block)
         return model_call_stream(self.call)
+
+    def charged_from(self) -> tuple[str, str, int] | None:
+        if self.block is None:
+            return None
+        return self.block, self.lineage, self.prompt_tokens + self.completion_tokens
 
 
 class ModelCallRefused(Event):

@@ -462,12 +462,16 @@ class ModelMeter:
         return self._made(block, request, estimate, max_tokens, need)
 
     def _left(self, lineage: str, tokens: int) -> int:
-        """The lease's ``tokens`` net of its blocks that calls in flight hold (the idle
-        ones are released by the next hold)."""
+        """The lease's ``tokens`` (its remainder in the lease book, net of every block
+        it holds) and what its idle blocks hold, which the next hold releases in its
+        append (the book's figures: the cell's view has just been read)."""
         with self._guard:
-            return tokens - sum(
-                b.holding for b in self._blocks.get(lineage, ()) if b.calls or b.kept
-            )
+            idle = [b.block for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
+        if not idle:
+            return tokens
+        with self._cell.changed:
+            held: int = self._cell.resources.book.held(lineage, idle)
+        return tokens + held
 
     @staticmethod
     def _need(request: ChatRequest, estimate: int, left: int) -> tuple[int, int]:
@@ -672,7 +676,8 @@ class ModelMeter:
         tokens = sum(p.event.prompt_tokens + p.event.completion_tokens for p in mine)
         outcome: Literal["committed", "taken", "failed"] = "failed"
         try:
-            self._cell.budgets.record_usage(lineage, _tokens(tokens), then=also)
+            holds = [b.block for b in blocks]
+            self._cell.budgets.record_usage(lineage, _tokens(tokens), then=also, holds=holds)
             outcome = "committed"
         except ModelCallSettledError:
             outcome = "taken"
@@ -770,7 +775,9 @@ class ModelMeter:
                 return [release], {stream: version}
 
             try:
-                self._cell.budgets.record_usage(lineage, _tokens(remainder), then=also)
+                self._cell.budgets.record_usage(
+                    lineage, _tokens(remainder), then=also, holds=(block,)
+                )
             except ModelCallSettledError:
                 raise
             except CharterError:  # the lease ended: the release is on record alone

@@ -16,7 +16,7 @@ import uuid
 from typing import Any
 
 import charter.catalogue  # noqa: F401  (registers every event type)
-from charter.budgets import BudgetRefused
+from charter.budgets import BudgetRefused, LeaseGranted
 from charter.core import Budget
 from charter.runner.events import (
     ModelCallReserved,
@@ -75,7 +75,7 @@ def _allocation(url: str, lineage: str) -> int:
 
 def test_reservations_stay_within_the_lease_net_of_calls_in_flight(made: tuple) -> None:
     url, _, lineages = made
-    worker = lineages[0]
+    worker = lineages[2]  # a worker with no children: its lease's tokens all its own
     tokens = _allocation(url, worker)
     _append(url, _usage(worker, _tokens(1000)))
     half = (tokens - 1000) // 2
@@ -173,7 +173,7 @@ def _released(block: ModelTokensHeld, charged: int = 0, **kw: Any) -> ModelToken
 
 def test_a_block_is_held_within_the_lease_net_of_what_is_held(made: tuple) -> None:
     url, _, lineages = made
-    worker = lineages[0]
+    worker = lineages[2]  # a worker with no children: its lease's tokens all its own
     tokens = _allocation(url, worker)
     first = _hold(worker, tokens // 2)
     _append(url, first)
@@ -187,6 +187,38 @@ def test_a_block_is_held_within_the_lease_net_of_what_is_held(made: tuple) -> No
     _append(url, _hold(worker, tokens // 2 - 50 - 2))  # fits again (the two found still held)
     report = _audit(url)
     assert _only(report, "model-call") == [over, still]
+
+
+def test_a_fan_out_carving_the_tokens_a_block_holds_is_found(made: tuple) -> None:
+    # The lease book counts a block's tokens (less its settled calls' charges) against
+    # its lease until released, so a spawn cannot lease them out: a forged fan-out that
+    # does is found; one within what is left beside the block (the positive control),
+    # and one after the block's release, are not.
+    url, _, lineages = made
+    worker = lineages[2]  # a worker with no children: its lease's tokens all its own
+    tokens = _allocation(url, worker)
+    granted = _event(url, "LeaseGranted")
+    block = _hold(worker, tokens // 2)
+    _append(url, block)
+    _append(url, _usage(worker, _tokens(50)), _drawn(block, 20, 30))
+
+    def carve(n: int, tokens_: int) -> LeaseGranted:
+        allocation = Budget(tokens=tokens_, wall_ms=1, cpu_ms=1, mem_bytes=1, egress_bytes=0)
+        return LeaseGranted(
+            parent=worker, lineages=(f"{worker}/sa-{n}",), allocation=allocation,
+            expires_at_ms=granted.expires_at_ms,
+        )  # fmt: skip
+
+    # Left beside the block: its tokens less the 50 charged (held), and the 50 (spent).
+    _append(url, carve(901, tokens - tokens // 2 - 1))  # one token to spare
+    control = _audit(url)
+    assert _only(control, "model-call") == [], control.findings  # positive control
+    (over,) = _append(url, carve(902, 2))  # one token of the block's
+    _append(url, _released(block))
+    _append(url, carve(903, 1))  # the block released: its unspent tokens are free again
+    report = _audit(url)
+    assert _only(report, "model-call") == [over]
+    assert any("over its allocation" in f.detail for f in report.findings if f.position == over)
 
 
 def test_a_drawn_call_settles_once_on_a_block_its_lineage_holds(made: tuple) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from charter.app import Charter
 from charter.authority import FixedPolicy, SpawnIntent, Verdict
-from charter.budgets import UsageRecorded
+from charter.budgets import InsufficientBudgetError, UsageRecorded
 from charter.core import BadInputError, Budget, Event
 from charter.ledger.errors import AppendFailedError
 from charter.runner.errors import ModelRequestError, ModelTokensError
@@ -372,19 +372,15 @@ def test_a_call_whose_worker_ended_during_its_reservation_is_never_sent(
             theirs.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the lease book does not count a lease's model blocks (ModelTokensHeld): a "
-    "spawn carves the tokens a block holds into a child, and the block still lends them",
-)
 def test_a_spawn_cannot_carve_out_the_tokens_a_block_holds(
     journal_url: str, tmp_path: Path, state_dir: Path
 ) -> None:
-    # A worker's first call holds a block of 8 calls (144 tokens of its 400); then it
-    # spawns a child with the whole remainder its lease book shows (400 less the 18
-    # charged: the book knows nothing of the block). The block's tokens are then the
-    # child's, so the worker's next call must not draw them; on main it does, and its
-    # charge is refused usage (tokens the model spent that no lease covers).
+    # A worker's first call holds a block of 8 calls (144 tokens of its 400) and settles
+    # charging 18. Its lease book counts the block's tokens less that charge (126) as
+    # held, so what it shows left is 400 - 18 - 126: a spawn asking one token more is
+    # refused (the block still lends those tokens), and one within it (the positive
+    # control) commits. The worker's next call then draws from its block, and every
+    # token the model spent is charged to a lease.
     cost = Budget.parse("tokens=400,wall=10m,cpu=10m,mem=1GiB,egress=0MB")
     top = SpawnIntent.model_validate(
         {"width": 1, "objective": "a caller that spawns", "estimated_cost": cost,
@@ -400,20 +396,37 @@ def test_a_spawn_cannot_carve_out_the_tokens_a_block_holds(
         assert first.block.tokens == BLOCK_CALLS * 18
         assert meter.settle(_usage(first, 9, 9)) is not None
         left = charter.budgets().remaining(worker).tokens
-        assert left == 400 - 18  # the positive control: the book ignores the block
+        assert left == 400 - 18 - (BLOCK_CALLS * 18 - 18)
         below = charter.spawn_service().durable_caller("estate").child(parent)
-        carve = SpawnIntent(
-            width=1, objective="takes what the book shows",
-            estimated_cost=Budget.parse(f"tokens={left},wall=1m,cpu=1m,mem=64MiB,egress=0"),
-        )  # fmt: skip
-        charter.spawn(below, carve, policy=FixedPolicy(Verdict.POSITIVE))  # committed
-        try:
-            second = meter.reserve(worker, CALL)  # main: drawn from the block
-        except ModelTokensError:
-            return  # refused: the block's tokens are the child's now
-        meter.settle(_usage(second, 9, 9))
+
+        def carve(tokens: int) -> SpawnIntent:
+            return SpawnIntent(
+                width=1, objective="takes what the book shows",
+                estimated_cost=Budget.parse(f"tokens={tokens},wall=1m,cpu=1m,mem=64MiB,egress=0"),
+            )  # fmt: skip
+
+        with pytest.raises(InsufficientBudgetError):
+            charter.spawn(below, carve(left + 1), policy=FixedPolicy(Verdict.POSITIVE))
+        charter.spawn(below, carve(left), policy=FixedPolicy(Verdict.POSITIVE))  # committed
+        assert charter.budgets().remaining(worker).tokens == 0
+        second = meter.reserve(worker, CALL)  # drawn from the block, which holds it
+        assert second.block is first.block
+        assert meter.settle(_usage(second, 9, 9)) is not None
+        meter.finish(worker)
         usage = [u for u in of_events(charter, UsageRecorded) if u.lineage == worker]
+        assert sum(u.amount.tokens for u in usage) == 36
         assert sum(u.refused.tokens for u in usage) == 0, "tokens spent that no lease covers"
+        history = journal_history(charter.journal)
+        assert check_model_calls(history).problems == []
+        # The independent fold agrees: the same spawn forged one token wider (as only a
+        # database writer could append it) carves a token the block held, and is found.
+        at = max(i for i, e in enumerate(history) if e[1] == "LeaseGranted")
+        position, kind, payload, recorded = history[at]
+        assert payload["parent"] == worker
+        wider = payload | {"allocation": payload["allocation"] | {"tokens": left + 1}}
+        forged = [*history[:at], (position, kind, wider, recorded), *history[at + 1 :]]
+        (problem,) = check_model_calls(forged).problems
+        assert problem.startswith(f"{position}: {worker} holds")
 
 
 def test_the_fold_finds_a_settlement_charged_in_another_append(
