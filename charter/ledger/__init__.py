@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from charter.ledger._reader import JournalReader, open_reader
     from charter.ledger._snapshot import Snapshot, SnapshotFile
     from charter.ledger._sqlite import ChainedSQLiteProcessRecorder
+    from charter.ledger._app import stream_uuid
     from charter.ledger._sqlite_store import sqlite_uri
     from charter.ledger.errors import (
         AlreadyTrackedError,
@@ -54,6 +55,7 @@ __all__ = [
     "Location",
     "resolve_location",
     "sqlite_uri",
+    "stream_uuid",
     # the chained recorders (selected by PROCESS_RECORDER_TOPIC; subclassed by tests
     # that inject faults inside the write transaction)
     "ChainedSQLiteProcessRecorder",
@@ -77,6 +79,7 @@ _LAZY = {
     **dict.fromkeys(("JournalReader", "open_reader"), "charter.ledger._reader"),
     **dict.fromkeys(("Snapshot", "SnapshotFile"), "charter.ledger._snapshot"),
     "sqlite_uri": "charter.ledger._sqlite_store",
+    "stream_uuid": "charter.ledger._app",
     "CommitListener": "charter.ledger._listen",
     "ChainedSQLiteProcessRecorder": "charter.ledger._sqlite",
     "ChainedPostgresProcessRecorder": "charter.ledger._postgres",

@@ -1,0 +1,176 @@
+"""A model hold and a spawn of the same lease, each deciding on the book before the
+other commits (docs/model-door.md): the hold is on the lease's stream, pinned to the
+version it read, like the fan-out, so whichever commits second conflicts and is decided
+again seeing the first. The interleavings are forced inside the decisions (a hook run
+once the book was read), no sleeps; each beside a positive control."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import charter.runner.model as model_module
+from charter.app import Charter
+from charter.authority import FixedPolicy, SpawnIntent, Verdict
+from charter.budgets import InsufficientBudgetError, LeaseBook, LeaseGranted, UsageRecorded
+from charter.core import Budget
+from charter.runner.errors import ModelTokensError
+from charter.runner.events import ModelTokensHeld
+from charter.runner.model import BLOCK_CALLS, ChatRequest, Draw, ModelMeter, Settlement
+from tests.invariants import check_model_calls, journal_history
+from tests.runner.conftest import initialise
+from tests.runner.programs import python
+from tests.runner.test_model_door import model_cell
+
+LEASE = 400
+CALL = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
+"""A call reserving 18 (34 bytes / 4, rounded up, + 9): a block of 8 of them, 144."""
+BLOCK = BLOCK_CALLS * 18
+
+
+@contextlib.contextmanager
+def _lease(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> Iterator[tuple[Charter, str, ModelMeter, Callable[[int], None]]]:
+    """A worker's lease of :data:`LEASE` tokens that may fan out, a meter of a cell, and
+    a spawn below the worker carving ``tokens`` of it."""
+    cost = Budget.parse(f"tokens={LEASE},wall=10m,cpu=10m,mem=1GiB,egress=0MB")
+    top = SpawnIntent.model_validate(
+        {"width": 1, "objective": "a caller that spawns", "estimated_cost": cost,
+         "grant": {"fanout": 4, "depth": 2}}
+    )  # fmt: skip
+    with initialise(journal_url, tmp_path / "home") as charter:
+        (parent,) = charter.spawn(
+            "agent:estate", top, policy=FixedPolicy(Verdict.POSITIVE), workers=(python(""),)
+        ).children
+        below = charter.spawn_service().durable_caller("estate").child(parent)
+
+        def spawn(tokens: int) -> None:
+            carve = SpawnIntent(
+                width=1, objective="takes what the book shows",
+                estimated_cost=Budget.parse(f"tokens={tokens},wall=1m,cpu=1m,mem=64MiB,egress=0"),
+            )  # fmt: skip
+            charter.spawn(below, carve, policy=FixedPolicy(Verdict.POSITIVE))
+
+        yield charter, str(parent.lineage), ModelMeter(model_cell(charter, state_dir, None)), spawn
+
+
+def _of(charter: Charter, kind: type[Any]) -> list[Any]:
+    return [e.event for e in charter.journal.entries() if isinstance(e.event, kind)]
+
+
+def _carved(charter: Charter, worker: str) -> int:
+    """What the lease's holds, children and spend took, as journaled (each hold whole)."""
+    holds = sum(h.tokens for h in _of(charter, ModelTokensHeld) if h.lineage == worker)
+    children = sum(
+        g.allocation.tokens * len(g.lineages)
+        for g in _of(charter, LeaseGranted)
+        if g.parent == worker
+    )
+    spent = sum(u.amount.tokens for u in _of(charter, UsageRecorded) if u.lineage == worker)
+    return holds + children + spent
+
+
+def _settle_and_check(charter: Charter, worker: str, meter: ModelMeter, draws: list[Draw]) -> None:
+    for draw in draws:
+        settled = Settlement.of(draw, 9, 9, estimated=False, how="usage", status=200, latency_ms=1)
+        assert meter.settle(settled) is not None
+    meter.finish(worker)
+    usage = [u for u in _of(charter, UsageRecorded) if u.lineage == worker]
+    assert sum(u.refused.tokens for u in usage) == 0, "tokens spent that no lease covers"
+    assert charter.budgets().remaining(worker).tokens >= 0
+    assert check_model_calls(journal_history(charter.journal)).problems == []
+
+
+def _spawn_inside_the_hold(monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]) -> list[int]:
+    """Run ``act`` once, inside the hold's first pinned decision (the book read, the
+    append not made); the count of the hold's decisions."""
+    real = model_module.append_pinned
+    decisions: list[int] = []
+
+    def hooked(journal: Any, shared: Any, streams: Any, decide: Any, **kw: Any) -> Any:
+        def hooked_decide(versions: dict[str, int]) -> Any:
+            decisions.append(1)
+            decided = decide(versions)
+            if len(decisions) == 1:
+                act()  # commits before the hold's append
+            return decided
+
+        return real(journal, shared, streams, hooked_decide, **kw)
+
+    monkeypatch.setattr(model_module, "append_pinned", hooked)
+    return decisions
+
+
+@pytest.mark.parametrize("spared", [0, 50])
+def test_a_spawn_committed_after_a_hold_was_decided_makes_it_decided_again(
+    journal_url: str, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, spared: int
+) -> None:
+    # The hold reads 400 left and decides a block of 144; before it commits, a spawn
+    # carves all of the 400 but ``spared``. The hold's append conflicts at its pin on
+    # the lease's stream, and decided again it is refused (nothing spared) or smaller
+    # (50 spared: a block of 50).
+    with _lease(journal_url, tmp_path, state_dir) as (charter, worker, meter, spawn):
+        decisions = _spawn_inside_the_hold(monkeypatch, lambda: spawn(LEASE - spared))
+        draws = []
+        if spared == 0:
+            with pytest.raises(ModelTokensError):
+                meter.reserve(worker, CALL)
+        else:
+            draw = meter.reserve(worker, CALL)
+            assert draw.block.tokens == spared < BLOCK
+            draws.append(draw)
+        assert len(decisions) == 2, "the hold was not decided again"
+        assert _carved(charter, worker) <= LEASE
+        _settle_and_check(charter, worker, meter, draws)
+
+
+def test_a_hold_and_a_spawn_that_both_fit_both_commit(
+    journal_url: str, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The positive control of the interleaving: the spawn leaves room for the block,
+    # so the hold, decided again, holds its whole block.
+    with _lease(journal_url, tmp_path, state_dir) as (charter, worker, meter, spawn):
+        decisions = _spawn_inside_the_hold(monkeypatch, lambda: spawn(LEASE - BLOCK))
+        draw = meter.reserve(worker, CALL)
+        assert draw.block.tokens == BLOCK
+        assert len(decisions) == 2
+        assert _carved(charter, worker) == LEASE
+        _settle_and_check(charter, worker, meter, [draw])
+
+
+@pytest.mark.parametrize("carve", [LEASE, LEASE - BLOCK])
+def test_a_hold_committed_after_a_spawn_was_decided_makes_it_decided_again(
+    journal_url: str, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, carve: int
+) -> None:
+    # The spawn reads 400 left and decides to carve ``carve``; before it commits, the
+    # worker's call holds a block of 144. The spawn's append conflicts at its pin on the
+    # lease's stream (the hold moved it) and, decided again, sees the hold: carving all
+    # 400 it is refused; carving what the block leaves (the positive control), it
+    # commits.
+    with _lease(journal_url, tmp_path, state_dir) as (charter, worker, meter, spawn):
+        real = LeaseBook.decide_leases
+        draws: list[Draw] = []
+        decided: list[bool] = []  # a decision of the worker's fan-out, each
+
+        def hooked(book: LeaseBook, parent: str, *args: Any, **kw: Any) -> Any:
+            decided.append(parent == worker)
+            leases = real(book, parent, *args, **kw)  # the second time, refused or not
+            if sum(decided) == 1 and decided[-1]:
+                draws.append(meter.reserve(worker, CALL))  # commits before the spawn
+            return leases
+
+        monkeypatch.setattr(LeaseBook, "decide_leases", hooked)
+        if carve > LEASE - BLOCK:
+            with pytest.raises(InsufficientBudgetError):
+                spawn(carve)
+        else:
+            spawn(carve)
+        assert sum(decided) == 2, "the spawn was not decided again"
+        assert draws[0].block.tokens == BLOCK
+        assert _carved(charter, worker) == (LEASE if carve == LEASE - BLOCK else BLOCK)
+        _settle_and_check(charter, worker, meter, draws)
