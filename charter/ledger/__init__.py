@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 from charter.core.lazy import lazy_names
 
 if TYPE_CHECKING:
+    from charter.ledger._app import stream_uuid
     from charter.ledger._follow import Folds, JournalFold, cyclic_gc_paused
     from charter.ledger._location import Location, resolve_location
     from charter.ledger._postgres import ChainedPostgresProcessRecorder
     from charter.ledger._reader import JournalReader, open_reader
     from charter.ledger._snapshot import Snapshot, SnapshotFile
     from charter.ledger._sqlite import ChainedSQLiteProcessRecorder
-    from charter.ledger._app import stream_uuid
     from charter.ledger._sqlite_store import sqlite_uri
     from charter.ledger.errors import (
         AlreadyTrackedError,

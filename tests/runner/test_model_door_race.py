@@ -19,7 +19,7 @@ from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import InsufficientBudgetError, LeaseBook, LeaseGranted, UsageRecorded
 from charter.core import Budget
 from charter.runner.errors import ModelTokensError
-from charter.runner.events import ModelTokensHeld
+from charter.runner.events import ModelTokensHeld, ModelTokensReleased, model_block_stream
 from charter.runner.model import BLOCK_CALLS, ChatRequest, Draw, ModelMeter, Settlement
 from tests.invariants import check_model_calls, journal_history
 from tests.runner.conftest import initialise
@@ -174,3 +174,32 @@ def test_a_hold_committed_after_a_spawn_was_decided_makes_it_decided_again(
         assert draws[0].block.tokens == BLOCK
         assert _carved(charter, worker) == (LEASE if carve == LEASE - BLOCK else BLOCK)
         _settle_and_check(charter, worker, meter, draws)
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_a_block_an_older_door_held_on_its_own_stream_is_recovered(
+    journal_url: str,
+    tmp_path: Path,
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settled: bool,
+) -> None:
+    # An older door journaled a hold as its block's stream's first entry (its calls'
+    # settlements after it): the next incarnation's recovery pins that stream where
+    # those entries left it, and charges the block less what its calls settled.
+    with _lease(journal_url, tmp_path, state_dir) as (charter, worker, meter, _spawn):
+        with monkeypatch.context() as older:
+            older.setattr(ModelTokensHeld, "stream", lambda h: model_block_stream(h.block))
+            draw = meter.reserve(worker, CALL)
+        draw.block.version = 1  # the older door's count: its hold, on the block's stream
+        if settled:
+            usage = Settlement.of(
+                draw, 9, 9, estimated=False, how="usage", status=200, latency_ms=1
+            )
+            assert meter.settle(usage) is not None
+        later = ModelMeter(model_cell(charter, state_dir, None))  # the next incarnation
+        assert later.recover(worker) == 1
+        (release,) = _of(charter, ModelTokensReleased)
+        assert (release.recovered, release.charged) == (True, BLOCK - 18 * settled)
+        assert charter.budgets().remaining(worker).tokens == LEASE - BLOCK
+        assert check_model_calls(journal_history(charter.journal)).problems == []
