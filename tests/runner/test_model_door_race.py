@@ -19,7 +19,12 @@ from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import InsufficientBudgetError, LeaseBook, LeaseGranted, UsageRecorded
 from charter.core import Budget
 from charter.runner.errors import ModelTokensError
-from charter.runner.events import ModelTokensHeld, ModelTokensReleased, model_block_stream
+from charter.runner.events import (
+    ModelCallSettled,
+    ModelTokensHeld,
+    ModelTokensReleased,
+    model_block_stream,
+)
 from charter.runner.model import BLOCK_CALLS, ChatRequest, Draw, ModelMeter, Settlement
 from tests.invariants import check_model_calls, journal_history
 from tests.runner.conftest import initialise
@@ -203,3 +208,38 @@ def test_a_block_an_older_door_held_on_its_own_stream_is_recovered(
         assert (release.recovered, release.charged) == (True, BLOCK - 18 * settled)
         assert charter.budgets().remaining(worker).tokens == LEASE - BLOCK
         assert check_model_calls(journal_history(charter.journal)).problems == []
+
+
+def test_a_settlement_a_hold_overtook_is_decided_again_and_charged_once(
+    journal_url: str, tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A settlement's charge is decided on the book; before it commits, a hold of the
+    # same lease (another meter's: this one's own holds wait for its settler) moves the
+    # lease's stream. The settlement's append conflicts at its pin on that stream and
+    # is decided again: committed once, charged once, nothing dropped.
+    with _lease(journal_url, tmp_path, state_dir) as (charter, worker, meter, _spawn):
+        draw = meter.reserve(worker, CALL)
+        other = ModelMeter(model_cell(charter, state_dir, None))
+        real = LeaseBook.decide_usage
+        decided: list[bool] = []  # a decision of the worker's usage, each
+        overtaking: list[Draw] = []
+
+        def hooked(book: LeaseBook, lineage: str, *args: Any, **kw: Any) -> Any:
+            decided.append(lineage == worker)
+            usage = real(book, lineage, *args, **kw)
+            if lineage == worker and not overtaking:
+                overtaking.append(other.reserve(worker, CALL))  # commits before it
+            return usage
+
+        monkeypatch.setattr(LeaseBook, "decide_usage", hooked)
+        usage = Settlement.of(draw, 9, 9, estimated=False, how="usage", status=200, latency_ms=1)
+        assert meter.settle(usage) is not None
+        assert sum(decided) >= 2, "the settlement was not decided again"
+        monkeypatch.undo()
+        assert overtaking[0].block.tokens == BLOCK
+        charged = [u for u in _of(charter, UsageRecorded) if u.lineage == worker]
+        assert sum(u.amount.tokens for u in charged) == 18
+        assert [s.call for s in _of(charter, ModelCallSettled)] == [draw.call]
+        assert _carved(charter, worker) <= LEASE
+        meter.finish(worker)
+        _settle_and_check(charter, worker, other, overtaking)
