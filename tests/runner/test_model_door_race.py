@@ -13,11 +13,9 @@ from typing import Any
 
 import pytest
 
-import charter.runner.model as model_module
 from charter.app import Charter
-from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import InsufficientBudgetError, LeaseBook, LeaseGranted, UsageRecorded
-from charter.core import Budget
+from charter.control import append_pinned
 from charter.runner.errors import ModelTokensError
 from charter.runner.events import (
     ModelCallSettled,
@@ -28,8 +26,7 @@ from charter.runner.events import (
 from charter.runner.model import BLOCK_CALLS, ChatRequest, Draw, ModelMeter, Settlement
 from tests.invariants import check_model_calls, journal_history
 from tests.runner.conftest import initialise
-from tests.runner.programs import python
-from tests.runner.test_model_door import model_cell
+from tests.runner.test_model_door import model_cell, spawning_caller
 
 LEASE = 400
 CALL = ChatRequest.parse(b'{"messages": [], "max_tokens": 9}')
@@ -43,25 +40,9 @@ def _lease(
 ) -> Iterator[tuple[Charter, str, ModelMeter, Callable[[int], None]]]:
     """A worker's lease of :data:`LEASE` tokens that may fan out, a meter of a cell, and
     a spawn below the worker carving ``tokens`` of it."""
-    cost = Budget.parse(f"tokens={LEASE},wall=10m,cpu=10m,mem=1GiB,egress=0MB")
-    top = SpawnIntent.model_validate(
-        {"width": 1, "objective": "a caller that spawns", "estimated_cost": cost,
-         "grant": {"fanout": 4, "depth": 2}}
-    )  # fmt: skip
     with initialise(journal_url, tmp_path / "home") as charter:
-        (parent,) = charter.spawn(
-            "agent:estate", top, policy=FixedPolicy(Verdict.POSITIVE), workers=(python(""),)
-        ).children
-        below = charter.spawn_service().durable_caller("estate").child(parent)
-
-        def spawn(tokens: int) -> None:
-            carve = SpawnIntent(
-                width=1, objective="takes what the book shows",
-                estimated_cost=Budget.parse(f"tokens={tokens},wall=1m,cpu=1m,mem=64MiB,egress=0"),
-            )  # fmt: skip
-            charter.spawn(below, carve, policy=FixedPolicy(Verdict.POSITIVE))
-
-        yield charter, str(parent.lineage), ModelMeter(model_cell(charter, state_dir, None)), spawn
+        worker, spawn = spawning_caller(charter, LEASE)
+        yield charter, worker, ModelMeter(model_cell(charter, state_dir, None)), spawn
 
 
 def _of(charter: Charter, kind: type[Any]) -> list[Any]:
@@ -77,7 +58,8 @@ def _carved(charter: Charter, worker: str) -> int:
         if g.parent == worker
     )
     spent = sum(u.amount.tokens for u in _of(charter, UsageRecorded) if u.lineage == worker)
-    return holds + children + spent
+    total: int = holds + children + spent
+    return total
 
 
 def _settle_and_check(charter: Charter, worker: str, meter: ModelMeter, draws: list[Draw]) -> None:
@@ -94,7 +76,7 @@ def _settle_and_check(charter: Charter, worker: str, meter: ModelMeter, draws: l
 def _spawn_inside_the_hold(monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]) -> list[int]:
     """Run ``act`` once, inside the hold's first pinned decision (the book read, the
     append not made); the count of the hold's decisions."""
-    real = model_module.append_pinned
+    real = append_pinned
     decisions: list[int] = []
 
     def hooked(journal: Any, shared: Any, streams: Any, decide: Any, **kw: Any) -> Any:
@@ -107,7 +89,7 @@ def _spawn_inside_the_hold(monkeypatch: pytest.MonkeyPatch, act: Callable[[], No
 
         return real(journal, shared, streams, hooked_decide, **kw)
 
-    monkeypatch.setattr(model_module, "append_pinned", hooked)
+    monkeypatch.setattr("charter.runner.model.append_pinned", hooked)
     return decisions
 
 
