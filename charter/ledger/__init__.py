@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from charter.core.lazy import lazy_names
 
 if TYPE_CHECKING:
+    from charter.ledger._app import stream_uuid
     from charter.ledger._follow import Folds, JournalFold, cyclic_gc_paused
     from charter.ledger._location import Location, resolve_location
     from charter.ledger._postgres import ChainedPostgresProcessRecorder
@@ -54,6 +55,7 @@ __all__ = [
     "Location",
     "resolve_location",
     "sqlite_uri",
+    "stream_uuid",
     # the chained recorders (selected by PROCESS_RECORDER_TOPIC; subclassed by tests
     # that inject faults inside the write transaction)
     "ChainedSQLiteProcessRecorder",
@@ -77,6 +79,7 @@ _LAZY = {
     **dict.fromkeys(("JournalReader", "open_reader"), "charter.ledger._reader"),
     **dict.fromkeys(("Snapshot", "SnapshotFile"), "charter.ledger._snapshot"),
     "sqlite_uri": "charter.ledger._sqlite_store",
+    "stream_uuid": "charter.ledger._app",
     "CommitListener": "charter.ledger._listen",
     "ChainedSQLiteProcessRecorder": "charter.ledger._sqlite",
     "ChainedPostgresProcessRecorder": "charter.ledger._postgres",

@@ -61,16 +61,19 @@ def model_call_stream(call: str) -> str:
 
 
 def model_block_stream(block: str) -> str:
-    """The stream of one block of a lease's tokens: its hold, the settlements of the
-    calls drawn from it, then its release."""
+    """The stream of one block of a lease's tokens: the settlements of the calls drawn
+    from it, then its release (its hold is on its lease's stream; one journaled before
+    that was on this stream, first)."""
     return f"modelblock:{block}"
 
 
 class ModelTokensHeld(TokensHeld):
     """A block of ``tokens`` of a lease is held for its model calls (docs/model-door.md):
     journaled before any call drawing from it is sent; its calls draw from it in memory
-    and settle on its stream, and it is released (``ModelTokensReleased``) when no call
-    will draw from it again."""
+    and settle on its block's stream, and it is released (``ModelTokensReleased``) when
+    no call will draw from it again. On its lease's stream (the lineage), pinned to the
+    version its decision read, like a fan-out of the lease: a hold and a spawn decided
+    on the same book conflict, and the later is decided again."""
 
     type_name = "ModelTokensHeld"
     block: str = Field(pattern=r"^[0-9a-f]{32}$")
@@ -79,7 +82,7 @@ class ModelTokensHeld(TokensHeld):
     tokens: int = Field(ge=1)
 
     def stream(self) -> str:
-        return model_block_stream(self.block)
+        return self.lineage
 
     def hold(self) -> tuple[str, str, int]:
         return self.block, self.lineage, self.tokens

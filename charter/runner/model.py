@@ -59,7 +59,9 @@ from urllib.parse import urlsplit
 
 import h11
 
+from charter.control import Pinned, append_pinned
 from charter.core import BadInputError, Budget, CharterError, Event, now_ms
+from charter.ledger import stream_uuid
 from charter.runner._journal_allowance import model_block_bytes, model_draw_bytes
 from charter.runner._sse import data_of, event_batches
 from charter.runner._upstream import (
@@ -262,7 +264,7 @@ class _Block:
     block: str
     lineage: str
     tokens: int
-    version: int = 1  # its stream's version: its hold, then its calls' settlements
+    version: int = 0  # its stream's version: its calls' settlements (its hold is the lease's)
     drawn: int = 0  # what its calls not yet settled drew
     charged: int = 0  # what its settled calls charged
     calls: int = 0  # its calls not yet settled
@@ -411,46 +413,51 @@ class ModelMeter:
 
     def _hold(self, lineage: str, request: ChatRequest, estimate: int) -> Draw:
         """Hold a new block for the call (hold ``_settling``), releasing in the same
-        append the lease's blocks none of whose calls is in flight; or refuse."""
+        append the lease's blocks none of whose calls is in flight; or refuse.
+
+        Decided first to settle what is queued and charge its journal bytes (each an
+        append of its own), then decided again in the control layer's loop
+        (:func:`append_pinned`) on views refreshed after the lease's stream's version,
+        and appended on that stream pinned to it: a spawn (or any usage) of the lease
+        that commits in between makes the hold decided again (smaller, or refused),
+        and one decided before the hold conflicts at its own pin."""
         cell = self._cell
-        with cell.changed:
-            cell.refresh()
-            remaining = cell.resources.book.remaining(lineage, now_ms())
-        left = self._left(lineage, remaining.tokens)
+        remaining, left = self._remaining(lineage)
         max_tokens, need = self._need(request, estimate, left)
         if need > left and self._settle_queued(lineage):
-            with cell.changed:  # their charges, not their blocks' holds, count now
-                cell.refresh()
-                remaining = cell.resources.book.remaining(lineage, now_ms())
-            left = self._left(lineage, remaining.tokens)
+            remaining, left = self._remaining(lineage)  # their charges, not their holds
             max_tokens, need = self._need(request, estimate, left)
         if need > left:
-            self._refuse(
-                lineage,
-                ModelTokensError(
-                    f"{lineage}'s lease has {max(left, 0)} tokens left (net of its calls "
-                    f"in flight); this call reserves {need} (a prompt of about "
-                    f"{estimate} and max_tokens {max_tokens}): ask for fewer "
-                    "max_tokens, or spawn with more tokens"
-                ),
-                need,
-                left,
-            )
-        held = ModelTokensHeld(
+            self._refuse_hold(lineage, estimate, max_tokens, need, left)
+        sized = ModelTokensHeld(
             block=uuid.uuid4().hex, lineage=lineage, cell=cell.cell,
             tokens=min(left, need * BLOCK_CALLS),
         )  # fmt: skip
-        nbytes = model_block_bytes(held) + model_draw_bytes(lineage, request.model)
+        nbytes = model_block_bytes(sized) + model_draw_bytes(lineage, request.model)
         self._charge_journal(lineage, nbytes, remaining.egress_bytes)
-        with self._guard:
-            idle = [b for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
-        released = [
-            ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
-            for b in idle
-        ]
-        pins = {held.stream(): 0} | {b.stream(): b.version for b in idle}
-        with cell.changed:
-            cell.applied(cell.journal.append([*released, held], expect=pins))
+        made: list[tuple[ModelTokensHeld, list[_Block], int, int]] = []
+
+        def decide(versions: dict[str, int]) -> Pinned:
+            # The views were refreshed after the lease's stream's version was read.
+            left = self._left(lineage, cell.resources.book.remaining(lineage, now_ms()).tokens)
+            max_tokens, need = self._need(request, estimate, left)
+            if need > left:  # a spawn or a charge of the lease committed since
+                self._refuse_hold(lineage, estimate, max_tokens, need, left)
+            held = sized.model_copy(update={"tokens": min(left, need * BLOCK_CALLS)})
+            with self._guard:
+                idle = [b for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
+            made.append((held, idle, max_tokens, need))
+            released = [
+                ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
+                for b in idle
+            ]
+            pins = {lineage: versions[lineage]} | {b.stream(): b.version for b in idle}
+            return Pinned([*released, held], pins)
+
+        append_pinned(
+            cell.journal, cell.app.views, [lineage], decide, what=f"a model hold of {lineage}"
+        )
+        held, idle, max_tokens, need = made[-1]
         block = _Block(held.block, lineage, held.tokens, drawn=need, calls=1)
         with self._guard:
             kept = [b for b in self._blocks.get(lineage, ()) if b not in idle]
@@ -460,6 +467,28 @@ class ModelMeter:
                 b.retired = True
             self._blocks[lineage] = [*kept, block]
         return self._made(block, request, estimate, max_tokens, need)
+
+    def _remaining(self, lineage: str) -> tuple[Budget, int]:
+        """The lease's remainder as the journal stands, and its tokens :meth:`_left`."""
+        with self._cell.changed:
+            self._cell.refresh()
+            remaining: Budget = self._cell.resources.book.remaining(lineage, now_ms())
+        return remaining, self._left(lineage, remaining.tokens)
+
+    def _refuse_hold(
+        self, lineage: str, estimate: int, max_tokens: int, need: int, left: int
+    ) -> None:
+        self._refuse(
+            lineage,
+            ModelTokensError(
+                f"{lineage}'s lease has {max(left, 0)} tokens left (net of its calls "
+                f"in flight); this call reserves {need} (a prompt of about "
+                f"{estimate} and max_tokens {max_tokens}): ask for fewer "
+                "max_tokens, or spawn with more tokens"
+            ),
+            need,
+            left,
+        )
 
     def _left(self, lineage: str, tokens: int) -> int:
         """The lease's ``tokens`` (its remainder in the lease book, net of every block
@@ -743,11 +772,14 @@ class ModelMeter:
         for entry in journal.entries(types=types):
             event = entry.event
             if isinstance(event, ModelTokensHeld) and event.lineage == lineage:
-                held[event.block] = [event.tokens, 0, 1]
+                # Its block's stream starts with its first settlement; a hold journaled
+                # before holds moved to the lease's stream is its block's first entry.
+                first = entry.stream == stream_uuid(model_block_stream(event.block))
+                held[event.block] = [event.tokens, 0, entry.stream_version if first else 0]
             elif isinstance(event, ModelCallSettled) and event.block in held:
                 row = held[event.block]
                 row[1] += event.prompt_tokens + event.completion_tokens
-                row[2] += 1
+                row[2] = entry.stream_version
             elif isinstance(event, ModelTokensReleased):
                 held.pop(event.block, None)
         for block, (tokens, charged, version) in held.items():

@@ -104,6 +104,30 @@ def spawn_callers(charter: Charter, tokens: int, *workers: WorkerSpec) -> SpawnR
     )
 
 
+def spawning_caller(charter: Charter, tokens: int) -> tuple[str, Callable[[int], None]]:
+    """One worker under a lease of ``tokens`` that may fan out (4 wide, 2 deep): its
+    lineage, and a spawn below it of one child carving the tokens it is given (a
+    refusal raises)."""
+    cost = Budget.parse(f"tokens={tokens},wall=10m,cpu=10m,mem=1GiB,egress=0MB")
+    top = SpawnIntent.model_validate(
+        {"width": 1, "objective": "a caller that spawns", "estimated_cost": cost,
+         "grant": {"fanout": 4, "depth": 2}}
+    )  # fmt: skip
+    (parent,) = charter.spawn(
+        "agent:estate", top, policy=FixedPolicy(Verdict.POSITIVE), workers=(python(""),)
+    ).children
+    below = charter.spawn_service().durable_caller("estate").child(parent)
+
+    def spawn(carved: int) -> None:
+        carve = SpawnIntent(
+            width=1, objective="takes what the book shows",
+            estimated_cost=Budget.parse(f"tokens={carved},wall=1m,cpu=1m,mem=64MiB,egress=0"),
+        )  # fmt: skip
+        charter.spawn(below, carve, policy=FixedPolicy(Verdict.POSITIVE))
+
+    return str(parent.lineage), spawn
+
+
 def one_caller(charter: Charter, tokens: int, source: str, *args: str) -> str:
     """One worker running ``source`` under a lease of ``tokens``: its lineage."""
     (child,) = spawn_callers(charter, tokens, python(source, *args)).children

@@ -20,9 +20,8 @@ from typing import Any, TypeVar
 import pytest
 
 from charter.app import Charter
-from charter.authority import FixedPolicy, SpawnIntent, Verdict
 from charter.budgets import InsufficientBudgetError, UsageRecorded
-from charter.core import BadInputError, Budget, Event
+from charter.core import BadInputError, Event
 from charter.ledger.errors import AppendFailedError
 from charter.runner.errors import ModelRequestError, ModelTokensError
 from charter.runner.events import ModelCallSettled, ModelTokensHeld, ModelTokensReleased
@@ -41,7 +40,7 @@ from tests.invariants import check_model_calls, journal_history
 from tests.runner._model_server import model_server
 from tests.runner.conftest import initialise
 from tests.runner.programs import python
-from tests.runner.test_model_door import model_cell, spawn_callers
+from tests.runner.test_model_door import model_cell, spawn_callers, spawning_caller
 
 E = TypeVar("E", bound=Event)
 
@@ -381,33 +380,17 @@ def test_a_spawn_cannot_carve_out_the_tokens_a_block_holds(
     # refused (the block still lends those tokens), and one within it (the positive
     # control) commits. The worker's next call then draws from its block, and every
     # token the model spent is charged to a lease.
-    cost = Budget.parse("tokens=400,wall=10m,cpu=10m,mem=1GiB,egress=0MB")
-    top = SpawnIntent.model_validate(
-        {"width": 1, "objective": "a caller that spawns", "estimated_cost": cost,
-         "grant": {"fanout": 4, "depth": 2}}
-    )  # fmt: skip
     with initialise(journal_url, tmp_path / "home") as charter:
-        (parent,) = charter.spawn(
-            "agent:estate", top, policy=FixedPolicy(Verdict.POSITIVE), workers=(python(""),)
-        ).children
-        worker = str(parent.lineage)
+        worker, spawn = spawning_caller(charter, 400)
         meter = ModelMeter(model_cell(charter, state_dir, None))
         first = meter.reserve(worker, CALL)
         assert first.block.tokens == BLOCK_CALLS * 18
         assert meter.settle(_usage(first, 9, 9)) is not None
         left = charter.budgets().remaining(worker).tokens
         assert left == 400 - 18 - (BLOCK_CALLS * 18 - 18)
-        below = charter.spawn_service().durable_caller("estate").child(parent)
-
-        def carve(tokens: int) -> SpawnIntent:
-            return SpawnIntent(
-                width=1, objective="takes what the book shows",
-                estimated_cost=Budget.parse(f"tokens={tokens},wall=1m,cpu=1m,mem=64MiB,egress=0"),
-            )  # fmt: skip
-
         with pytest.raises(InsufficientBudgetError):
-            charter.spawn(below, carve(left + 1), policy=FixedPolicy(Verdict.POSITIVE))
-        charter.spawn(below, carve(left), policy=FixedPolicy(Verdict.POSITIVE))  # committed
+            spawn(left + 1)
+        spawn(left)  # committed
         assert charter.budgets().remaining(worker).tokens == 0
         second = meter.reserve(worker, CALL)  # drawn from the block, which holds it
         assert second.block is first.block
