@@ -194,10 +194,18 @@ def cached_journal(entries: int) -> tuple[str, Path]:
     return url, home
 
 
+def _env(url: str, home: Path) -> dict[str, str]:
+    """A CLI run's environment: the journal, the home and this tree, with bytecode
+    written and read as an installed package's is (on a PYTHONDONTWRITEBYTECODE host
+    every start would compile every module, which no installed charter does)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "CHARTER_HOME": str(home), "CHARTER_DB": url, "PYTHONPATH": str(ROOT)}
+
+
 def _run(args: list[str], url: str, home: Path) -> tuple[float, float, str]:
     """One CLI run in its own process: (wall seconds, CPU seconds: user + system of the
     child and of the children it reaped, from wait4, stderr)."""
-    env = {**os.environ, "CHARTER_HOME": str(home), "CHARTER_DB": url, "PYTHONPATH": str(ROOT)}
+    env = _env(url, home)
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, *args],
@@ -248,7 +256,7 @@ def _imports(args: list[str], url: str, home: Path) -> list[str]:
 
 def _cpu(args: list[str], url: str, home: Path) -> float:
     """User + system CPU seconds of one ``charter *args`` process (its own rusage)."""
-    env = {**os.environ, "CHARTER_HOME": str(home), "CHARTER_DB": url, "PYTHONPATH": str(ROOT)}
+    env = _env(url, home)
     proc = subprocess.Popen(
         [sys.executable, "-m", "charter", *args],
         env=env,
@@ -269,7 +277,7 @@ def startup_figures(url: str, home: Path, anchor: str, rounds: int) -> list[str]
     with tempfile.TemporaryDirectory() as tmp:
         proof = Path(tmp) / "proof.txt"
         _run(["-m", "charter", "proof", "inclusion", "2"], url, home)  # tree current
-        env = {**os.environ, "CHARTER_HOME": str(home), "CHARTER_DB": url, "PYTHONPATH": str(ROOT)}
+        env = _env(url, home)
         text = subprocess.run(
             [sys.executable, "-m", "charter", "proof", "inclusion", "2"],
             env=env,
