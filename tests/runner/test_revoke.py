@@ -46,6 +46,18 @@ def _started(charter: object) -> list[str]:
     ]
 
 
+def _outcomes(entries: list[Any]) -> dict[str, str]:
+    """Each ended worker's outcome, by lineage."""
+    return {e.event.lineage: e.event.outcome for e in entries if isinstance(e.event, WorkerEnded)}
+
+
+def _until_started(charter: object, count: int) -> None:
+    deadline = time.monotonic() + 90
+    while len(_started(charter)) < count:
+        assert time.monotonic() < deadline, "the subtree did not start"
+        time.sleep(0.05)
+
+
 @pytest.mark.sandbox
 def test_revoking_a_subtree_kills_it_charges_it_and_refuses_its_mints(
     journal_url: str, tmp_path: Path, state_dir: Path
@@ -58,10 +70,7 @@ def test_revoking_a_subtree_kills_it_charges_it_and_refuses_its_mints(
         lineage = str(top.lineage)
         cell = make_cell(charter, None, state_dir, door=True)
         with running(cell):
-            deadline = time.monotonic() + 90
-            while len(_started(charter)) < 3:
-                assert time.monotonic() < deadline, "the subtree did not start"
-                time.sleep(0.05)
+            _until_started(charter, 3)
             began = time.monotonic()
             env = {**os.environ, "PYTHONPATH": str(ROOT_DIR), "CHARTER_HOME": str(home)}
             revoked = subprocess.run(
@@ -121,9 +130,7 @@ def test_a_revoked_lineage_queued_for_a_slot_never_starts(
         with running(make_cell(charter, None, state_dir)) as cell:
             until_idle(cell, 60)
         entries = list(charter.journal.entries())
-        ends = {
-            e.event.lineage: e.event.outcome for e in entries if isinstance(e.event, WorkerEnded)
-        }  # type: ignore[attr-defined]
+        ends = _outcomes(entries)
         assert ends == {first: "exited", second: "killed"}
         assert _started(charter) == [first]
         assert charter.revoke(second) is None  # revoked already: nothing more journaled
@@ -146,10 +153,7 @@ def test_a_parent_waits_for_its_killed_childs_end_not_only_its_sandbox(
         leaf = f"{top}/sa-1"
         cell = make_cell(charter, None, state_dir, door=True)
         with running(cell):
-            deadline = time.monotonic() + 90
-            while len(_started(charter)) < 2:
-                assert time.monotonic() < deadline, "the subtree did not start"
-                time.sleep(0.05)
+            _until_started(charter, 2)
             driver = cell.driver
             assert driver is not None
             between = threading.Event()  # the leaf's sandbox destroyed, its end not journaled
@@ -184,9 +188,7 @@ def test_a_parent_waits_for_its_killed_childs_end_not_only_its_sandbox(
             charter.revoke(top, "the test revokes it")
             until_idle(cell, 30)
         entries = list(charter.journal.entries())
-        ends = {
-            e.event.lineage: e.event.outcome for e in entries if isinstance(e.event, WorkerEnded)
-        }  # type: ignore[attr-defined]
+        ends = _outcomes(entries)
         assert ends == {top: "killed", leaf: "killed"}
         usage = [
             e.position
