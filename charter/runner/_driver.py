@@ -56,6 +56,9 @@ class Driver:
         self.forget: Callable[[str], None] = lambda lineage: None  # a start that never was
         self._quarantined: dict[str, str] = {}  # lineage -> why its sandbox is withheld
         self._dying: set[str] = set()  # killed here, their sandboxes not destroyed yet
+        # Started here, their drivers' reports not over: a sandbox is destroyed before
+        # its worker's end is journaled, so not held is not yet ended.
+        self._reporting: set[str] = set()
 
     # -- sandboxes -------------------------------------------------------------------
 
@@ -70,10 +73,22 @@ class Driver:
         with self.lock:
             self._slots[lineage] = slot
             self._by_uid[slot.host_uid] = lineage
+            self._reporting.add(lineage)
 
     def holds(self, lineage: str) -> bool:
         with self.lock:
             return lineage in self._slots
+
+    def reporting(self, lineage: str) -> bool:
+        """Whether ``lineage`` was started here and its driver has not finished its
+        report: held, or destroyed with its end not journaled yet."""
+        with self.lock:
+            return lineage in self._reporting
+
+    def reported(self, lineage: str) -> None:
+        """``lineage``'s driver is done: its end journaled (or given up on)."""
+        with self.lock:
+            self._reporting.discard(lineage)
 
     def slot(self, lineage: str) -> Slot | None:
         with self.lock:

@@ -756,6 +756,9 @@ class Cell:
             self._fence(fenced)
         except Exception as error:  # noqa: BLE001 - every failure is settled, below
             self._settle_failed_driver(w, error, None if ran is None else (slot, ran))
+        finally:  # an ancestor waiting for its end stops waiting for it
+            self._driver().reported(w.lineage)
+            self._notify()
 
     def _settle_failed_driver(
         self, w: WorkerRecord, error: Exception, ran: tuple[Slot, Outcome] | None
@@ -850,18 +853,27 @@ class Cell:
     def _wait_for_descendants(self, lineage: str) -> None:
         """Until no descendant of ``lineage`` that this cell runs is left unended (their
         drivers charge and journal them), at most ``_DESCENDANTS_WAIT_S``."""
-        driver = self._driver()
         deadline = time.monotonic() + _DESCENDANTS_WAIT_S
         with self.changed:
             while True:
-                self.refresh()
-                running = [
-                    d for d in self.view.live_descendants(lineage) if driver.holds(d.lineage)
-                ]
                 left = deadline - time.monotonic()
-                if not running or left <= 0:
+                if not self._unended_descendants(lineage) or left <= 0:
                     return
                 self.changed.wait(min(left, 0.05))
+
+    def _unended_descendants(self, lineage: str) -> list[str]:
+        """The live descendants of ``lineage`` whose drivers here have not reported:
+        held, or with the sandbox destroyed and the end not yet journaled (a parent
+        that stopped waiting in between ended first, and its lease's return ended
+        theirs: their usage was refused, never charged)."""
+        driver = self._driver()
+        with self._lock:
+            self.refresh()
+            return [
+                d.lineage
+                for d in self.view.live_descendants(lineage)
+                if driver.reporting(d.lineage)
+            ]
 
     def _end(
         self,

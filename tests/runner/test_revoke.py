@@ -8,14 +8,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from charter.authority import LineageRevoked
+from charter.budgets import LeaseReleased, UsageRecorded
 from charter.control import ResourceView
 from charter.core import now_ms
+from charter.runner._view import WorkerRecord
 from charter.runner.events import WorkerEnded, WorkerStarted
 from charter.sandbox import SandboxLeased
 from tests.invariants import check_history, check_settled, check_workers, journal_history
@@ -42,6 +46,18 @@ def _started(charter: object) -> list[str]:
     ]
 
 
+def _outcomes(entries: list[Any]) -> dict[str, str]:
+    """Each ended worker's outcome, by lineage."""
+    return {e.event.lineage: e.event.outcome for e in entries if isinstance(e.event, WorkerEnded)}
+
+
+def _until_started(charter: object, count: int) -> None:
+    deadline = time.monotonic() + 90
+    while len(_started(charter)) < count:
+        assert time.monotonic() < deadline, "the subtree did not start"
+        time.sleep(0.05)
+
+
 @pytest.mark.sandbox
 def test_revoking_a_subtree_kills_it_charges_it_and_refuses_its_mints(
     journal_url: str, tmp_path: Path, state_dir: Path
@@ -54,10 +70,7 @@ def test_revoking_a_subtree_kills_it_charges_it_and_refuses_its_mints(
         lineage = str(top.lineage)
         cell = make_cell(charter, None, state_dir, door=True)
         with running(cell):
-            deadline = time.monotonic() + 90
-            while len(_started(charter)) < 3:
-                assert time.monotonic() < deadline, "the subtree did not start"
-                time.sleep(0.05)
+            _until_started(charter, 3)
             began = time.monotonic()
             env = {**os.environ, "PYTHONPATH": str(ROOT_DIR), "CHARTER_HOME": str(home)}
             revoked = subprocess.run(
@@ -117,9 +130,80 @@ def test_a_revoked_lineage_queued_for_a_slot_never_starts(
         with running(make_cell(charter, None, state_dir)) as cell:
             until_idle(cell, 60)
         entries = list(charter.journal.entries())
-        ends = {
-            e.event.lineage: e.event.outcome for e in entries if isinstance(e.event, WorkerEnded)
-        }  # type: ignore[attr-defined]
+        ends = _outcomes(entries)
         assert ends == {first: "exited", second: "killed"}
         assert _started(charter) == [first]
         assert charter.revoke(second) is None  # revoked already: nothing more journaled
+
+
+@pytest.mark.sandbox
+def test_a_parent_waits_for_its_killed_childs_end_not_only_its_sandbox(
+    journal_url: str, tmp_path: Path, state_dir: Path
+) -> None:
+    """A killed child's sandbox is destroyed before its end (usage charged, lease
+    returned) is journaled. Its parent, waiting for it, must not take the child's
+    sandbox gone for its end: ended first, the parent's lease's return would end the
+    child's, and the child's usage would be refused, never charged. The child's driver
+    is held between its destroy and its end until its parent has looked (no sleeps):
+    every look before its end finds it unended, and it is charged before its parent's
+    lease returns."""
+    with initialise(journal_url, tmp_path / "home", processing=4, coordination=4) as charter:
+        result = fan_out(charter, 1, python(LINGER, "1", "300"), fanout=10, depth=2)
+        top = str(result.children[0].lineage)
+        leaf = f"{top}/sa-1"
+        cell = make_cell(charter, None, state_dir, door=True)
+        with running(cell):
+            _until_started(charter, 2)
+            driver = cell.driver
+            assert driver is not None
+            between = threading.Event()  # the leaf's sandbox destroyed, its end not journaled
+            decided = threading.Event()  # its parent looked and waits, or ended
+            looks: list[list[str]] = []
+            destroy, unended, end = driver.destroy, cell._unended_descendants, cell._end
+
+            def destroying(lineage: str) -> None:
+                destroy(lineage)
+                if lineage == leaf:
+                    between.set()
+                    assert decided.wait(30)
+
+            def looking(lineage: str) -> list[str]:
+                with cell._lock:  # the look, and whether the leaf's end is folded yet
+                    found = unended(lineage)
+                    live = cell.view.workers[leaf].live
+                if lineage == top and between.is_set() and live:
+                    looks.append(found)
+                    if found:
+                        decided.set()
+                return found
+
+            def ending(w: WorkerRecord, *args: Any, **kwargs: Any) -> None:
+                end(w, *args, **kwargs)
+                if w.lineage == top:
+                    decided.set()
+
+            driver.destroy = destroying  # type: ignore[method-assign]
+            cell._unended_descendants = looking  # type: ignore[method-assign]
+            cell._end = ending  # type: ignore[method-assign]
+            charter.revoke(top, "the test revokes it")
+            until_idle(cell, 30)
+        entries = list(charter.journal.entries())
+        ends = _outcomes(entries)
+        assert ends == {top: "killed", leaf: "killed"}
+        usage = [
+            e.position
+            for e in entries
+            if isinstance(e.event, UsageRecorded) and e.event.lineage == leaf
+        ]
+        released = [
+            e.position
+            for e in entries
+            if isinstance(e.event, LeaseReleased) and e.event.lineage == top
+        ]
+        assert usage, f"no usage charged for {leaf}"
+        assert released
+        assert usage[0] < released[0]
+        assert looks  # it looked while the leaf was between its destroy and its end
+        assert all(leaf in found for found in looks)
+        history = journal_history(charter.journal)
+        assert check_settled(history).problems == []
