@@ -81,19 +81,16 @@ class WorkerLogs:
             for one in tracked:
                 self._copy(one)
 
-    def _copy(self, tracked: _Tracked) -> None:
-        with tracked.copying:
-            self._copy_held(tracked)
-
     @staticmethod
-    def _copy_held(tracked: _Tracked) -> None:
-        for stream in STREAMS:
-            while True:
-                data = tracked.slot.output(stream, tracked.read[stream], _READ)
-                if not data:
-                    break
-                tracked.read[stream] += len(data)
-                _append(tracked.directory / stream, data)
+    def _copy(tracked: _Tracked) -> None:
+        with tracked.copying:
+            for stream in STREAMS:
+                while True:
+                    data = tracked.slot.output(stream, tracked.read[stream], _READ)
+                    if not data:
+                        break
+                    tracked.read[stream] += len(data)
+                    _append(tracked.directory / stream, data)
 
 
 def _append(path: Path, data: bytes) -> None:
