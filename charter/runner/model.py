@@ -51,7 +51,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -282,8 +282,22 @@ class _Block:
         """What it holds against its lease (its settled calls' charges are the lease's)."""
         return 0 if self.released else max(self.tokens - self.charged, 0)
 
+    @property
+    def idle(self) -> bool:
+        """No call of it in flight and none failed: the next hold may release it."""
+        return not self.calls and not self.kept
+
     def stream(self) -> str:
         return model_block_stream(self.block)
+
+
+def _released(lineage: str, blocks: Iterable[_Block]) -> list[ModelTokensReleased]:
+    """The releases of ``blocks`` of ``lineage`` whose calls all settled (nothing charged
+    with them: their charges are on record)."""
+    return [
+        ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
+        for b in blocks
+    ]
 
 
 @dataclass(frozen=True)
@@ -445,12 +459,9 @@ class ModelMeter:
                 self._refuse_hold(lineage, estimate, max_tokens, need, left)
             held = sized.model_copy(update={"tokens": min(left, need * BLOCK_CALLS)})
             with self._guard:
-                idle = [b for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
+                idle = [b for b in self._blocks.get(lineage, ()) if b.idle]
             made.append((held, idle, max_tokens, need))
-            released = [
-                ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
-                for b in idle
-            ]
+            released = _released(lineage, idle)
             pins = {lineage: versions[lineage]} | {b.stream(): b.version for b in idle}
             return Pinned([*released, held], pins)
 
@@ -495,7 +506,7 @@ class ModelMeter:
         it holds) and what its idle blocks hold, which the next hold releases in its
         append (the book's figures: the cell's view has just been read)."""
         with self._guard:
-            idle = [b.block for b in self._blocks.get(lineage, ()) if not b.calls and not b.kept]
+            idle = [b.block for b in self._blocks.get(lineage, ()) if b.idle]
         if not idle:
             return tokens
         with self._cell.changed:
@@ -617,7 +628,7 @@ class ModelMeter:
             self._settle_queued(lineage)
             with self._guard:
                 blocks = list(self._blocks.get(lineage, ()))
-                idle = [b for b in blocks if not b.calls and not b.kept]
+                idle = [b for b in blocks if b.idle]
                 for b in blocks:
                     b.retired = True  # none drawn from again
             self._release_idle(lineage, idle)
@@ -629,10 +640,7 @@ class ModelMeter:
     def _release_idle(self, lineage: str, idle: list[_Block]) -> None:
         """Release ``idle`` (none of their calls in flight), in one append."""
         if idle:
-            released = [
-                ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
-                for b in idle
-            ]
+            released = _released(lineage, idle)
             try:
                 with self._cell.changed:
                     pins = {b.stream(): b.version for b in idle}
@@ -684,11 +692,7 @@ class ModelMeter:
             last = {b for b in blocks if b.retired and b.calls == settling[b] and not b.kept}
         lineage = mine[0].draw.lineage
         events: list[Event] = [p.event for p in mine]
-        events += [
-            ModelTokensReleased(block=b.block, lineage=lineage, charged=0, recovered=False)
-            for b in blocks
-            if b in last
-        ]
+        events += _released(lineage, (b for b in blocks if b in last))
         pins = {b.stream(): b.version for b in blocks}
         tries = 0
 
