@@ -3,9 +3,11 @@ database (made for one measurement, dropped afterwards)."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -13,6 +15,16 @@ import psycopg
 from charter.ledger import resolve_location
 
 __all__ = ["percentile", "pg_conninfo", "scratch_database"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A measured run's environment: this tree on the path, ``extra``, and bytecode
+    written and read as an installed package's is (on a PYTHONDONTWRITEBYTECODE host
+    every start would compile every module, which no installed charter does)."""
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**base, "PYTHONPATH": str(ROOT), **(extra or {})}
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nacl.signing import SigningKey
 
-from bench._support import percentile, scratch_database
+from bench._support import env, percentile, scratch_database
 from charter.app import CellSetup, Charter, Settings
 from charter.audit import audit_chain
 from charter.audit.bundle import verify_bundle
@@ -195,11 +195,8 @@ def cached_journal(entries: int) -> tuple[str, Path]:
 
 
 def _env(url: str, home: Path) -> dict[str, str]:
-    """A CLI run's environment: the journal, the home and this tree, with bytecode
-    written and read as an installed package's is (on a PYTHONDONTWRITEBYTECODE host
-    every start would compile every module, which no installed charter does)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "CHARTER_HOME": str(home), "CHARTER_DB": url, "PYTHONPATH": str(ROOT)}
+    """A CLI run's environment: the journal and the home (:func:`bench._support.env`)."""
+    return env({"CHARTER_HOME": str(home), "CHARTER_DB": url})
 
 
 def _run(args: list[str], url: str, home: Path) -> tuple[float, float, str]:

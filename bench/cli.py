@@ -15,7 +15,6 @@ start).
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._support import env as _env  # noqa: E402
 from charter.cli._main import _COMMANDS  # noqa: E402
 
 LIMIT = 2.0
@@ -34,11 +34,6 @@ _COMPLETE = {
     "COMP_WORDS": "charter tree --st",
     "COMP_CWORD": "2",
 }
-
-
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "PYTHONPATH": str(ROOT), **(extra or {})}
 
 
 def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:

@@ -84,6 +84,8 @@ BUNDLE_FORMAT = "charter/bundle@v4"
 # in base64 (in its sorted place, "state"): still verified.
 _V3 = "charter/bundle@v3"
 _STATE = b',"state":'  # where a v4 entry line's state starts: its first occurrence
+_STATE_SKIP = len(_STATE)
+_loads = orjson.loads
 _SEAL_CONTEXT = b"charter/bundle-seal/v2\x00"
 MAX_LINE = 64 << 20  # a line longer than this is refused (bounded memory)
 _MAX_HEADER = 1 << 20
@@ -486,7 +488,7 @@ def _read_line(line: bytes, leaf: int, raw: bool) -> tuple[dict[str, Any], bytes
         obj = _parse_line(line[:cut] + b"}\n", where, canonical=False)
         if obj.get("kind") != "entry":
             raise BundleError(where, "a line holding a state is not an entry")
-        return obj, line[cut + len(_STATE) : -2]
+        return obj, line[cut + _STATE_SKIP : -2]
     obj = _parse_line(line, where, canonical=False)
     if obj.get("kind") != "entry":
         return obj, None
@@ -841,7 +843,7 @@ def _audit_lines(fd: int, conn: Any) -> None:
             raw = header["format"] == BUNDLE_FORMAT
             sealed = hashlib.sha256(first)
             auditor = Auditor()
-            apply, loads, marker, skip = auditor.apply, orjson.loads, _STATE, len(_STATE)
+            apply, loads, marker, skip = auditor.apply, _loads, _STATE, _STATE_SKIP
             lines = _Lines(stream, sealed.update)
             for line in lines:
                 # _read_line's reading, inline for the common line (the hot path): the
@@ -921,8 +923,6 @@ class _SeparateAudit:
 
 
 _sha256 = hashlib.sha256
-_loads = orjson.loads
-_STATE_SKIP = len(_STATE)
 _PUSH_EVERY = 256  # leaves :meth:`_Verifier.plain` checked, pushed into the tree at once
 
 
