@@ -259,6 +259,10 @@ _ALLOWING = ("positive", "neutral")
 _ENDS = ("SandboxExited", "SandboxQuarantined", "SandboxDiscarded")
 _loads = orjson.loads
 _USAGE = "UsageRecorded/v1"
+# The usage's topic goes straight to its rule, outside the topic table: another version
+# of it known here would reach no rule, so it may not be known without one.
+if {t for t in KNOWN_TOPICS if t.startswith("UsageRecorded/")} != {_USAGE}:
+    raise RuntimeError(f"the audit's usage rule reads {_USAGE} only")
 
 
 class Finding(BaseModel):
